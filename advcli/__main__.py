@@ -1,0 +1,3 @@
+from advcli.cli import app
+
+app(prog_name="advcli")

@@ -1,0 +1,214 @@
+"""The ``advcli`` command line: option parsing and presentation over :mod:`advcli.pipeline`.
+
+Only this module turns :class:`~advcli.errors.AdvcliError` into ``Error: …`` and exit code 1.
+"""
+
+from __future__ import annotations
+
+import functools
+from enum import Enum
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from advcli import __version__
+from advcli.advantage import AdvantageConfig, Estimator, Level, TrajScore
+from advcli.errors import AdvcliError
+from advcli.pipeline import ColumnNames, ComputeSummary, compute
+
+app = typer.Typer(
+    name="advcli",
+    help="Trajectory-level advantages for multi-turn agent RL rollout dumps.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+)
+stderr = Console(stderr=True, highlight=False)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reports_errors(command: F) -> F:
+    """Turn the library's errors into one ``Error:`` line on stderr and exit code 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except AdvcliError as error:
+            typer.echo(f"Error: {error}", err=True)
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"advcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Trajectory-level advantages for multi-turn agent RL rollout dumps."""
+
+
+# Options shared by the commands that read a dump.
+Inputs = Annotated[
+    list[str],
+    typer.Argument(
+        help="Parquet files, globs or directories, read as one dataset.", show_default=False
+    ),
+]
+GroupCol = Annotated[
+    str | None, typer.Option("--group-col", help="Group column [default: data_id, else uid].")
+]
+TrajCol = Annotated[
+    str | None,
+    typer.Option("--traj-col", help="Trajectory column [default: rollout_id, else traj_uid]."),
+]
+TurnCol = Annotated[
+    str | None,
+    typer.Option("--turn-col", help="Turn-order column [default: turn_index if present]."),
+]
+RewardCol = Annotated[
+    str | None,
+    typer.Option(
+        "--reward-col",
+        help="Reward column: a list of token rewards (summed) or a scalar "
+        "[default: token_level_rewards, else score, else reward].",
+    ),
+]
+MaskCol = Annotated[
+    str | None,
+    typer.Option(
+        "--mask-col",
+        help="Response mask (list of 0/1) or response length (int) "
+        "[default: response_mask, else response_length].",
+    ),
+]
+LevelOpt = Annotated[
+    Level, typer.Option("--level", help="Which unit counts once in its group's statistics.")
+]
+EstimatorOpt = Annotated[Estimator, typer.Option("--estimator", help="Advantage estimator.")]
+EpsilonOpt = Annotated[float, typer.Option("--epsilon", help="Added to the group std.")]
+TrajScoreOpt = Annotated[
+    TrajScore | None,
+    typer.Option(
+        "--traj-score",
+        help="Rule for a trajectory whose rows carry different scores [default: error].",
+    ),
+]
+
+
+class Format(str, Enum):
+    PARQUET = "parquet"
+    NPZ = "npz"
+    PT = "pt"
+
+
+@app.command("compute")
+@reports_errors
+def compute_command(
+    inputs: Inputs,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Output file (.parquet, .npz or .pt).")
+    ],
+    level: LevelOpt = Level.TRAJECTORY,
+    estimator: EstimatorOpt = Estimator.GRPO,
+    epsilon: EpsilonOpt = 1e-6,
+    traj_score: TrajScoreOpt = None,
+    group_col: GroupCol = None,
+    traj_col: TrajCol = None,
+    turn_col: TurnCol = None,
+    reward_col: RewardCol = None,
+    mask_col: MaskCol = None,
+    output_format: Annotated[
+        Format | None,
+        typer.Option("--format", help="Output format [default: from the output's extension]."),
+    ] = None,
+    no_tokens: Annotated[
+        bool, typer.Option("--no-tokens", help="Leave out the per-token 'advantages' column.")
+    ] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing output.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")] = False,
+) -> None:
+    """Compute per-row and per-token advantages for a rollout dump.
+
+    Example: advcli compute rollouts.parquet -o advantages.parquet --level trajectory
+    """
+    summary = compute(
+        inputs,
+        output,
+        AdvantageConfig(level=level, estimator=estimator, epsilon=epsilon, traj_score=traj_score),
+        names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),
+        output_format=output_format.value if output_format else None,  # type: ignore[arg-type]
+        tokens=not no_tokens,
+        force=force,
+    )
+    if not quiet:
+        stderr.print(_summary_table(summary))
+
+
+def _summary_table(summary: ComputeSummary) -> Table:
+    table = Table(title="advcli compute", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    config = summary.config
+    for name, value in [
+        ("rows", f"{summary.rows:,}"),
+        ("groups", f"{summary.groups:,}"),
+        ("trajectories", f"{summary.trajectories:,}"),
+        (f"singleton groups ({config.level.value} level)", f"{summary.singleton_groups:,}"),
+        ("zero-std groups", f"{summary.zero_std_groups:,}"),
+        ("level", config.level.value),
+        ("estimator", f"{config.estimator.value} (epsilon {config.epsilon:g})"),
+        ("reward column", f"{summary.columns.reward} ({summary.columns.reward_kind})"),
+        ("output", f"{summary.output} ({summary.output_format})"),
+        ("seconds", f"{summary.seconds:.2f}"),
+    ]:
+        table.add_row(name, value)
+    if summary.replaced:
+        table.add_row("replaced input columns", ", ".join(summary.replaced))
+    return table
+
+
+@app.command("sample")
+@reports_errors
+def sample_command(
+    output: Annotated[Path, typer.Argument(help="Parquet file to write.", show_default=False)],
+    groups: Annotated[int, typer.Option(min=1, help="Prompts (groups).")] = 64,
+    rollouts: Annotated[int, typer.Option(min=1, help="Trajectories per prompt.")] = 8,
+    max_turns: Annotated[int, typer.Option(min=1, help="Most turns per trajectory.")] = 6,
+    tokens: Annotated[int, typer.Option(min=2, help="Mean response tokens per turn row.")] = 48,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")] = False,
+) -> None:
+    """Write a synthetic multi-turn rollout dump.
+
+    Example: advcli sample rollouts.parquet --groups 64 --rollouts 8 --seed 0
+    """
+    from advcli.sample import write_sample
+
+    if output.exists() and not force:
+        raise AdvcliError(f"{output}: the file exists; pass --force to replace it")
+    table = write_sample(
+        output, groups=groups, rollouts=rollouts, max_turns=max_turns, tokens=tokens, seed=seed
+    )
+    if not quiet:
+        stderr.print(
+            f"wrote {table.num_rows:,} turn rows of {groups * rollouts:,} trajectories to {output}"
+        )

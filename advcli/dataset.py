@@ -1,0 +1,557 @@
+"""Reading rollout dumps and writing results: advcli's I/O boundary.
+
+Stage 1 of the data flow lives here: :func:`key_projection` reads only the small columns (keys, the
+reward list summed, the mask length) and checks them, so that the statistics never touch token data.
+Stage 3, :func:`write_advantages`, is the only pass over every column: it streams the input through
+Polars, attaches each row's advantage and sinks the result to a temporary file that is renamed into
+place only when complete.
+
+Every Polars or Arrow error met while reading is re-raised as :class:`~advcli.errors.AdvcliError`
+naming the file, column and row.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import glob
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from advcli.errors import AdvcliError
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+GLOB_CHARS = frozenset("*?[")
+
+# Internal column names of the key projection. They are ours, so a user column called "group" or
+# "score" never collides with them.
+ROW = "row"
+GROUP = "group"
+TRAJECTORY = "trajectory"
+TURN = "turn"
+SCORE = "score"
+TOKENS = "tokens"
+
+# Columns that compute adds to its output.
+OUTPUT_COLUMNS = ("score", "advantage", "advantages")
+
+# Default column names, in order of preference (verl / verl-agent names as fallbacks).
+GROUP_CANDIDATES = ("data_id", "uid")
+TRAJECTORY_CANDIDATES = ("rollout_id", "traj_uid")
+TURN_CANDIDATES = ("turn_index",)
+REWARD_CANDIDATES = ("token_level_rewards", "score", "reward")
+MASK_CANDIDATES = ("response_mask", "response_length")
+
+RewardKind = Literal["token_rewards", "scalar"]
+MaskKind = Literal["mask", "length"]
+OutputFormat = Literal["parquet", "npz", "pt"]
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which input column plays which role."""
+
+    group: str
+    trajectory: str
+    turn: str | None
+    reward: str
+    reward_kind: RewardKind
+    mask: str
+    mask_kind: MaskKind
+
+    def describe(self) -> dict[str, str | None]:
+        """The roles as a plain dict, for summaries and reports."""
+        return {
+            "group": self.group,
+            "trajectory": self.trajectory,
+            "turn": self.turn,
+            "reward": self.reward,
+            "mask": self.mask,
+        }
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One or more Parquet files read as one table, rows numbered across files in the order given."""
+
+    files: tuple[Path, ...]
+    schema: pl.Schema
+    row_counts: tuple[int, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.row_counts)
+
+    def scan(self) -> pl.LazyFrame:
+        return pl.scan_parquet(list(self.files))
+
+    def locate(self, row: int) -> str:
+        """Name a global row number as ``file row k`` (k counted from 0 within that file)."""
+        starts = np.cumsum((0, *self.row_counts[:-1])).tolist()
+        file_number = bisect.bisect_right(starts, row) - 1
+        return f"{self.files[file_number]} row {row - starts[file_number]}"
+
+
+# --------------------------------------------------------------------------------------------
+# Opening inputs
+
+
+def resolve_inputs(specs: Sequence[str]) -> list[Path]:
+    """Expand files, globs and directories into a list of Parquet files, in the order given.
+
+    A directory contributes its Parquet files (recursively, sorted by path); a glob its matches,
+    sorted. A file named twice is read once.
+    """
+    if not specs:
+        raise AdvcliError("no input files given")
+    files: list[Path] = []
+    for spec in specs:
+        if GLOB_CHARS & set(spec):
+            matches = sorted(glob.glob(spec, recursive=True))
+            if not matches:
+                raise AdvcliError(f"{spec}: the pattern matches no file")
+            for match in matches:
+                files.extend(_expand_path(Path(match), spec))
+        else:
+            files.extend(_expand_path(Path(spec), spec))
+    return list(dict.fromkeys(files))
+
+
+def _expand_path(path: Path, spec: str) -> list[Path]:
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*") if p.suffix in PARQUET_SUFFIXES and p.is_file())
+        if not found:
+            raise AdvcliError(f"{spec}: the directory holds no Parquet file (*.parquet, *.pq)")
+        return found
+    if not path.exists():
+        raise AdvcliError(f"{spec}: no such file or directory")
+    return [path]
+
+
+def open_dataset(specs: Sequence[str]) -> Dataset:
+    """Resolve the inputs, read each file's footer and check that the schemas agree."""
+    files = resolve_inputs(specs)
+    row_counts = []
+    schemas = []
+    for path in files:
+        num_rows, schema = _read_footer(path)
+        row_counts.append(num_rows)
+        schemas.append(schema)
+    _check_schemas_agree(files, schemas)
+    if sum(row_counts) == 0:
+        raise AdvcliError(f"{_name_files(files)}: the input has no rows")
+    return Dataset(files=tuple(files), schema=schemas[0], row_counts=tuple(row_counts))
+
+
+def _read_footer(path: Path) -> tuple[int, pl.Schema]:
+    try:
+        if path.stat().st_size == 0:
+            raise AdvcliError(f"{path}: the file is empty (0 bytes), not a Parquet file")
+        with pq.ParquetFile(path) as parquet_file:
+            num_rows = parquet_file.metadata.num_rows
+            arrow_schema = parquet_file.schema_arrow
+    except AdvcliError:
+        raise
+    except PermissionError as error:
+        raise AdvcliError(f"{path}: cannot read the file ({error.strerror})") from None
+    except (pa.ArrowException, OSError) as error:
+        raise AdvcliError(f"{path}: not a readable Parquet file ({_first_line(error)})") from None
+    schema = pl.from_arrow(arrow_schema.empty_table()).schema  # type: ignore[union-attr]
+    return num_rows, schema
+
+
+def _check_schemas_agree(files: Sequence[Path], schemas: Sequence[pl.Schema]) -> None:
+    first_file, first = files[0], schemas[0]
+    for path, schema in zip(files[1:], schemas[1:]):
+        for name in dict.fromkeys([*first.keys(), *schema.keys()]):
+            if name not in schema:
+                raise AdvcliError(
+                    f"schemas conflict: column '{name}' is in {first_file} but not in {path}"
+                )
+            if name not in first:
+                raise AdvcliError(
+                    f"schemas conflict: column '{name}' is in {path} but not in {first_file}"
+                )
+            if schema[name] != first[name]:
+                raise AdvcliError(
+                    f"schemas conflict: column '{name}' is {first[name]} in {first_file} "
+                    f"but {schema[name]} in {path}"
+                )
+
+
+def _name_files(files: Sequence[Path]) -> str:
+    return str(files[0]) if len(files) == 1 else f"{files[0]} (and {len(files) - 1} more)"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+# --------------------------------------------------------------------------------------------
+# Column roles
+
+
+def resolve_columns(
+    dataset: Dataset,
+    *,
+    group: str | None = None,
+    trajectory: str | None = None,
+    turn: str | None = None,
+    reward: str | None = None,
+    mask: str | None = None,
+) -> Columns:
+    """Pick the column for each role (the option's name, else the first default that exists)
+    and check its type."""
+    schema = dataset.schema
+    where = _name_files(dataset.files)
+
+    group_col = _pick(schema, where, "group", group, GROUP_CANDIDATES, "--group-col")
+    trajectory_col = _pick(
+        schema, where, "trajectory", trajectory, TRAJECTORY_CANDIDATES, "--traj-col"
+    )
+    turn_col = turn if turn is not None else next((c for c in TURN_CANDIDATES if c in schema), None)
+    if turn is not None and turn not in schema:
+        raise AdvcliError(f"{where}: column '{turn}' (--turn-col) not found")
+    reward_col = _pick(schema, where, "reward", reward, REWARD_CANDIDATES, "--reward-col")
+    mask_col = _pick(schema, where, "mask", mask, MASK_CANDIDATES, "--mask-col")
+
+    for role, name in (("group", group_col), ("trajectory", trajectory_col)):
+        dtype = schema[name]
+        if not (dtype.is_integer() or dtype in (pl.String, pl.Categorical) or _is_enum(dtype)):
+            raise AdvcliError(
+                f"{where}: column '{name}' ({role} id) has type {dtype}; ids must be integers "
+                "or strings"
+            )
+    if turn_col is not None and not schema[turn_col].is_integer():
+        raise AdvcliError(
+            f"{where}: column '{turn_col}' (turn index) has type {schema[turn_col]}; "
+            "expected integers"
+        )
+
+    reward_dtype = schema[reward_col]
+    reward_kind: RewardKind
+    if _is_numeric(reward_dtype):
+        reward_kind = "scalar"
+    elif isinstance(reward_dtype, pl.List) and _is_numeric(reward_dtype.inner):
+        reward_kind = "token_rewards"
+    else:
+        raise AdvcliError(
+            f"{where}: column '{reward_col}' (reward) has type {reward_dtype}; expected a number "
+            "or a list of numbers"
+        )
+
+    mask_dtype = schema[mask_col]
+    mask_kind: MaskKind
+    if mask_dtype.is_integer():
+        mask_kind = "length"
+    elif isinstance(mask_dtype, pl.List) and (
+        _is_numeric(mask_dtype.inner) or mask_dtype.inner == pl.Boolean
+    ):
+        mask_kind = "mask"
+    else:
+        raise AdvcliError(
+            f"{where}: column '{mask_col}' (response mask) has type {mask_dtype}; expected a list "
+            "of 0/1 values or an integer response length"
+        )
+
+    taken = {reward_col} & {"advantage", "advantages"}
+    if taken:
+        raise AdvcliError(
+            f"{where}: the reward column '{reward_col}' has the name of an output column; "
+            "rename it or choose another with --reward-col"
+        )
+    return Columns(
+        group=group_col,
+        trajectory=trajectory_col,
+        turn=turn_col,
+        reward=reward_col,
+        reward_kind=reward_kind,
+        mask=mask_col,
+        mask_kind=mask_kind,
+    )
+
+
+def _pick(
+    schema: pl.Schema,
+    where: str,
+    role: str,
+    chosen: str | None,
+    candidates: Sequence[str],
+    option: str,
+) -> str:
+    if chosen is not None:
+        if chosen not in schema:
+            raise AdvcliError(f"{where}: column '{chosen}' ({option}) not found")
+        return chosen
+    for name in candidates:
+        if name in schema:
+            return name
+    names = " or ".join(f"'{c}'" for c in candidates)
+    raise AdvcliError(f"{where}: no {role} column: expected {names}, or name one with {option}")
+
+
+def _is_numeric(dtype: pl.DataType) -> bool:
+    return dtype.is_numeric() and dtype != pl.Boolean
+
+
+def _is_enum(dtype: pl.DataType) -> bool:
+    return isinstance(dtype, pl.Enum)
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 1: the key projection
+
+
+def key_projection(dataset: Dataset, columns: Columns) -> pl.DataFrame:
+    """Read the small per-row columns (row, group, trajectory, [turn], score, tokens) and check them.
+
+    ``score`` is the row's reward (the sum of its token-level rewards) as Float64; ``tokens`` is the
+    number of response tokens (the sum of the mask, or the response length).
+    """
+    reward, mask = pl.col(columns.reward), pl.col(columns.mask)
+    keys = [
+        _as_key(columns.group, dataset.schema).alias(GROUP),
+        _as_key(columns.trajectory, dataset.schema).alias(TRAJECTORY),
+    ]
+    if columns.turn is not None:
+        keys.append(pl.col(columns.turn).alias(TURN))
+    if columns.reward_kind == "token_rewards":
+        score = reward.list.sum().cast(pl.Float64)
+        checks = [
+            reward.is_null().alias("reward_null"),
+            reward.list.eval(pl.element().null_count()).list.first().alias("reward_null_items"),
+            reward.list.len().alias("reward_len"),
+        ]
+    else:
+        score = reward.cast(pl.Float64)
+        checks = [reward.is_null().alias("reward_null")]
+    if columns.mask_kind == "mask":
+        inner = dataset.schema[columns.mask].inner  # type: ignore[attr-defined]
+        tokens = mask.list.sum().cast(pl.Int64)
+        bad_values = (
+            pl.lit(False)
+            if inner == pl.Boolean
+            else mask.list.eval(~pl.element().is_in([0, 1])).list.any()
+        )
+        checks += [
+            mask.is_null().alias("mask_null"),
+            mask.list.eval(pl.element().null_count()).list.first().alias("mask_null_items"),
+            bad_values.alias("mask_bad_values"),
+            mask.list.len().alias("mask_len"),
+        ]
+    else:
+        tokens = mask.cast(pl.Int64)
+        checks += [mask.is_null().alias("mask_null")]
+
+    try:
+        projection = (
+            dataset.scan()
+            .with_row_index(ROW)
+            .select(pl.col(ROW), *keys, score.alias(SCORE), tokens.alias(TOKENS), *checks)
+            .collect(engine="streaming")
+        )
+    except pl.exceptions.PolarsError as error:
+        raise AdvcliError(
+            f"{_name_files(dataset.files)}: cannot read the key columns ({_first_line(error)})"
+        ) from None
+    _check_projection(projection, dataset, columns)
+    return projection.select(
+        pl.col(ROW), *[pl.col(k.meta.output_name()) for k in keys], pl.col(SCORE), pl.col(TOKENS)
+    )
+
+
+def _as_key(name: str, schema: pl.Schema) -> pl.Expr:
+    # Categorical ids compare and join as strings; the physical codes may differ between files.
+    dtype = schema[name]
+    return (
+        pl.col(name).cast(pl.String) if dtype == pl.Categorical or _is_enum(dtype) else pl.col(name)
+    )
+
+
+def _check_projection(projection: pl.DataFrame, dataset: Dataset, columns: Columns) -> None:
+    """Raise for the first row (in input order) that breaks a rule, naming file, column and row."""
+    present = set(projection.columns)
+    reward, mask = columns.reward, columns.mask
+    rules: list[tuple[pl.Expr, str]] = [
+        (pl.col(GROUP).is_null(), f"column '{columns.group}' (group id) is null"),
+        (pl.col(TRAJECTORY).is_null(), f"column '{columns.trajectory}' (trajectory id) is null"),
+    ]
+    if TURN in present:
+        rules.append((pl.col(TURN).is_null(), f"column '{columns.turn}' (turn index) is null"))
+    rules.append((pl.col("reward_null"), f"column '{reward}' (reward) is null"))
+    if "reward_null_items" in present:
+        rules.append((pl.col("reward_null_items") > 0, f"column '{reward}' has a null element"))
+    rules += [
+        (pl.col(SCORE).is_nan(), f"column '{reward}': the score is NaN"),
+        (pl.col(SCORE) == float("inf"), f"column '{reward}': the score is +inf"),
+        (pl.col(SCORE) == float("-inf"), f"column '{reward}': the score is -inf"),
+        (pl.col("mask_null"), f"column '{mask}' (response mask) is null"),
+    ]
+    if columns.mask_kind == "mask":
+        rules += [
+            (pl.col("mask_null_items") > 0, f"column '{mask}' has a null element"),
+            (pl.col("mask_bad_values"), f"column '{mask}' holds a value other than 0 and 1"),
+        ]
+        if "reward_len" in present:
+            rules.append(
+                (
+                    pl.col("mask_len") != pl.col("reward_len"),
+                    f"column '{mask}' and column '{reward}' have different lengths",
+                )
+            )
+    else:
+        rules.append((pl.col(TOKENS) < 0, f"column '{mask}' (response length) is negative"))
+
+    for violated, message in rules:
+        offenders = projection.select(pl.col(ROW).filter(violated.fill_null(False)).first())
+        row = offenders.item()
+        if row is not None:
+            raise AdvcliError(f"{dataset.locate(row)}: {message}")
+
+    if TURN in present:
+        duplicated = projection.select(
+            pl.col(ROW).filter(pl.struct(GROUP, TRAJECTORY, TURN).is_duplicated()).first()
+        ).item()
+        if duplicated is not None:
+            key = projection.row(duplicated, named=True)
+            raise AdvcliError(
+                f"{dataset.locate(duplicated)}: duplicate turn: ({columns.group}={key[GROUP]!r}, "
+                f"{columns.trajectory}={key[TRAJECTORY]!r}, {columns.turn}={key[TURN]!r}) "
+                "appears more than once"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 3: writing the output
+
+
+def write_advantages(
+    dataset: Dataset,
+    columns: Columns,
+    row_values: pl.DataFrame,
+    output: Path,
+    *,
+    output_format: OutputFormat,
+    tokens: bool = True,
+) -> list[str]:
+    """Attach ``score`` and ``advantage`` (one per row, ordered by ``row``) to every input row and
+    write the result; return the input columns that the new ones replaced.
+
+    ``row_values`` must hold the columns ``row``, ``score`` (Float64) and ``advantage`` (Float64).
+    """
+    replaced = [name for name in OUTPUT_COLUMNS if name in dataset.schema]
+    values = row_values.select(
+        pl.col(ROW),
+        pl.col(SCORE).cast(pl.Float32).alias("score"),
+        pl.col("advantage").cast(pl.Float32),
+    )
+    frame = (
+        dataset.scan()
+        .with_row_index(ROW)
+        .drop(replaced)
+        .join(values.lazy(), on=ROW, how="left", maintain_order="left")
+        .drop(ROW)
+    )
+    if columns.mask_kind == "mask":
+        per_token = pl.col(columns.mask).cast(pl.List(pl.Float32)) * pl.col("advantage")
+    else:
+        per_token = pl.col("advantage").repeat_by(pl.col(columns.mask))
+    with atomic_output(output) as partial:
+        try:
+            if output_format == "parquet":
+                if tokens:
+                    frame = frame.with_columns(per_token.alias("advantages"))
+                frame.sink_parquet(partial)
+            else:
+                _write_arrays(frame, columns, partial, output_format)
+        except pl.exceptions.PolarsError as error:
+            raise AdvcliError(
+                f"{_name_files(dataset.files)}: cannot write {output} ({_first_line(error)})"
+            ) from None
+    return replaced
+
+
+def _write_arrays(
+    frame: pl.LazyFrame, columns: Columns, partial: Path, output_format: OutputFormat
+) -> None:
+    if columns.mask_kind == "mask":
+        mask = pl.col(columns.mask).cast(pl.List(pl.Float32))
+    else:
+        mask = pl.lit(1.0, dtype=pl.Float32).repeat_by(pl.col(columns.mask))
+    collected = frame.select(mask.alias("response_mask"), pl.col("advantage")).collect(
+        engine="streaming"
+    )
+    response_mask = padded(collected["response_mask"])
+    advantage = collected["advantage"].to_numpy()
+    arrays = {
+        "advantages": response_mask * advantage[:, None],
+        "response_mask": response_mask,
+        "advantage": advantage,
+    }
+    if output_format == "npz":
+        with partial.open("wb") as handle:
+            np.savez(handle, **arrays)  # type: ignore[arg-type]
+    else:
+        import torch
+
+        torch.save({name: torch.from_numpy(array) for name, array in arrays.items()}, partial)
+
+
+def padded(lists: pl.Series) -> np.ndarray:
+    """A ``list[f32]`` series as a zero-padded ``(N, Lmax)`` float32 array, with no row loop."""
+    lengths = lists.list.len().to_numpy().astype(np.int64)
+    flat = lists.explode().to_numpy() if lengths.sum() else np.zeros(0, dtype=np.float32)
+    width = int(lengths.max()) if len(lengths) else 0
+    out = np.zeros((len(lengths), width), dtype=np.float32)
+    row_ids = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out[row_ids, np.arange(len(row_ids)) - starts] = flat[: len(row_ids)]
+    return out
+
+
+@contextlib.contextmanager
+def atomic_output(output: Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``output``; rename it into place only if the block succeeds.
+
+    A reader of ``output`` therefore sees either the old file or the complete new one, never a
+    partial write.
+    """
+    folder = output.parent
+    if not folder.is_dir():
+        raise AdvcliError(f"{output}: the folder {folder} does not exist")
+    try:
+        handle, name = tempfile.mkstemp(
+            prefix=f".{output.name}.", suffix=".advcli-partial", dir=folder
+        )
+    except OSError as error:
+        raise AdvcliError(f"{output}: cannot write to {folder} ({error.strerror})") from None
+    os.close(handle)
+    # mkstemp creates the file private (0600); give it the mode a plain open() would have.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(name, 0o666 & ~umask)
+    partial = Path(name)
+    try:
+        yield partial
+        os.replace(partial, output)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def check_output(output: Path, dataset: Dataset, *, force: bool) -> None:
+    """Refuse an output that is one of the inputs, or that exists without ``--force``."""
+    for path in dataset.files:
+        if output.resolve() == path.resolve():
+            raise AdvcliError(f"{output}: the output is also an input; choose another path")
+    if output.exists() and not force:
+        raise AdvcliError(f"{output}: the file exists; pass --force to replace it")

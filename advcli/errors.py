@@ -1,0 +1,9 @@
+"""The one exception type advcli raises for bad input.
+
+The library raises :class:`AdvcliError` with a message that names the file, column and row (or
+trajectory key) at fault; only ``advcli.cli`` turns it into ``Error: …`` and an exit code.
+"""
+
+
+class AdvcliError(Exception):
+    """Bad input or an impossible request; the message is shown to the user as is."""

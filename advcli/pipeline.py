@@ -1,0 +1,147 @@
+"""The library entry points behind the commands: open → project → compute → write.
+
+These functions know nothing of Typer; they raise :class:`~advcli.errors.AdvcliError` for bad input.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from advcli.advantage import AdvantageConfig, Advantages, compute_advantages
+from advcli.dataset import (
+    GROUP,
+    TRAJECTORY,
+    Columns,
+    Dataset,
+    OutputFormat,
+    check_output,
+    key_projection,
+    open_dataset,
+    resolve_columns,
+    write_advantages,
+)
+from advcli.errors import AdvcliError
+
+FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".npz": "npz",
+    ".pt": "pt",
+}
+
+
+@dataclass(frozen=True)
+class ColumnNames:
+    """Column names chosen by the user; ``None`` means "use the default names"."""
+
+    group: str | None = None
+    trajectory: str | None = None
+    turn: str | None = None
+    reward: str | None = None
+    mask: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadedDump:
+    """A dump after stage 1: its files, its column roles and its checked key projection."""
+
+    dataset: Dataset
+    columns: Columns
+    projection: pl.DataFrame
+
+    @property
+    def names(self) -> dict[str, str]:
+        return {GROUP: self.columns.group, TRAJECTORY: self.columns.trajectory}
+
+    def advantages(self, config: AdvantageConfig) -> Advantages:
+        return compute_advantages(self.projection, config, self.names)
+
+
+@dataclass(frozen=True)
+class ComputeSummary:
+    rows: int
+    groups: int
+    trajectories: int
+    singleton_groups: int
+    zero_std_groups: int
+    config: AdvantageConfig
+    columns: Columns
+    output: Path
+    output_format: OutputFormat
+    seconds: float
+    replaced: list[str] = field(default_factory=list)
+
+
+def load_dump(dataset: Dataset, names: ColumnNames = ColumnNames()) -> LoadedDump:
+    """Stage 1: pick the columns, read and check the key projection."""
+    columns = resolve_columns(
+        dataset,
+        group=names.group,
+        trajectory=names.trajectory,
+        turn=names.turn,
+        reward=names.reward,
+        mask=names.mask,
+    )
+    return LoadedDump(dataset, columns, key_projection(dataset, columns))
+
+
+def output_format_for(output: Path, requested: OutputFormat | None) -> OutputFormat:
+    """The output format: ``requested`` if given, else the one its extension names."""
+    if requested is not None:
+        chosen = requested
+    elif output.suffix.lower() in FORMAT_BY_SUFFIX:
+        chosen = FORMAT_BY_SUFFIX[output.suffix.lower()]
+    else:
+        raise AdvcliError(
+            f"{output}: cannot tell the output format from the extension; use .parquet, .npz "
+            "or .pt, or pass --format"
+        )
+    if chosen == "pt" and importlib.util.find_spec("torch") is None:
+        raise AdvcliError(f"{output}: writing .pt needs torch: pip install 'advcli[torch]'")
+    return chosen
+
+
+def compute(
+    inputs: Sequence[str],
+    output: Path,
+    config: AdvantageConfig = AdvantageConfig(),
+    *,
+    names: ColumnNames = ColumnNames(),
+    output_format: OutputFormat | None = None,
+    tokens: bool = True,
+    force: bool = False,
+) -> ComputeSummary:
+    """Compute advantages for every row of the inputs and write them to ``output``.
+
+    Examples
+    --------
+    >>> compute(["rollouts.parquet"], Path("advantages.parquet"))  # doctest: +SKIP
+    """
+    started = time.perf_counter()
+    fmt = output_format_for(output, output_format)
+    dataset = open_dataset(inputs)
+    check_output(output, dataset, force=force)
+    dump = load_dump(dataset, names)
+    advantages = dump.advantages(config)
+    replaced = write_advantages(
+        dump.dataset, dump.columns, advantages.rows, output, output_format=fmt, tokens=tokens
+    )
+    return ComputeSummary(
+        rows=dump.dataset.num_rows,
+        groups=advantages.groups.height,
+        trajectories=dump.projection.select(GROUP, TRAJECTORY).n_unique(),
+        singleton_groups=advantages.singleton_groups,
+        zero_std_groups=advantages.zero_std_groups,
+        config=config,
+        columns=dump.columns,
+        output=output,
+        output_format=fmt,
+        seconds=time.perf_counter() - started,
+        replaced=replaced,
+    )
