@@ -6,8 +6,8 @@ Only this module turns :class:`~advcli.errors.AdvcliError` into ``Error: …`` a
 from __future__ import annotations
 
 import functools
-from enum import Enum
 from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -154,7 +154,7 @@ def compute_command(
         output,
         AdvantageConfig(level=level, estimator=estimator, epsilon=epsilon, traj_score=traj_score),
         names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),
-        output_format=output_format.value if output_format else None,  # type: ignore[arg-type]
+        output_format=output_format.value if output_format else None,
         tokens=not no_tokens,
         force=force,
     )

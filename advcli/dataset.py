@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+from polars.datatypes import DataTypeClass
 
 from advcli.errors import AdvcliError
 
@@ -81,7 +82,7 @@ class Columns:
 
 @dataclass(frozen=True)
 class Dataset:
-    """One or more Parquet files read as one table, rows numbered across files in the order given."""
+    """Parquet files read as one table, rows numbered across files in the order given."""
 
     files: tuple[Path, ...]
     schema: pl.Schema
@@ -171,7 +172,7 @@ def _read_footer(path: Path) -> tuple[int, pl.Schema]:
 
 def _check_schemas_agree(files: Sequence[Path], schemas: Sequence[pl.Schema]) -> None:
     first_file, first = files[0], schemas[0]
-    for path, schema in zip(files[1:], schemas[1:]):
+    for path, schema in zip(files[1:], schemas[1:], strict=True):
         for name in dict.fromkeys([*first.keys(), *schema.keys()]):
             if name not in schema:
                 raise AdvcliError(
@@ -300,11 +301,11 @@ def _pick(
     raise AdvcliError(f"{where}: no {role} column: expected {names}, or name one with {option}")
 
 
-def _is_numeric(dtype: pl.DataType) -> bool:
+def _is_numeric(dtype: pl.DataType | DataTypeClass) -> bool:
     return dtype.is_numeric() and dtype != pl.Boolean
 
 
-def _is_enum(dtype: pl.DataType) -> bool:
+def _is_enum(dtype: pl.DataType | DataTypeClass) -> bool:
     return isinstance(dtype, pl.Enum)
 
 
@@ -313,7 +314,7 @@ def _is_enum(dtype: pl.DataType) -> bool:
 
 
 def key_projection(dataset: Dataset, columns: Columns) -> pl.DataFrame:
-    """Read the small per-row columns (row, group, trajectory, [turn], score, tokens) and check them.
+    """Read and check the small per-row columns: row, group, trajectory, [turn], score, tokens.
 
     ``score`` is the row's reward (the sum of its token-level rewards) as Float64; ``tokens`` is the
     number of response tokens (the sum of the mask, or the response length).
@@ -500,7 +501,7 @@ def _write_arrays(
     }
     if output_format == "npz":
         with partial.open("wb") as handle:
-            np.savez(handle, **arrays)  # type: ignore[arg-type]
+            np.savez(handle, **arrays)
     else:
         import torch
 
