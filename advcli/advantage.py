@@ -3,8 +3,8 @@
 A *unit* is what counts once in its group's statistics: a row at turn level, a trajectory
 (``(group, trajectory)`` pair) at trajectory level. :func:`build_units` turns the key projection
 into units, :func:`group_statistics` computes every group quantity any estimator needs in one
-group-by, and :func:`compute_advantages` applies the chosen estimator and broadcasts each unit's advantage
-back to its rows.
+group-by, and :func:`compute_advantages` applies the chosen estimator and broadcasts each unit's
+advantage back to its rows.
 
 Every numeric rule is stated where it is applied; the README's table lists them all.
 """
