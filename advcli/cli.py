@@ -122,10 +122,10 @@ class Format(str, Enum):
 @app.command("compute")
 @reports_errors
 def compute_command(
-    inputs: Inputs,
     output: Annotated[
         Path, typer.Option("--output", "-o", help="Output file (.parquet, .npz or .pt).")
     ],
+    inputs: Inputs = None,
     level: LevelOpt = Level.TRAJECTORY,
     estimator: EstimatorOpt = Estimator.GRPO,
     epsilon: EpsilonOpt = 1e-6,
@@ -150,7 +150,7 @@ def compute_command(
     Example: advcli compute rollouts.parquet -o advantages.parquet --level trajectory
     """
     summary = compute(
-        inputs,
+        inputs or [],
         output,
         AdvantageConfig(level=level, estimator=estimator, epsilon=epsilon, traj_score=traj_score),
         names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),

@@ -1,0 +1,157 @@
+"""Hand-computed cases shared by the CLI tests and the torch tests, so the two cannot drift.
+
+Each case is a tiny dump (one tuple per row: group, trajectory, turn, score, response tokens)
+and the advantage each row must get, per (level, estimator). Expected values are written as the
+arithmetic done by hand from the formulas in the README, not produced by advcli.
+
+EPS is the default epsilon (1e-6), added to the std; std is the sample std (ddof=1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    rows: list[tuple[object, object, int, float, int]]
+    # (level, estimator) -> one expected advantage per row, in row order
+    expected: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+
+
+# One group: a 1-turn success (score 1) and a 4-turn failure (score 0): the README's example.
+# Turn level: scores [1, 0, 0, 0, 0], mean 1/5, squared deviations 0.64 + 4 * 0.04 = 0.8,
+# variance 0.8 / 4 = 0.2. Trajectory level: scores [1, 0], mean 0.5, variance 0.5 / 1.
+_TURN_STD = math.sqrt(0.2)
+_TRAJ_STD = math.sqrt(0.5)
+BIAS_EXAMPLE = Case(
+    name="one_turn_success_four_turn_failure",
+    rows=[
+        (0, "success", 0, 1.0, 10),
+        (0, "failure", 0, 0.0, 10),
+        (0, "failure", 1, 0.0, 10),
+        (0, "failure", 2, 0.0, 10),
+        (0, "failure", 3, 0.0, 10),
+    ],
+    expected={
+        ("turn", "grpo"): [0.8 / (_TURN_STD + EPS)] + [-0.2 / (_TURN_STD + EPS)] * 4,
+        ("trajectory", "grpo"): [0.5 / (_TRAJ_STD + EPS)] + [-0.5 / (_TRAJ_STD + EPS)] * 4,
+        ("turn", "drgrpo"): [0.8] + [-0.2] * 4,
+        ("trajectory", "drgrpo"): [0.5] + [-0.5] * 4,
+    },
+)
+
+# One trajectory of three turns is the whole group: a singleton at trajectory level (mean 0,
+# std 1, so s / (1 + eps)), but three equal rows at turn level (std 0, advantage 0).
+MULTI_TURN_SINGLETON = Case(
+    name="multi_turn_singleton",
+    rows=[(7, 0, 0, 2.0, 5), (7, 0, 1, 2.0, 5), (7, 0, 2, 2.0, 5)],
+    expected={
+        ("turn", "grpo"): [0.0, 0.0, 0.0],
+        ("trajectory", "grpo"): [2.0 / (1 + EPS)] * 3,
+        ("turn", "drgrpo"): [0.0, 0.0, 0.0],
+        ("trajectory", "drgrpo"): [2.0] * 3,
+    },
+)
+
+# A group of one row is a singleton at both levels.
+SINGLE_ROW = Case(
+    name="single_row_group",
+    rows=[("only", "r", 0, -1.5, 3)],
+    expected={
+        ("turn", "grpo"): [-1.5 / (1 + EPS)],
+        ("trajectory", "grpo"): [-1.5 / (1 + EPS)],
+        ("turn", "drgrpo"): [-1.5],
+        ("trajectory", "drgrpo"): [-1.5],
+    },
+)
+
+# Every trajectory scores the same: std 0, advantage exactly 0 at both levels.
+IDENTICAL_SCORES = Case(
+    name="identical_scores",
+    rows=[(1, 0, 0, 0.1, 4), (1, 1, 0, 0.1, 4), (1, 1, 1, 0.1, 4), (1, 2, 0, 0.1, 4)],
+    expected={
+        (level, estimator): [0.0] * 4
+        for level in ("turn", "trajectory")
+        for estimator in ("grpo", "drgrpo")
+    },
+)
+
+# Mixed turn counts, rows out of order: trajectories a (score 1, 2 turns), b (0, 1 turn),
+# c (0.5, 3 turns).
+# Trajectory level: scores [1, 0, 0.5], mean 0.5, variance (0.25 + 0.25 + 0) / 2 = 0.25, std 0.5.
+# Turn level: scores [1, 1, 0, 0.5, 0.5, 0.5], mean 3.5 / 6 = 7/12; deviations 5/12 (x2), -7/12,
+# -1/12 (x3); squared sum (2*25 + 49 + 3*1) / 144 = 102/144; variance 102/144 / 5 = 102/720.
+_M = 7 / 12
+_S = math.sqrt(102 / 720)
+MIXED_TURNS = Case(
+    name="mixed_turn_counts_unordered",
+    rows=[
+        ("g", "c", 1, 0.5, 6),
+        ("g", "a", 0, 1.0, 2),
+        ("g", "b", 0, 0.0, 8),
+        ("g", "c", 0, 0.5, 6),
+        ("g", "a", 1, 1.0, 2),
+        ("g", "c", 2, 0.5, 6),
+    ],
+    expected={
+        ("trajectory", "grpo"): [
+            0.0,
+            0.5 / (0.5 + EPS),
+            -0.5 / (0.5 + EPS),
+            0.0,
+            0.5 / (0.5 + EPS),
+            0.0,
+        ],
+        ("trajectory", "drgrpo"): [0.0, 0.5, -0.5, 0.0, 0.5, 0.0],
+        ("turn", "grpo"): [
+            (0.5 - _M) / (_S + EPS),
+            (1 - _M) / (_S + EPS),
+            (0 - _M) / (_S + EPS),
+            (0.5 - _M) / (_S + EPS),
+            (1 - _M) / (_S + EPS),
+            (0.5 - _M) / (_S + EPS),
+        ],
+        ("turn", "drgrpo"): [0.5 - _M, 1 - _M, -_M, 0.5 - _M, 1 - _M, 0.5 - _M],
+    },
+)
+
+# Two groups interleaved: each group's statistics use only its own units.
+# Group 10: trajectories scoring 3 and 1 (mean 2, std sqrt(2)); group 20: 0 and 4 (mean 2,
+# std sqrt(8)), the 4 spread over two turns.
+TWO_GROUPS = Case(
+    name="two_groups_interleaved",
+    rows=[
+        (10, 1, 0, 3.0, 1),
+        (20, 1, 0, 0.0, 1),
+        (10, 2, 0, 1.0, 1),
+        (20, 2, 0, 4.0, 1),
+        (20, 2, 1, 4.0, 1),
+    ],
+    expected={
+        ("trajectory", "grpo"): [
+            1 / (math.sqrt(2) + EPS),
+            -2 / (math.sqrt(8) + EPS),
+            -1 / (math.sqrt(2) + EPS),
+            2 / (math.sqrt(8) + EPS),
+            2 / (math.sqrt(8) + EPS),
+        ],
+        ("trajectory", "drgrpo"): [1.0, -2.0, -1.0, 2.0, 2.0],
+        # Turn level, group 20: scores [0, 4, 4], mean 8/3, deviations -8/3, 4/3, 4/3,
+        # squared sum (64 + 16 + 16) / 9 = 96/9, variance 48/9.
+        ("turn", "grpo"): [
+            1 / (math.sqrt(2) + EPS),
+            (-8 / 3) / (math.sqrt(48 / 9) + EPS),
+            -1 / (math.sqrt(2) + EPS),
+            (4 / 3) / (math.sqrt(48 / 9) + EPS),
+            (4 / 3) / (math.sqrt(48 / 9) + EPS),
+        ],
+        ("turn", "drgrpo"): [1.0, -8 / 3, -1.0, 4 / 3, 4 / 3],
+    },
+)
+
+CASES = [BIAS_EXAMPLE, MULTI_TURN_SINGLETON, SINGLE_ROW, IDENTICAL_SCORES, MIXED_TURNS, TWO_GROUPS]

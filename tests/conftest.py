@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from advcli.cli import app
+
+
+def dump_frame(rows: Sequence[tuple[object, object, int, float, int]]) -> pl.DataFrame:
+    """A rollout dump from (group, trajectory, turn, score, tokens) tuples: the score sits on the
+    last token of ``token_level_rewards`` and the mask is all ones."""
+    return pl.DataFrame(
+        {
+            "data_id": [r[0] for r in rows],
+            "rollout_id": [r[1] for r in rows],
+            "turn_index": [r[2] for r in rows],
+            "token_level_rewards": [[0.0] * (r[4] - 1) + [r[3]] for r in rows],
+            "response_mask": [[1] * r[4] for r in rows],
+        },
+        schema_overrides={"response_mask": pl.List(pl.Int8)},
+    )
+
+
+@pytest.fixture
+def write_dump(tmp_path: Path):
+    """Write rows (or a frame) to a Parquet file under tmp_path and return its path."""
+
+    def write(rows, name: str = "rollouts.parquet") -> Path:
+        frame = rows if isinstance(rows, pl.DataFrame) else dump_frame(rows)
+        path = tmp_path / name
+        frame.write_parquet(path)
+        return path
+
+    return write
+
+
+@pytest.fixture
+def run():
+    """Run the advcli CLI in-process; stdout and stderr are kept apart."""
+    runner = CliRunner()
+
+    def invoke(*args: object):
+        return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+    return invoke

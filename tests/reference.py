@@ -1,0 +1,290 @@
+"""Plain-Python reference for the advantages advcli computes, written from the specification.
+
+No polars, numpy or advcli here on purpose: this file is the independent statement of the
+math that the property tests hold advcli to. It favours obviousness over speed.
+
+Input
+-----
+``rows`` is a list of tuples ``(group, trajectory, turn, score, tokens)`` in input order:
+``group`` and ``trajectory`` are ints or strings, ``turn`` an int, ``score`` the row's score
+(a float) and ``tokens`` the number of response tokens of the row (an int >= 0).
+
+Output
+------
+One float per row, in row order.
+
+Units
+-----
+At ``level="turn"`` every row is a unit, with its own score and tokens.
+At ``level="trajectory"`` a unit is a trajectory: the pair ``(group, trajectory)``, so the same
+trajectory id in two groups names two different trajectories. Its tokens are the sum of its
+rows' tokens; its score is
+
+* ``traj_score=None``: the score of its first row by turn order (all rows of a trajectory
+  are then expected to carry the same score);
+* ``"first"`` / ``"last"``: the score of the row with the smallest / largest ``turn``; ties on
+  ``turn`` are broken by row order (a stable sort by turn: ``first`` takes the earliest row of
+  the smallest turn, ``last`` the latest row of the largest turn);
+* ``"mean"``, ``"max"``, ``"sum"``: of the scores of its rows.
+
+The units of a group are the units sharing its group value; ``n`` is their number. Units are
+ordered by their first row's position in the input ("row order"). Every row of a trajectory
+gets its trajectory's advantage.
+
+Group statistics
+----------------
+``mean_g`` is the mean of the unit scores of the group, ``std_g`` their unbiased sample std
+(divide by ``n - 1``). If every unit of a group has exactly the same score, ``mean_g`` is that
+score and ``std_g`` is 0, so the (grpo, drgrpo, rloo, grpo_passk) advantage is exactly 0.
+
+Estimators (``s`` is the unit's score)
+--------------------------------------
+* ``grpo``: ``(s - mean_g) / (std_g + epsilon)``. ``scale="batch"`` divides by the sample std
+  (ddof=1) of *all* units of the whole input plus ``epsilon`` instead; ``scale="none"`` gives
+  ``s - mean_g``.
+* ``drgrpo``: ``s - mean_g``.
+* ``rloo``: ``s - mean(other units of the group)`` = ``n / (n - 1) * (s - mean_g)``.
+* ``opo``: ``s - sum(len * s) / sum(len)`` over the group's units, ``len`` the unit's tokens;
+  if ``sum(len)`` over the group is 0 the baseline is 0.
+* ``grpo_passk``: only the unit with the highest score in its group (ties: the first in row
+  order) gets ``s_max - s_second`` (``s_second`` is the second-highest unit score, equal to
+  ``s_max`` when tied), divided by ``std_g + epsilon`` unless ``scale="none"``; every other
+  unit gets 0. A group with one unit gives 0.
+* ``reinforce_pp_baseline``: ``s - mean_g`` broadcast to the rows, then whitened over all
+  response tokens of the whole input: row ``r`` contributes ``tokens_r`` copies of its value
+  ``x_r``; ``T = sum(tokens_r)``, ``mu = sum(tokens_r * x_r) / T``,
+  ``var = sum(tokens_r * (x_r - mu) ** 2) / (T - 1)`` and the row's value is
+  ``(x_r - mu) / sqrt(var + 1e-8)``. Undefined (``ValueError`` here) when ``T < 2``.
+
+Singleton groups (``n == 1``)
+-----------------------------
+``singleton="raw"`` (default): grpo, drgrpo and reinforce_pp_baseline use mean 0 and std 1, so
+grpo gives ``s / (1 + epsilon)`` (``s`` with ``scale="none"``), drgrpo ``s`` and
+reinforce_pp_baseline ``s`` before whitening; rloo gives ``s``; opo gives ``s`` (baseline 0);
+grpo_passk gives 0. ``singleton="zero"``: every estimator gives 0 to a singleton group's unit
+(before whitening for reinforce_pp_baseline).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+
+Row = tuple[Hashable, Hashable, int, float, int]
+
+LEVELS = ("turn", "trajectory")
+ESTIMATORS = ("grpo", "drgrpo", "rloo", "opo", "grpo_passk", "reinforce_pp_baseline")
+TRAJ_SCORES = ("first", "last", "mean", "max", "sum")
+SCALES = ("group", "batch", "none")
+SINGLETONS = ("raw", "zero")
+
+WHITEN_EPS = 1e-8
+
+
+class _Unit:
+    """One unit: the rows it covers (positions in the input), its score and its tokens."""
+
+    def __init__(self, group: Hashable, positions: list[int], score: float, tokens: int) -> None:
+        self.group = group
+        self.positions = positions
+        self.score = score
+        self.tokens = tokens
+
+    @property
+    def first_position(self) -> int:
+        return self.positions[0]
+
+
+def _traj_score(rows: Sequence[Row], positions: list[int], rule: str | None) -> float:
+    """The score of the trajectory made of ``rows[p]`` for ``p`` in ``positions`` (row order)."""
+    scores = [rows[p][3] for p in positions]
+    by_turn = sorted(positions, key=lambda p: rows[p][2])  # stable: ties stay in row order
+    if rule is None or rule == "first":
+        return rows[by_turn[0]][3]
+    if rule == "last":
+        return rows[by_turn[-1]][3]
+    if rule == "mean":
+        return math.fsum(scores) / len(scores)
+    if rule == "max":
+        return max(scores)
+    if rule == "sum":
+        return math.fsum(scores)
+    raise ValueError(f"unknown traj_score rule {rule!r}")
+
+
+def _units(rows: Sequence[Row], level: str, traj_score: str | None) -> list[_Unit]:
+    """The units of the input, in row order of their first row."""
+    if level == "turn":
+        return [_Unit(row[0], [i], row[3], row[4]) for i, row in enumerate(rows)]
+    if level != "trajectory":
+        raise ValueError(f"unknown level {level!r}")
+    positions: dict[tuple[Hashable, Hashable], list[int]] = {}
+    for i, row in enumerate(rows):
+        positions.setdefault((row[0], row[1]), []).append(i)
+    return [
+        _Unit(
+            key[0],
+            pos,
+            _traj_score(rows, pos, traj_score),
+            sum(rows[p][4] for p in pos),
+        )
+        for key, pos in positions.items()  # dicts keep insertion order = row order
+    ]
+
+
+def _mean(values: Sequence[float]) -> float:
+    if all(v == values[0] for v in values):
+        return values[0]
+    return math.fsum(values) / len(values)
+
+
+def _std(values: Sequence[float]) -> float:
+    """Unbiased sample std (ddof=1); exactly 0 when all values are equal."""
+    n = len(values)
+    if n < 2:
+        raise ValueError("the sample std needs at least two values")
+    if all(v == values[0] for v in values):
+        return 0.0
+    mean = _mean(values)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def _group_advantages(
+    units: list[_Unit],
+    *,
+    estimator: str,
+    epsilon: float,
+    scale: str,
+    singleton: str,
+    batch_std: float | None,
+) -> list[float]:
+    """The advantage of each unit of one group (``units`` in row order)."""
+    n = len(units)
+    scores = [u.score for u in units]
+
+    if n == 1:
+        s = scores[0]
+        if singleton == "zero" or estimator == "grpo_passk":
+            return [0.0]
+        if estimator == "grpo" and scale != "none":
+            return [s / (1.0 + epsilon)]
+        # drgrpo, grpo with scale "none", rloo, opo (baseline 0), reinforce_pp_baseline
+        return [s]
+
+    all_equal = all(v == scores[0] for v in scores)
+    mean_g = _mean(scores)
+    std_g = _std(scores)
+
+    if estimator == "grpo":
+        if all_equal:
+            return [0.0] * n
+        if scale == "none":
+            return [s - mean_g for s in scores]
+        divisor = (batch_std if scale == "batch" else std_g) + epsilon
+        assert divisor > 0
+        return [(s - mean_g) / divisor for s in scores]
+
+    if estimator in ("drgrpo", "reinforce_pp_baseline"):
+        if all_equal:
+            return [0.0] * n
+        return [s - mean_g for s in scores]
+
+    if estimator == "rloo":
+        if all_equal:
+            return [0.0] * n
+        total = math.fsum(scores)
+        return [s - (total - s) / (n - 1) for s in scores]
+
+    if estimator == "opo":
+        total_len = sum(u.tokens for u in units)
+        if total_len == 0:
+            baseline = 0.0
+        else:
+            baseline = math.fsum(u.tokens * u.score for u in units) / total_len
+        return [s - baseline for s in scores]
+
+    if estimator == "grpo_passk":
+        best = 0
+        for i, s in enumerate(scores):
+            if s > scores[best]:  # strict: ties keep the first unit in row order
+                best = i
+        s_max = scores[best]
+        s_second = max(s for i, s in enumerate(scores) if i != best)
+        gap = s_max - s_second
+        if scale != "none":
+            gap = gap / (std_g + epsilon)
+        out = [0.0] * n
+        out[best] = gap
+        return out
+
+    raise ValueError(f"unknown estimator {estimator!r}")
+
+
+def _whiten(values: list[float], tokens: list[int]) -> list[float]:
+    """Token-weighted whitening: each row counts ``tokens`` times, variance with ddof=1."""
+    total = sum(tokens)
+    if total < 2:
+        raise ValueError("whitening needs at least two response tokens in the input")
+    mu = math.fsum(t * x for t, x in zip(tokens, values)) / total
+    var = math.fsum(t * (x - mu) ** 2 for t, x in zip(tokens, values)) / (total - 1)
+    denom = math.sqrt(var + WHITEN_EPS)
+    return [(x - mu) / denom for x in values]
+
+
+def reference_scores(
+    rows: Sequence[Row], *, level: str, traj_score: str | None = None
+) -> list[float]:
+    """The score each row is judged by: its own at turn level, its trajectory's otherwise."""
+    out = [math.nan] * len(rows)
+    for unit in _units(rows, level, traj_score):
+        for p in unit.positions:
+            out[p] = unit.score
+    return out
+
+
+def reference_advantages(
+    rows: Sequence[Row],
+    *,
+    level: str,
+    estimator: str,
+    epsilon: float = 1e-6,
+    traj_score: str | None = None,
+    scale: str = "group",
+    singleton: str = "raw",
+) -> list[float]:
+    """One advantage per row, in row order (see the module docstring for the semantics)."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}")
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}")
+    if singleton not in SINGLETONS:
+        raise ValueError(f"unknown singleton {singleton!r}")
+    if traj_score is not None and traj_score not in TRAJ_SCORES:
+        raise ValueError(f"unknown traj_score {traj_score!r}")
+
+    units = _units(rows, level, traj_score)
+    by_group: dict[Hashable, list[_Unit]] = {}
+    for unit in units:
+        by_group.setdefault(unit.group, []).append(unit)
+
+    batch_std = None
+    if estimator == "grpo" and scale == "batch" and len(units) > 1:
+        batch_std = _std([u.score for u in units])
+
+    out = [math.nan] * len(rows)
+    for group_units in by_group.values():
+        advantages = _group_advantages(
+            group_units,
+            estimator=estimator,
+            epsilon=epsilon,
+            scale=scale,
+            singleton=singleton,
+            batch_std=batch_std,
+        )
+        for unit, advantage in zip(group_units, advantages):
+            for p in unit.positions:
+                out[p] = advantage
+
+    if estimator == "reinforce_pp_baseline":
+        out = _whiten(out, [row[4] for row in rows])
+    return out

@@ -1,0 +1,403 @@
+"""advcli compute through the real Typer CLI: outputs, formats, summaries and every error path."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from cases import BIAS_EXAMPLE, MIXED_TURNS
+from conftest import dump_frame
+from polars.testing import assert_frame_equal
+
+from advcli.cli import app
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_every_command_has_help(run):
+    for command in app.registered_commands:
+        assert command.callback.__doc__, command.name
+        result = run(command.name, "--help")
+        assert result.exit_code == 0
+        assert "Example" in result.stdout
+
+
+def test_version(run):
+    result = run("--version")
+    assert result.exit_code == 0
+    assert result.stdout.startswith("advcli ")
+
+
+def test_pass_through_columns_and_row_order(write_dump, run, tmp_path):
+    frame = dump_frame(MIXED_TURNS.rows).with_columns(
+        prompt=pl.Series(["p1", None, "p3", "p4", "p5", "p6"]),
+        meta=pl.Series([{"step": i, "tag": str(i)} for i in range(6)]),
+        tools=pl.Series([["a"], [], ["b", "c"], None, ["d"], ["e"]]),
+    )
+    source = write_dump(frame)
+    before = digest(source)
+    output = tmp_path / "out.parquet"
+
+    result = run("compute", source, "-o", output)
+
+    assert result.exit_code == 0, result.output
+    out = pl.read_parquet(output)
+    assert out.columns == [*frame.columns, "score", "advantage", "advantages"]
+    assert_frame_equal(out.select(frame.columns), frame)
+    assert out["advantages"].dtype == pl.List(pl.Float32)
+    assert digest(source) == before
+
+
+def test_advantages_is_advantage_times_mask(write_dump, run, tmp_path):
+    frame = pl.DataFrame(
+        {
+            "data_id": [1, 1],
+            "rollout_id": [1, 2],
+            "token_level_rewards": [[0.0, 0.0, 1.0, 0.0], [0.0, 0.0]],
+            "response_mask": [[True, False, True, False], [True, True]],
+        }
+    )
+    output = tmp_path / "out.parquet"
+    assert run("compute", write_dump(frame), "-o", output, "--estimator", "drgrpo").exit_code == 0
+    assert pl.read_parquet(output)["advantages"].to_list() == [[0.5, 0, 0.5, 0], [-0.5, -0.5]]
+
+
+def test_scalar_score_and_response_length(write_dump, run, tmp_path):
+    frame = pl.DataFrame(
+        {
+            "uid": ["a", "a", "a"],
+            "traj_uid": [0, 1, 1],
+            "reward": [2.0, 0.0, 0.0],
+            "response_length": [2, 3, 0],
+        }
+    )
+    output = tmp_path / "out.parquet"
+    result = run("compute", write_dump(frame), "-o", output, "--estimator", "drgrpo")
+    assert result.exit_code == 0, result.output
+    assert "reward (scalar)" in result.stderr
+    out = pl.read_parquet(output)
+    assert out["advantages"].to_list() == [[1.0, 1.0], [-1.0, -1.0, -1.0], []]
+
+
+def test_column_options(write_dump, run, tmp_path):
+    frame = pl.DataFrame(
+        {"prompt": [1, 1], "sample": [0, 1], "step": [0, 0], "r": [1.0, 0.0], "m": [[1], [1]]}
+    )
+    output = tmp_path / "out.parquet"
+    result = run(
+        "compute",
+        write_dump(frame),
+        "-o",
+        output,
+        "--group-col",
+        "prompt",
+        "--traj-col",
+        "sample",
+        "--turn-col",
+        "step",
+        "--reward-col",
+        "r",
+        "--mask-col",
+        "m",
+        "--estimator",
+        "drgrpo",
+    )
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(output)["advantage"].to_list() == [0.5, -0.5]
+
+
+def test_rerun_on_an_output_replaces_the_added_columns(write_dump, run, tmp_path):
+    first, second = tmp_path / "first.parquet", tmp_path / "second.parquet"
+    assert run("compute", write_dump(BIAS_EXAMPLE.rows), "-o", first).exit_code == 0
+    result = run("compute", first, "-o", second, "--level", "turn")
+    assert result.exit_code == 0, result.output
+    assert "replaced" in result.stderr and "advantages" in result.stderr
+    out = pl.read_parquet(second)
+    assert out.columns.count("advantage") == 1
+    np.testing.assert_allclose(
+        out["advantage"].to_numpy(), BIAS_EXAMPLE.expected[("turn", "grpo")], rtol=1e-5
+    )
+
+
+def test_no_tokens(write_dump, run, tmp_path):
+    output = tmp_path / "out.parquet"
+    assert run("compute", write_dump(BIAS_EXAMPLE.rows), "-o", output, "--no-tokens").exit_code == 0
+    assert "advantages" not in pl.read_parquet(output).columns
+
+
+def test_npz_output(write_dump, run, tmp_path):
+    frame = dump_frame([(0, 0, 0, 1.0, 3), (0, 1, 0, 0.0, 1)]).with_columns(
+        response_mask=pl.Series([[1, 0, 1], [1]], dtype=pl.List(pl.Int8))
+    )
+    output = tmp_path / "out.npz"
+    assert run("compute", write_dump(frame), "-o", output, "--estimator", "drgrpo").exit_code == 0
+    arrays = np.load(output)
+    assert arrays["advantages"].dtype == np.float32
+    np.testing.assert_array_equal(arrays["advantage"], [0.5, -0.5])
+    np.testing.assert_array_equal(arrays["response_mask"], [[1, 0, 1], [1, 0, 0]])
+    np.testing.assert_array_equal(arrays["advantages"], [[0.5, 0, 0.5], [-0.5, 0, 0]])
+
+
+@pytest.mark.torch
+def test_pt_output(write_dump, run, tmp_path):
+    torch = pytest.importorskip("torch")
+    output = tmp_path / "out.bin"
+    source = write_dump([(0, 0, 0, 1.0, 2), (0, 1, 0, 0.0, 1)])
+    result = run("compute", source, "-o", output, "--format", "pt", "--estimator", "drgrpo")
+    assert result.exit_code == 0, result.output
+    saved = torch.load(output)
+    assert saved["advantages"].dtype == torch.float32
+    assert saved["advantages"].tolist() == [[0.5, 0.5], [-0.5, 0.0]]
+    assert saved["advantage"].tolist() == [0.5, -0.5]
+
+
+def test_groups_may_span_files_globs_and_directories(tmp_path, run):
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    rows = BIAS_EXAMPLE.rows
+    dump_frame(rows[:2]).write_parquet(folder / "part-0.parquet")
+    dump_frame(rows[2:]).write_parquet(folder / "part-1.parquet")
+    expected = BIAS_EXAMPLE.expected[("turn", "grpo")]
+    for spec in (folder, f"{folder}/*.parquet"):
+        output = tmp_path / "out.parquet"
+        result = run("compute", spec, "-o", output, "--level", "turn", "--force")
+        assert result.exit_code == 0, result.output
+        np.testing.assert_allclose(pl.read_parquet(output)["advantage"], expected, rtol=1e-5)
+
+
+def test_summary_on_stderr_and_quiet(write_dump, run, tmp_path):
+    source = write_dump(BIAS_EXAMPLE.rows)
+    result = run("compute", source, "-o", tmp_path / "a.parquet")
+    assert result.stdout == ""
+    for text in (
+        "rows",
+        "5",
+        "groups",
+        "trajectories",
+        "singleton groups",
+        "trajectory",
+        "grpo",
+        "token_level_rewards",
+        "seconds",
+    ):
+        assert text in result.stderr
+    quiet = run("compute", source, "-o", tmp_path / "b.parquet", "--quiet")
+    assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout == ""
+
+
+def test_existing_output_is_replaced_with_force(write_dump, run, tmp_path):
+    output = tmp_path / "out.parquet"
+    output.write_bytes(b"old")
+    assert run("compute", write_dump(BIAS_EXAMPLE.rows), "-o", output, "--force").exit_code == 0
+    assert pl.read_parquet(output).height == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.parquet", "rollouts.parquet"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: exit 1, one "Error:" line naming what and where, no output, input unchanged.
+
+BASE = dump_frame([(0, "a", 0, 1.0, 2), (0, "a", 1, 1.0, 2), (0, "b", 0, 0.0, 2)])
+
+
+def with_column(name, values, dtype=None):
+    return BASE.with_columns(pl.Series(name, values, dtype=dtype))
+
+
+BAD_FRAMES = {
+    "missing group": (BASE.drop("data_id"), [], "no group column: expected 'data_id' or 'uid'"),
+    "missing trajectory": (BASE.drop("rollout_id"), [], "no trajectory column"),
+    "missing reward": (BASE.drop("token_level_rewards"), [], "no reward column"),
+    "missing mask": (BASE.drop("response_mask"), [], "no mask column"),
+    "option names a missing column": (
+        BASE,
+        ["--reward-col", "nope"],
+        "column 'nope' (--reward-col) not found",
+    ),
+    "string rewards": (
+        with_column("token_level_rewards", ["1", "1", "0"]),
+        [],
+        "column 'token_level_rewards' (reward) has type String",
+    ),
+    "list of strings mask": (
+        with_column("response_mask", [["1"], ["1"], ["1"]]),
+        [],
+        "column 'response_mask' (response mask) has type List(String)",
+    ),
+    "float ids": (
+        with_column("data_id", [0.0, 0.0, 1.0]),
+        [],
+        "column 'data_id' (group id) has type Float64",
+    ),
+    "null group": (
+        with_column("data_id", [0, None, 0]),
+        [],
+        "row 1: column 'data_id' (group id) is null",
+    ),
+    "null trajectory": (
+        with_column("rollout_id", ["a", "a", None]),
+        [],
+        "row 2: column 'rollout_id' (trajectory id) is null",
+    ),
+    "null reward list": (
+        with_column("token_level_rewards", [[0.0, 1.0], None, [0.0, 0.0]]),
+        [],
+        "row 1: column 'token_level_rewards' (reward) is null",
+    ),
+    "null reward element": (
+        with_column("token_level_rewards", [[0.0, 1.0], [0.0, None], [0.0, 0.0]]),
+        [],
+        "row 1: column 'token_level_rewards' has a null element",
+    ),
+    "nan score": (
+        with_column("token_level_rewards", [[0.0, 1.0], [0.0, 1.0], [0.0, float("nan")]]),
+        [],
+        "row 2: column 'token_level_rewards': the score is NaN",
+    ),
+    "inf score": (
+        with_column("token_level_rewards", [[0.0, float("inf")], [0.0, 1.0], [0.0, 0.0]]),
+        [],
+        "row 0: column 'token_level_rewards': the score is +inf",
+    ),
+    "length mismatch": (
+        with_column("response_mask", [[1, 1], [1, 1, 1], [1, 1]], pl.List(pl.Int8)),
+        [],
+        "row 1: column 'response_mask' and column 'token_level_rewards' have different lengths",
+    ),
+    "inconsistent trajectory": (
+        with_column("token_level_rewards", [[0.0, 1.0], [0.0, 0.5], [0.0, 0.0]]),
+        [],
+        "trajectory (data_id=0, rollout_id='a') has rows with different scores [1.0, 0.5]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FRAMES, ids=str)
+def test_bad_frames(case, write_dump, run, tmp_path):
+    frame, options, message = BAD_FRAMES[case]
+    source = write_dump(frame)
+    before = digest(source)
+    output = tmp_path / "out.parquet"
+
+    result = run("compute", source, "-o", output, *options)
+
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert message in lines[0]
+    assert str(source) in lines[0] or "trajectory (" in lines[0]
+    assert "Traceback" not in result.output
+    assert not output.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rollouts.parquet"]
+    assert digest(source) == before
+
+
+def bad_file(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / "bad.parquet"
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "csv":
+        path.write_text("data_id,rollout_id\n1,2\n")
+    elif kind == "truncated":
+        BASE.write_parquet(path)
+        path.write_bytes(path.read_bytes()[:-20])
+    elif kind == "zero rows":
+        BASE.clear().write_parquet(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("empty", "the file is empty (0 bytes)"),
+        ("csv", "not a readable Parquet file"),
+        ("truncated", "not a readable Parquet file"),
+        ("zero rows", "the input has no rows"),
+    ],
+)
+def test_bad_files(kind, message, run, tmp_path):
+    source = bad_file(tmp_path, kind)
+    result = run("compute", source, "-o", tmp_path / "out.parquet")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: {source}: {message}")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_no_inputs(run, tmp_path):
+    result = run("compute", "-o", tmp_path / "out.parquet")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "Error: no input files given"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("missing.parquet", "no such file or directory"),
+        ("*.nothing", "the pattern matches no file"),
+    ],
+)
+def test_missing_inputs(spec, message, run, tmp_path):
+    result = run("compute", tmp_path / spec, "-o", tmp_path / "out.parquet")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"Error: {tmp_path / spec}: {message}"
+
+
+def test_empty_directory(run, tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = run("compute", tmp_path / "empty", "-o", tmp_path / "out.parquet")
+    assert result.exit_code == 1
+    assert "the directory holds no Parquet file" in result.stderr
+
+
+def test_conflicting_schemas(run, tmp_path):
+    BASE.write_parquet(tmp_path / "a.parquet")
+    BASE.with_columns(pl.col("data_id").cast(pl.String)).write_parquet(tmp_path / "b.parquet")
+    result = run("compute", tmp_path / "a.parquet", tmp_path / "b.parquet", "-o", tmp_path / "o.pq")
+    assert result.exit_code == 1
+    assert "schemas conflict: column 'data_id' is Int64 in" in result.stderr
+
+
+def test_existing_output_needs_force(write_dump, run, tmp_path):
+    output = tmp_path / "out.parquet"
+    output.write_bytes(b"keep me")
+    result = run("compute", write_dump(BASE), "-o", output)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"Error: {output}: the file exists; pass --force to replace it"
+    assert output.read_bytes() == b"keep me"
+
+
+def test_output_equal_to_input_is_refused(write_dump, run):
+    source = write_dump(BASE)
+    before = digest(source)
+    result = run("compute", source, "-o", source, "--force")
+    assert result.exit_code == 1
+    assert "the output is also an input" in result.stderr
+    assert digest(source) == before
+
+
+def test_output_folder_missing(write_dump, run, tmp_path):
+    output = tmp_path / "nowhere" / "out.parquet"
+    result = run("compute", write_dump(BASE), "-o", output)
+    assert result.exit_code == 1
+    assert "does not exist" in result.stderr
+
+
+def test_unknown_output_extension(write_dump, run, tmp_path):
+    result = run("compute", write_dump(BASE), "-o", tmp_path / "out.csv")
+    assert result.exit_code == 1
+    assert "cannot tell the output format" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--level", "episode"], ["--estimator", "ppo"], ["--bogus"], ["--traj-score", "median"]],
+)
+def test_usage_errors_exit_2(args, write_dump, run, tmp_path):
+    result = run("compute", write_dump(BASE), "-o", tmp_path / "out.parquet", *args)
+    assert result.exit_code == 2
+    assert not (tmp_path / "out.parquet").exists()
