@@ -18,7 +18,8 @@ from rich.table import Table
 from advcli import __version__
 from advcli.advantage import AdvantageConfig, Estimator, Level, TrajScore
 from advcli.errors import AdvcliError
-from advcli.pipeline import ColumnNames, ComputeSummary, compute
+from advcli.pipeline import ColumnNames, ComputeSummary, compare, compute
+from advcli.report import BiasReport
 
 app = typer.Typer(
     name="advcli",
@@ -67,7 +68,7 @@ def main(
 
 # Options shared by the commands that read a dump.
 Inputs = Annotated[
-    list[str],
+    list[str] | None,
     typer.Argument(
         help="Parquet files, globs or directories, read as one dataset.", show_default=False
     ),
@@ -142,6 +143,13 @@ def compute_command(
     no_tokens: Annotated[
         bool, typer.Option("--no-tokens", help="Leave out the per-token 'advantages' column.")
     ] = False,
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            "--report",
+            help="Also write the bias report (.json or .md), from the same read of the input.",
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")] = False,
 ) -> None:
@@ -149,6 +157,7 @@ def compute_command(
 
     Example: advcli compute rollouts.parquet -o advantages.parquet --level trajectory
     """
+    report_kind = _report_kind(report) if report is not None else None
     summary = compute(
         inputs or [],
         output,
@@ -157,9 +166,27 @@ def compute_command(
         output_format=output_format.value if output_format else None,
         tokens=not no_tokens,
         force=force,
+        with_report=report is not None,
     )
+    if report is not None and summary.report is not None:
+        _write_report(summary.report, report, report_kind)
     if not quiet:
         stderr.print(_summary_table(summary))
+        if report is not None:
+            stderr.print(f"report: {report}")
+
+
+def _report_kind(path: Path) -> str:
+    kind = {".json": "json", ".md": "markdown", ".markdown": "markdown"}.get(path.suffix.lower())
+    if kind is None:
+        raise AdvcliError(f"{path}: a report is .json or .md")
+    return kind
+
+
+def _write_report(report: BiasReport, path: Path, kind: str | None) -> None:
+    from advcli.render import render_json, render_markdown, write_text
+
+    write_text(path, render_json(report) if kind == "json" else render_markdown(report))
 
 
 def _summary_table(summary: ComputeSummary) -> Table:
@@ -183,6 +210,70 @@ def _summary_table(summary: ComputeSummary) -> Table:
     if summary.replaced:
         table.add_row("replaced input columns", ", ".join(summary.replaced))
     return table
+
+
+@app.command("compare")
+@reports_errors
+def compare_command(
+    inputs: Inputs = None,
+    estimator: EstimatorOpt = Estimator.GRPO,
+    epsilon: EpsilonOpt = 1e-6,
+    traj_score: TrajScoreOpt = None,
+    group_col: GroupCol = None,
+    traj_col: TrajCol = None,
+    turn_col: TurnCol = None,
+    reward_col: RewardCol = None,
+    mask_col: MaskCol = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="How many groups to list.")] = 10,
+    json_path: Annotated[
+        str | None, typer.Option("--json", help="Write the report as JSON ('-' for stdout).")
+    ] = None,
+    markdown: Annotated[
+        Path | None, typer.Option("--markdown", help="Write the report as Markdown.")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write a PNG figure (needs advcli[plot]).")
+    ] = None,
+    fail_above: Annotated[
+        float | None,
+        typer.Option(
+            "--fail-above",
+            help="Exit 3 when the largest per-trajectory advantage difference exceeds this.",
+        ),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")] = False,
+) -> None:
+    """Report how much counting every turn changes baselines and advantages.
+
+    Example: advcli compare rollouts.parquet --json report.json --plot bias.png
+    """
+    from advcli.render import render_json, render_markdown, render_terminal, write_plot, write_text
+
+    report = compare(
+        inputs or [],
+        AdvantageConfig(estimator=estimator, epsilon=epsilon, traj_score=traj_score),
+        names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),
+        top=top,
+    )
+    if json_path == "-":
+        typer.echo(render_json(report), nl=False)
+    elif json_path is not None:
+        write_text(Path(json_path), render_json(report))
+    if markdown is not None:
+        write_text(markdown, render_markdown(report))
+    if plot is not None:
+        write_plot(report, plot)
+    if not quiet:
+        # The terminal report moves to stderr when stdout carries the JSON.
+        render_terminal(report, stderr if json_path == "-" else Console(highlight=False))
+    diff_max = report.summary["trajectories"]["advantage_diff_max"] or 0.0
+    if fail_above is not None and diff_max > fail_above:
+        typer.echo(
+            f"advcli compare: the largest advantage difference {diff_max:.4g} exceeds "
+            f"--fail-above {fail_above:g}",
+            err=True,
+        )
+        raise typer.Exit(3)
 
 
 @app.command("sample")

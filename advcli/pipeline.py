@@ -8,12 +8,12 @@ from __future__ import annotations
 import importlib.util
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import polars as pl
 
-from advcli.advantage import AdvantageConfig, Advantages, compute_advantages
+from advcli.advantage import AdvantageConfig, Advantages, Level, compute_advantages
 from advcli.dataset import (
     GROUP,
     TRAJECTORY,
@@ -27,6 +27,7 @@ from advcli.dataset import (
     write_advantages,
 )
 from advcli.errors import AdvcliError
+from advcli.report import BiasReport, bias_report
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
     ".parquet": "parquet",
@@ -62,6 +63,17 @@ class LoadedDump:
     def advantages(self, config: AdvantageConfig) -> Advantages:
         return compute_advantages(self.projection, config, self.names)
 
+    def report(
+        self, config: AdvantageConfig, turn: Advantages, trajectory: Advantages, top: int = 10
+    ) -> BiasReport:
+        settings = {
+            "columns": self.columns.describe(),
+            "inputs": [str(path) for path in self.dataset.files],
+        }
+        return bias_report(
+            self.projection, turn, trajectory, config=config, settings=settings, top=top
+        )
+
 
 @dataclass(frozen=True)
 class ComputeSummary:
@@ -76,6 +88,7 @@ class ComputeSummary:
     output_format: OutputFormat
     seconds: float
     replaced: list[str] = field(default_factory=list)
+    report: BiasReport | None = None
 
 
 def load_dump(dataset: Dataset, names: ColumnNames = ColumnNames()) -> LoadedDump:
@@ -116,8 +129,12 @@ def compute(
     output_format: OutputFormat | None = None,
     tokens: bool = True,
     force: bool = False,
+    with_report: bool = False,
 ) -> ComputeSummary:
     """Compute advantages for every row of the inputs and write them to ``output``.
+
+    With ``with_report`` the other level is computed from the same key projection and the bias
+    report is returned too, so the input is read once for the statistics.
 
     Examples
     --------
@@ -129,6 +146,11 @@ def compute(
     check_output(output, dataset, force=force)
     dump = load_dump(dataset, names)
     advantages = dump.advantages(config)
+    report = None
+    if with_report:
+        other = dump.advantages(replace(config, level=_other_level(config.level)))
+        by_level = {config.level: advantages, _other_level(config.level): other}
+        report = dump.report(config, by_level[Level.TURN], by_level[Level.TRAJECTORY])
     replaced = write_advantages(
         dump.dataset, dump.columns, advantages.rows, output, output_format=fmt, tokens=tokens
     )
@@ -144,4 +166,28 @@ def compute(
         output_format=fmt,
         seconds=time.perf_counter() - started,
         replaced=replaced,
+        report=report,
     )
+
+
+def _other_level(level: Level) -> Level:
+    return Level.TURN if level is Level.TRAJECTORY else Level.TRAJECTORY
+
+
+def compare(
+    inputs: Sequence[str],
+    config: AdvantageConfig = AdvantageConfig(),
+    *,
+    names: ColumnNames = ColumnNames(),
+    top: int = 10,
+) -> BiasReport:
+    """The bias report of ``config.estimator``: turn level against trajectory level.
+
+    Examples
+    --------
+    >>> compare(["rollouts.parquet"]).summary["trajectories"]["sign_flips"]  # doctest: +SKIP
+    """
+    dump = load_dump(open_dataset(inputs), names)
+    turn = dump.advantages(replace(config, level=Level.TURN))
+    trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
+    return dump.report(config, turn, trajectory, top=top)

@@ -1,0 +1,279 @@
+"""Rendering the bias report: terminal (rich), Markdown, JSON and a matplotlib figure.
+
+Everything here reads a :class:`~advcli.report.BiasReport`; nothing computes a metric.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+
+from advcli.dataset import atomic_output
+from advcli.errors import AdvcliError
+from advcli.report import BiasReport
+
+# Short headers so the tables fit an 80-column terminal; "traj" = trajectory level.
+BY_TURNS_HEADERS = (
+    "turns",
+    "trajs",
+    "adv turn",
+    "adv traj",
+    "diff",
+    "mass turn",
+    "mass traj",
+)
+TOP_GROUP_HEADERS = (
+    "group",
+    "rows",
+    "trajs",
+    "base turn",
+    "base traj",
+    "std turn",
+    "std traj",
+    "shift",
+)
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _by_turns_rows(report: BiasReport) -> list[list[str]]:
+    return [
+        [
+            _fmt(entry["turns"]),
+            _fmt(entry["trajectories"]),
+            _fmt(entry["mean_advantage_turn"]),
+            _fmt(entry["mean_advantage_trajectory"]),
+            _fmt(entry["mean_advantage_trajectory"] - entry["mean_advantage_turn"]),
+            _fmt(entry["token_mass_turn"], 1),
+            _fmt(entry["token_mass_trajectory"], 1),
+        ]
+        for entry in report.summary["by_turns"]
+    ]
+
+
+def _top_group_rows(report: BiasReport) -> list[list[str]]:
+    return [
+        [
+            _fmt(group["group"]),
+            _fmt(group["rows"]),
+            _fmt(group["trajectories"]),
+            _fmt(group["baseline_turn"]),
+            _fmt(group["baseline_trajectory"]),
+            _fmt(group["std_turn"]),
+            _fmt(group["std_trajectory"]),
+            _fmt(group["baseline_shift"]),
+        ]
+        for group in report.summary["top_groups"]
+    ]
+
+
+def _headline_rows(report: BiasReport) -> list[tuple[str, str]]:
+    summary = report.summary
+    counts, spread = summary["counts"], summary["turns_per_trajectory"]
+    groups, trajectories = summary["groups"], summary["trajectories"]
+    settings = summary["settings"]
+    return [
+        ("estimator", f"{settings['estimator']} (epsilon {settings['epsilon']:g})"),
+        ("rows", _fmt(counts["rows"])),
+        ("groups", _fmt(counts["groups"])),
+        ("trajectories", _fmt(counts["trajectories"])),
+        ("tokens", _fmt(counts["tokens"])),
+        ("singleton groups (one trajectory)", _fmt(counts["singleton_groups"])),
+        (
+            "zero-std groups (turn / trajectory)",
+            f"{counts['zero_std_groups_turn']:,} / {counts['zero_std_groups_trajectory']:,}",
+        ),
+        (
+            "turns per trajectory (min / median / max)",
+            f"{spread['min']} / {spread['median']:g} / {spread['max']}",
+        ),
+        (
+            "baseline shift (mean / max)",
+            f"{_fmt(groups['baseline_shift_mean'])} / {_fmt(groups['baseline_shift_max'])}",
+        ),
+        (
+            "std shift (mean / max)",
+            f"{_fmt(groups['std_shift_mean'])} / {_fmt(groups['std_shift_max'])}",
+        ),
+        ("sign flips", f"{trajectories['sign_flips']:,} of {counts['trajectories']:,}"),
+        (
+            "|advantage diff| (mean / max)",
+            f"{_fmt(trajectories['advantage_diff_mean'])} / "
+            f"{_fmt(trajectories['advantage_diff_max'])}",
+        ),
+        ("corr(turns, diff)", _fmt(trajectories["corr_turns_diff"], 3)),
+    ]
+
+
+def render_terminal(report: BiasReport, console: Console) -> None:
+    """The report as rich tables, with the verdict last."""
+    headline = Table(
+        title="Turn level vs trajectory level", show_header=False, title_justify="left"
+    )
+    headline.add_column(style="bold")
+    headline.add_column(justify="right")
+    for name, value in _headline_rows(report):
+        headline.add_row(name, value)
+
+    histogram = Table(title="Turns per trajectory", title_justify="left", show_edge=False)
+    histogram.add_column("turns", justify="right")
+    histogram.add_column("trajectories", justify="right")
+    histogram.add_column("")
+    counts = report.summary["turns_per_trajectory"]["histogram"]
+    widest = max(counts.values())
+    for turns, count in counts.items():
+        histogram.add_row(turns, f"{count:,}", "█" * max(1, round(30 * count / widest)))
+
+    by_turns = Table(
+        title="By turn count (diff = traj − turn; mass = Σ adv × tokens)",
+        title_justify="left",
+        show_edge=False,
+    )
+    for header in BY_TURNS_HEADERS:
+        by_turns.add_column(header, justify="right")
+    for row in _by_turns_rows(report):
+        by_turns.add_row(*row)
+
+    top = Table(
+        title="Most affected groups (baseline shift)", title_justify="left", show_edge=False
+    )
+    for header in TOP_GROUP_HEADERS:
+        top.add_column(header, justify="right")
+    for row in _top_group_rows(report):
+        top.add_row(*row)
+
+    console.print(
+        Group(
+            headline,
+            "",
+            histogram,
+            "",
+            by_turns,
+            "",
+            top,
+            "",
+            Panel(report.summary["verdict"], title="Verdict", title_align="left"),
+        )
+    )
+
+
+def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(report: BiasReport) -> str:
+    """The report as Markdown tables, to paste into a PR or an experiment log."""
+    summary = report.summary
+    histogram = summary["turns_per_trajectory"]["histogram"]
+    inputs = ", ".join(f"`{name}`" for name in summary["settings"]["inputs"])
+    return (
+        "\n\n".join(
+            [
+                "# advcli compare: turn level vs trajectory level",
+                f"**Verdict.** {summary['verdict']}",
+                f"Inputs: {inputs}. advcli {summary['settings']['advcli_version']}.",
+                _markdown_table(("metric", "value"), _headline_rows(report)),
+                "## Turns per trajectory",
+                _markdown_table(
+                    ("turns", "trajectories"), [(t, f"{n:,}") for t, n in histogram.items()]
+                ),
+                "## By turn count",
+                "diff = trajectory-level advantage − turn-level advantage; token mass = "
+                "Σ advantage × response tokens.",
+                _markdown_table(BY_TURNS_HEADERS, _by_turns_rows(report)),
+                "## Most affected groups",
+                _markdown_table(TOP_GROUP_HEADERS, _top_group_rows(report)),
+            ]
+        )
+        + "\n"
+    )
+
+
+def render_json(report: BiasReport) -> str:
+    return json.dumps(report.summary, indent=2, ensure_ascii=False) + "\n"
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a report file atomically (a reader never sees half of it)."""
+    with atomic_output(path) as partial:
+        partial.write_text(text, encoding="utf-8")
+
+
+def write_plot(report: BiasReport, path: Path) -> None:
+    """One PNG with three panels: mean advantage by turn count under both levels, the histogram of
+    per-trajectory differences, and each group's baseline shift against the share of its rows held
+    by its longest trajectory."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise AdvcliError(f"{path}: --plot needs matplotlib: pip install 'advcli[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = report.summary
+    by_turns = summary["by_turns"]
+    turns = [entry["turns"] for entry in by_turns]
+    figure, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.8), constrained_layout=True)
+    width = 0.38
+    left.bar(
+        [t - width / 2 for t in turns],
+        [e["mean_advantage_turn"] for e in by_turns],
+        width,
+        label="turn level (every turn counts)",
+        color="#d95f02",
+    )
+    left.bar(
+        [t + width / 2 for t in turns],
+        [e["mean_advantage_trajectory"] for e in by_turns],
+        width,
+        label="trajectory level (each trajectory once)",
+        color="#1b9e77",
+    )
+    left.axhline(0, color="black", linewidth=0.8)
+    left.set_xticks(turns)
+    left.set_xlabel("turns in the trajectory")
+    left.set_ylabel("mean advantage")
+    left.set_title("(a) Mean advantage by turn count")
+    left.legend(fontsize="small")
+
+    middle.hist(report.trajectories["diff"].to_numpy(), bins=40, color="#7570b3")
+    middle.axvline(0, color="black", linewidth=0.8)
+    middle.set_xlabel("advantage difference (trajectory − turn level)")
+    middle.set_ylabel("trajectories")
+    middle.set_title("(b) Per-trajectory difference")
+
+    right.scatter(
+        report.groups["longest_share"].to_numpy(),
+        report.groups["baseline_shift"].to_numpy(),
+        s=14,
+        alpha=0.7,
+        color="#e7298a",
+    )
+    right.set_xlabel("share of the group's rows held by its longest trajectory")
+    right.set_ylabel("|baseline shift|")
+    right.set_title("(c) Group baseline shift")
+
+    counts = summary["counts"]
+    figure.suptitle(
+        f"advcli compare — {summary['settings']['estimator']}: turn level vs trajectory level "
+        f"({counts['trajectories']:,} trajectories, {counts['groups']:,} groups)"
+    )
+    with atomic_output(path) as partial:
+        figure.savefig(partial, format="png", dpi=110)
+    plt.close(figure)

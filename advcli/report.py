@@ -1,0 +1,244 @@
+"""The bias report: how much the choice of level changes baselines and advantages.
+
+:func:`bias_report` is a pure function over the two stage-2 results (turn level and trajectory
+level, same estimator, same key projection); it returns a :class:`BiasReport` whose ``summary``
+is the JSON document defined in the README. Rendering (terminal, Markdown, plot) lives in
+:mod:`advcli.render`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from advcli import __version__
+from advcli.advantage import AdvantageConfig, Advantages
+from advcli.dataset import GROUP, ROW, TOKENS, TRAJECTORY
+
+
+@dataclass(frozen=True)
+class BiasReport:
+    """``summary``: the JSON report. ``trajectories``: one row per trajectory (``group``,
+    ``trajectory``, ``turns``, ``tokens``, ``advantage_turn``, ``advantage_trajectory``,
+    ``diff``). ``groups``: one row per group (``group``, ``rows``, ``trajectories``,
+    ``longest_share``, both baselines and stds, ``baseline_shift``, ``std_shift``)."""
+
+    summary: dict[str, Any]
+    trajectories: pl.DataFrame
+    groups: pl.DataFrame
+
+
+def bias_report(
+    projection: pl.DataFrame,
+    turn: Advantages,
+    trajectory: Advantages,
+    *,
+    config: AdvantageConfig,
+    settings: dict[str, Any],
+    top: int = 10,
+) -> BiasReport:
+    """Compare the turn-level and trajectory-level results of one estimator on one dump.
+
+    A trajectory's turn-level advantage ``a_turn`` is the mean of its rows' advantages (they are
+    equal when its rows carry the same score); ``diff = a_traj - a_turn``.
+    """
+    rows = projection.select(ROW, GROUP, TRAJECTORY, TOKENS).join(
+        turn.rows.select(ROW, "advantage"), on=ROW, how="left", maintain_order="left"
+    )
+    per_trajectory = (
+        rows.group_by(GROUP, TRAJECTORY)
+        .agg(
+            pl.len().alias("turns"),
+            pl.col(TOKENS).sum().alias("tokens"),
+            pl.col("advantage").mean().alias("advantage_turn"),
+            (pl.col("advantage") * pl.col(TOKENS)).sum().alias("mass_turn"),
+            pl.col(ROW).min().alias("first_row"),
+        )
+        .join(
+            trajectory.units.select(
+                GROUP, TRAJECTORY, pl.col("advantage").alias("advantage_trajectory")
+            ),
+            on=[GROUP, TRAJECTORY],
+            how="left",
+        )
+        .with_columns(
+            (pl.col("advantage_trajectory") * pl.col("tokens")).alias("mass_trajectory"),
+            (pl.col("advantage_trajectory") - pl.col("advantage_turn")).alias("diff"),
+        )
+        .sort("first_row")
+    )
+
+    per_group = (
+        per_trajectory.group_by(GROUP)
+        .agg(
+            pl.col("turns").sum().alias("rows"),
+            pl.len().alias("trajectories"),
+            (pl.col("turns").max() / pl.col("turns").sum()).alias("longest_share"),
+            pl.col("first_row").min(),
+        )
+        .join(_level_columns(turn.groups, "turn"), on=GROUP, how="left")
+        .join(_level_columns(trajectory.groups, "trajectory"), on=GROUP, how="left")
+        .with_columns(
+            (pl.col("baseline_trajectory") - pl.col("baseline_turn")).abs().alias("baseline_shift"),
+            (pl.col("std_trajectory") - pl.col("std_turn")).abs().alias("std_shift"),
+        )
+        .sort("first_row")
+    )
+
+    by_turns = (
+        per_trajectory.group_by("turns")
+        .agg(
+            pl.len().alias("trajectories"),
+            pl.col("advantage_turn").mean().alias("mean_advantage_turn"),
+            pl.col("advantage_trajectory").mean().alias("mean_advantage_trajectory"),
+            pl.col("diff").mean().alias("mean_diff"),
+            pl.col("mass_turn").sum().alias("token_mass_turn"),
+            pl.col("mass_trajectory").sum().alias("token_mass_trajectory"),
+        )
+        .sort("turns")
+    )
+
+    top_groups = per_group.sort(["baseline_shift", "first_row"], descending=[True, False]).head(top)
+    abs_diff = per_trajectory["diff"].abs()
+    turns = per_trajectory["turns"]
+    summary: dict[str, Any] = {
+        "counts": {
+            "rows": projection.height,
+            "groups": per_group.height,
+            "trajectories": per_trajectory.height,
+            "tokens": int(projection[TOKENS].sum()),
+            "singleton_groups": int((per_group["trajectories"] == 1).sum()),
+            "zero_std_groups_turn": turn.zero_std_groups,
+            "zero_std_groups_trajectory": trajectory.zero_std_groups,
+        },
+        "turns_per_trajectory": {
+            "min": int(turns.min()),  # type: ignore[arg-type]
+            "median": float(turns.median()),  # type: ignore[arg-type]
+            "max": int(turns.max()),  # type: ignore[arg-type]
+            "histogram": {
+                str(t): int(n)
+                for t, n in zip(by_turns["turns"], by_turns["trajectories"], strict=True)
+            },
+        },
+        "groups": {
+            "baseline_shift_max": _number(per_group["baseline_shift"].max()),
+            "baseline_shift_mean": _number(per_group["baseline_shift"].mean()),
+            "std_shift_max": _number(per_group["std_shift"].max()),
+            "std_shift_mean": _number(per_group["std_shift"].mean()),
+            # Signed: positive when counting every turn lowers the baselines.
+            "baseline_drop_mean": _number(
+                (per_group["baseline_trajectory"] - per_group["baseline_turn"]).mean()
+            ),
+        },
+        "trajectories": {
+            "sign_flips": int(
+                (
+                    per_trajectory["advantage_turn"] * per_trajectory["advantage_trajectory"] < 0
+                ).sum()
+            ),
+            "advantage_diff_max": _number(abs_diff.max()),
+            "advantage_diff_mean": _number(abs_diff.mean()),
+            "corr_turns_diff": _pearson(turns.cast(pl.Float64), per_trajectory["diff"]),
+        },
+        "by_turns": [
+            {
+                key: _plain(row[key])
+                for key in (
+                    "turns",
+                    "trajectories",
+                    "mean_advantage_turn",
+                    "mean_advantage_trajectory",
+                    "token_mass_turn",
+                    "token_mass_trajectory",
+                )
+            }
+            for row in by_turns.iter_rows(named=True)
+        ],
+        "top_groups": [
+            {
+                "group": row[GROUP],
+                "rows": row["rows"],
+                "trajectories": row["trajectories"],
+                "baseline_turn": _number(row["baseline_turn"]),
+                "baseline_trajectory": _number(row["baseline_trajectory"]),
+                "std_turn": _number(row["std_turn"]),
+                "std_trajectory": _number(row["std_trajectory"]),
+                "baseline_shift": _number(row["baseline_shift"]),
+            }
+            for row in top_groups.iter_rows(named=True)
+        ],
+        "settings": {
+            "estimator": config.estimator.value,
+            "epsilon": config.epsilon,
+            "traj_score": config.traj_score.value if config.traj_score else None,
+            **settings,
+            "advcli_version": __version__,
+        },
+    }
+    summary["verdict"] = verdict(summary, per_trajectory)
+    return BiasReport(summary=summary, trajectories=per_trajectory, groups=per_group)
+
+
+def _level_columns(groups: pl.DataFrame, level: str) -> pl.DataFrame:
+    return groups.select(
+        GROUP,
+        pl.col("baseline").alias(f"baseline_{level}"),
+        pl.col("std").alias(f"std_{level}"),
+    )
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _plain(value: Any) -> Any:
+    return _number(value) if isinstance(value, float) else value
+
+
+def _pearson(x: pl.Series, y: pl.Series) -> float | None:
+    """Pearson correlation, or None when either side is constant (or fewer than two points)."""
+    if len(x) < 2 or x.std() in (0, None) or y.std() in (0, None):
+        return None
+    return _number(pl.DataFrame({"x": x, "y": y}).select(pl.corr("x", "y")).item())
+
+
+def verdict(summary: dict[str, Any], per_trajectory: pl.DataFrame) -> str:
+    """A few plain-language sentences on the size and direction of the bias."""
+    counts, spread, groups = summary["counts"], summary["turns_per_trajectory"], summary["groups"]
+    drop = groups["baseline_drop_mean"] or 0.0
+    sentences = [
+        f"When every turn counts, group baselines {'fall' if drop > 0 else 'rise'} by "
+        f"{abs(drop):.3f} on average (up to {groups['baseline_shift_max'] or 0.0:.3f})."
+    ]
+    if spread["min"] == spread["max"]:
+        sentences.append(
+            f"Every trajectory has {spread['min']} turn(s), so all weigh alike; the levels "
+            "differ only through the std's degrees of freedom."
+        )
+    else:
+        # "Long" = at least the median turn count, and strictly more than the shortest.
+        threshold = max(math.ceil(spread["median"]), spread["min"] + 1)
+        long = per_trajectory.filter(pl.col("turns") >= threshold)["diff"].mean()
+        short = per_trajectory.filter(pl.col("turns") < threshold)["diff"].mean()
+        sentences.append(
+            f"Trajectories with ≥ {threshold} turns get {_less_or_more(long)} on average than "
+            f"when each trajectory counts once; shorter ones get {_less_or_more(short)}."
+        )
+    flips = summary["trajectories"]["sign_flips"]
+    sentences.append(
+        f"{100 * flips / counts['trajectories']:.1f}% of trajectories ({flips:,}) change sign."
+    )
+    return " ".join(sentences)
+
+
+def _less_or_more(mean_diff: Any) -> str:
+    value = float(mean_diff or 0.0)
+    if abs(value) < 5e-4:
+        return "about the same advantage"
+    return f"{abs(value):.3f} {'less' if value > 0 else 'more'} advantage"

@@ -1,0 +1,86 @@
+"""advcli sample, `python -m advcli`, and the start-up path staying free of heavy imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import polars as pl
+
+from advcli.sample import sample_table
+
+
+def test_sample_command_writes_the_schema(run, tmp_path):
+    output = tmp_path / "s.parquet"
+    result = run("sample", output, "--groups", "5", "--rollouts", "4", "--seed", "3")
+    assert result.exit_code == 0, result.output
+    frame = pl.read_parquet(output)
+    assert frame.columns == [
+        "data_id",
+        "rollout_id",
+        "turn_index",
+        "token_level_rewards",
+        "response_mask",
+    ]
+    assert frame.select("data_id", "rollout_id").n_unique() == 20
+    again = run("sample", output, "--groups", "5")
+    assert again.exit_code == 1 and "pass --force" in again.stderr
+
+
+def test_sample_is_deterministic_and_realistic():
+    frame = pl.from_arrow(sample_table(groups=200, rollouts=8, max_turns=6, tokens=40, seed=7))
+    assert frame.equals(
+        pl.from_arrow(sample_table(groups=200, rollouts=8, max_turns=6, tokens=40, seed=7))
+    )
+    rows = frame.with_columns(
+        score=pl.col("token_level_rewards").list.sum(),
+        length=pl.col("response_mask").list.len(),
+        generated=pl.col("response_mask").list.sum(),
+        reward_position=pl.col("token_level_rewards").list.arg_max(),
+    )
+    # The reward sits on the last generated token; observation tokens come after, masked out.
+    rewarded = rows.filter(pl.col("score") > 0)
+    assert (rewarded["reward_position"] == rewarded["generated"] - 1).all()
+    mask_prefix = rows.select(
+        pl.col("response_mask").list.head(pl.col("generated")).list.min()
+    ).to_series()
+    assert (mask_prefix == 1).all()
+    # Every turn of a trajectory carries the same outcome; failures take more turns.
+    per_trajectory = rows.group_by("data_id", "rollout_id").agg(
+        pl.col("score").n_unique().alias("distinct"),
+        pl.col("score").first(),
+        pl.len().alias("turns"),
+    )
+    assert (per_trajectory["distinct"] == 1).all()
+    turns = per_trajectory.group_by("score").agg(pl.col("turns").mean()).sort("score")["turns"]
+    assert turns[0] > turns[1] + 0.5
+    # Completion order: rows of one group are not contiguous.
+    assert not frame["data_id"].is_sorted()
+    assert int(np.diff(frame["data_id"].to_numpy()).astype(bool).sum()) > 200
+
+
+def test_python_dash_m_and_no_heavy_imports_at_start_up():
+    code = (
+        "import sys, runpy; sys.argv = ['advcli', '--help']\n"
+        "try:\n    runpy.run_module('advcli', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "heavy = {'torch', 'matplotlib', 'ray'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "compute" in result.stdout
+
+
+def test_compute_does_not_import_torch(tmp_path):
+    source = tmp_path / "s.parquet"
+    pl.from_arrow(sample_table(groups=3, rollouts=2)).write_parquet(source)
+    code = (
+        "import sys\nfrom advcli.cli import app\n"
+        f"try:\n    app(['compute', {str(source)!r}, '-o', {str(tmp_path / 'o.parquet')!r}, '-q'])\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
