@@ -214,7 +214,10 @@ def compute_advantages(
 
     centred = pl.col(SCORE) - pl.col("baseline")
     if config.estimator is Estimator.GRPO:
-        advantage = centred / (pl.col("std") + config.epsilon)
+        # A zero-std group has centred == 0 exactly; keep it 0 even when epsilon is 0 (not 0/0).
+        advantage = (
+            pl.when(centred == 0).then(0.0).otherwise(centred / (pl.col("std") + config.epsilon))
+        )
     else:
         advantage = centred
     units = (

@@ -104,7 +104,7 @@ LevelOpt = Annotated[
     Level, typer.Option("--level", help="Which unit counts once in its group's statistics.")
 ]
 EstimatorOpt = Annotated[Estimator, typer.Option("--estimator", help="Advantage estimator.")]
-EpsilonOpt = Annotated[float, typer.Option("--epsilon", help="Added to the group std.")]
+EpsilonOpt = Annotated[float, typer.Option("--epsilon", min=0.0, help="Added to the group std.")]
 TrajScoreOpt = Annotated[
     TrajScore | None,
     typer.Option(

@@ -30,7 +30,8 @@ ROWS = [
 # diff = a_traj - a_turn: -7/30 for t1, t2, t3; 3 for s. Sign flip: t2 only (5/30 vs -2/30).
 # |diff|: max 3, mean (3 * 7/30 + 3) / 4 = 0.925. Baseline shift: A 7/30, B 3.
 # corr(turns [1, 1, 4, 3], diff): mean turns 2.25, mean diff 0.575; cov sum 2.425;
-#   squared deviations: turns 6.75, diff 7.840833; 2.425 / sqrt(6.75 * 7.840833) = 2.425 / 7.275 = 1/3.
+#   squared deviations: turns 6.75, diff 7.840833;
+#   2.425 / sqrt(6.75 * 7.840833) = 2.425 / 7.275 = 1/3.
 EXPECTED_DRGRPO = {
     "counts": {
         "rows": 9,
