@@ -13,7 +13,15 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
 
-from advcli.advantage import AdvantageConfig, Advantages, Estimator, Level, TrajScore
+from advcli.advantage import (
+    AdvantageConfig,
+    Advantages,
+    Estimator,
+    Level,
+    Scale,
+    Singleton,
+    TrajScore,
+)
 from advcli.errors import AdvcliError
 from advcli.pipeline import ColumnNames, compute, load_dump
 
@@ -24,6 +32,8 @@ __all__ = [
     "ColumnNames",
     "Estimator",
     "Level",
+    "Scale",
+    "Singleton",
     "TrajScore",
     "__version__",
     "compute",

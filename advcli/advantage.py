@@ -31,6 +31,31 @@ class Level(str, Enum):
 class Estimator(str, Enum):
     GRPO = "grpo"
     DRGRPO = "drgrpo"
+    RLOO = "rloo"
+    OPO = "opo"
+    GRPO_PASSK = "grpo_passk"
+    REINFORCE_PP_BASELINE = "reinforce_pp_baseline"
+
+
+class Scale(str, Enum):
+    """What grpo and grpo_passk divide by (TRL's ``scale_rewards`` vocabulary)."""
+
+    GROUP = "group"
+    BATCH = "batch"
+    NONE = "none"
+
+
+class Singleton(str, Enum):
+    """What a group with a single unit gets."""
+
+    RAW = "raw"
+    ZERO = "zero"
+
+
+# Estimators that divide by a std, and so take --scale.
+SCALED = (Estimator.GRPO, Estimator.GRPO_PASSK)
+# reinforce_pp_baseline whitening: the constant added to the token variance (as verl).
+WHITEN_EPSILON = 1e-8
 
 
 class TrajScore(str, Enum):
@@ -52,17 +77,38 @@ class AdvantageConfig:
     level
         ``trajectory``: each trajectory counts once in its group; ``turn``: every row counts.
     estimator
-        ``grpo``: ``(s - mean) / (std + epsilon)``; ``drgrpo``: ``s - mean``.
+        One of :class:`Estimator`; the README's table gives each formula.
     epsilon
-        Added to the group std before dividing.
+        Added to the std before dividing.
     traj_score
         Rule for a trajectory whose rows carry different scores; ``None`` makes that an error.
+    scale
+        For grpo and grpo_passk: divide by the group std (default), the batch std, or nothing.
+    singleton
+        ``raw``: a single-unit group keeps its raw score (verl's rule); ``zero``: it gets 0.
     """
 
     level: Level = Level.TRAJECTORY
     estimator: Estimator = Estimator.GRPO
     epsilon: float = 1e-6
     traj_score: TrajScore | None = None
+    scale: Scale | None = None
+    singleton: Singleton = Singleton.RAW
+
+    def __post_init__(self) -> None:
+        if self.scale is not None and self.estimator not in SCALED:
+            raise AdvcliError(
+                f"--scale applies to grpo and grpo_passk, not to {self.estimator.value}"
+            )
+        if not self.epsilon >= 0:
+            raise AdvcliError(f"epsilon must be >= 0, got {self.epsilon}")
+
+    @property
+    def effective_scale(self) -> Scale:
+        """The scale in force: the one given, else ``group`` for the estimators that divide."""
+        if self.estimator in SCALED:
+            return self.scale or Scale.GROUP
+        return Scale.NONE
 
 
 @dataclass(frozen=True)
@@ -160,11 +206,13 @@ def _check_consistent_scores(
 
 
 def group_statistics(units: pl.DataFrame) -> pl.DataFrame:
-    """Raw statistics of each group's units, before any singleton rule.
+    """Every per-group quantity an estimator needs, in one group-by, before any singleton rule.
 
     ``std`` is the unbiased sample std (ddof=1, as torch.std and verl), null for a single unit.
     When every unit of a group has the same score, ``mean`` is set to that score exactly and ``std``
     to 0, so the advantages are exactly 0 rather than rounding noise divided by epsilon.
+    ``top_row`` is the first unit (in input order) with the group's highest score; ``score_second``
+    the second highest score (equal to the highest on a tie).
     """
     all_equal = pl.col("score_max") == pl.col("score_min")
     return (
@@ -175,6 +223,10 @@ def group_statistics(units: pl.DataFrame) -> pl.DataFrame:
             pl.col(SCORE).std(ddof=1).alias("std"),
             pl.col(SCORE).max().alias("score_max"),
             pl.col(SCORE).min().alias("score_min"),
+            pl.col(SCORE).top_k(2).min().alias("score_second"),
+            pl.col("first_row").filter(pl.col(SCORE) == pl.col(SCORE).max()).min().alias("top_row"),
+            pl.col(TOKENS).sum().alias("tokens_sum"),
+            (pl.col(TOKENS) * pl.col(SCORE)).sum().alias("tokens_score_sum"),
             pl.col("first_row").min().alias("first_row"),
         )
         .with_columns(
@@ -189,56 +241,151 @@ def group_statistics(units: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _batch_std(units: pl.DataFrame) -> float:
+    """The std (ddof=1) of every unit's score in the input: the divisor of ``--scale batch``.
+
+    A single unit has std 1 (as a singleton group); identical scores have std 0."""
+    scores = units[SCORE]
+    if scores.len() == 1:
+        return 1.0
+    if scores.min() == scores.max():
+        return 0.0
+    return float(scores.std(ddof=1))  # type: ignore[arg-type]
+
+
+def _group_rule(config: AdvantageConfig, batch_std: float) -> tuple[pl.Expr, pl.Expr]:
+    """The estimator's group-level (baseline, divisor) for groups of more than one unit.
+
+    The baseline is what the estimator subtracts (for rloo the group mean; each unit's
+    leave-one-out baseline follows from it); the divisor is what it divides by before epsilon,
+    1 when it does not divide.
+    """
+    estimator = config.estimator
+    baseline = {
+        Estimator.OPO: pl.when(pl.col("tokens_sum") > 0)
+        .then(pl.col("tokens_score_sum") / pl.col("tokens_sum"))
+        .otherwise(0.0),
+        Estimator.GRPO_PASSK: pl.col("score_second"),
+    }.get(estimator, pl.col("mean"))
+    divisor = {
+        Scale.GROUP: pl.col("std"),
+        Scale.BATCH: pl.lit(batch_std),
+        Scale.NONE: pl.lit(1.0),
+    }[config.effective_scale]
+    return baseline, divisor
+
+
+def _unit_advantage(config: AdvantageConfig) -> pl.Expr:
+    """The advantage of a unit in a group of more than one unit, over the joined group columns."""
+    centred = pl.col(SCORE) - pl.col("baseline")
+    estimator, scale = config.estimator, config.effective_scale
+    if estimator is Estimator.RLOO:
+        # s minus the mean of the other n - 1 units = n / (n - 1) * (s - mean).
+        return pl.col("units") / (pl.col("units") - 1) * centred
+    if estimator is Estimator.GRPO_PASSK:
+        # Only the top unit (first in input order on a tie) gets s_max - s_second.
+        centred = pl.when(pl.col("first_row") == pl.col("top_row")).then(centred).otherwise(0.0)
+    if scale is Scale.NONE:
+        return centred
+    # A zero-std group has centred == 0 exactly; keep it 0 even when epsilon is 0 (not 0/0).
+    return pl.when(centred == 0).then(0.0).otherwise(centred / (pl.col("divisor") + config.epsilon))
+
+
+def _singleton_advantage(config: AdvantageConfig, batch_std: float) -> tuple[pl.Expr, float]:
+    """A single-unit group's advantage and its (reported) divisor.
+
+    ``raw`` (verl): mean 0 and std 1, so grpo gives s / (1 + epsilon) (s / (batch std + epsilon)
+    under ``--scale batch``), the others s; grpo_passk gives 0, as there is no second score.
+    ``zero``: 0 for every estimator.
+    """
+    if config.singleton is Singleton.ZERO or config.estimator is Estimator.GRPO_PASSK:
+        return pl.lit(0.0), 1.0
+    scale = config.effective_scale
+    if scale is Scale.NONE:
+        return pl.col(SCORE), 1.0
+    divisor = batch_std if scale is Scale.BATCH else 1.0
+    return pl.col(SCORE) / (divisor + config.epsilon), divisor
+
+
 def compute_advantages(
     projection: pl.DataFrame, config: AdvantageConfig, names: dict[str, str]
 ) -> Advantages:
     """Stage 2: the key projection in, per-unit, per-group and per-row advantages out."""
     units = build_units(projection, config, names)
     stats = group_statistics(units)
+    batch_std = _batch_std(units)
 
-    # A group with a single unit has mean 0 and std 1 (verl's rule), so its advantage is
-    # s / (1 + epsilon) under grpo and s under drgrpo.
     singleton = pl.col("units") == 1
-    baseline = pl.when(singleton).then(0.0).otherwise(pl.col("mean"))
-    if config.estimator is Estimator.GRPO:
-        std = pl.when(singleton).then(1.0).otherwise(pl.col("std"))
-    else:
-        std = pl.lit(1.0, dtype=pl.Float64)
+    baseline, divisor = _group_rule(config, batch_std)
+    singleton_advantage, singleton_divisor = _singleton_advantage(config, batch_std)
     groups = stats.select(
         pl.col(GROUP),
         pl.col("units"),
-        baseline.alias("baseline"),
-        std.alias("std"),
+        pl.col("top_row"),
+        pl.when(singleton).then(0.0).otherwise(baseline).alias("baseline"),
+        pl.when(singleton).then(singleton_divisor).otherwise(divisor).alias("divisor"),
         pl.col("zero_std"),
     )
-
-    centred = pl.col(SCORE) - pl.col("baseline")
-    if config.estimator is Estimator.GRPO:
-        # A zero-std group has centred == 0 exactly; keep it 0 even when epsilon is 0 (not 0/0).
-        advantage = (
-            pl.when(centred == 0).then(0.0).otherwise(centred / (pl.col("std") + config.epsilon))
-        )
-    else:
-        advantage = centred
     units = (
         units.join(
-            groups.select(GROUP, "baseline", "std"), on=GROUP, how="left", maintain_order="left"
+            groups.select(GROUP, "units", "top_row", "baseline", "divisor"),
+            on=GROUP,
+            how="left",
+            maintain_order="left",
         )
-        .with_columns(advantage.alias("advantage"))
-        .drop("baseline", "std")
+        .with_columns(
+            pl.when(singleton)
+            .then(singleton_advantage)
+            .otherwise(_unit_advantage(config))
+            .alias("advantage")
+        )
+        .drop("units", "top_row", "baseline", "divisor")
     )
 
     if config.level is Level.TURN:
-        rows = units.select(pl.col("first_row").alias(ROW), pl.col(SCORE), pl.col("advantage"))
+        rows = units.select(
+            pl.col("first_row").alias(ROW), pl.col(SCORE), pl.col(TOKENS), pl.col("advantage")
+        )
     else:
         rows = (
-            projection.select(ROW, GROUP, TRAJECTORY)
+            projection.select(ROW, GROUP, TRAJECTORY, TOKENS)
             .join(
                 units.select(GROUP, TRAJECTORY, SCORE, "advantage"),
                 on=[GROUP, TRAJECTORY],
                 how="left",
                 maintain_order="left",
             )
-            .select(ROW, SCORE, "advantage")
+            .select(ROW, SCORE, TOKENS, "advantage")
         )
-    return Advantages(units=units, groups=groups, rows=rows)
+    if config.estimator is Estimator.REINFORCE_PP_BASELINE:
+        rows = _whiten_over_tokens(rows)
+        # Keep each unit's advantage consistent with its rows' (a trajectory's rows are equal).
+        units = units.drop("advantage").join(
+            rows.select(pl.col(ROW).alias("first_row"), "advantage"),
+            on="first_row",
+            how="left",
+            maintain_order="left",
+        )
+    groups = groups.rename({"divisor": "std"}).drop("top_row")
+    return Advantages(units=units, groups=groups, rows=rows.drop(TOKENS))
+
+
+def _whiten_over_tokens(rows: pl.DataFrame) -> pl.DataFrame:
+    """REINFORCE++ whitening over every response token of the input.
+
+    Every token of a row carries the row's value x, so with T = Σ tokens the token mean is
+    μ = Σ tokens·x / T and the unbiased token variance σ² = Σ tokens·(x − μ)² / (T − 1);
+    x becomes (x − μ) / sqrt(σ² + 1e-8), as verl's masked_whiten.
+    """
+    total = int(rows[TOKENS].sum())
+    if total < 2:
+        raise AdvcliError(
+            f"reinforce_pp_baseline whitens over response tokens and needs at least 2; "
+            f"the input has {total}"
+        )
+    weight = pl.col(TOKENS).cast(pl.Float64)
+    mean = (weight * pl.col("advantage")).sum() / total
+    variance = (weight * (pl.col("advantage") - mean) ** 2).sum() / (total - 1)
+    return rows.with_columns(
+        ((pl.col("advantage") - mean) / (variance + WHITEN_EPSILON).sqrt()).alias("advantage")
+    )

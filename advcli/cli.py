@@ -16,10 +16,10 @@ from rich.console import Console
 from rich.table import Table
 
 from advcli import __version__
-from advcli.advantage import AdvantageConfig, Estimator, Level, TrajScore
+from advcli.advantage import AdvantageConfig, Estimator, Level, Scale, Singleton, TrajScore
 from advcli.errors import AdvcliError
 from advcli.pipeline import ColumnNames, ComputeSummary, compare, compute
-from advcli.report import BiasReport
+from advcli.report import BiasReport, describe_estimator
 
 app = typer.Typer(
     name="advcli",
@@ -112,6 +112,24 @@ TrajScoreOpt = Annotated[
         help="Rule for a trajectory whose rows carry different scores [default: error].",
     ),
 ]
+ScaleOpt = Annotated[
+    Scale | None,
+    typer.Option(
+        "--scale", help="grpo/grpo_passk divisor: group std, batch std or none [default: group]."
+    ),
+]
+SingletonOpt = Annotated[
+    Singleton,
+    typer.Option("--singleton", help="A single-unit group keeps its raw score, or gets 0."),
+]
+
+
+def _config(**settings: Any) -> AdvantageConfig:
+    """Build the settings; a combination that doesn't fit is a usage error (exit 2)."""
+    try:
+        return AdvantageConfig(**settings)
+    except AdvcliError as error:
+        raise typer.BadParameter(str(error)) from None
 
 
 class Format(str, Enum):
@@ -131,6 +149,8 @@ def compute_command(
     estimator: EstimatorOpt = Estimator.GRPO,
     epsilon: EpsilonOpt = 1e-6,
     traj_score: TrajScoreOpt = None,
+    scale: ScaleOpt = None,
+    singleton: SingletonOpt = Singleton.RAW,
     group_col: GroupCol = None,
     traj_col: TrajCol = None,
     turn_col: TurnCol = None,
@@ -161,7 +181,14 @@ def compute_command(
     summary = compute(
         inputs or [],
         output,
-        AdvantageConfig(level=level, estimator=estimator, epsilon=epsilon, traj_score=traj_score),
+        _config(
+            level=level,
+            estimator=estimator,
+            epsilon=epsilon,
+            traj_score=traj_score,
+            scale=scale,
+            singleton=singleton,
+        ),
         names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),
         output_format=output_format.value if output_format else None,
         tokens=not no_tokens,
@@ -201,7 +228,7 @@ def _summary_table(summary: ComputeSummary) -> Table:
         (f"singleton groups ({config.level.value} level)", f"{summary.singleton_groups:,}"),
         ("zero-std groups", f"{summary.zero_std_groups:,}"),
         ("level", config.level.value),
-        ("estimator", f"{config.estimator.value} (epsilon {config.epsilon:g})"),
+        ("estimator", describe_estimator(config)),
         ("reward column", f"{summary.columns.reward} ({summary.columns.reward_kind})"),
         ("output", f"{summary.output} ({summary.output_format})"),
         ("seconds", f"{summary.seconds:.2f}"),
@@ -219,6 +246,8 @@ def compare_command(
     estimator: EstimatorOpt = Estimator.GRPO,
     epsilon: EpsilonOpt = 1e-6,
     traj_score: TrajScoreOpt = None,
+    scale: ScaleOpt = None,
+    singleton: SingletonOpt = Singleton.RAW,
     group_col: GroupCol = None,
     traj_col: TrajCol = None,
     turn_col: TurnCol = None,
@@ -251,7 +280,13 @@ def compare_command(
 
     report = compare(
         inputs or [],
-        AdvantageConfig(estimator=estimator, epsilon=epsilon, traj_score=traj_score),
+        _config(
+            estimator=estimator,
+            epsilon=epsilon,
+            traj_score=traj_score,
+            scale=scale,
+            singleton=singleton,
+        ),
         names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),
         top=top,
     )

@@ -87,7 +87,11 @@ def _headline_rows(report: BiasReport) -> list[tuple[str, str]]:
     groups, trajectories = summary["groups"], summary["trajectories"]
     settings = summary["settings"]
     return [
-        ("estimator", f"{settings['estimator']} (epsilon {settings['epsilon']:g})"),
+        (
+            "estimator",
+            f"{settings['estimator']} (scale {settings['scale']}, singleton "
+            f"{settings['singleton']}, epsilon {settings['epsilon']:g})",
+        ),
         ("rows", _fmt(counts["rows"])),
         ("groups", _fmt(counts["groups"])),
         ("trajectories", _fmt(counts["trajectories"])),

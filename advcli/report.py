@@ -173,6 +173,8 @@ def bias_report(
         "settings": {
             "estimator": config.estimator.value,
             "epsilon": config.epsilon,
+            "scale": config.effective_scale.value,
+            "singleton": config.singleton.value,
             "traj_score": config.traj_score.value if config.traj_score else None,
             **settings,
             "advcli_version": __version__,
@@ -180,6 +182,14 @@ def bias_report(
     }
     summary["verdict"] = verdict(summary, per_trajectory)
     return BiasReport(summary=summary, trajectories=per_trajectory, groups=per_group)
+
+
+def describe_estimator(config: AdvantageConfig) -> str:
+    """E.g. ``grpo (scale group, singleton raw, epsilon 1e-06)``."""
+    return (
+        f"{config.estimator.value} (scale {config.effective_scale.value}, singleton "
+        f"{config.singleton.value}, epsilon {config.epsilon:g})"
+    )
 
 
 def _level_columns(groups: pl.DataFrame, level: str) -> pl.DataFrame:
@@ -212,10 +222,13 @@ def verdict(summary: dict[str, Any], per_trajectory: pl.DataFrame) -> str:
     """A few plain-language sentences on the size and direction of the bias."""
     counts, spread, groups = summary["counts"], summary["turns_per_trajectory"], summary["groups"]
     drop = groups["baseline_drop_mean"] or 0.0
-    sentences = [
-        f"When every turn counts, group baselines {'fall' if drop > 0 else 'rise'} by "
-        f"{abs(drop):.3f} on average (up to {groups['baseline_shift_max'] or 0.0:.3f})."
-    ]
+    if (groups["baseline_shift_max"] or 0.0) < 5e-4:
+        sentences = ["Group baselines are the same at both levels."]
+    else:
+        sentences = [
+            f"When every turn counts, group baselines {'fall' if drop > 0 else 'rise'} by "
+            f"{abs(drop):.3f} on average (up to {groups['baseline_shift_max']:.3f})."
+        ]
     if spread["min"] == spread["max"]:
         sentences.append(
             f"Every trajectory has {spread['min']} turn(s), so all weigh alike; the levels "
@@ -227,8 +240,8 @@ def verdict(summary: dict[str, Any], per_trajectory: pl.DataFrame) -> str:
         long = per_trajectory.filter(pl.col("turns") >= threshold)["diff"].mean()
         short = per_trajectory.filter(pl.col("turns") < threshold)["diff"].mean()
         sentences.append(
-            f"Trajectories with ≥ {threshold} turns get {_less_or_more(long)} on average than "
-            f"when each trajectory counts once; shorter ones get {_less_or_more(short)}."
+            f"Compared with counting each trajectory once, trajectories with ≥ {threshold} turns "
+            f"get {_less_or_more(long)}, and shorter ones {_less_or_more(short)}."
         )
     flips = summary["trajectories"]["sign_flips"]
     sentences.append(
@@ -241,4 +254,4 @@ def _less_or_more(mean_diff: Any) -> str:
     value = float(mean_diff or 0.0)
     if abs(value) < 5e-4:
         return "about the same advantage"
-    return f"{abs(value):.3f} {'less' if value > 0 else 'more'} advantage"
+    return f"{abs(value):.3f} {'less' if value > 0 else 'more'} advantage on average"

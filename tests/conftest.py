@@ -41,7 +41,8 @@ def write_dump(tmp_path: Path):
 @pytest.fixture
 def run():
     """Run the advcli CLI in-process; stdout and stderr are kept apart."""
-    runner = CliRunner()
+    # A wide terminal, so that rich does not wrap the summary tables the tests read.
+    runner = CliRunner(env={"COLUMNS": "200"})
 
     def invoke(*args: object):
         return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)

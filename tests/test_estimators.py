@@ -1,0 +1,222 @@
+"""The estimator family (issue 4) on hand-computed values, both levels, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import numpy as np
+import polars as pl
+import pytest
+
+EPS = 1e-6
+
+# Rows (group, trajectory, turn, score, tokens), in input order.
+# G: a (1 turn, 1.0, 4 tokens), b (2 turns, 0.0, 2 + 2 tokens), c (1 turn, 0.8, 2 tokens).
+# S: one trajectory s of 2 turns scoring 2.0 (a singleton at trajectory level only).
+# Z: z1, z2 both 0.5 (zero std). T: t1 = t2 = 1.0, t3 = 0.0 (a tie at the top for pass@k).
+ROWS = [
+    ("G", "a", 0, 1.0, 4),
+    ("G", "b", 0, 0.0, 2),
+    ("S", "s", 0, 2.0, 1),
+    ("G", "c", 0, 0.8, 2),
+    ("G", "b", 1, 0.0, 2),
+    ("Z", "z1", 0, 0.5, 1),
+    ("S", "s", 1, 2.0, 1),
+    ("Z", "z2", 0, 0.5, 3),
+    ("T", "t1", 0, 1.0, 1),
+    ("T", "t2", 0, 1.0, 1),
+    ("T", "t3", 0, 0.0, 1),
+]
+TOKENS = [r[4] for r in ROWS]
+
+# Trajectory level, group G: units [1, 0, 0.8], mean 0.6, deviations .4, -.6, .2,
+# variance (.16 + .36 + .04) / 2 = 0.28. Group T: [1, 1, 0], mean 2/3, variance (1/9 + 1/9 + 4/9)/2.
+# Turn level, group G: rows [1, 0, 0.8, 0], mean 0.45, deviations .55, -.45, .35, -.45,
+# variance (.3025 + .2025 + .1225 + .2025) / 3 = .83 / 3. Group S: rows [2, 2], zero std.
+G_STD_TRAJ = math.sqrt(0.28)
+G_STD_TURN = math.sqrt(0.83 / 3)
+T_STD = math.sqrt(1 / 3)
+T_GRPO = [(1 / 3) / (T_STD + EPS), (1 / 3) / (T_STD + EPS), (-2 / 3) / (T_STD + EPS)]
+T_CENTRED = [1 / 3, 1 / 3, -2 / 3]
+# rloo in T: 3/2 * (s - 2/3) = 0.5, 0.5, -1.
+T_RLOO = [0.5, 0.5, -1.0]
+# opo in T: every unit 1 token, baseline = mean = 2/3.
+
+EXPECTED = {
+    ("trajectory", "grpo"): [
+        0.4 / (G_STD_TRAJ + EPS),
+        -0.6 / (G_STD_TRAJ + EPS),
+        2 / (1 + EPS),
+        0.2 / (G_STD_TRAJ + EPS),
+        -0.6 / (G_STD_TRAJ + EPS),
+        0,
+        2 / (1 + EPS),
+        0,
+        *T_GRPO,
+    ],
+    ("turn", "grpo"): [
+        0.55 / (G_STD_TURN + EPS),
+        -0.45 / (G_STD_TURN + EPS),
+        0,
+        0.35 / (G_STD_TURN + EPS),
+        -0.45 / (G_STD_TURN + EPS),
+        0,
+        0,
+        0,
+        *T_GRPO,
+    ],
+    ("trajectory", "drgrpo"): [0.4, -0.6, 2, 0.2, -0.6, 0, 2, 0, *T_CENTRED],
+    ("turn", "drgrpo"): [0.55, -0.45, 0, 0.35, -0.45, 0, 0, 0, *T_CENTRED],
+    # rloo, G trajectory level: 3/2 * deviation -> .6, -.9, .3 (a: 1 - mean(0, .8) = .6).
+    # Turn level: 4/3 * deviation -> a .7333, b -.6, c .4667 (a: 1 - mean(0, .8, 0)).
+    ("trajectory", "rloo"): [0.6, -0.9, 2, 0.3, -0.9, 0, 2, 0, *T_RLOO],
+    ("turn", "rloo"): [4 / 3 * 0.55, -0.6, 0, 4 / 3 * 0.35, -0.6, 0, 0, 0, *T_RLOO],
+    # opo, G: (4*1 + 4*0 + 2*0.8) / 10 = 0.56 at both levels (the token-weighted mean does not
+    # change when a trajectory's tokens are split over turns). S at turn level: baseline 2.
+    ("trajectory", "opo"): [0.44, -0.56, 2, 0.24, -0.56, 0, 2, 0, *T_CENTRED],
+    ("turn", "opo"): [0.44, -0.56, 0, 0.24, -0.56, 0, 0, 0, *T_CENTRED],
+    # grpo_passk: only G's top unit a gets (1 - 0.8) / (std + eps); T ties at the top (s_max -
+    # s_second = 0), S is a singleton at trajectory level (0) and zero-std at turn level (0).
+    ("trajectory", "grpo_passk"): [0.2 / (G_STD_TRAJ + EPS)] + [0.0] * 10,
+    ("turn", "grpo_passk"): [0.2 / (G_STD_TURN + EPS)] + [0.0] * 10,
+}
+
+
+def whiten(values: list[float]) -> list[float]:
+    """verl's masked whitening written out: token mean and unbiased token variance."""
+    total = sum(TOKENS)
+    mean = sum(t * v for t, v in zip(TOKENS, values, strict=True)) / total
+    variance = sum(t * (v - mean) ** 2 for t, v in zip(TOKENS, values, strict=True)) / (total - 1)
+    return [(v - mean) / math.sqrt(variance + 1e-8) for v in values]
+
+
+EXPECTED[("trajectory", "reinforce_pp_baseline")] = whiten(EXPECTED[("trajectory", "drgrpo")])
+EXPECTED[("turn", "reinforce_pp_baseline")] = whiten(EXPECTED[("turn", "drgrpo")])
+
+
+def advantages(write_dump, run, tmp_path, *options) -> np.ndarray:
+    output = tmp_path / "out.parquet"
+    result = run("compute", write_dump(ROWS), "-o", output, "--force", *options)
+    assert result.exit_code == 0, result.output
+    return pl.read_parquet(output)["advantage"].to_numpy()
+
+
+@pytest.mark.parametrize(("level", "estimator"), sorted(EXPECTED))
+def test_estimator_by_hand(level, estimator, write_dump, run, tmp_path):
+    got = advantages(write_dump, run, tmp_path, "--level", level, "--estimator", estimator)
+    np.testing.assert_allclose(got, EXPECTED[(level, estimator)], rtol=1e-5, atol=1e-6)
+
+
+def test_reinforce_pp_whitening_has_zero_token_mean_and_unit_variance(write_dump, run, tmp_path):
+    got = advantages(write_dump, run, tmp_path, "--estimator", "reinforce_pp_baseline")
+    tokens = np.array(TOKENS)
+    mean = (got * tokens).sum() / tokens.sum()
+    variance = (tokens * (got - mean) ** 2).sum() / (tokens.sum() - 1)
+    assert abs(mean) < 1e-6 and variance == pytest.approx(1.0, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "estimator", ["grpo", "drgrpo", "rloo", "opo", "grpo_passk", "reinforce_pp_baseline"]
+)
+def test_singleton_zero(estimator, write_dump, run, tmp_path):
+    # At trajectory level S is a singleton: rows 2 and 6 get 0 before any whitening.
+    raw = advantages(write_dump, run, tmp_path, "--estimator", estimator)
+    zero = advantages(write_dump, run, tmp_path, "--estimator", estimator, "--singleton", "zero")
+    if estimator == "reinforce_pp_baseline":
+        expected = whiten(
+            [0 if i in (2, 6) else v for i, v in enumerate(EXPECTED[("trajectory", "drgrpo")])]
+        )
+        np.testing.assert_allclose(zero, expected, rtol=1e-5, atol=1e-6)
+    else:
+        assert zero[2] == zero[6] == 0
+        others = [i for i in range(len(ROWS)) if i not in (2, 6)]
+        np.testing.assert_array_equal(zero[others], raw[others])
+
+
+def test_scale_batch(write_dump, run, tmp_path):
+    # Trajectory-level units of the whole input: G [1, 0, .8], S [2], Z [.5, .5], T [1, 1, 0].
+    batch_std = statistics.stdev([1, 0, 0.8, 2, 0.5, 0.5, 1, 1, 0])
+    got = advantages(write_dump, run, tmp_path, "--scale", "batch")
+    centred = EXPECTED[("trajectory", "drgrpo")]
+    np.testing.assert_allclose(got, [c / (batch_std + EPS) for c in centred], rtol=1e-5, atol=1e-6)
+
+
+def test_scale_none_is_drgrpo(write_dump, run, tmp_path):
+    for level in ("turn", "trajectory"):
+        got = advantages(write_dump, run, tmp_path, "--scale", "none", "--level", level)
+        np.testing.assert_allclose(got, EXPECTED[(level, "drgrpo")], rtol=1e-5, atol=1e-6)
+
+
+def test_passk_scale_none(write_dump, run, tmp_path):
+    got = advantages(write_dump, run, tmp_path, "--estimator", "grpo_passk", "--scale", "none")
+    np.testing.assert_allclose(got, [0.2] + [0.0] * 10, atol=1e-6)
+
+
+def test_scale_only_for_grpo_estimators(write_dump, run, tmp_path):
+    result = run(
+        "compute",
+        write_dump(ROWS),
+        "-o",
+        tmp_path / "o.parquet",
+        "--estimator",
+        "rloo",
+        "--scale",
+        "batch",
+    )
+    assert result.exit_code == 2
+    assert "--scale applies to grpo and grpo_passk, not to rloo" in result.output
+
+
+def test_summary_names_estimator_scale_singleton(write_dump, run, tmp_path):
+    result = run(
+        "compute",
+        write_dump(ROWS),
+        "-o",
+        tmp_path / "o.parquet",
+        "--estimator",
+        "grpo_passk",
+        "--singleton",
+        "zero",
+    )
+    assert result.exit_code == 0
+    text = " ".join(result.stderr.split())
+    assert "grpo_passk (scale group, singleton zero, epsilon 1e-06)" in text
+    # Trajectory level: S is a singleton; Z is zero-std.
+    assert "singleton groups (trajectory level) │ 1" in text
+    assert "zero-std groups │ 1" in text
+
+
+@pytest.mark.parametrize(
+    "estimator", ["grpo", "drgrpo", "rloo", "opo", "grpo_passk", "reinforce_pp_baseline"]
+)
+def test_compare_reports_every_estimator(estimator, write_dump, run, tmp_path):
+    result = run("compare", write_dump(ROWS), "--estimator", estimator, "--json", "-")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["settings"]["estimator"] == estimator
+    assert report["settings"]["singleton"] == "raw"
+    assert report["counts"]["singleton_groups"] == 1
+    by_turns = {entry["turns"]: entry for entry in report["by_turns"]}
+    # The 2-turn trajectories are b (G) and s (S): their mean advantage at each level is the
+    # mean of the expected values of their first rows (1 and 2).
+    for level, key in (
+        ("turn", "mean_advantage_turn"),
+        ("trajectory", "mean_advantage_trajectory"),
+    ):
+        expected = EXPECTED[(level, estimator)]
+        assert by_turns[2][key] == pytest.approx((expected[1] + expected[2]) / 2, abs=1e-6)
+
+
+def test_reinforce_pp_needs_two_tokens(write_dump, run, tmp_path):
+    result = run(
+        "compute",
+        write_dump([("g", "a", 0, 1.0, 1)]),
+        "-o",
+        tmp_path / "o.parquet",
+        "--estimator",
+        "reinforce_pp_baseline",
+    )
+    assert result.exit_code == 1
+    assert "needs at least 2" in result.stderr
