@@ -35,7 +35,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def reports_errors(command: F) -> F:
-    """Turn the library's errors into one ``Error:`` line on stderr and exit code 1."""
+    """Turn the library's errors into one ``Error:`` line on stderr and exit code 1, and Ctrl-C
+    into one line and exit code 130."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -44,6 +45,10 @@ def reports_errors(command: F) -> F:
         except AdvcliError as error:
             typer.echo(f"Error: {error}", err=True)
             raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            # Partial outputs were removed on the way up (atomic_output); say so once.
+            typer.echo("Interrupted; no output was written.", err=True)
+            raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -524,15 +524,18 @@ def padded(lists: pl.Series) -> np.ndarray:
 def atomic_output(output: Path) -> Iterator[Path]:
     """Yield a temporary path beside ``output``; rename it into place only if the block succeeds.
 
-    A reader of ``output`` therefore sees either the old file or the complete new one, never a
-    partial write.
+    A reader of ``output`` therefore sees either the old file (kept intact until the rename) or the
+    complete new one, never a partial write. The temporary file is named
+    ``.NAME.PID.RANDOM.advcli-partial``; one left by a killed run (its PID no longer alive) is
+    removed by the next run that writes the same output.
     """
     folder = output.parent
     if not folder.is_dir():
         raise AdvcliError(f"{output}: the folder {folder} does not exist")
+    _remove_stale_partials(output)
     try:
         handle, name = tempfile.mkstemp(
-            prefix=f".{output.name}.", suffix=".advcli-partial", dir=folder
+            prefix=f".{output.name}.{os.getpid()}.", suffix=PARTIAL_SUFFIX, dir=folder
         )
     except OSError as error:
         raise AdvcliError(f"{output}: cannot write to {folder} ({error.strerror})") from None
@@ -547,6 +550,26 @@ def atomic_output(output: Path) -> Iterator[Path]:
         os.replace(partial, output)
     finally:
         partial.unlink(missing_ok=True)
+
+
+PARTIAL_SUFFIX = ".advcli-partial"
+
+
+def _remove_stale_partials(output: Path) -> None:
+    for leftover in output.parent.glob(f".{glob.escape(output.name)}.*{PARTIAL_SUFFIX}"):
+        pid_text = leftover.name[len(output.name) + 2 :].split(".", 1)[0]
+        if pid_text.isdigit() and not _process_alive(int(pid_text)):
+            leftover.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, but another user's
+        return True
+    return True
 
 
 def check_output(output: Path, dataset: Dataset, *, force: bool) -> None:
