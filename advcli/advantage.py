@@ -11,6 +11,7 @@ Every numeric rule is stated where it is applied; the README's table lists them 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
@@ -165,8 +166,12 @@ def build_units(
         TrajScore.MAX: pl.col(SCORE).max(),
         TrajScore.SUM: pl.col(SCORE).sum(),
     }[rule]
+    # The mean and sum rules add floats: a (group, trajectory, score) sort fixes their order, so
+    # the result does not depend on the input's row order.
+    summed = rule in (TrajScore.MEAN, TrajScore.SUM)
     units = (
-        projection.group_by(GROUP, TRAJECTORY)
+        (projection.sort(GROUP, TRAJECTORY, SCORE) if summed else projection)
+        .group_by(GROUP, TRAJECTORY)
         .agg(
             trajectory_score.alias(SCORE),
             pl.col(TOKENS).sum(),
@@ -215,8 +220,11 @@ def group_statistics(units: pl.DataFrame) -> pl.DataFrame:
     the second highest score (equal to the highest on a tie).
     """
     all_equal = pl.col("score_max") == pl.col("score_min")
+    # Sorting by (group, score) first fixes the order in which each group's floats are summed,
+    # so the statistics are bit-identical whatever the input files' order or the thread count.
     return (
-        units.group_by(GROUP)
+        units.sort(GROUP, SCORE)
+        .group_by(GROUP)
         .agg(
             pl.len().alias("units"),
             pl.col(SCORE).mean().alias("mean"),
@@ -245,7 +253,7 @@ def _batch_std(units: pl.DataFrame) -> float:
     """The std (ddof=1) of every unit's score in the input: the divisor of ``--scale batch``.
 
     A single unit has std 1 (as a singleton group); identical scores have std 0."""
-    scores = units[SCORE]
+    scores = units[SCORE].sort()  # a fixed summation order, as in group_statistics
     if scores.len() == 1:
         return 1.0
     if scores.min() == scores.max():
@@ -384,8 +392,11 @@ def _whiten_over_tokens(rows: pl.DataFrame) -> pl.DataFrame:
             f"the input has {total}"
         )
     weight = pl.col(TOKENS).cast(pl.Float64)
-    mean = (weight * pl.col("advantage")).sum() / total
-    variance = (weight * (pl.col("advantage") - mean) ** 2).sum() / (total - 1)
-    return rows.with_columns(
-        ((pl.col("advantage") - mean) / (variance + WHITEN_EPSILON).sqrt()).alias("advantage")
+    # Summed in a fixed order (sorted values), so the result does not depend on the row order.
+    in_order = rows.select("advantage", TOKENS).sort("advantage", TOKENS)
+    mean = in_order.select((weight * pl.col("advantage")).sum()).item() / total
+    variance = in_order.select((weight * (pl.col("advantage") - mean) ** 2).sum()).item() / (
+        total - 1
     )
+    scale = math.sqrt(variance + WHITEN_EPSILON)
+    return rows.with_columns(((pl.col("advantage") - mean) / scale).alias("advantage"))

@@ -1,0 +1,346 @@
+"""Vectorized GRPO-family advantages for a training step, on torch tensors.
+
+This module is the in-trainer counterpart of ``advcli compute``: a drop-in for verl's
+``compute_grpo_outcome_advantage`` that works on one batch of rows (one row per turn of a
+multi-turn trajectory) without a Python loop over the rows, optionally counting each trajectory
+once in its group's statistics.
+
+It needs the optional extra ``advcli[torch]``; it is the only module of advcli that imports torch,
+and ``import advcli`` never imports it.
+
+Semantics (``s`` is a row's score, the sum of its token-level rewards):
+
+* The *units* of a group are the rows that enter its statistics: every row when ``traj_index`` is
+  ``None`` or ``compute_mean_std_cross_all_data=True`` (verl's GRPO); otherwise only the first row,
+  in batch order, of each ``(index, traj_index)`` pair.
+* Each row is normalized with its group's statistics using its **own** score:
+  ``(s - mean) / (std + epsilon)`` (GRPO), ``s - mean`` (Dr. GRPO), ``n / (n - 1) * (s - mean)``
+  (RLOO). The std is unbiased (ddof=1); a group with a single unit has mean 0 and std 1 (RLOO: the
+  raw score); when all units of a group have exactly the same score, the mean is that score and
+  the std 0, so a row with that score gets exactly 0.
+* Statistics are accumulated in float64; the result is float32 ``(bs, response_length)``, the
+  scalar advantage times ``response_mask``, on the rewards' device, with no autograd graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import numpy as np
+
+try:
+    import torch
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise ImportError("advcli.torch needs torch: pip install 'advcli[torch]'") from error
+
+__all__ = ["compute_grpo_outcome_advantage", "compute_rloo_outcome_advantage"]
+
+#: Row ids: a numpy array (object/str/int), a 1-D torch tensor, or a sequence of hashable values.
+Ids: TypeAlias = "np.ndarray | torch.Tensor | Sequence[Any]"
+
+# Integer codes whose range is at most this many times the batch size are used as scatter
+# indices directly (no sort); wider ranges are factorized with torch.unique.
+_DIRECT_RANGE_FACTOR = 4
+_DIRECT_RANGE_MIN = 1 << 16
+# Combined (group, trajectory) keys must stay below this to be formed without overflow.
+_KEY_LIMIT = 1 << 62
+
+
+@dataclass(frozen=True)
+class _Codes:
+    """Non-negative int64 codes, one per row, with ``codes < bound``; equal ids, equal codes.
+
+    ``first_rows``: each code is the position of the first row with the same id.
+    """
+
+    codes: torch.Tensor
+    bound: int
+    first_rows: bool = False
+
+
+def compute_grpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Ids,
+    traj_index: Ids | None = None,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    compute_mean_std_cross_all_data: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO (or Dr. GRPO) outcome advantages, optionally with trajectory-level statistics.
+
+    Parameters
+    ----------
+    token_level_rewards
+        ``(bs, response_length)`` rewards of any floating dtype (bfloat16 included); a row's score
+        is the sum of its row.
+    response_mask
+        ``(bs, response_length)`` mask (bool, int or float); the advantage is multiplied by it.
+    index
+        ``bs`` group ids (verl's ``uid``): a numpy array of str/objects or ints, a list, or a 1-D
+        torch tensor.
+    traj_index
+        ``bs`` trajectory ids (verl-agent's ``traj_uid``, a rollout id), only needed to be unique
+        within a group. Used only with ``compute_mean_std_cross_all_data=False``.
+    epsilon
+        Added to the group std before dividing (must be ``>= 0``).
+    norm_adv_by_std_in_grpo
+        ``True``: GRPO, ``(s - mean) / (std + epsilon)``; ``False``: Dr. GRPO, ``s - mean``.
+    compute_mean_std_cross_all_data
+        ``True``: every row enters its group's mean and std (verl's GRPO). ``False`` with
+        ``traj_index``: only the first row (in batch order) of each ``(index, traj_index)`` pair
+        does, so each trajectory counts once whatever its number of turns.
+
+    Returns
+    -------
+    advantages, returns
+        The same float32 ``(bs, response_length)`` tensor twice, as verl returns it.
+
+    Examples
+    --------
+    >>> import numpy as np, torch
+    >>> rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    >>> mask = torch.ones(4, 2)
+    >>> uid = np.array(["q", "q", "q", "q"], dtype=object)
+    >>> traj = np.array(["a", "b", "b", "b"], dtype=object)  # b: a 3-turn failure
+    >>> adv, _ = compute_grpo_outcome_advantage(
+    ...     rewards, mask, uid, traj, compute_mean_std_cross_all_data=False
+    ... )
+    >>> adv[:, -1]
+    tensor([ 0.7071, -0.7071, -0.7071, -0.7071])
+    """
+    if epsilon < 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    with torch.no_grad():
+        scores = _scores(token_level_rewards, response_mask)
+        stats = _group_statistics(scores, index, traj_index, compute_mean_std_cross_all_data)
+        singleton = stats.count == 1
+        baseline = torch.where(singleton, 0.0, stats.mean)
+        centred = scores - baseline.index_select(0, stats.row_group)
+        if norm_adv_by_std_in_grpo:
+            # ddof=1; a singleton's 0/0 is replaced by std 1 (verl's rule).
+            std = torch.where(singleton, 1.0, torch.sqrt(stats.m2 / (stats.count - 1)))
+            divided = centred / (std + epsilon).index_select(0, stats.row_group)
+            # A zero-std group's equal rows stay exactly 0, even with epsilon 0.
+            advantage = torch.where(centred == 0, 0.0, divided)
+        else:
+            advantage = centred
+        out = _broadcast(advantage, response_mask)
+    return out, out
+
+
+def compute_rloo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Ids,
+    traj_index: Ids | None = None,
+    compute_mean_std_cross_all_data: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO outcome advantages: ``n / (n - 1) * (s - mean)`` over the group's ``n`` units.
+
+    This equals ``s`` minus the mean of the group's *other* units when the row is a unit. A group
+    with a single unit keeps the raw score. Units and ids are as in
+    :func:`compute_grpo_outcome_advantage`.
+
+    Parameters
+    ----------
+    token_level_rewards, response_mask, index, traj_index, compute_mean_std_cross_all_data
+        As in :func:`compute_grpo_outcome_advantage`.
+
+    Returns
+    -------
+    advantages, returns
+        The same float32 ``(bs, response_length)`` tensor twice.
+
+    Examples
+    --------
+    >>> import torch
+    >>> rewards = torch.tensor([[1.0], [0.0], [0.0]])
+    >>> adv, _ = compute_rloo_outcome_advantage(rewards, torch.ones(3, 1), [7, 7, 7])
+    >>> adv[:, 0]
+    tensor([ 1.0000, -0.5000, -0.5000])
+    """
+    with torch.no_grad():
+        scores = _scores(token_level_rewards, response_mask)
+        stats = _group_statistics(scores, index, traj_index, compute_mean_std_cross_all_data)
+        singleton = stats.count == 1
+        baseline = torch.where(singleton, 0.0, stats.mean)
+        factor = torch.where(singleton, 1.0, stats.count / (stats.count - 1))
+        centred = scores - baseline.index_select(0, stats.row_group)
+        advantage = centred * factor.index_select(0, stats.row_group)
+        out = _broadcast(advantage, response_mask)
+    return out, out
+
+
+@dataclass(frozen=True)
+class _GroupStatistics:
+    """Per group (indexed by ``row_group``): unit count, mean and Σ(x - mean)², in float64.
+
+    Slots of the group buffers that no row uses hold NaN; they are never read.
+    """
+
+    row_group: torch.Tensor
+    count: torch.Tensor
+    mean: torch.Tensor
+    m2: torch.Tensor
+
+
+def _group_statistics(
+    scores: torch.Tensor, index: Ids, traj_index: Ids | None, cross_all_data: bool
+) -> _GroupStatistics:
+    """The statistics shared by every estimator: which rows are units, and their group moments."""
+    n = scores.shape[0]
+    device = scores.device
+    group = _raw_codes(index, n, device, "index")
+    if traj_index is None or cross_all_data:
+        if traj_index is not None:
+            _check_length(traj_index, n, "traj_index")
+        group = _compact(group, n)
+        return _moments(scores, group.codes, group.codes, group.bound)
+
+    traj = _raw_codes(traj_index, n, device, "traj_index")
+    positions = torch.arange(n, device=device)
+    if traj.first_rows and torch.equal(group.codes.index_select(0, traj.codes), group.codes):
+        # Each trajectory id occurs in one group only (verl-agent's uuid traj_uid): the
+        # trajectory's first row is the pair's first row, no key to sort.
+        group = _compact(group, n)
+        units = torch.nonzero(traj.codes == positions).squeeze(1)
+        return _moments(
+            scores.index_select(0, units),
+            group.codes.index_select(0, units),
+            group.codes,
+            group.bound,
+        )
+    # Combine (group, trajectory) into one integer key; factorize a side first if it would
+    # overflow. Codes are at most max(4n, 2**16) after _compact, so the product then fits.
+    if group.bound * traj.bound >= _KEY_LIMIT:
+        group = _dense(group)
+    if group.bound * traj.bound >= _KEY_LIMIT:
+        traj = _dense(traj)
+    key = group.codes * traj.bound + traj.codes
+    key_bound = group.bound * traj.bound
+    if key_bound <= _direct_limit(n):
+        pair = key
+        pair_bound = key_bound
+        group = _compact(group, n)
+    else:
+        unique_keys, pair = torch.unique(key, return_inverse=True)
+        pair_bound = unique_keys.numel()
+        if group.bound > _direct_limit(n):
+            # unique_keys is sorted, so the group part of each key is non-decreasing: a
+            # consecutive-unique pass (no sort) numbers the groups densely.
+            groups_of_pairs, pair_group = torch.unique_consecutive(
+                torch.div(unique_keys, traj.bound, rounding_mode="floor"), return_inverse=True
+            )
+            group = _Codes(pair_group.index_select(0, pair), groups_of_pairs.numel())
+    first = torch.full((pair_bound,), n, dtype=torch.int64, device=device)
+    first.scatter_reduce_(0, pair, positions, reduce="amin")
+    units = torch.nonzero(first.index_select(0, pair) == positions).squeeze(1)
+    return _moments(
+        scores.index_select(0, units), group.codes.index_select(0, units), group.codes, group.bound
+    )
+
+
+def _moments(
+    x: torch.Tensor, unit_group: torch.Tensor, row_group: torch.Tensor, bound: int
+) -> _GroupStatistics:
+    """Count, mean and Σ(x - mean)² of the units ``x`` per group, in float64.
+
+    Each group's values are first shifted by one of its own values, so a group whose units are
+    all equal gets that value as its mean and exactly 0 as Σ(x - mean)², with no rounding noise.
+    """
+    count = torch.bincount(unit_group, minlength=bound).to(torch.float64)
+    representative = x.new_zeros(bound).scatter_(0, unit_group, x)
+    shifted = x - representative.index_select(0, unit_group)
+    mean = representative + x.new_zeros(bound).index_add_(0, unit_group, shifted) / count
+    deviation = x - mean.index_select(0, unit_group)
+    m2 = x.new_zeros(bound).index_add_(0, unit_group, deviation * deviation)
+    return _GroupStatistics(row_group=row_group, count=count, mean=mean, m2=m2)
+
+
+def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's score, the sum of its token-level rewards, in float64."""
+    if token_level_rewards.dim() != 2:
+        raise ValueError(
+            "token_level_rewards must be (bs, response_length), got shape "
+            f"{tuple(token_level_rewards.shape)}"
+        )
+    if response_mask.shape != token_level_rewards.shape:
+        raise ValueError(
+            f"response_mask has shape {tuple(response_mask.shape)}, token_level_rewards "
+            f"{tuple(token_level_rewards.shape)}"
+        )
+    # dtype= accumulates in float64 without materializing a float64 copy of the rewards.
+    return token_level_rewards.detach().sum(dim=-1, dtype=torch.float64)
+
+
+def _broadcast(advantage: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """The float32 ``(bs, response_length)`` result: each row's advantage times its mask."""
+    out = advantage.to(torch.float32).unsqueeze(-1) * response_mask.detach()
+    return out if out.dtype == torch.float32 else out.to(torch.float32)
+
+
+def _check_length(ids: Ids, n: int, name: str) -> None:
+    length = ids.shape[0] if isinstance(ids, torch.Tensor | np.ndarray) and ids.ndim else None
+    if length is None:
+        length = len(ids)
+    if length != n:
+        raise ValueError(f"{name} has {length} ids for {n} rows")
+
+
+def _raw_codes(ids: Ids, n: int, device: torch.device, name: str) -> _Codes:
+    """Integer codes for the ids, on ``device``; not necessarily dense (see :func:`_compact`)."""
+    if isinstance(ids, torch.Tensor) or (isinstance(ids, np.ndarray) and ids.dtype.kind in "biuf"):
+        tensor = ids if isinstance(ids, torch.Tensor) else torch.from_numpy(ids)
+        if tensor.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
+        _check_length(tensor, n, name)
+        tensor = tensor.detach().to(device)
+        if tensor.is_floating_point() or tensor.is_complex():
+            return _dense(_Codes(tensor, 0))
+        if tensor.dtype == torch.uint64:
+            # Reinterpret as int64: a bijection, so equal ids keep equal codes.
+            tensor = tensor.view(torch.int64)
+        tensor = tensor.to(torch.int64)
+        if n == 0:
+            return _Codes(tensor, 0)
+        low, high = int(tensor.min()), int(tensor.max())
+        if high - low >= _KEY_LIMIT:
+            return _dense(_Codes(tensor, 0))
+        return _Codes(tensor - low, high - low + 1)
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {ids.shape}")
+        values: Sequence[Any] = ids.tolist()
+    elif isinstance(ids, str | bytes):
+        raise TypeError(f"{name} must be a sequence of ids, not a single {type(ids).__name__}")
+    else:
+        values = ids
+    _check_length(values, n, name)
+    # Hash-based factorization in C (map over dict.setdefault): each row's code is the position
+    # of the first row with an equal id, so codes are < n.
+    first_row_of: dict[Any, int] = {}
+    try:
+        first_rows = np.fromiter(
+            map(first_row_of.setdefault, values, range(n)), dtype=np.int64, count=n
+        )
+    except TypeError as error:
+        raise TypeError(f"{name}: ids must be hashable ({error})") from None
+    return _Codes(torch.from_numpy(first_rows).to(device), n, first_rows=True)
+
+
+def _direct_limit(n: int) -> int:
+    return max(_DIRECT_RANGE_FACTOR * n, _DIRECT_RANGE_MIN)
+
+
+def _compact(codes: _Codes, n: int) -> _Codes:
+    """Codes usable as indices into per-group buffers: kept when their range is small."""
+    return codes if codes.bound <= _direct_limit(n) else _dense(codes)
+
+
+def _dense(codes: _Codes) -> _Codes:
+    """Factorize to ``0 .. k-1`` with one sort (torch.unique)."""
+    unique, inverse = torch.unique(codes.codes, return_inverse=True)
+    return _Codes(inverse.to(torch.int64), unique.numel())
