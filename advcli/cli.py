@@ -19,7 +19,7 @@ from advcli import __version__
 from advcli.advantage import AdvantageConfig, Estimator, Level, Scale, Singleton, TrajScore
 from advcli.errors import AdvcliError
 from advcli.pipeline import ColumnNames, ComputeSummary, compare, compute
-from advcli.report import BiasReport, describe_estimator
+from advcli.report import describe_estimator
 
 app = typer.Typer(
     name="advcli",
@@ -182,7 +182,6 @@ def compute_command(
 
     Example: advcli compute rollouts.parquet -o advantages.parquet --level trajectory
     """
-    report_kind = _report_kind(report) if report is not None else None
     summary = compute(
         inputs or [],
         output,
@@ -198,27 +197,12 @@ def compute_command(
         output_format=output_format.value if output_format else None,
         tokens=not no_tokens,
         force=force,
-        with_report=report is not None,
+        report_path=report,
     )
-    if report is not None and summary.report is not None:
-        _write_report(summary.report, report, report_kind)
     if not quiet:
         stderr.print(_summary_table(summary))
         if report is not None:
             stderr.print(f"report: {report}")
-
-
-def _report_kind(path: Path) -> str:
-    kind = {".json": "json", ".md": "markdown", ".markdown": "markdown"}.get(path.suffix.lower())
-    if kind is None:
-        raise AdvcliError(f"{path}: a report is .json or .md")
-    return kind
-
-
-def _write_report(report: BiasReport, path: Path, kind: str | None) -> None:
-    from advcli.render import render_json, render_markdown, write_text
-
-    write_text(path, render_json(report) if kind == "json" else render_markdown(report))
 
 
 def _summary_table(summary: ComputeSummary) -> Table:
@@ -268,6 +252,7 @@ def compare_command(
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Write a PNG figure (needs advcli[plot]).")
     ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace existing report files.")] = False,
     fail_above: Annotated[
         float | None,
         typer.Option(
@@ -294,6 +279,8 @@ def compare_command(
         ),
         names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),
         top=top,
+        outputs=[None if json_path in (None, "-") else Path(json_path), markdown, plot],
+        force=force,
     )
     if json_path == "-":
         typer.echo(render_json(report), nl=False)

@@ -27,6 +27,7 @@ from advcli.dataset import (
     write_advantages,
 )
 from advcli.errors import AdvcliError
+from advcli.render import render_json, render_markdown, write_text
 from advcli.report import BiasReport, bias_report
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
@@ -129,12 +130,13 @@ def compute(
     output_format: OutputFormat | None = None,
     tokens: bool = True,
     force: bool = False,
-    with_report: bool = False,
+    report_path: Path | None = None,
 ) -> ComputeSummary:
     """Compute advantages for every row of the inputs and write them to ``output``.
 
-    With ``with_report`` the other level is computed from the same key projection and the bias
-    report is returned too, so the input is read once for the statistics.
+    With ``report_path`` (``.json`` or ``.md``) the other level is computed from the same key
+    projection and the bias report is written there too, so the input is read once for the
+    statistics.
 
     Examples
     --------
@@ -142,18 +144,22 @@ def compute(
     """
     started = time.perf_counter()
     fmt = output_format_for(output, output_format)
+    report_kind = report_format_for(report_path) if report_path is not None else None
     dataset = open_dataset(inputs)
-    check_output(output, dataset, force=force)
+    check_outputs([output, report_path], dataset, force=force)
     dump = load_dump(dataset, names)
     advantages = dump.advantages(config)
     report = None
-    if with_report:
+    if report_path is not None:
         other = dump.advantages(replace(config, level=_other_level(config.level)))
         by_level = {config.level: advantages, _other_level(config.level): other}
         report = dump.report(config, by_level[Level.TURN], by_level[Level.TRAJECTORY])
     replaced = write_advantages(
         dump.dataset, dump.columns, advantages.rows, output, output_format=fmt, tokens=tokens
     )
+    if report is not None and report_path is not None:
+        text = render_json(report) if report_kind == "json" else render_markdown(report)
+        write_text(report_path, text)
     return ComputeSummary(
         rows=dump.dataset.num_rows,
         groups=advantages.groups.height,
@@ -170,6 +176,21 @@ def compute(
     )
 
 
+def report_format_for(path: Path) -> str:
+    """``json`` or ``markdown``, from a report path's extension."""
+    kind = {".json": "json", ".md": "markdown", ".markdown": "markdown"}.get(path.suffix.lower())
+    if kind is None:
+        raise AdvcliError(f"{path}: a report is .json or .md")
+    return kind
+
+
+def check_outputs(outputs: Sequence[Path | None], dataset: Dataset, *, force: bool) -> None:
+    """Check every file a command will write before any work is done."""
+    for path in outputs:
+        if path is not None:
+            check_output(path, dataset, force=force)
+
+
 def _other_level(level: Level) -> Level:
     return Level.TURN if level is Level.TRAJECTORY else Level.TRAJECTORY
 
@@ -180,14 +201,21 @@ def compare(
     *,
     names: ColumnNames = ColumnNames(),
     top: int = 10,
+    outputs: Sequence[Path | None] = (),
+    force: bool = False,
 ) -> BiasReport:
     """The bias report of ``config.estimator``: turn level against trajectory level.
+
+    ``outputs`` are the files the caller will write the report to; they are checked (not an
+    input, not existing unless ``force``) before any work is done.
 
     Examples
     --------
     >>> compare(["rollouts.parquet"]).summary["trajectories"]["sign_flips"]  # doctest: +SKIP
     """
-    dump = load_dump(open_dataset(inputs), names)
+    dataset = open_dataset(inputs)
+    check_outputs(outputs, dataset, force=force)
+    dump = load_dump(dataset, names)
     turn = dump.advantages(replace(config, level=Level.TURN))
     trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
     return dump.report(config, turn, trajectory, top=top)

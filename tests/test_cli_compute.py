@@ -136,11 +136,11 @@ def test_npz_output(write_dump, run, tmp_path):
     )
     output = tmp_path / "out.npz"
     assert run("compute", write_dump(frame), "-o", output, "--estimator", "drgrpo").exit_code == 0
-    arrays = np.load(output)
-    assert arrays["advantages"].dtype == np.float32
-    np.testing.assert_array_equal(arrays["advantage"], [0.5, -0.5])
-    np.testing.assert_array_equal(arrays["response_mask"], [[1, 0, 1], [1, 0, 0]])
-    np.testing.assert_array_equal(arrays["advantages"], [[0.5, 0, 0.5], [-0.5, 0, 0]])
+    with np.load(output) as arrays:
+        assert arrays["advantages"].dtype == np.float32
+        np.testing.assert_array_equal(arrays["advantage"], [0.5, -0.5])
+        np.testing.assert_array_equal(arrays["response_mask"], [[1, 0, 1], [1, 0, 0]])
+        np.testing.assert_array_equal(arrays["advantages"], [[0.5, 0, 0.5], [-0.5, 0, 0]])
 
 
 @pytest.mark.torch
