@@ -12,6 +12,7 @@ Every numeric rule is stated where it is applied; the README's table lists them 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -112,6 +113,20 @@ class AdvantageConfig:
         return Scale.NONE
 
 
+def _row_number(row: int) -> str:
+    return f"row {row}"
+
+
+@dataclass(frozen=True)
+class Naming:
+    """How error messages name things: the user's key column names and a row locator (which the
+    I/O layer sets to name the file too)."""
+
+    group: str = GROUP
+    trajectory: str = TRAJECTORY
+    locate: Callable[[int], str] = _row_number
+
+
 @dataclass(frozen=True)
 class Advantages:
     """Stage 2's result.
@@ -136,13 +151,11 @@ class Advantages:
         return int(self.groups["zero_std"].sum())
 
 
-def build_units(
-    projection: pl.DataFrame, config: AdvantageConfig, names: dict[str, str]
-) -> pl.DataFrame:
+def build_units(projection: pl.DataFrame, config: AdvantageConfig, naming: Naming) -> pl.DataFrame:
     """One row per unit with ``group``, ``trajectory``, ``score``, ``tokens``, ``turns`` and
     ``first_row`` (the unit's first input row, which fixes the units' order).
 
-    ``names`` maps ``group`` / ``trajectory`` to the user's column names, for error messages.
+    ``naming`` says how error messages name the key columns and rows.
     """
     if config.level is Level.TURN:
         return projection.select(
@@ -183,30 +196,30 @@ def build_units(
         .sort("first_row")
     )
     if rule is None:
-        _check_consistent_scores(projection, units, names)
+        _check_consistent_scores(projection, units, naming)
     return units.drop("score_min", "score_max")
 
 
-def _check_consistent_scores(
-    projection: pl.DataFrame, units: pl.DataFrame, names: dict[str, str]
-) -> None:
+def _check_consistent_scores(projection: pl.DataFrame, units: pl.DataFrame, naming: Naming) -> None:
     spread = pl.col("score_max") - pl.col("score_min")
     magnitude = pl.max_horizontal(pl.col("score_max").abs(), pl.col("score_min").abs())
     offenders = units.filter(spread > SCORE_TOLERANCE * magnitude)
     if offenders.is_empty():
         return
-    first = offenders.row(0, named=True)
-    scores = (
-        projection.filter(
-            (pl.col(GROUP) == first[GROUP]) & (pl.col(TRAJECTORY) == first[TRAJECTORY])
-        )[SCORE]
-        .unique(maintain_order=True)
-        .to_list()
-    )
+    first = offenders.row(0, named=True)  # units are in input order
+    rows = projection.filter(
+        (pl.col(GROUP) == first[GROUP]) & (pl.col(TRAJECTORY) == first[TRAJECTORY])
+    ).sort(ROW)
+    opening = rows[SCORE][0]
+    disagreeing = rows.filter(
+        (pl.col(SCORE) - opening).abs()
+        > SCORE_TOLERANCE * pl.max_horizontal(pl.col(SCORE).abs(), abs(opening))
+    )[ROW][0]
+    scores = rows[SCORE].unique(maintain_order=True).to_list()
     raise AdvcliError(
-        f"trajectory ({names['group']}={first[GROUP]!r}, {names['trajectory']}="
-        f"{first[TRAJECTORY]!r}) has rows with different scores {scores}; choose a rule with "
-        "--traj-score first|last|mean|max|sum, or use --level turn"
+        f"{naming.locate(disagreeing)}: trajectory ({naming.group}={first[GROUP]!r}, "
+        f"{naming.trajectory}={first[TRAJECTORY]!r}) has rows with different scores {scores}; "
+        "choose a rule with --traj-score first|last|mean|max|sum, or use --level turn"
     )
 
 
@@ -220,10 +233,10 @@ def group_statistics(units: pl.DataFrame) -> pl.DataFrame:
     the second highest score (equal to the highest on a tie).
     """
     all_equal = pl.col("score_max") == pl.col("score_min")
-    # Sorting by (group, score) first fixes the order in which each group's floats are summed,
+    # Sorting by (group, score, tokens) first fixes the order in which each group's floats are summed,
     # so the statistics are bit-identical whatever the input files' order or the thread count.
     return (
-        units.sort(GROUP, SCORE)
+        units.sort(GROUP, SCORE, TOKENS)
         .group_by(GROUP)
         .agg(
             pl.len().alias("units"),
@@ -316,10 +329,10 @@ def _singleton_advantage(config: AdvantageConfig, batch_std: float) -> tuple[pl.
 
 
 def compute_advantages(
-    projection: pl.DataFrame, config: AdvantageConfig, names: dict[str, str]
+    projection: pl.DataFrame, config: AdvantageConfig, naming: Naming | None = None
 ) -> Advantages:
     """Stage 2: the key projection in, per-unit, per-group and per-row advantages out."""
-    units = build_units(projection, config, names)
+    units = build_units(projection, config, naming or Naming())
     stats = group_statistics(units)
     batch_std = _batch_std(units)
 

@@ -47,7 +47,7 @@ def reports_errors(command: F) -> F:
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             # Partial outputs were removed on the way up (atomic_output); say so once.
-            typer.echo("Interrupted; no output was written.", err=True)
+            typer.echo("Interrupted; no partial output was left behind.", err=True)
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]

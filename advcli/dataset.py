@@ -421,7 +421,7 @@ def _check_projection(projection: pl.DataFrame, dataset: Dataset, columns: Colum
 
     if TURN in present:
         duplicated = projection.select(
-            pl.col(ROW).filter(pl.struct(GROUP, TRAJECTORY, TURN).is_duplicated()).first()
+            pl.col(ROW).filter(~pl.struct(GROUP, TRAJECTORY, TURN).is_first_distinct()).first()
         ).item()
         if duplicated is not None:
             key = projection.row(duplicated, named=True)

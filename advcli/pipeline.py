@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
-from advcli.advantage import AdvantageConfig, Advantages, Level, compute_advantages
+from advcli.advantage import AdvantageConfig, Advantages, Level, Naming, compute_advantages
 from advcli.dataset import (
     GROUP,
     TRAJECTORY,
@@ -57,12 +57,9 @@ class LoadedDump:
     columns: Columns
     projection: pl.DataFrame
 
-    @property
-    def names(self) -> dict[str, str]:
-        return {GROUP: self.columns.group, TRAJECTORY: self.columns.trajectory}
-
     def advantages(self, config: AdvantageConfig) -> Advantages:
-        return compute_advantages(self.projection, config, self.names)
+        naming = Naming(self.columns.group, self.columns.trajectory, self.dataset.locate)
+        return compute_advantages(self.projection, config, naming)
 
     def report(
         self, config: AdvantageConfig, turn: Advantages, trajectory: Advantages, top: int = 10

@@ -122,9 +122,11 @@ def compute_grpo_outcome_advantage(
         if norm_adv_by_std_in_grpo:
             # ddof=1; a singleton's 0/0 is replaced by std 1 (verl's rule).
             std = torch.where(singleton, 1.0, torch.sqrt(stats.m2 / (stats.count - 1)))
-            divided = centred / (std + epsilon).index_select(0, stats.row_group)
-            # A zero-std group's equal rows stay exactly 0, even with epsilon 0.
-            advantage = torch.where(centred == 0, 0.0, divided)
+            advantage = centred / (std + epsilon).index_select(0, stats.row_group)
+            if epsilon == 0:
+                # A zero-std group's equal rows stay exactly 0 (0 / 0 otherwise); with epsilon > 0
+                # they are 0 / epsilon = 0 already.
+                advantage = torch.where(centred == 0, 0.0, advantage)
         else:
             advantage = centred
         out = _broadcast(advantage, response_mask)
@@ -306,7 +308,7 @@ def _raw_codes(ids: Ids, n: int, device: torch.device, name: str) -> _Codes:
         tensor = tensor.to(torch.int64)
         if n == 0:
             return _Codes(tensor, 0)
-        low, high = int(tensor.min()), int(tensor.max())
+        low, high = (int(value) for value in torch.aminmax(tensor))
         if high - low >= _KEY_LIMIT:
             return _dense(_Codes(tensor, 0))
         return _Codes(tensor - low, high - low + 1)
