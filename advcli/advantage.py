@@ -233,8 +233,9 @@ def group_statistics(units: pl.DataFrame) -> pl.DataFrame:
     the second highest score (equal to the highest on a tie).
     """
     all_equal = pl.col("score_max") == pl.col("score_min")
-    # Sorting by (group, score, tokens) first fixes the order in which each group's floats are summed,
-    # so the statistics are bit-identical whatever the input files' order or the thread count.
+    # Sorting by (group, score, tokens) first fixes the order in which each group's floats are
+    # summed, so the statistics are bit-identical whatever the input files' order or the thread
+    # count.
     return (
         units.sort(GROUP, SCORE, TOKENS)
         .group_by(GROUP)

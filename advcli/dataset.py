@@ -45,6 +45,11 @@ TOKENS = "tokens"
 # Columns that compute adds to its output.
 OUTPUT_COLUMNS = ("score", "advantage", "advantages")
 
+# Polars' Parquet reader decodes row groups ahead of a slower sink without bound, so a streaming
+# pass's peak memory grows with the size of the input (pola-rs/polars#28569). Reading one row group
+# ahead keeps it flat at no measurable cost in speed; a value set by the user wins.
+os.environ.setdefault("POLARS_ROW_GROUP_PREFETCH_SIZE", "1")
+
 # Default column names, in order of preference (verl / verl-agent names as fallbacks).
 GROUP_CANDIDATES = ("data_id", "uid")
 TRAJECTORY_CANDIDATES = ("rollout_id", "traj_uid")
@@ -317,7 +322,8 @@ def key_projection(dataset: Dataset, columns: Columns) -> pl.DataFrame:
     """Read and check the small per-row columns: row, group, trajectory, [turn], score, tokens.
 
     ``score`` is the row's reward (the sum of its token-level rewards) as Float64; ``tokens`` is the
-    number of response tokens (the sum of the mask, or the response length).
+    number of response tokens (the sum of the mask, or the response length). Token data is read
+    once, in a streaming pass, and reduced to these scalars on the way.
     """
     reward, mask = pl.col(columns.reward), pl.col(columns.mask)
     keys = [
@@ -328,47 +334,101 @@ def key_projection(dataset: Dataset, columns: Columns) -> pl.DataFrame:
         keys.append(pl.col(columns.turn).alias(TURN))
     if columns.reward_kind == "token_rewards":
         score = reward.list.sum().cast(pl.Float64)
-        checks = [
-            reward.is_null().alias("reward_null"),
-            reward.list.eval(pl.element().null_count()).list.first().alias("reward_null_items"),
-            reward.list.len().alias("reward_len"),
-        ]
     else:
         score = reward.cast(pl.Float64)
-        checks = [reward.is_null().alias("reward_null")]
-    if columns.mask_kind == "mask":
-        inner = dataset.schema[columns.mask].inner  # type: ignore[attr-defined]
-        tokens = mask.list.sum().cast(pl.Int64)
-        bad_values = (
-            pl.lit(False)
-            if inner == pl.Boolean
-            else mask.list.eval(~pl.element().is_in([0, 1])).list.any()
-        )
-        checks += [
-            mask.is_null().alias("mask_null"),
-            mask.list.eval(pl.element().null_count()).list.first().alias("mask_null_items"),
-            bad_values.alias("mask_bad_values"),
-            mask.list.len().alias("mask_len"),
-        ]
-    else:
-        tokens = mask.cast(pl.Int64)
-        checks += [mask.is_null().alias("mask_null")]
+    tokens = mask.list.sum() if columns.mask_kind == "mask" else mask
+    tokens = tokens.cast(pl.Int64)
 
+    rules = _row_rules(dataset.schema, columns, score, tokens)
+    # One small code per row (0 = fine, k = the k-th rule broken) instead of a column per rule,
+    # so the projection stays a handful of scalars per row.
+    problem = pl.when(rules[0][0]).then(pl.lit(1, dtype=pl.UInt8))
+    for code, (broken, _) in enumerate(rules[1:], start=2):
+        problem = problem.when(broken).then(pl.lit(code, dtype=pl.UInt8))
     try:
         projection = (
             dataset.scan()
             .with_row_index(ROW)
-            .select(pl.col(ROW), *keys, score.alias(SCORE), tokens.alias(TOKENS), *checks)
+            .select(
+                pl.col(ROW),
+                *keys,
+                score.alias(SCORE),
+                tokens.alias(TOKENS),
+                problem.otherwise(pl.lit(0, dtype=pl.UInt8)).alias("problem"),
+            )
             .collect(engine="streaming")
         )
     except pl.exceptions.PolarsError as error:
         raise AdvcliError(
             f"{_name_files(dataset.files)}: cannot read the key columns ({_first_line(error)})"
         ) from None
-    _check_projection(projection, dataset, columns)
-    return projection.select(
-        pl.col(ROW), *[pl.col(k.meta.output_name()) for k in keys], pl.col(SCORE), pl.col(TOKENS)
-    )
+
+    first_problem = projection.select(
+        pl.col(ROW, "problem").filter(pl.col("problem") > 0).first()
+    ).row(0)
+    if first_problem[0] is not None:
+        row, code = first_problem
+        raise AdvcliError(f"{dataset.locate(row)}: {rules[code - 1][1]}")
+    projection = projection.drop("problem")
+    if columns.turn is not None:
+        _check_unique_turns(projection, dataset, columns)
+    return projection
+
+
+def _row_rules(
+    schema: pl.Schema, columns: Columns, score: pl.Expr, tokens: pl.Expr
+) -> list[tuple[pl.Expr, str]]:
+    """(broken, message) for every per-row rule, in the order they are reported for one row."""
+    reward, mask = columns.reward, columns.mask
+    rules: list[tuple[pl.Expr, str]] = [
+        (pl.col(columns.group).is_null(), f"column '{columns.group}' (group id) is null"),
+        (
+            pl.col(columns.trajectory).is_null(),
+            f"column '{columns.trajectory}' (trajectory id) is null",
+        ),
+    ]
+    if columns.turn is not None:
+        rules.append(
+            (pl.col(columns.turn).is_null(), f"column '{columns.turn}' (turn index) is null")
+        )
+    rules.append((pl.col(reward).is_null(), f"column '{reward}' (reward) is null"))
+    if columns.reward_kind == "token_rewards":
+        rules.append(
+            (
+                pl.col(reward).list.eval(pl.element().null_count()).list.first() > 0,
+                f"column '{reward}' has a null element",
+            )
+        )
+    rules += [
+        (score.is_nan(), f"column '{reward}': the score is NaN"),
+        (score == float("inf"), f"column '{reward}': the score is +inf"),
+        (score == float("-inf"), f"column '{reward}': the score is -inf"),
+        (pl.col(mask).is_null(), f"column '{mask}' (response mask) is null"),
+    ]
+    if columns.mask_kind == "mask":
+        rules.append(
+            (
+                pl.col(mask).list.eval(pl.element().null_count()).list.first() > 0,
+                f"column '{mask}' has a null element",
+            )
+        )
+        if schema[mask].inner != pl.Boolean:  # type: ignore[attr-defined]
+            rules.append(
+                (
+                    pl.col(mask).list.eval(~pl.element().is_in([0, 1])).list.any(),
+                    f"column '{mask}' holds a value other than 0 and 1",
+                )
+            )
+        if columns.reward_kind == "token_rewards":
+            rules.append(
+                (
+                    pl.col(mask).list.len() != pl.col(reward).list.len(),
+                    f"column '{mask}' and column '{reward}' have different lengths",
+                )
+            )
+    else:
+        rules.append((tokens < 0, f"column '{mask}' (response length) is negative"))
+    return rules
 
 
 def _as_key(name: str, schema: pl.Schema) -> pl.Expr:
@@ -379,57 +439,17 @@ def _as_key(name: str, schema: pl.Schema) -> pl.Expr:
     )
 
 
-def _check_projection(projection: pl.DataFrame, dataset: Dataset, columns: Columns) -> None:
-    """Raise for the first row (in input order) that breaks a rule, naming file, column and row."""
-    present = set(projection.columns)
-    reward, mask = columns.reward, columns.mask
-    rules: list[tuple[pl.Expr, str]] = [
-        (pl.col(GROUP).is_null(), f"column '{columns.group}' (group id) is null"),
-        (pl.col(TRAJECTORY).is_null(), f"column '{columns.trajectory}' (trajectory id) is null"),
-    ]
-    if TURN in present:
-        rules.append((pl.col(TURN).is_null(), f"column '{columns.turn}' (turn index) is null"))
-    rules.append((pl.col("reward_null"), f"column '{reward}' (reward) is null"))
-    if "reward_null_items" in present:
-        rules.append((pl.col("reward_null_items") > 0, f"column '{reward}' has a null element"))
-    rules += [
-        (pl.col(SCORE).is_nan(), f"column '{reward}': the score is NaN"),
-        (pl.col(SCORE) == float("inf"), f"column '{reward}': the score is +inf"),
-        (pl.col(SCORE) == float("-inf"), f"column '{reward}': the score is -inf"),
-        (pl.col("mask_null"), f"column '{mask}' (response mask) is null"),
-    ]
-    if columns.mask_kind == "mask":
-        rules += [
-            (pl.col("mask_null_items") > 0, f"column '{mask}' has a null element"),
-            (pl.col("mask_bad_values"), f"column '{mask}' holds a value other than 0 and 1"),
-        ]
-        if "reward_len" in present:
-            rules.append(
-                (
-                    pl.col("mask_len") != pl.col("reward_len"),
-                    f"column '{mask}' and column '{reward}' have different lengths",
-                )
-            )
-    else:
-        rules.append((pl.col(TOKENS) < 0, f"column '{mask}' (response length) is negative"))
-
-    for violated, message in rules:
-        offenders = projection.select(pl.col(ROW).filter(violated.fill_null(False)).first())
-        row = offenders.item()
-        if row is not None:
-            raise AdvcliError(f"{dataset.locate(row)}: {message}")
-
-    if TURN in present:
-        duplicated = projection.select(
-            pl.col(ROW).filter(~pl.struct(GROUP, TRAJECTORY, TURN).is_first_distinct()).first()
-        ).item()
-        if duplicated is not None:
-            key = projection.row(duplicated, named=True)
-            raise AdvcliError(
-                f"{dataset.locate(duplicated)}: duplicate turn: ({columns.group}={key[GROUP]!r}, "
-                f"{columns.trajectory}={key[TRAJECTORY]!r}, {columns.turn}={key[TURN]!r}) "
-                "appears more than once"
-            )
+def _check_unique_turns(projection: pl.DataFrame, dataset: Dataset, columns: Columns) -> None:
+    duplicated = projection.select(
+        pl.col(ROW).filter(~pl.struct(GROUP, TRAJECTORY, TURN).is_first_distinct()).first()
+    ).item()
+    if duplicated is not None:
+        key = projection.row(duplicated, named=True)
+        raise AdvcliError(
+            f"{dataset.locate(duplicated)}: duplicate turn: ({columns.group}={key[GROUP]!r}, "
+            f"{columns.trajectory}={key[TRAJECTORY]!r}, {columns.turn}={key[TURN]!r}) "
+            "appears more than once"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,19 +468,26 @@ def write_advantages(
     """Attach ``score`` and ``advantage`` (one per row, ordered by ``row``) to every input row and
     write the result; return the input columns that the new ones replaced.
 
-    ``row_values`` must hold the columns ``row``, ``score`` (Float64) and ``advantage`` (Float64).
+    ``row_values`` must hold the columns ``row`` (0, 1, 2, … in order), ``score`` and
+    ``advantage``.
     """
+    if not row_values[ROW].equals(
+        pl.Series(ROW, range(dataset.num_rows), dtype=row_values[ROW].dtype)
+    ):
+        raise ValueError("row_values must hold one row per input row, in input order")
     replaced = [name for name in OUTPUT_COLUMNS if name in dataset.schema]
-    values = row_values.select(
-        pl.col(ROW),
-        pl.col(SCORE).cast(pl.Float32).alias("score"),
-        pl.col("advantage").cast(pl.Float32),
-    )
+    # Each streamed row looks its values up by its row number in two float32 arrays (8 bytes a
+    # row): cheaper than a join, and the only per-row state kept while the token data streams.
+    score = pl.lit(row_values[SCORE].cast(pl.Float32))
+    advantage = pl.lit(row_values["advantage"].cast(pl.Float32))
     frame = (
         dataset.scan()
         .with_row_index(ROW)
         .drop(replaced)
-        .join(values.lazy(), on=ROW, how="left", maintain_order="left")
+        .with_columns(
+            score.gather(pl.col(ROW)).alias("score"),
+            advantage.gather(pl.col(ROW)).alias("advantage"),
+        )
         .drop(ROW)
     )
     if columns.mask_kind == "mask":

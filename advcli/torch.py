@@ -338,7 +338,14 @@ def _direct_limit(n: int) -> int:
 
 
 def _compact(codes: _Codes, n: int) -> _Codes:
-    """Codes usable as indices into per-group buffers: kept when their range is small."""
+    """Codes usable as indices into per-group buffers: dense, or kept when their range is small."""
+    if codes.first_rows:
+        # Number the first rows 0, 1, ... in batch order (a cumulative sum, no sort), so the
+        # group buffers have one slot per group rather than one per row.
+        is_first = codes.codes == torch.arange(n, device=codes.codes.device)
+        rank = torch.cumsum(is_first, dim=0) - 1
+        count = int(rank[-1]) + 1 if n else 0
+        return _Codes(rank.index_select(0, codes.codes), count)
     return codes if codes.bound <= _direct_limit(n) else _dense(codes)
 
 
