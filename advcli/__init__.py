@@ -2,28 +2,48 @@
 
 The library API mirrors the commands::
 
+    from pathlib import Path
     from advcli import AdvantageConfig, Level, compute
+
     compute(["rollouts.parquet"], Path("advantages.parquet"), AdvantageConfig(level=Level.TURN))
+
+The settings import nothing heavy; ``compute``, ``compare`` and the rest load Polars on first use.
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 try:
     __version__ = version("advcli")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
 
-from advcli.advantage import (
+from advcli.errors import AdvcliError
+from advcli.settings import (
     AdvantageConfig,
-    Advantages,
+    ColumnNames,
     Estimator,
     Level,
     Scale,
     Singleton,
     TrajScore,
 )
-from advcli.errors import AdvcliError
-from advcli.pipeline import ColumnNames, compute, load_dump
+
+_LAZY = {
+    "compute": "advcli.pipeline",
+    "compare": "advcli.pipeline",
+    "load_dump": "advcli.pipeline",
+    "Advantages": "advcli.advantage",
+    "compute_advantages": "advcli.advantage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'advcli' has no attribute {name!r}")
+
 
 __all__ = [
     "AdvantageConfig",
@@ -36,6 +56,8 @@ __all__ = [
     "Singleton",
     "TrajScore",
     "__version__",
+    "compare",
     "compute",
+    "compute_advantages",
     "load_dump",
 ]

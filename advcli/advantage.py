@@ -14,103 +14,24 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 
 import polars as pl
 
 from advcli.dataset import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
 from advcli.errors import AdvcliError
+from advcli.settings import (
+    AdvantageConfig,
+    Estimator,
+    Level,
+    Scale,
+    Singleton,
+    TrajScore,
+)
 
 # Relative tolerance for "all rows of a trajectory carry the same score".
 SCORE_TOLERANCE = 1e-6
-
-
-class Level(str, Enum):
-    TRAJECTORY = "trajectory"
-    TURN = "turn"
-
-
-class Estimator(str, Enum):
-    GRPO = "grpo"
-    DRGRPO = "drgrpo"
-    RLOO = "rloo"
-    OPO = "opo"
-    GRPO_PASSK = "grpo_passk"
-    REINFORCE_PP_BASELINE = "reinforce_pp_baseline"
-
-
-class Scale(str, Enum):
-    """What grpo and grpo_passk divide by (TRL's ``scale_rewards`` vocabulary)."""
-
-    GROUP = "group"
-    BATCH = "batch"
-    NONE = "none"
-
-
-class Singleton(str, Enum):
-    """What a group with a single unit gets."""
-
-    RAW = "raw"
-    ZERO = "zero"
-
-
-# Estimators that divide by a std, and so take --scale.
-SCALED = (Estimator.GRPO, Estimator.GRPO_PASSK)
 # reinforce_pp_baseline whitening: the constant added to the token variance (as verl).
 WHITEN_EPSILON = 1e-8
-
-
-class TrajScore(str, Enum):
-    """How a trajectory's score is made from its rows' scores when they differ."""
-
-    FIRST = "first"
-    LAST = "last"
-    MEAN = "mean"
-    MAX = "max"
-    SUM = "sum"
-
-
-@dataclass(frozen=True)
-class AdvantageConfig:
-    """Everything that decides the numbers.
-
-    Parameters
-    ----------
-    level
-        ``trajectory``: each trajectory counts once in its group; ``turn``: every row counts.
-    estimator
-        One of :class:`Estimator`; the README's table gives each formula.
-    epsilon
-        Added to the std before dividing.
-    traj_score
-        Rule for a trajectory whose rows carry different scores; ``None`` makes that an error.
-    scale
-        For grpo and grpo_passk: divide by the group std (default), the batch std, or nothing.
-    singleton
-        ``raw``: a single-unit group keeps its raw score (verl's rule); ``zero``: it gets 0.
-    """
-
-    level: Level = Level.TRAJECTORY
-    estimator: Estimator = Estimator.GRPO
-    epsilon: float = 1e-6
-    traj_score: TrajScore | None = None
-    scale: Scale | None = None
-    singleton: Singleton = Singleton.RAW
-
-    def __post_init__(self) -> None:
-        if self.scale is not None and self.estimator not in SCALED:
-            raise AdvcliError(
-                f"--scale applies to grpo and grpo_passk, not to {self.estimator.value}"
-            )
-        if not self.epsilon >= 0:
-            raise AdvcliError(f"epsilon must be >= 0, got {self.epsilon}")
-
-    @property
-    def effective_scale(self) -> Scale:
-        """The scale in force: the one given, else ``group`` for the estimators that divide."""
-        if self.estimator in SCALED:
-            return self.scale or Scale.GROUP
-        return Scale.NONE
 
 
 def _row_number(row: int) -> str:
@@ -313,20 +234,18 @@ def _unit_advantage(config: AdvantageConfig) -> pl.Expr:
     return pl.when(centred == 0).then(0.0).otherwise(centred / (pl.col("divisor") + config.epsilon))
 
 
-def _singleton_advantage(config: AdvantageConfig, batch_std: float) -> tuple[pl.Expr, float]:
+def _singleton_advantage(config: AdvantageConfig) -> tuple[pl.Expr, float]:
     """A single-unit group's advantage and its (reported) divisor.
 
-    ``raw`` (verl): mean 0 and std 1, so grpo gives s / (1 + epsilon) (s / (batch std + epsilon)
-    under ``--scale batch``), the others s; grpo_passk gives 0, as there is no second score.
-    ``zero``: 0 for every estimator.
+    ``raw`` (verl): mean 0 and std 1, so grpo gives s / (1 + epsilon) whatever the scale (a lone
+    unit keeps its raw score, even when the batch std is 0), the others s; grpo_passk gives 0, as
+    there is no second score. ``zero``: 0 for every estimator.
     """
     if config.singleton is Singleton.ZERO or config.estimator is Estimator.GRPO_PASSK:
         return pl.lit(0.0), 1.0
-    scale = config.effective_scale
-    if scale is Scale.NONE:
+    if config.effective_scale is Scale.NONE:
         return pl.col(SCORE), 1.0
-    divisor = batch_std if scale is Scale.BATCH else 1.0
-    return pl.col(SCORE) / (divisor + config.epsilon), divisor
+    return pl.col(SCORE) / (1.0 + config.epsilon), 1.0
 
 
 def compute_advantages(
@@ -339,7 +258,7 @@ def compute_advantages(
 
     singleton = pl.col("units") == 1
     baseline, divisor = _group_rule(config, batch_std)
-    singleton_advantage, singleton_divisor = _singleton_advantage(config, batch_std)
+    singleton_advantage, singleton_divisor = _singleton_advantage(config)
     groups = stats.select(
         pl.col(GROUP),
         pl.col("units"),

@@ -5,21 +5,33 @@ Only this module turns :class:`~advcli.errors.AdvcliError` into ``Error: …`` a
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import os
+import threading
+from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from advcli import __version__
-from advcli.advantage import AdvantageConfig, Estimator, Level, Scale, Singleton, TrajScore
 from advcli.errors import AdvcliError
-from advcli.pipeline import ColumnNames, ComputeSummary, compare, compute
-from advcli.report import describe_estimator
+from advcli.settings import (
+    AdvantageConfig,
+    ColumnNames,
+    Estimator,
+    Level,
+    Scale,
+    Singleton,
+    TrajScore,
+)
+
+if TYPE_CHECKING:
+    from advcli.pipeline import ComputeSummary
 
 app = typer.Typer(
     name="advcli",
@@ -143,6 +155,55 @@ class Format(str, Enum):
     PT = "pt"
 
 
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option("--threads", min=1, help="Threads for Polars [default: all cores]."),
+]
+
+
+def _use_threads(threads: int | None) -> None:
+    """Polars sizes its thread pool once, when it is first imported: set it before that."""
+    if threads is not None:
+        os.environ["POLARS_MAX_THREADS"] = str(threads)
+
+
+# Progress shows only on a terminal, and only once the work has lasted this long.
+PROGRESS_DELAY_SECONDS = 1.0
+
+
+@contextlib.contextmanager
+def _stage_progress(enabled: bool) -> Iterator[Callable[[str], None] | None]:
+    """Yield a callback that names the stage being worked on, shown as a rich progress bar on
+    stderr; yield None when stderr is not a terminal or output is quiet."""
+    if not enabled or not stderr.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    stages = ("reading keys", "computing statistics", "writing output")
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("stage {task.completed:.0f}/{task.total:.0f}"),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+    )
+    task = progress.add_task(stages[0], total=len(stages))
+
+    def on_stage(stage: str) -> None:
+        progress.update(task, description=stage, completed=stages.index(stage))
+
+    timer = threading.Timer(PROGRESS_DELAY_SECONDS, progress.start)
+    timer.start()
+    try:
+        yield on_stage
+    finally:
+        timer.cancel()
+        progress.stop()
+
+
 @app.command("compute")
 @reports_errors
 def compute_command(
@@ -176,29 +237,36 @@ def compute_command(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output.")] = False,
+    threads: ThreadsOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")] = False,
 ) -> None:
     """Compute per-row and per-token advantages for a rollout dump.
 
     Example: advcli compute rollouts.parquet -o advantages.parquet --level trajectory
     """
-    summary = compute(
-        inputs or [],
-        output,
-        _config(
-            level=level,
-            estimator=estimator,
-            epsilon=epsilon,
-            traj_score=traj_score,
-            scale=scale,
-            singleton=singleton,
-        ),
-        names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),
-        output_format=output_format.value if output_format else None,
-        tokens=not no_tokens,
-        force=force,
-        report_path=report,
+    config = _config(
+        level=level,
+        estimator=estimator,
+        epsilon=epsilon,
+        traj_score=traj_score,
+        scale=scale,
+        singleton=singleton,
     )
+    _use_threads(threads)
+    from advcli.pipeline import compute
+
+    with _stage_progress(not quiet) as on_stage:
+        summary = compute(
+            inputs or [],
+            output,
+            config,
+            names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),
+            output_format=output_format.value if output_format else None,
+            tokens=not no_tokens,
+            force=force,
+            report_path=report,
+            on_stage=on_stage,
+        )
     if not quiet:
         stderr.print(_summary_table(summary))
         if report is not None:
@@ -217,10 +285,10 @@ def _summary_table(summary: ComputeSummary) -> Table:
         (f"singleton groups ({config.level.value} level)", f"{summary.singleton_groups:,}"),
         ("zero-std groups", f"{summary.zero_std_groups:,}"),
         ("level", config.level.value),
-        ("estimator", describe_estimator(config)),
+        ("estimator", config.describe()),
         ("reward column", f"{summary.columns.reward} ({summary.columns.reward_kind})"),
         ("output", f"{summary.output} ({summary.output_format})"),
-        ("seconds", f"{summary.seconds:.2f}"),
+        ("seconds", f"{summary.seconds:.2f} ({summary.threads} threads)"),
     ]:
         table.add_row(name, value)
     if summary.replaced:
@@ -260,23 +328,27 @@ def compare_command(
             help="Exit 3 when the largest per-trajectory advantage difference exceeds this.",
         ),
     ] = None,
+    threads: ThreadsOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")] = False,
 ) -> None:
     """Report how much counting every turn changes baselines and advantages.
 
     Example: advcli compare rollouts.parquet --json report.json --plot bias.png
     """
+    config = _config(
+        estimator=estimator,
+        epsilon=epsilon,
+        traj_score=traj_score,
+        scale=scale,
+        singleton=singleton,
+    )
+    _use_threads(threads)
+    from advcli.pipeline import compare
     from advcli.render import render_json, render_markdown, render_terminal, write_plot, write_text
 
     report = compare(
         inputs or [],
-        _config(
-            estimator=estimator,
-            epsilon=epsilon,
-            traj_score=traj_score,
-            scale=scale,
-            singleton=singleton,
-        ),
+        config,
         names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),
         top=top,
         outputs=[None if json_path in (None, "-") else Path(json_path), markdown, plot],
@@ -323,10 +395,8 @@ def sample_command(
 
     if output.exists() and not force:
         raise AdvcliError(f"{output}: the file exists; pass --force to replace it")
-    table = write_sample(
+    rows = write_sample(
         output, groups=groups, rollouts=rollouts, max_turns=max_turns, tokens=tokens, seed=seed
     )
     if not quiet:
-        stderr.print(
-            f"wrote {table.num_rows:,} turn rows of {groups * rollouts:,} trajectories to {output}"
-        )
+        stderr.print(f"wrote {rows:,} turn rows of {groups * rollouts:,} trajectories to {output}")

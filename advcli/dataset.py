@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import polars as pl
@@ -342,7 +342,7 @@ def key_projection(dataset: Dataset, columns: Columns) -> pl.DataFrame:
     rules = _row_rules(dataset.schema, columns, score, tokens)
     # One small code per row (0 = fine, k = the k-th rule broken) instead of a column per rule,
     # so the projection stays a handful of scalars per row.
-    problem = pl.when(rules[0][0]).then(pl.lit(1, dtype=pl.UInt8))
+    problem: Any = pl.when(rules[0][0]).then(pl.lit(1, dtype=pl.UInt8))
     for code, (broken, _) in enumerate(rules[1:], start=2):
         problem = problem.when(broken).then(pl.lit(code, dtype=pl.UInt8))
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from advcli.dataset import (
 from advcli.errors import AdvcliError
 from advcli.render import render_json, render_markdown, write_text
 from advcli.report import BiasReport, bias_report
+from advcli.settings import ColumnNames
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
     ".parquet": "parquet",
@@ -36,17 +37,6 @@ FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
     ".npz": "npz",
     ".pt": "pt",
 }
-
-
-@dataclass(frozen=True)
-class ColumnNames:
-    """Column names chosen by the user; ``None`` means "use the default names"."""
-
-    group: str | None = None
-    trajectory: str | None = None
-    turn: str | None = None
-    reward: str | None = None
-    mask: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +75,7 @@ class ComputeSummary:
     output: Path
     output_format: OutputFormat
     seconds: float
+    threads: int
     replaced: list[str] = field(default_factory=list)
     report: BiasReport | None = None
 
@@ -128,12 +119,14 @@ def compute(
     tokens: bool = True,
     force: bool = False,
     report_path: Path | None = None,
+    on_stage: Callable[[str], None] | None = None,
 ) -> ComputeSummary:
     """Compute advantages for every row of the inputs and write them to ``output``.
 
     With ``report_path`` (``.json`` or ``.md``) the other level is computed from the same key
     projection and the bias report is written there too, so the input is read once for the
-    statistics.
+    statistics. ``on_stage`` is told when each stage starts: ``reading keys``, ``computing
+    statistics``, ``writing output``.
 
     Examples
     --------
@@ -142,15 +135,19 @@ def compute(
     started = time.perf_counter()
     fmt = output_format_for(output, output_format)
     report_kind = report_format_for(report_path) if report_path is not None else None
+    stage = on_stage or (lambda name: None)
     dataset = open_dataset(inputs)
     check_outputs([output, report_path], dataset, force=force)
+    stage("reading keys")
     dump = load_dump(dataset, names)
+    stage("computing statistics")
     advantages = dump.advantages(config)
     report = None
     if report_path is not None:
         other = dump.advantages(replace(config, level=_other_level(config.level)))
         by_level = {config.level: advantages, _other_level(config.level): other}
         report = dump.report(config, by_level[Level.TURN], by_level[Level.TRAJECTORY])
+    stage("writing output")
     replaced = write_advantages(
         dump.dataset, dump.columns, advantages.rows, output, output_format=fmt, tokens=tokens
     )
@@ -168,6 +165,7 @@ def compute(
         output=output,
         output_format=fmt,
         seconds=time.perf_counter() - started,
+        threads=pl.thread_pool_size(),
         replaced=replaced,
         report=report,
     )

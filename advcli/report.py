@@ -184,14 +184,6 @@ def bias_report(
     return BiasReport(summary=summary, trajectories=per_trajectory, groups=per_group)
 
 
-def describe_estimator(config: AdvantageConfig) -> str:
-    """E.g. ``grpo (scale group, singleton raw, epsilon 1e-06)``."""
-    return (
-        f"{config.estimator.value} (scale {config.effective_scale.value}, singleton "
-        f"{config.singleton.value}, epsilon {config.epsilon:g})"
-    )
-
-
 def _level_columns(groups: pl.DataFrame, level: str) -> pl.DataFrame:
     return groups.select(
         GROUP,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.parquet as pq
 
 from advcli.dataset import atomic_output
@@ -61,7 +62,16 @@ def sample_table(
     # Row length: generated tokens, then (except on the last turn) the tool's observation.
     generated = rng.integers(max(1, tokens // 4), max(2, tokens // 2) + 1, size=n_rows)
     observation = np.where(is_last_turn, 0, rng.integers(0, tokens + 1, size=n_rows))
-    length = generated + observation
+
+    # Completion order: a trajectory starts at a random time; each turn takes about a unit of time.
+    start = rng.random(n_traj) * max_turns
+    finished_at = start[traj_of_row] + (turn_index + 1) * rng.uniform(0.8, 1.2, size=n_rows)
+    order = np.argsort(finished_at, kind="stable")
+
+    # Put the per-row scalars in completion order first, then lay the token lists out in that
+    # order: far cheaper than reordering millions of list elements afterwards.
+    traj_of_row, turn_index, generated = traj_of_row[order], turn_index[order], generated[order]
+    length = generated + observation[order]
     offsets = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(length, out=offsets[1:])
     position = np.arange(offsets[-1]) - np.repeat(offsets[:-1], length)
@@ -69,12 +79,7 @@ def sample_table(
     rewards = np.zeros(offsets[-1], dtype=np.float32)
     rewards[offsets[:-1] + generated - 1] = success[traj_of_row].astype(np.float32)
 
-    # Completion order: a trajectory starts at a random time; each turn takes about a unit of time.
-    start = rng.random(n_traj) * max_turns
-    finished_at = start[traj_of_row] + (turn_index + 1) * rng.uniform(0.8, 1.2, size=n_rows)
-    order = np.argsort(finished_at, kind="stable")
-
-    table = pa.table(
+    return pa.table(
         {
             "data_id": data_id[traj_of_row],
             "rollout_id": rollout_id[traj_of_row],
@@ -83,12 +88,37 @@ def sample_table(
             "response_mask": pa.LargeListArray.from_arrays(offsets, mask),
         }
     )
-    return table.take(order)
 
 
-def write_sample(output: Path, **options: int) -> pa.Table:
-    """Write :func:`sample_table` to ``output`` (atomically) and return it."""
-    table = sample_table(**options)
+# Groups generated (and written as one Parquet row group) at a time: bounds memory for dumps of
+# millions of rows and gives readers row groups to parallelize over.
+GROUPS_PER_CHUNK = 8192
+
+
+def write_sample(output: Path, *, groups: int = 64, seed: int = 0, **options: int) -> int:
+    """Write a sample dump of ``groups`` prompts to ``output`` (atomically); return its row count.
+
+    Groups are generated in chunks of :data:`GROUPS_PER_CHUNK`, each with its own seed derived from
+    ``seed``, so millions of rows take seconds and bounded memory. A dump of at most one chunk is
+    exactly :func:`sample_table` with the same arguments.
+    """
+    rows = 0
     with atomic_output(output) as partial:
-        pq.write_table(table, partial, compression="zstd")
-    return table
+        writer: pq.ParquetWriter | None = None
+        try:
+            for chunk, first_group in enumerate(range(0, groups, GROUPS_PER_CHUNK)):
+                size = min(GROUPS_PER_CHUNK, groups - first_group)
+                table = sample_table(
+                    groups=size, seed=seed if chunk == 0 else seed + 7919 * chunk, **options
+                )
+                table = table.set_column(
+                    0, "data_id", pa.compute.add(table["data_id"], first_group)
+                )
+                if writer is None:
+                    writer = pq.ParquetWriter(partial, table.schema, compression="zstd")
+                writer.write_table(table, row_group_size=table.num_rows)
+                rows += table.num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+    return rows

@@ -49,7 +49,8 @@ Estimators (``s`` is the unit's score)
 * ``grpo_passk``: only the unit with the highest score in its group (ties: the first in row
   order) gets ``s_max - s_second`` (``s_second`` is the second-highest unit score, equal to
   ``s_max`` when tied), divided by ``std_g + epsilon`` unless ``scale="none"``; every other
-  unit gets 0. A group with one unit gives 0.
+  unit gets 0. A group with one unit gives 0. ``scale="batch"`` divides by the std of all units
+  of the whole input plus ``epsilon``, as for grpo.
 * ``reinforce_pp_baseline``: ``s - mean_g`` broadcast to the rows, then whitened over all
   response tokens of the whole input: row ``r`` contributes ``tokens_r`` copies of its value
   ``x_r``; ``T = sum(tokens_r)``, ``mu = sum(tokens_r * x_r) / T``,
@@ -146,7 +147,13 @@ def _std(values: Sequence[float]) -> float:
     if all(v == values[0] for v in values):
         return 0.0
     mean = _mean(values)
-    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    deviations = [v - mean for v in values]
+    # Scale by the largest deviation so that tiny (e.g. 1e-200) deviations do not underflow
+    # when squared: the float64 std of such values is tiny but not 0.
+    largest = max(abs(d) for d in deviations)
+    if largest == 0.0:
+        return 0.0
+    return largest * math.sqrt(math.fsum((d / largest) ** 2 for d in deviations) / (n - 1))
 
 
 def _group_advantages(
@@ -211,8 +218,8 @@ def _group_advantages(
         s_max = scores[best]
         s_second = max(s for i, s in enumerate(scores) if i != best)
         gap = s_max - s_second
-        if scale != "none":
-            gap = gap / (std_g + epsilon)
+        if scale != "none" and gap != 0:
+            gap = gap / ((batch_std if scale == "batch" else std_g) + epsilon)
         out = [0.0] * n
         out[best] = gap
         return out
@@ -225,8 +232,8 @@ def _whiten(values: list[float], tokens: list[int]) -> list[float]:
     total = sum(tokens)
     if total < 2:
         raise ValueError("whitening needs at least two response tokens in the input")
-    mu = math.fsum(t * x for t, x in zip(tokens, values)) / total
-    var = math.fsum(t * (x - mu) ** 2 for t, x in zip(tokens, values)) / (total - 1)
+    mu = math.fsum(t * x for t, x in zip(tokens, values, strict=True)) / total
+    var = math.fsum(t * (x - mu) ** 2 for t, x in zip(tokens, values, strict=True)) / (total - 1)
     denom = math.sqrt(var + WHITEN_EPS)
     return [(x - mu) / denom for x in values]
 
@@ -268,7 +275,7 @@ def reference_advantages(
         by_group.setdefault(unit.group, []).append(unit)
 
     batch_std = None
-    if estimator == "grpo" and scale == "batch" and len(units) > 1:
+    if estimator in ("grpo", "grpo_passk") and scale == "batch" and len(units) > 1:
         batch_std = _std([u.score for u in units])
 
     out = [math.nan] * len(rows)
@@ -281,7 +288,7 @@ def reference_advantages(
             singleton=singleton,
             batch_std=batch_std,
         )
-        for unit, advantage in zip(group_units, advantages):
+        for unit, advantage in zip(group_units, advantages, strict=True):
             for p in unit.positions:
                 out[p] = advantage
 

@@ -78,7 +78,8 @@ def test_compute_does_not_import_torch(tmp_path):
     pl.from_arrow(sample_table(groups=3, rollouts=2)).write_parquet(source)
     code = (
         "import sys\nfrom advcli.cli import app\n"
-        f"try:\n    app(['compute', {str(source)!r}, '-o', {str(tmp_path / 'o.parquet')!r}, '-q'])\n"
+        f"args = ['compute', {str(source)!r}, '-o', {str(tmp_path / 'o.parquet')!r}, '-q']\n"
+        "try:\n    app(args)\n"
         "except SystemExit as e:\n    assert e.code == 0, e.code\n"
         "assert 'torch' not in sys.modules\n"
     )

@@ -1,0 +1,116 @@
+"""The settings that decide the numbers: level, estimator, scale, singleton rule, epsilon.
+
+Kept free of Polars so that the command line can parse and check them (and set Polars' thread
+count) before Polars is imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from advcli.errors import AdvcliError
+
+
+class Level(str, Enum):
+    TRAJECTORY = "trajectory"
+    TURN = "turn"
+
+
+class Estimator(str, Enum):
+    GRPO = "grpo"
+    DRGRPO = "drgrpo"
+    RLOO = "rloo"
+    OPO = "opo"
+    GRPO_PASSK = "grpo_passk"
+    REINFORCE_PP_BASELINE = "reinforce_pp_baseline"
+
+
+class Scale(str, Enum):
+    """What grpo and grpo_passk divide by (TRL's ``scale_rewards`` vocabulary)."""
+
+    GROUP = "group"
+    BATCH = "batch"
+    NONE = "none"
+
+
+class Singleton(str, Enum):
+    """What a group with a single unit gets."""
+
+    RAW = "raw"
+    ZERO = "zero"
+
+
+# Estimators that divide by a std, and so take --scale.
+SCALED = (Estimator.GRPO, Estimator.GRPO_PASSK)
+
+
+class TrajScore(str, Enum):
+    """How a trajectory's score is made from its rows' scores when they differ."""
+
+    FIRST = "first"
+    LAST = "last"
+    MEAN = "mean"
+    MAX = "max"
+    SUM = "sum"
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """Everything that decides the numbers.
+
+    Parameters
+    ----------
+    level
+        ``trajectory``: each trajectory counts once in its group; ``turn``: every row counts.
+    estimator
+        One of :class:`Estimator`; the README's table gives each formula.
+    epsilon
+        Added to the std before dividing.
+    traj_score
+        Rule for a trajectory whose rows carry different scores; ``None`` makes that an error.
+    scale
+        For grpo and grpo_passk: divide by the group std (default), the batch std, or nothing.
+    singleton
+        ``raw``: a single-unit group keeps its raw score (verl's rule); ``zero``: it gets 0.
+    """
+
+    level: Level = Level.TRAJECTORY
+    estimator: Estimator = Estimator.GRPO
+    epsilon: float = 1e-6
+    traj_score: TrajScore | None = None
+    scale: Scale | None = None
+    singleton: Singleton = Singleton.RAW
+
+    def __post_init__(self) -> None:
+        if self.scale is not None and self.estimator not in SCALED:
+            raise AdvcliError(
+                f"--scale applies to grpo and grpo_passk, not to {self.estimator.value}"
+            )
+        if not self.epsilon >= 0:
+            raise AdvcliError(f"epsilon must be >= 0, got {self.epsilon}")
+
+    def describe(self) -> str:
+        """E.g. ``grpo (scale group, singleton raw, epsilon 1e-06)``."""
+        return (
+            f"{self.estimator.value} (scale {self.effective_scale.value}, singleton "
+            f"{self.singleton.value}, epsilon {self.epsilon:g})"
+        )
+
+    @property
+    def effective_scale(self) -> Scale:
+        """The scale in force: the one given, else ``group`` for the estimators that divide."""
+        if self.estimator in SCALED:
+            return self.scale or Scale.GROUP
+        return Scale.NONE
+
+
+@dataclass(frozen=True)
+class ColumnNames:
+    """Column names chosen by the user; ``None`` means "use the default names"."""
+
+    group: str | None = None
+    trajectory: str | None = None
+    turn: str | None = None
+    reward: str | None = None
+    mask: str | None = None
