@@ -147,15 +147,9 @@ def compute(
         other = dump.advantages(replace(config, level=_other_level(config.level)))
         by_level = {config.level: advantages, _other_level(config.level): other}
         report = dump.report(config, by_level[Level.TURN], by_level[Level.TRAJECTORY])
-    stage("writing output")
-    replaced = write_advantages(
-        dump.dataset, dump.columns, advantages.rows, output, output_format=fmt, tokens=tokens
-    )
-    if report is not None and report_path is not None:
-        text = render_json(report) if report_kind == "json" else render_markdown(report)
-        write_text(report_path, text)
-    return ComputeSummary(
-        rows=dump.dataset.num_rows,
+        del other, by_level
+    summary = ComputeSummary(
+        rows=dataset.num_rows,
         groups=advantages.groups.height,
         trajectories=dump.projection.select(GROUP, TRAJECTORY).n_unique(),
         singleton_groups=advantages.singleton_groups,
@@ -164,11 +158,22 @@ def compute(
         columns=dump.columns,
         output=output,
         output_format=fmt,
-        seconds=time.perf_counter() - started,
+        seconds=0.0,
         threads=pl.thread_pool_size(),
-        replaced=replaced,
         report=report,
     )
+    # Only the per-row (score, advantage) pairs go on to the write: let the key projection and
+    # the unit frames go first, so their memory is reused for the streaming write's buffers.
+    row_values = advantages.rows
+    del dump, advantages
+    stage("writing output")
+    replaced = write_advantages(
+        dataset, summary.columns, row_values, output, output_format=fmt, tokens=tokens
+    )
+    if report is not None and report_path is not None:
+        text = render_json(report) if report_kind == "json" else render_markdown(report)
+        write_text(report_path, text)
+    return replace(summary, seconds=time.perf_counter() - started, replaced=replaced)
 
 
 def report_format_for(path: Path) -> str:

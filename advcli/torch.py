@@ -116,19 +116,16 @@ def compute_grpo_outcome_advantage(
     with torch.no_grad():
         scores = _scores(token_level_rewards, response_mask)
         stats = _group_statistics(scores, index, traj_index, compute_mean_std_cross_all_data)
-        singleton = stats.count == 1
-        baseline = torch.where(singleton, 0.0, stats.mean)
-        centred = scores - baseline.index_select(0, stats.row_group)
         if norm_adv_by_std_in_grpo:
-            # ddof=1; a singleton's 0/0 is replaced by std 1 (verl's rule).
-            std = torch.where(singleton, 1.0, torch.sqrt(stats.m2 / (stats.count - 1)))
-            advantage = centred / (std + epsilon).index_select(0, stats.row_group)
+            # ddof=1; a singleton group has std 1 (verl's rule), not 0 / 0.
+            std = torch.where(stats.count == 1, 1.0, torch.sqrt(stats.m2 / (stats.count - 1)))
+            advantage = stats.centred / (std + epsilon).index_select(0, stats.row_group)
             if epsilon == 0:
                 # A zero-std group's equal rows stay exactly 0 (0 / 0 otherwise); with epsilon > 0
                 # they are 0 / epsilon = 0 already.
-                advantage = torch.where(centred == 0, 0.0, advantage)
+                advantage = torch.where(stats.centred == 0, 0.0, advantage)
         else:
-            advantage = centred
+            advantage = stats.centred
         out = _broadcast(advantage, response_mask)
     return out, out
 
@@ -167,26 +164,26 @@ def compute_rloo_outcome_advantage(
     with torch.no_grad():
         scores = _scores(token_level_rewards, response_mask)
         stats = _group_statistics(scores, index, traj_index, compute_mean_std_cross_all_data)
-        singleton = stats.count == 1
-        baseline = torch.where(singleton, 0.0, stats.mean)
-        factor = torch.where(singleton, 1.0, stats.count / (stats.count - 1))
-        centred = scores - baseline.index_select(0, stats.row_group)
-        advantage = centred * factor.index_select(0, stats.row_group)
+        factor = torch.where(stats.count == 1, 1.0, stats.count / (stats.count - 1))
+        advantage = stats.centred * factor.index_select(0, stats.row_group)
         out = _broadcast(advantage, response_mask)
     return out, out
 
 
 @dataclass(frozen=True)
 class _GroupStatistics:
-    """Per group (indexed by ``row_group``): unit count, mean and Σ(x - mean)², in float64.
+    """What every estimator needs, in float64.
 
-    Slots of the group buffers that no row uses hold NaN; they are never read.
+    ``row_group``: each row's group slot. Per group slot: ``count``, the number of units, and
+    ``m2``, Σ(x - mean)² over its units (meaningless for a one-unit group). Per row: ``centred``,
+    the row's own score minus its group's baseline (the units' mean, 0 for a one-unit group).
+    Slots that no row uses hold NaN or 0; they are never read.
     """
 
     row_group: torch.Tensor
     count: torch.Tensor
-    mean: torch.Tensor
     m2: torch.Tensor
+    centred: torch.Tensor
 
 
 def _group_statistics(
@@ -200,7 +197,9 @@ def _group_statistics(
         if traj_index is not None:
             _check_length(traj_index, n, "traj_index")
         group = _compact(group, n)
-        return _moments(scores, group.codes, group.codes, group.bound)
+        count, _, m2, deviation = _moments(scores, group.codes, group.bound)
+        # Every row is a unit: its deviation from the baseline is its centred score.
+        return _GroupStatistics(group.codes, count, m2, deviation)
 
     traj = _raw_codes(traj_index, n, device, "traj_index")
     positions = torch.arange(n, device=device)
@@ -208,13 +207,7 @@ def _group_statistics(
         # Each trajectory id occurs in one group only (verl-agent's uuid traj_uid): the
         # trajectory's first row is the pair's first row, no key to sort.
         group = _compact(group, n)
-        units = torch.nonzero(traj.codes == positions).squeeze(1)
-        return _moments(
-            scores.index_select(0, units),
-            group.codes.index_select(0, units),
-            group.codes,
-            group.bound,
-        )
+        return _unit_statistics(scores, traj.codes == positions, group)
     # Combine (group, trajectory) into one integer key; factorize a side first if it would
     # overflow. Codes are at most max(4n, 2**16) after _compact, so the product then fits.
     if group.bound * traj.bound >= _KEY_LIMIT:
@@ -239,27 +232,38 @@ def _group_statistics(
             group = _Codes(pair_group.index_select(0, pair), groups_of_pairs.numel())
     first = torch.full((pair_bound,), n, dtype=torch.int64, device=device)
     first.scatter_reduce_(0, pair, positions, reduce="amin")
-    units = torch.nonzero(first.index_select(0, pair) == positions).squeeze(1)
-    return _moments(
-        scores.index_select(0, units), group.codes.index_select(0, units), group.codes, group.bound
+    return _unit_statistics(scores, first.index_select(0, pair) == positions, group)
+
+
+def _unit_statistics(
+    scores: torch.Tensor, is_unit: torch.Tensor, group: _Codes
+) -> _GroupStatistics:
+    """Group statistics over the rows flagged ``is_unit``; every row centred on its baseline."""
+    units = torch.nonzero(is_unit).squeeze(1)
+    count, baseline, m2, _ = _moments(
+        scores.index_select(0, units), group.codes.index_select(0, units), group.bound
     )
+    centred = scores - baseline.index_select(0, group.codes)
+    return _GroupStatistics(group.codes, count, m2, centred)
 
 
 def _moments(
-    x: torch.Tensor, unit_group: torch.Tensor, row_group: torch.Tensor, bound: int
-) -> _GroupStatistics:
-    """Count, mean and Σ(x - mean)² of the units ``x`` per group, in float64.
+    x: torch.Tensor, unit_group: torch.Tensor, bound: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per group of the units ``x``: count, baseline, Σ(x - mean)²; per unit: x - baseline.
 
-    Each group's values are first shifted by one of its own values, so a group whose units are
-    all equal gets that value as its mean and exactly 0 as Σ(x - mean)², with no rounding noise.
+    The baseline is the units' mean, or 0 for a group of one unit (verl's rule). Each group's
+    values are first shifted by one of its own values, so a group whose units are all equal gets
+    exactly that value as its mean and exactly 0 as Σ(x - mean)², with no rounding noise.
     """
     count = torch.bincount(unit_group, minlength=bound).to(torch.float64)
     representative = x.new_zeros(bound).scatter_(0, unit_group, x)
     shifted = x - representative.index_select(0, unit_group)
-    mean = representative + x.new_zeros(bound).index_add_(0, unit_group, shifted) / count
-    deviation = x - mean.index_select(0, unit_group)
-    m2 = x.new_zeros(bound).index_add_(0, unit_group, deviation * deviation)
-    return _GroupStatistics(row_group=row_group, count=count, mean=mean, m2=m2)
+    mean = representative + x.new_zeros(bound).scatter_add_(0, unit_group, shifted) / count
+    baseline = torch.where(count == 1, 0.0, mean)
+    deviation = x - baseline.index_select(0, unit_group)
+    m2 = x.new_zeros(bound).scatter_add_(0, unit_group, deviation * deviation)
+    return count, baseline, m2, deviation
 
 
 def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

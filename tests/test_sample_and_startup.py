@@ -85,3 +85,34 @@ def test_compute_does_not_import_torch(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_threads_option_sizes_the_polars_pool(tmp_path):
+    source = tmp_path / "s.parquet"
+    pl.from_arrow(sample_table(groups=3, rollouts=2)).write_parquet(source)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "advcli",
+            "compute",
+            str(source),
+            "-o",
+            str(tmp_path / "o.parquet"),
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env={"COLUMNS": "200", "PATH": ""},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "(1 threads)" in result.stderr
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(run, tmp_path):
+    source = tmp_path / "s.parquet"
+    pl.from_arrow(sample_table(groups=3, rollouts=2)).write_parquet(source)
+    result = run("compute", source, "-o", tmp_path / "o.parquet")
+    assert result.exit_code == 0
+    assert "stage" not in result.stderr and "reading keys" not in result.stderr

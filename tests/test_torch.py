@@ -1,0 +1,478 @@
+"""advcli.torch: the vectorized trainer-side functions against hand-computed cases and a per-row
+reference written here from the specification (plain Python floats, dicts and loops)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import pytest
+from cases import CASES, Case
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from advcli.torch import (  # noqa: E402
+    compute_grpo_outcome_advantage,
+    compute_rloo_outcome_advantage,
+)
+
+pytestmark = pytest.mark.torch
+
+TOL = 1e-5
+SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+# --------------------------------------------------------------------------------------------
+# The per-row reference
+# --------------------------------------------------------------------------------------------
+
+
+def reference(
+    rewards: list[list[float]],
+    mask: list[list[float]],
+    index: list[Any],
+    traj_index: list[Any] | None,
+    *,
+    estimator: str = "grpo",
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    compute_mean_std_cross_all_data: bool = True,
+) -> list[list[float]]:
+    """One row at a time: which rows count, each group's mean and std, each row's advantage."""
+    scores = [math.fsum(row) for row in rewards]
+    dedup = traj_index is not None and not compute_mean_std_cross_all_data
+    counted: dict[Any, list[float]] = defaultdict(list)
+    seen: set[tuple[Any, Any]] = set()
+    for i, score in enumerate(scores):
+        if dedup:
+            assert traj_index is not None
+            if (index[i], traj_index[i]) in seen:
+                continue
+            seen.add((index[i], traj_index[i]))
+        counted[index[i]].append(score)
+
+    stats: dict[Any, tuple[int, float, float]] = {}
+    for group, values in counted.items():
+        n = len(values)
+        if n == 1:
+            stats[group] = (1, 0.0, 1.0)
+        elif all(v == values[0] for v in values):
+            stats[group] = (n, values[0], 0.0)
+        else:
+            mean = math.fsum(values) / n
+            std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+            stats[group] = (n, mean, std)
+
+    out = []
+    for i, score in enumerate(scores):
+        n, mean, std = stats[index[i]]
+        centred = score - mean
+        if estimator == "rloo":
+            advantage = centred if n == 1 else n / (n - 1) * centred
+        elif not norm_adv_by_std_in_grpo:
+            advantage = centred
+        else:
+            advantage = 0.0 if centred == 0 else centred / (std + epsilon)
+        out.append([advantage * m for m in mask[i]])
+    return out
+
+
+def as_keys(ids: Any) -> list[Any]:
+    """Plain hashable Python values for the reference."""
+    if isinstance(ids, torch.Tensor | np.ndarray):
+        return ids.tolist()
+    return list(ids)
+
+
+def run(estimator: str, rewards, mask, index, traj_index=None, **flags):
+    if estimator == "rloo":
+        flags.pop("norm_adv_by_std_in_grpo", None)
+        flags.pop("epsilon", None)
+        return compute_rloo_outcome_advantage(rewards, mask, index, traj_index, **flags)
+    return compute_grpo_outcome_advantage(rewards, mask, index, traj_index, **flags)
+
+
+def check_against_reference(estimator, rewards, mask, index, traj_index=None, **flags):
+    advantages, returns = run(estimator, rewards, mask, index, traj_index, **flags)
+    expected = reference(
+        rewards.double().tolist(),
+        mask.double().tolist(),
+        as_keys(index),
+        None if traj_index is None else as_keys(traj_index),
+        estimator=estimator,
+        **flags,
+    )
+    assert advantages.dtype == torch.float32
+    assert advantages is returns
+    expected = np.array(expected)
+    np.testing.assert_allclose(advantages.numpy(), expected, rtol=TOL, atol=TOL)
+    # Exact zeros (zero-std groups, masked tokens) stay exact, not rounding noise.
+    assert (advantages.numpy()[expected == 0] == 0).all()
+
+
+def test_reference_by_hand():
+    # Group "g": trajectory a scores 1 (rows 0, 2 — row 2 scores 0 but is not counted when
+    # deduplicating), trajectory b scores 0 (row 1). Dedup: units [1, 0], mean .5, std sqrt(.5).
+    rewards, mask = [[1.0], [0.0], [0.0]], [[1.0], [1.0], [1.0]]
+    index, traj = ["g", "g", "g"], ["a", "b", "a"]
+    s = math.sqrt(0.5) + 1e-6
+
+    def column(**flags):
+        return [row[0] for row in reference(rewards, mask, index, traj, **flags)]
+
+    dedup = column(compute_mean_std_cross_all_data=False)
+    assert dedup == pytest.approx([0.5 / s, -0.5 / s, -0.5 / s])
+    # Every row counts: units [1, 0, 0], mean 1/3, std sqrt(1/3).
+    m, s = 1 / 3, math.sqrt(1 / 3) + 1e-6
+    assert column() == pytest.approx([(1 - m) / s, -m / s, -m / s])
+    assert column(norm_adv_by_std_in_grpo=False) == pytest.approx([1 - m, -m, -m])
+    assert column(estimator="rloo") == pytest.approx([1.5 * (1 - m), -1.5 * m, -1.5 * m])
+    assert reference([[2.0]], [[1.0]], [0], None) == [[2 / (1 + 1e-6)]]
+
+
+# --------------------------------------------------------------------------------------------
+# Shared hand-computed cases (tests/cases.py)
+# --------------------------------------------------------------------------------------------
+
+
+def case_tensors(case: Case, dtype=torch.float32):
+    """(bs, L) rewards with the score on each row's last valid token, and a 0/1 mask."""
+    width = max(row[4] for row in case.rows)
+    rewards = torch.zeros(len(case.rows), width, dtype=dtype)
+    mask = torch.zeros(len(case.rows), width)
+    for i, (_, _, _, score, tokens) in enumerate(case.rows):
+        rewards[i, tokens - 1] = score
+        mask[i, :tokens] = 1
+    index = np.array([row[0] for row in case.rows], dtype=object)
+    traj = np.array([row[1] for row in case.rows], dtype=object)
+    return rewards, mask, index, traj
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "drgrpo"])
+@pytest.mark.parametrize("level", ["turn", "trajectory"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_hand_computed_case(case: Case, level: str, estimator: str):
+    rewards, mask, index, traj = case_tensors(case)
+    advantages, returns = compute_grpo_outcome_advantage(
+        rewards,
+        mask,
+        index,
+        traj,
+        norm_adv_by_std_in_grpo=estimator == "grpo",
+        compute_mean_std_cross_all_data=level == "turn",
+    )
+    expected = torch.tensor(case.expected[(level, estimator)], dtype=torch.float64)
+    np.testing.assert_allclose(
+        advantages.numpy(), (expected[:, None] * mask).numpy(), rtol=TOL, atol=TOL
+    )
+    assert advantages is returns
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_turn_level_ignores_traj_index(case: Case):
+    rewards, mask, index, traj = case_tensors(case)
+    with_traj, _ = compute_grpo_outcome_advantage(rewards, mask, index, traj)
+    without, _ = compute_grpo_outcome_advantage(rewards, mask, index)
+    assert torch.equal(with_traj, without)
+
+
+# --------------------------------------------------------------------------------------------
+# Hand-written semantics
+# --------------------------------------------------------------------------------------------
+
+
+def test_dedup_counts_the_first_row_but_normalizes_each_rows_own_score():
+    # Trajectory a: rows score 1 then 0 (batch order); b: 0. Units [1, 0]: mean .5, std sqrt(.5).
+    rewards = torch.tensor([[1.0], [0.0], [0.0]])
+    mask = torch.ones(3, 1)
+    s = math.sqrt(0.5) + 1e-6
+    adv, _ = compute_grpo_outcome_advantage(
+        rewards, mask, ["g"] * 3, ["a", "b", "a"], compute_mean_std_cross_all_data=False
+    )
+    assert adv[:, 0].tolist() == pytest.approx([0.5 / s, -0.5 / s, -0.5 / s])
+    # Batch order decides: a's first row now scores 0, so the units are [0, 0] (zero std).
+    adv, _ = compute_grpo_outcome_advantage(
+        rewards.flip(0), mask, ["g"] * 3, ["a", "b", "a"], compute_mean_std_cross_all_data=False
+    )
+    assert adv[:, 0].tolist() == pytest.approx([0.0, 0.0, 1 / 1e-6])
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 1e-6])
+def test_zero_std_group_gives_exact_zeros(epsilon):
+    # In float64, 0.1 + 0.1 + 0.1 = 0.30000000000000004: a naive mean is not exactly 0.1.
+    rewards = torch.tensor([[0.1], [0.1], [0.1], [0.7]], dtype=torch.float64)
+    index = [3, 3, 3, 4]
+    adv, _ = compute_grpo_outcome_advantage(rewards, torch.ones(4, 1), index, epsilon=epsilon)
+    assert adv[:, 0].tolist() == [0.0, 0.0, 0.0, pytest.approx(0.7 / (1 + epsilon))]
+    adv, _ = compute_rloo_outcome_advantage(rewards, torch.ones(4, 1), index)
+    assert adv[:, 0].tolist() == [0.0, 0.0, 0.0, pytest.approx(0.7)]
+
+
+def test_rloo_by_hand():
+    rewards = torch.tensor([[1.0], [0.0], [0.0], [2.0], [5.0]])
+    mask = torch.ones(5, 1)
+    index = torch.tensor([1, 1, 1, 2, 3])
+    adv, returns = compute_rloo_outcome_advantage(rewards, mask, index)
+    # Group 1: 1 - mean(0, 0) = 1, 0 - mean(1, 0) = -0.5; group 2 and 3 are singletons.
+    assert adv[:, 0].tolist() == pytest.approx([1.0, -0.5, -0.5, 2.0, 5.0])
+    assert adv is returns
+    # Dedup: rows 1 and 2 are one trajectory: units [1, 0], 0 - 1 = -1 for both.
+    adv, _ = compute_rloo_outcome_advantage(
+        rewards, mask, index, [0, 1, 1, 0, 0], compute_mean_std_cross_all_data=False
+    )
+    assert adv[:, 0].tolist() == pytest.approx([1.0, -1.0, -1.0, 2.0, 5.0])
+
+
+def test_score_is_the_sum_of_all_token_rewards_and_mask_multiplies():
+    rewards = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    adv, _ = compute_grpo_outcome_advantage(
+        rewards, mask, ["q", "q"], norm_adv_by_std_in_grpo=False
+    )
+    assert adv.tolist() == [[0.5, 0.5, 0.0], [-0.5, 0.0, 0.0]]
+    assert adv.dtype == torch.float32
+
+
+# --------------------------------------------------------------------------------------------
+# Tensor hygiene: dtypes, inputs untouched, no autograd graph, device
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+@pytest.mark.parametrize("mask_dtype", [torch.float32, torch.float64, torch.bool, torch.int64])
+@pytest.mark.parametrize("reward_dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_dtypes_inputs_untouched_and_no_grad(estimator, reward_dtype, mask_dtype):
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.3], [0.7, 0.0]], dtype=reward_dtype)
+    rewards.requires_grad_(True)
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1]]).to(mask_dtype)
+    index = torch.tensor([4, 4, 4])
+    traj = np.array(["a", "b", "a"], dtype=object)
+    before = (rewards.detach().clone(), mask.clone(), index.clone(), traj.copy())
+
+    advantages, returns = run(
+        estimator, rewards, mask, index, traj, compute_mean_std_cross_all_data=False
+    )
+
+    assert advantages.dtype == torch.float32
+    assert advantages.device == rewards.device
+    assert not advantages.requires_grad and advantages.grad_fn is None
+    assert advantages is returns
+    assert torch.equal(rewards.detach(), before[0]) and rewards.dtype == reward_dtype
+    assert torch.equal(mask, before[1]) and torch.equal(index, before[2])
+    assert (traj == before[3]).all()
+    check_against_reference(
+        estimator, rewards.detach(), mask, index, traj, compute_mean_std_cross_all_data=False
+    )
+
+
+def test_empty_batch():
+    for cross in (True, False):
+        adv, _ = compute_grpo_outcome_advantage(
+            torch.zeros(0, 4), torch.zeros(0, 4), [], [], compute_mean_std_cross_all_data=cross
+        )
+        assert adv.shape == (0, 4) and adv.dtype == torch.float32
+
+
+def test_id_types_agree():
+    rewards = torch.tensor([[1.0], [0.0], [0.5], [2.0], [0.0], [2.0]])
+    mask = torch.ones(6, 1)
+    groups, trajs = [7, 7, 7, 9, 9, 9], [0, 1, 0, 0, 1, 1]
+    variants = [
+        (groups, trajs),
+        (np.array(groups, dtype=np.int64), np.array(trajs, dtype=np.int32)),
+        (np.array(groups, dtype=np.uint64) + np.uint64(2**63), np.array(trajs, dtype=np.uint8)),
+        (torch.tensor(groups, dtype=torch.int32), torch.tensor(trajs, dtype=torch.bool)),
+        (np.array([f"g{g}" for g in groups], dtype=object), [f"t{t}" for t in trajs]),
+        (np.array([f"g{g}" for g in groups]), np.array([str(t) for t in trajs])),  # '<U' dtype
+        (torch.tensor(groups, dtype=torch.float64), np.array(trajs, dtype=object)),
+    ]
+    outputs = [
+        compute_grpo_outcome_advantage(
+            rewards, mask, index, traj, compute_mean_std_cross_all_data=False
+        )[0]
+        for index, traj in variants
+    ]
+    for output in outputs[1:]:
+        assert torch.equal(output, outputs[0])
+    check_against_reference(
+        "grpo", rewards, mask, groups, trajs, compute_mean_std_cross_all_data=False
+    )
+
+
+def test_bad_inputs():
+    rewards, mask = torch.zeros(3, 2), torch.ones(3, 2)
+    with pytest.raises(ValueError, match="3 rows"):
+        compute_grpo_outcome_advantage(rewards, mask, [1, 2])
+    with pytest.raises(ValueError, match="traj_index has 2 ids"):
+        compute_grpo_outcome_advantage(
+            rewards, mask, [1, 1, 1], [1, 2], compute_mean_std_cross_all_data=False
+        )
+    with pytest.raises(ValueError, match="response_mask"):
+        compute_grpo_outcome_advantage(rewards, torch.ones(3, 3), [1, 1, 1])
+    with pytest.raises(ValueError, match="response_length"):
+        compute_grpo_outcome_advantage(torch.zeros(3), torch.ones(3), [1, 1, 1])
+    with pytest.raises(ValueError, match="1-D"):
+        compute_grpo_outcome_advantage(rewards, mask, torch.zeros(3, 1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="epsilon"):
+        compute_grpo_outcome_advantage(rewards, mask, [1, 1, 1], epsilon=-1.0)
+    with pytest.raises(TypeError, match="hashable"):
+        compute_grpo_outcome_advantage(rewards, mask, [[1], [1], [1]])
+
+
+# --------------------------------------------------------------------------------------------
+# Hypothesis: equivalence with the reference
+# --------------------------------------------------------------------------------------------
+
+SCORES = [-1.0, 0.0, 0.1, 0.25, 0.3, 1.0, 3.0]
+MAX_TOKENS = 3
+
+
+def _mix64(k: int) -> int:
+    """A 64-bit signed integer that looks random (so ranges are as wide as int64)."""
+    x = (k * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) % 2**64
+    return x - 2**64 if x >= 2**63 else x
+
+
+ID_KINDS = {
+    "str_object": lambda ks: np.array([f"id-{k}" for k in ks], dtype=object),
+    "uuid_list": lambda ks: [str(uuid.UUID(int=k + 1)) for k in ks],
+    "py_int_list": lambda ks: [k - 3 for k in ks],
+    "numpy_int64_wide": lambda ks: np.array([_mix64(k) for k in ks], dtype=np.int64),
+    "torch_int64_mid": lambda ks: torch.tensor([k * 10**9 + 7 for k in ks]),
+    "torch_int32_small": lambda ks: torch.tensor(ks, dtype=torch.int32),
+    # Ranges just under 2**62: combining them with another id overflows int64 unless factorized.
+    "numpy_uint64_spread": lambda ks: np.array([k * 2**56 for k in ks], dtype=np.uint64),
+}
+
+
+@st.composite
+def batches(draw):
+    n = draw(st.integers(1, 40))
+    groups = draw(st.integers(1, 5))
+    row_group = draw(st.lists(st.integers(0, groups - 1), min_size=n, max_size=n))
+    row_traj = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    # Rows of a trajectory share its score, unless a row is drawn to differ.
+    traj_score = {
+        key: draw(st.sampled_from(SCORES))
+        for key in sorted(set(zip(row_group, row_traj, strict=True)))
+    }
+    differs = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    scores = [
+        draw(st.sampled_from(SCORES)) if differ else traj_score[(g, t)]
+        for g, t, differ in zip(row_group, row_traj, differs, strict=True)
+    ]
+    tokens = draw(st.lists(st.integers(1, MAX_TOKENS), min_size=n, max_size=n))
+    split = draw(st.booleans())  # part of the score on the first token, the rest on the last
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
+    rewards = torch.zeros(n, MAX_TOKENS)
+    mask = torch.zeros(n, MAX_TOKENS)
+    for i, (score, count) in enumerate(zip(scores, tokens, strict=True)):
+        mask[i, :count] = 1
+        rewards[i, count - 1] += score - (0.5 if split else 0.0)
+        rewards[i, 0] += 0.5 if split else 0.0
+    # Global trajectory ids (uuid-like traj_uid) or rollout numbers reused across groups.
+    global_traj = draw(st.booleans())
+    traj_keys = [g * 4 + t if global_traj else t for g, t in zip(row_group, row_traj, strict=True)]
+    index = ID_KINDS[draw(st.sampled_from(sorted(ID_KINDS)))](row_group)
+    traj = ID_KINDS[draw(st.sampled_from(sorted(ID_KINDS)))](traj_keys)
+    return rewards.to(dtype), mask, index, traj
+
+
+@pytest.mark.parametrize("global_traj", [True, False], ids=["traj-global", "traj-per-group"])
+@pytest.mark.parametrize("traj_kind", sorted(ID_KINDS))
+@pytest.mark.parametrize("index_kind", sorted(ID_KINDS))
+def test_every_pair_of_id_kinds(index_kind, traj_kind, global_traj):
+    """Each combination of id kinds and ranges (the factorization paths), with dedup."""
+    rng = np.random.default_rng(len(index_kind) * 31 + len(traj_kind))
+    n = 120
+    row_group = rng.integers(0, 12, n).tolist()
+    row_traj = rng.integers(0, 4, n).tolist()
+    traj_keys = [g * 4 + t if global_traj else t for g, t in zip(row_group, row_traj, strict=True)]
+    rewards = torch.from_numpy(rng.choice(SCORES, size=(n, 2))).float()
+    mask = torch.ones(n, 2)
+    index, traj = ID_KINDS[index_kind](row_group), ID_KINDS[traj_kind](traj_keys)
+    for estimator in ("grpo", "rloo"):
+        check_against_reference(
+            estimator, rewards, mask, index, traj, compute_mean_std_cross_all_data=False
+        )
+
+
+@SETTINGS
+@given(
+    batch=batches(),
+    estimator=st.sampled_from(["grpo", "rloo"]),
+    norm=st.booleans(),
+    cross=st.booleans(),
+    with_traj=st.booleans(),
+)
+def test_matches_reference(batch, estimator, norm, cross, with_traj):
+    rewards, mask, index, traj = batch
+    flags: dict[str, Any] = {"compute_mean_std_cross_all_data": cross}
+    if estimator == "grpo":
+        flags["norm_adv_by_std_in_grpo"] = norm
+    check_against_reference(estimator, rewards, mask, index, traj if with_traj else None, **flags)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=batches(), seed=st.integers(0, 2**16))
+def test_dedup_with_consistent_trajectories_is_row_order_invariant(batch, seed):
+    """When every row of a trajectory has its score, permuting the rows permutes the output."""
+    rewards, mask, index, traj = batch
+    keys = list(zip(as_keys(index), as_keys(traj), strict=True))
+    first_score: dict[Any, torch.Tensor] = {}
+    for i, key in enumerate(keys):
+        first_score.setdefault(key, rewards[i].clone())
+    rewards = torch.stack([first_score[key] for key in keys])
+    order = torch.from_numpy(np.random.default_rng(seed).permutation(len(keys)))
+
+    def permuted(ids):
+        if isinstance(ids, torch.Tensor | np.ndarray):
+            return ids[order.numpy()] if isinstance(ids, np.ndarray) else ids[order]
+        return [ids[i] for i in order.tolist()]
+
+    flags = {"compute_mean_std_cross_all_data": False}
+    out, _ = compute_grpo_outcome_advantage(rewards, mask, index, traj, **flags)
+    shuffled, _ = compute_grpo_outcome_advantage(
+        rewards[order], mask[order], permuted(index), permuted(traj), **flags
+    )
+    np.testing.assert_allclose(shuffled.numpy(), out[order].numpy(), rtol=TOL, atol=TOL)
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cross", [True, False])
+def test_cuda_matches_cpu(cross):
+    generator = torch.Generator().manual_seed(0)
+    n = 5000
+    rewards = torch.randint(0, 3, (n, 8), generator=generator).float() / 2
+    mask = (torch.rand(n, 8, generator=generator) > 0.2).float()
+    group = torch.randint(0, 300, (n,), generator=generator)
+    traj = torch.randint(0, 8, (n,), generator=generator)
+    uid = np.array([f"u{g}" for g in group.tolist()], dtype=object)
+    for index in (group, uid):
+        cpu, _ = compute_grpo_outcome_advantage(
+            rewards, mask, index, traj, compute_mean_std_cross_all_data=cross
+        )
+        cuda_index = index.cuda() if isinstance(index, torch.Tensor) else index
+        gpu, gpu_returns = compute_grpo_outcome_advantage(
+            rewards.cuda().bfloat16().float(),
+            mask.cuda(),
+            cuda_index,
+            traj.cuda(),
+            compute_mean_std_cross_all_data=cross,
+        )
+        assert gpu.device.type == "cuda" and gpu.dtype == torch.float32 and gpu is gpu_returns
+        np.testing.assert_allclose(gpu.cpu().numpy(), cpu.numpy(), rtol=TOL, atol=TOL)
