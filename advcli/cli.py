@@ -87,7 +87,9 @@ def main(
 Inputs = Annotated[
     list[str] | None,
     typer.Argument(
-        help="Parquet files, globs or directories, read as one dataset.", show_default=False
+        help="Parquet or JSON-lines files, globs or directories, read as one dataset; '-' reads "
+        "Parquet or an Arrow IPC stream from stdin.",
+        show_default=False,
     ),
 ]
 GroupCol = Annotated[
@@ -151,6 +153,7 @@ def _config(**settings: Any) -> AdvantageConfig:
 
 class Format(str, Enum):
     PARQUET = "parquet"
+    ARROW = "arrow"
     NPZ = "npz"
     PT = "pt"
 
@@ -208,7 +211,13 @@ def _stage_progress(enabled: bool) -> Iterator[Callable[[str], None] | None]:
 @reports_errors
 def compute_command(
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Output file (.parquet, .npz or .pt).")
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Output file (.parquet, .arrow, .npz or .pt); '-' writes an Arrow IPC stream to "
+            "stdout (--format parquet for Parquet bytes).",
+        ),
     ],
     inputs: Inputs = None,
     level: LevelOpt = Level.TRAJECTORY,

@@ -15,7 +15,10 @@ from __future__ import annotations
 import bisect
 import contextlib
 import glob
+import io
 import os
+import shutil
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,7 +34,13 @@ from polars.datatypes import DataTypeClass
 from advcli.errors import AdvcliError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+JSON_LINES_SUFFIXES = (".jsonl", ".ndjson", ".json")
+ARROW_SUFFIXES = (".arrow", ".ipc", ".feather")
+INPUT_SUFFIXES = PARQUET_SUFFIXES + JSON_LINES_SUFFIXES + ARROW_SUFFIXES
 GLOB_CHARS = frozenset("*?[")
+STDIN = "-"
+# How many JSON lines Polars reads to infer a JSON-lines file's column types.
+JSON_SCHEMA_ROWS = 10_000
 
 # Internal column names of the key projection. They are ours, so a user column called "group" or
 # "score" never collides with them.
@@ -59,7 +68,8 @@ MASK_CANDIDATES = ("response_mask", "response_length")
 
 RewardKind = Literal["token_rewards", "scalar"]
 MaskKind = Literal["mask", "length"]
-OutputFormat = Literal["parquet", "npz", "pt"]
+OutputFormat = Literal["parquet", "arrow", "npz", "pt"]
+InputFormat = Literal["parquet", "json", "arrow"]
 
 
 @dataclass(frozen=True)
@@ -87,24 +97,40 @@ class Columns:
 
 @dataclass(frozen=True)
 class Dataset:
-    """Parquet files read as one table, rows numbered across files in the order given."""
+    """Input files of one format read as one table, rows numbered across files in the order
+    given. ``labels`` name the files in messages (``<stdin>`` for standard input)."""
 
     files: tuple[Path, ...]
     schema: pl.Schema
     row_counts: tuple[int, ...]
+    input_format: InputFormat = "parquet"
+    labels: tuple[str, ...] = ()
 
     @property
     def num_rows(self) -> int:
         return sum(self.row_counts)
 
     def scan(self) -> pl.LazyFrame:
-        return pl.scan_parquet(list(self.files))
+        files = list(self.files)
+        if self.input_format == "json":
+            return pl.scan_ndjson(files, schema=self.schema)
+        if self.input_format == "arrow":
+            return pl.scan_ipc(files)
+        return pl.scan_parquet(files)
+
+    def label(self, index: int) -> str:
+        return self.labels[index] if self.labels else str(self.files[index])
+
+    def describe(self) -> str:
+        """The inputs in one phrase, for messages."""
+        first = self.label(0)
+        return first if len(self.files) == 1 else f"{first} (and {len(self.files) - 1} more)"
 
     def locate(self, row: int) -> str:
         """Name a global row number as ``file row k`` (k counted from 0 within that file)."""
         starts = np.cumsum((0, *self.row_counts[:-1])).tolist()
         file_number = bisect.bisect_right(starts, row) - 1
-        return f"{self.files[file_number]} row {row - starts[file_number]}"
+        return f"{self.label(file_number)} row {row - starts[file_number]}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -112,10 +138,10 @@ class Dataset:
 
 
 def resolve_inputs(specs: Sequence[str]) -> list[Path]:
-    """Expand files, globs and directories into a list of Parquet files, in the order given.
+    """Expand files, globs and directories into a list of input files, in the order given.
 
-    A directory contributes its Parquet files (recursively, sorted by path); a glob its matches,
-    sorted. A file named twice is read once.
+    A directory contributes its Parquet and JSON-lines files (recursively, sorted by path); a glob
+    its matches, sorted. A file named twice is read once.
     """
     if not specs:
         raise AdvcliError("no input files given")
@@ -134,48 +160,137 @@ def resolve_inputs(specs: Sequence[str]) -> list[Path]:
 
 def _expand_path(path: Path, spec: str) -> list[Path]:
     if path.is_dir():
-        found = sorted(p for p in path.rglob("*") if p.suffix in PARQUET_SUFFIXES and p.is_file())
+        found = sorted(p for p in path.rglob("*") if p.suffix in INPUT_SUFFIXES and p.is_file())
         if not found:
-            raise AdvcliError(f"{spec}: the directory holds no Parquet file (*.parquet, *.pq)")
+            raise AdvcliError(
+                f"{spec}: the directory holds no Parquet file (*.parquet, *.pq) "
+                "or JSON-lines file (*.jsonl, *.ndjson, *.json)"
+            )
         return found
     if not path.exists():
         raise AdvcliError(f"{spec}: no such file or directory")
     return [path]
 
 
-def open_dataset(specs: Sequence[str]) -> Dataset:
-    """Resolve the inputs, read each file's footer and check that the schemas agree."""
-    files = resolve_inputs(specs)
-    row_counts = []
-    schemas = []
-    for path in files:
-        num_rows, schema = _read_footer(path)
+def input_format_of(path: Path) -> InputFormat:
+    """The format a file is read as, from its extension (Parquet when unknown)."""
+    if path.suffix.lower() in JSON_LINES_SUFFIXES:
+        return "json"
+    if path.suffix.lower() in ARROW_SUFFIXES:
+        return "arrow"
+    return "parquet"
+
+
+def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
+    """Resolve the inputs, read each file's schema and row count, and check that they agree.
+
+    ``-`` reads standard input (Parquet or an Arrow IPC stream, told apart by their bytes); it is
+    copied to a file in ``spool`` (a temporary folder the caller removes), since the data flow reads
+    its input twice.
+    """
+    if STDIN in specs:
+        if list(specs) != [STDIN]:
+            raise AdvcliError("'-' (standard input) cannot be combined with other inputs")
+        if spool is None:
+            raise ValueError("reading standard input needs a spool folder")
+        files = [spool_stdin(spool)]
+        labels: tuple[str, ...] = ("<stdin>",)
+    else:
+        files = resolve_inputs(specs)
+        labels = tuple(str(path) for path in files)
+    formats = {input_format_of(path) for path in files}
+    if len(formats) > 1:
+        raise AdvcliError(
+            f"{labels[0]}: inputs mix formats ({', '.join(sorted(formats))}); give one format"
+        )
+    input_format = formats.pop()
+    row_counts, schemas = [], []
+    for path, label in zip(files, labels, strict=True):
+        num_rows, schema = _read_header(path, label, input_format)
         row_counts.append(num_rows)
         schemas.append(schema)
-    _check_schemas_agree(files, schemas)
-    if sum(row_counts) == 0:
-        raise AdvcliError(f"{_name_files(files)}: the input has no rows")
-    return Dataset(files=tuple(files), schema=schemas[0], row_counts=tuple(row_counts))
+    _check_schemas_agree(labels, schemas)
+    dataset = Dataset(tuple(files), schemas[0], tuple(row_counts), input_format, labels)
+    if dataset.num_rows == 0:
+        raise AdvcliError(f"{dataset.describe()}: the input has no rows")
+    return dataset
 
 
-def _read_footer(path: Path) -> tuple[int, pl.Schema]:
+def spool_stdin(folder: Path) -> Path:
+    """Copy standard input to a file in ``folder``: Parquet and Arrow IPC files as they are, an
+    Arrow IPC stream rewritten as an IPC file (which Polars can scan)."""
+    source = sys.stdin.buffer
+    head = source.read(8)
+    if not head:
+        raise AdvcliError("<stdin>: standard input is empty")
+    if head.startswith((b"PAR1", b"ARROW1")):
+        path = folder / ("stdin.parquet" if head.startswith(b"PAR1") else "stdin.arrow")
+        with path.open("wb") as sink:
+            sink.write(head)
+            shutil.copyfileobj(source, sink)
+        return path
+    if not head.startswith(b"\xff\xff\xff\xff"):
+        raise AdvcliError("<stdin>: not Parquet or an Arrow IPC stream (checked the first bytes)")
+    path = folder / "stdin.arrow"
+    try:
+        reader = pa.ipc.open_stream(_Prefixed(head, source))
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, reader.schema) as out:
+            for batch in reader:
+                out.write_batch(batch)
+    except pa.ArrowException as error:
+        raise AdvcliError(
+            f"<stdin>: not a readable Arrow IPC stream ({_first_line(error)})"
+        ) from None
+    return path
+
+
+class _Prefixed(io.RawIOBase):
+    """A readable stream that yields ``head`` and then the rest of ``rest``."""
+
+    def __init__(self, head: bytes, rest: Any) -> None:
+        self._head, self._rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            size = min(len(buffer), len(self._head))
+            buffer[:size] = self._head[:size]
+            self._head = self._head[size:]
+            return size
+        data = self._rest.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _read_header(path: Path, label: str, input_format: InputFormat) -> tuple[int, pl.Schema]:
+    """A file's row count and schema, without reading its data where the format allows."""
     try:
         if path.stat().st_size == 0:
-            raise AdvcliError(f"{path}: the file is empty (0 bytes), not a Parquet file")
-        with pq.ParquetFile(path) as parquet_file:
-            num_rows = parquet_file.metadata.num_rows
-            arrow_schema = parquet_file.schema_arrow
+            kind = {"parquet": "Parquet", "json": "JSON-lines", "arrow": "Arrow"}[input_format]
+            raise AdvcliError(f"{label}: the file is empty (0 bytes), not a {kind} file")
+        if input_format == "parquet":
+            with pq.ParquetFile(path) as parquet_file:
+                num_rows = parquet_file.metadata.num_rows
+                arrow_schema = parquet_file.schema_arrow
+            return num_rows, pl.from_arrow(arrow_schema.empty_table()).schema  # type: ignore[union-attr]
+        frame = (
+            pl.scan_ndjson(path, infer_schema_length=JSON_SCHEMA_ROWS)
+            if input_format == "json"
+            else pl.scan_ipc(path)
+        )
+        return frame.select(pl.len()).collect().item(), frame.collect_schema()
     except AdvcliError:
         raise
     except PermissionError as error:
-        raise AdvcliError(f"{path}: cannot read the file ({error.strerror})") from None
-    except (pa.ArrowException, OSError) as error:
-        raise AdvcliError(f"{path}: not a readable Parquet file ({_first_line(error)})") from None
-    schema = pl.from_arrow(arrow_schema.empty_table()).schema  # type: ignore[union-attr]
-    return num_rows, schema
+        raise AdvcliError(f"{label}: cannot read the file ({error.strerror})") from None
+    except (pa.ArrowException, OSError, pl.exceptions.PolarsError) as error:
+        kind = {"parquet": "Parquet", "json": "JSON-lines", "arrow": "Arrow IPC"}[input_format]
+        raise AdvcliError(f"{label}: not a readable {kind} file ({_first_line(error)})") from None
 
 
-def _check_schemas_agree(files: Sequence[Path], schemas: Sequence[pl.Schema]) -> None:
+def _check_schemas_agree(files: Sequence[str], schemas: Sequence[pl.Schema]) -> None:
     first_file, first = files[0], schemas[0]
     for path, schema in zip(files[1:], schemas[1:], strict=True):
         for name in dict.fromkeys([*first.keys(), *schema.keys()]):
@@ -192,10 +307,6 @@ def _check_schemas_agree(files: Sequence[Path], schemas: Sequence[pl.Schema]) ->
                     f"schemas conflict: column '{name}' is {first[name]} in {first_file} "
                     f"but {schema[name]} in {path}"
                 )
-
-
-def _name_files(files: Sequence[Path]) -> str:
-    return str(files[0]) if len(files) == 1 else f"{files[0]} (and {len(files) - 1} more)"
 
 
 def _first_line(error: BaseException) -> str:
@@ -219,7 +330,7 @@ def resolve_columns(
     """Pick the column for each role (the option's name, else the first default that exists)
     and check its type."""
     schema = dataset.schema
-    where = _name_files(dataset.files)
+    where = dataset.describe()
 
     group_col = _pick(schema, where, "group", group, GROUP_CANDIDATES, "--group-col")
     trajectory_col = _pick(
@@ -360,7 +471,7 @@ def key_projection(dataset: Dataset, columns: Columns) -> pl.DataFrame:
         )
     except pl.exceptions.PolarsError as error:
         raise AdvcliError(
-            f"{_name_files(dataset.files)}: cannot read the key columns ({_first_line(error)})"
+            f"{dataset.describe()}: cannot read the key columns ({_first_line(error)})"
         ) from None
 
     first_problem = projection.select(
@@ -496,17 +607,34 @@ def write_advantages(
         per_token = pl.col("advantage").repeat_by(pl.col(columns.mask))
     with atomic_output(output) as partial:
         try:
-            if output_format == "parquet":
+            if output_format in ("parquet", "arrow"):
                 if tokens:
                     frame = frame.with_columns(per_token.alias("advantages"))
-                frame.sink_parquet(partial)
+                if output_format == "parquet":
+                    frame.sink_parquet(partial)
+                else:
+                    _write_arrow_stream(frame, partial)
             else:
                 _write_arrays(frame, columns, partial, output_format)
         except pl.exceptions.PolarsError as error:
             raise AdvcliError(
-                f"{_name_files(dataset.files)}: cannot write {output} ({_first_line(error)})"
+                f"{dataset.describe()}: cannot write {output} ({_first_line(error)})"
             ) from None
     return replaced
+
+
+def _write_arrow_stream(frame: pl.LazyFrame, path: Path) -> None:
+    """An Arrow IPC *stream* (what a pipe reader such as ``pyarrow.ipc.open_stream`` expects),
+    written batch by batch as the rows stream through."""
+    with pa.OSFile(str(path), "wb") as sink:
+        writer = None
+        for batch in frame.collect_batches():
+            table = batch.to_arrow()
+            if writer is None:
+                writer = pa.ipc.new_stream(sink, table.schema)
+            writer.write_table(table)
+        if writer is not None:
+            writer.close()
 
 
 def _write_arrays(
@@ -600,7 +728,10 @@ def _process_alive(pid: int) -> bool:
 
 
 def check_output(output: Path, dataset: Dataset, *, force: bool) -> None:
-    """Refuse an output that is one of the inputs, or that exists without ``--force``."""
+    """Refuse an output that is one of the inputs, or that exists without ``--force``
+    (``-``, standard output, is always fine)."""
+    if str(output) == STDIN:
+        return
     for path in dataset.files:
         if output.resolve() == path.resolve():
             raise AdvcliError(f"{output}: the output is also an input; choose another path")

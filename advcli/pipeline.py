@@ -5,9 +5,13 @@ These functions know nothing of Typer; they raise :class:`~advcli.errors.AdvcliE
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import shutil
+import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -16,6 +20,7 @@ import polars as pl
 from advcli.advantage import AdvantageConfig, Advantages, Level, Naming, compute_advantages
 from advcli.dataset import (
     GROUP,
+    STDIN,
     TRAJECTORY,
     Columns,
     Dataset,
@@ -34,6 +39,8 @@ from advcli.settings import ColumnNames
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
     ".parquet": "parquet",
     ".pq": "parquet",
+    ".arrow": "arrow",
+    ".arrows": "arrow",
     ".npz": "npz",
     ".pt": "pt",
 }
@@ -56,7 +63,7 @@ class LoadedDump:
     ) -> BiasReport:
         settings = {
             "columns": self.columns.describe(),
-            "inputs": [str(path) for path in self.dataset.files],
+            "inputs": [self.dataset.label(i) for i in range(len(self.dataset.files))],
         }
         return bias_report(
             self.projection, turn, trajectory, config=config, settings=settings, top=top
@@ -93,16 +100,26 @@ def load_dump(dataset: Dataset, names: ColumnNames = ColumnNames()) -> LoadedDum
     return LoadedDump(dataset, columns, key_projection(dataset, columns))
 
 
+@contextlib.contextmanager
+def opened(inputs: Sequence[str]) -> Iterator[Dataset]:
+    """Open the inputs as one dataset; standard input (``-``) is spooled to a temporary folder
+    that is removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="advcli-stdin-") as spool:
+        yield open_dataset(inputs, spool=Path(spool))
+
+
 def output_format_for(output: Path, requested: OutputFormat | None) -> OutputFormat:
     """The output format: ``requested`` if given, else the one its extension names."""
     if requested is not None:
         chosen = requested
+    elif str(output) == STDIN:
+        chosen = "arrow"
     elif output.suffix.lower() in FORMAT_BY_SUFFIX:
         chosen = FORMAT_BY_SUFFIX[output.suffix.lower()]
     else:
         raise AdvcliError(
-            f"{output}: cannot tell the output format from the extension; use .parquet, .npz "
-            "or .pt, or pass --format"
+            f"{output}: cannot tell the output format from the extension; use .parquet, .arrow, "
+            ".npz or .pt, or pass --format"
         )
     if chosen == "pt" and importlib.util.find_spec("torch") is None:
         raise AdvcliError(f"{output}: writing .pt needs torch: pip install 'advcli[torch]'")
@@ -136,7 +153,35 @@ def compute(
     fmt = output_format_for(output, output_format)
     report_kind = report_format_for(report_path) if report_path is not None else None
     stage = on_stage or (lambda name: None)
-    dataset = open_dataset(inputs)
+    with opened(inputs) as dataset:
+        return _compute(
+            dataset,
+            output,
+            config,
+            names,
+            fmt,
+            tokens,
+            force,
+            report_path,
+            report_kind,
+            stage,
+            started,
+        )
+
+
+def _compute(
+    dataset: Dataset,
+    output: Path,
+    config: AdvantageConfig,
+    names: ColumnNames,
+    fmt: OutputFormat,
+    tokens: bool,
+    force: bool,
+    report_path: Path | None,
+    report_kind: str | None,
+    stage: Callable[[str], None],
+    started: float,
+) -> ComputeSummary:
     check_outputs([output, report_path], dataset, force=force)
     stage("reading keys")
     dump = load_dump(dataset, names)
@@ -167,9 +212,20 @@ def compute(
     row_values = advantages.rows
     del dump, advantages
     stage("writing output")
-    replaced = write_advantages(
-        dataset, summary.columns, row_values, output, output_format=fmt, tokens=tokens
-    )
+    if str(output) == STDIN:
+        # Written whole to a temporary file first, so that a failure sends nothing down the pipe.
+        with tempfile.TemporaryDirectory(prefix="advcli-stdout-") as folder:
+            staged = Path(folder) / f"out.{fmt}"
+            replaced = write_advantages(
+                dataset, summary.columns, row_values, staged, output_format=fmt, tokens=tokens
+            )
+            with staged.open("rb") as result:
+                shutil.copyfileobj(result, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+    else:
+        replaced = write_advantages(
+            dataset, summary.columns, row_values, output, output_format=fmt, tokens=tokens
+        )
     if report is not None and report_path is not None:
         text = render_json(report) if report_kind == "json" else render_markdown(report)
         write_text(report_path, text)
@@ -213,9 +269,9 @@ def compare(
     --------
     >>> compare(["rollouts.parquet"]).summary["trajectories"]["sign_flips"]  # doctest: +SKIP
     """
-    dataset = open_dataset(inputs)
-    check_outputs(outputs, dataset, force=force)
-    dump = load_dump(dataset, names)
-    turn = dump.advantages(replace(config, level=Level.TURN))
-    trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
-    return dump.report(config, turn, trajectory, top=top)
+    with opened(inputs) as dataset:
+        check_outputs(outputs, dataset, force=force)
+        dump = load_dump(dataset, names)
+        turn = dump.advantages(replace(config, level=Level.TURN))
+        trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
+        return dump.report(config, turn, trajectory, top=top)

@@ -50,14 +50,21 @@ _KEY_LIMIT = 1 << 62
 
 @dataclass(frozen=True)
 class _Codes:
-    """Non-negative int64 codes, one per row, with ``codes < bound``; equal ids, equal codes.
+    """int64 codes of row ids, ``values - offset`` in ``[0, bound)``; equal ids, equal codes.
 
-    ``first_rows``: each code is the position of the first row with the same id.
+    ``first_rows``: each value is the position of the first row with the same id (offset 0).
+    The offset is subtracted only when the codes are used (:attr:`codes`), so ids that go
+    straight to :func:`_dense` skip that pass.
     """
 
-    codes: torch.Tensor
+    values: torch.Tensor
     bound: int
+    offset: int = 0
     first_rows: bool = False
+
+    @property
+    def codes(self) -> torch.Tensor:
+        return self.values - self.offset if self.offset else self.values
 
 
 def compute_grpo_outcome_advantage(
@@ -119,7 +126,8 @@ def compute_grpo_outcome_advantage(
         if norm_adv_by_std_in_grpo:
             # ddof=1; a singleton group has std 1 (verl's rule), not 0 / 0.
             std = torch.where(stats.count == 1, 1.0, torch.sqrt(stats.m2 / (stats.count - 1)))
-            advantage = stats.centred / (std + epsilon).index_select(0, stats.row_group)
+            denominator = (std + epsilon).index_select(0, stats.row_group)
+            advantage = torch.div(stats.centred, denominator, out=denominator)
             if epsilon == 0:
                 # A zero-std group's equal rows stay exactly 0 (0 / 0 otherwise); with epsilon > 0
                 # they are 0 / epsilon = 0 already.
@@ -165,7 +173,8 @@ def compute_rloo_outcome_advantage(
         scores = _scores(token_level_rewards, response_mask)
         stats = _group_statistics(scores, index, traj_index, compute_mean_std_cross_all_data)
         factor = torch.where(stats.count == 1, 1.0, stats.count / (stats.count - 1))
-        advantage = stats.centred * factor.index_select(0, stats.row_group)
+        scale = factor.index_select(0, stats.row_group)
+        advantage = torch.mul(stats.centred, scale, out=scale)
         out = _broadcast(advantage, response_mask)
     return out, out
 
@@ -197,17 +206,17 @@ def _group_statistics(
         if traj_index is not None:
             _check_length(traj_index, n, "traj_index")
         group = _compact(group, n)
-        count, _, m2, deviation = _moments(scores, group.codes, group.bound)
+        count, _, m2, deviation = _moments(scores, group.values, group.bound)
         # Every row is a unit: its deviation from the baseline is its centred score.
-        return _GroupStatistics(group.codes, count, m2, deviation)
+        return _GroupStatistics(group.values, count, m2, deviation)
 
     traj = _raw_codes(traj_index, n, device, "traj_index")
     positions = torch.arange(n, device=device)
-    if traj.first_rows and torch.equal(group.codes.index_select(0, traj.codes), group.codes):
+    if traj.first_rows and torch.equal(group.values.index_select(0, traj.values), group.values):
         # Each trajectory id occurs in one group only (verl-agent's uuid traj_uid): the
         # trajectory's first row is the pair's first row, no key to sort.
         group = _compact(group, n)
-        return _unit_statistics(scores, traj.codes == positions, group)
+        return _unit_statistics(scores, traj.values == positions, group)
     # Combine (group, trajectory) into one integer key; factorize a side first if it would
     # overflow. Codes are at most max(4n, 2**16) after _compact, so the product then fits.
     if group.bound * traj.bound >= _KEY_LIMIT:
@@ -230,6 +239,8 @@ def _group_statistics(
                 torch.div(unique_keys, traj.bound, rounding_mode="floor"), return_inverse=True
             )
             group = _Codes(pair_group.index_select(0, pair), groups_of_pairs.numel())
+        else:
+            group = _compact(group, n)
     first = torch.full((pair_bound,), n, dtype=torch.int64, device=device)
     first.scatter_reduce_(0, pair, positions, reduce="amin")
     return _unit_statistics(scores, first.index_select(0, pair) == positions, group)
@@ -241,10 +252,11 @@ def _unit_statistics(
     """Group statistics over the rows flagged ``is_unit``; every row centred on its baseline."""
     units = torch.nonzero(is_unit).squeeze(1)
     count, baseline, m2, _ = _moments(
-        scores.index_select(0, units), group.codes.index_select(0, units), group.bound
+        scores.index_select(0, units), group.values.index_select(0, units), group.bound
     )
-    centred = scores - baseline.index_select(0, group.codes)
-    return _GroupStatistics(group.codes, count, m2, centred)
+    centred = baseline.index_select(0, group.values)
+    torch.sub(scores, centred, out=centred)
+    return _GroupStatistics(group.values, count, m2, centred)
 
 
 def _moments(
@@ -256,13 +268,17 @@ def _moments(
     values are first shifted by one of its own values, so a group whose units are all equal gets
     exactly that value as its mean and exactly 0 as Σ(x - mean)², with no rounding noise.
     """
+    # Per-unit intermediates reuse two buffers (out=): fresh large allocations cost page faults.
     count = torch.bincount(unit_group, minlength=bound).to(torch.float64)
     representative = x.new_zeros(bound).scatter_(0, unit_group, x)
-    shifted = x - representative.index_select(0, unit_group)
-    mean = representative + x.new_zeros(bound).scatter_add_(0, unit_group, shifted) / count
+    work = representative.index_select(0, unit_group)
+    torch.sub(x, work, out=work)
+    mean = representative + x.new_zeros(bound).scatter_add_(0, unit_group, work) / count
     baseline = torch.where(count == 1, 0.0, mean)
-    deviation = x - baseline.index_select(0, unit_group)
-    m2 = x.new_zeros(bound).scatter_add_(0, unit_group, deviation * deviation)
+    deviation = baseline.index_select(0, unit_group)
+    torch.sub(x, deviation, out=deviation)
+    torch.mul(deviation, deviation, out=work)
+    m2 = x.new_zeros(bound).scatter_add_(0, unit_group, work)
     return count, baseline, m2, deviation
 
 
@@ -278,14 +294,16 @@ def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> t
             f"response_mask has shape {tuple(response_mask.shape)}, token_level_rewards "
             f"{tuple(token_level_rewards.shape)}"
         )
-    # dtype= accumulates in float64 without materializing a float64 copy of the rewards.
-    return token_level_rewards.detach().sum(dim=-1, dtype=torch.float64)
+    rewards = token_level_rewards.detach()
+    if rewards.shape[1] == 1:  # the sum of one token; torch reduces a length-1 dim slowly
+        return rewards[:, 0].to(torch.float64)
+    return rewards.sum(dim=-1, dtype=torch.float64)
 
 
 def _broadcast(advantage: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """The float32 ``(bs, response_length)`` result: each row's advantage times its mask."""
-    out = advantage.to(torch.float32).unsqueeze(-1) * response_mask.detach()
-    return out if out.dtype == torch.float32 else out.to(torch.float32)
+    out = torch.empty(response_mask.shape, dtype=torch.float32, device=advantage.device)
+    return torch.mul(advantage.unsqueeze(-1), response_mask.detach(), out=out)
 
 
 def _check_length(ids: Ids, n: int, name: str) -> None:
@@ -315,7 +333,7 @@ def _raw_codes(ids: Ids, n: int, device: torch.device, name: str) -> _Codes:
         low, high = (int(value) for value in torch.aminmax(tensor))
         if high - low >= _KEY_LIMIT:
             return _dense(_Codes(tensor, 0))
-        return _Codes(tensor - low, high - low + 1)
+        return _Codes(tensor, high - low + 1, offset=low)
     if isinstance(ids, np.ndarray):
         if ids.ndim != 1:
             raise ValueError(f"{name} must be 1-D, got shape {ids.shape}")
@@ -346,14 +364,16 @@ def _compact(codes: _Codes, n: int) -> _Codes:
     if codes.first_rows:
         # Number the first rows 0, 1, ... in batch order (a cumulative sum, no sort), so the
         # group buffers have one slot per group rather than one per row.
-        is_first = codes.codes == torch.arange(n, device=codes.codes.device)
+        is_first = codes.values == torch.arange(n, device=codes.values.device)
         rank = torch.cumsum(is_first, dim=0) - 1
         count = int(rank[-1]) + 1 if n else 0
-        return _Codes(rank.index_select(0, codes.codes), count)
-    return codes if codes.bound <= _direct_limit(n) else _dense(codes)
+        return _Codes(rank.index_select(0, codes.values), count)
+    if codes.bound <= _direct_limit(n):
+        return _Codes(codes.codes, codes.bound)
+    return _dense(codes)
 
 
 def _dense(codes: _Codes) -> _Codes:
     """Factorize to ``0 .. k-1`` with one sort (torch.unique)."""
-    unique, inverse = torch.unique(codes.codes, return_inverse=True)
+    unique, inverse = torch.unique(codes.values, return_inverse=True)
     return _Codes(inverse.to(torch.int64), unique.numel())
