@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -382,6 +383,38 @@ def compare_command(
             err=True,
         )
         raise typer.Exit(3)
+
+
+@app.command("inspect")
+@reports_errors
+def inspect_command(
+    inputs: Inputs = None,
+    group_col: GroupCol = None,
+    traj_col: TrajCol = None,
+    turn_col: TurnCol = None,
+    reward_col: RewardCol = None,
+    mask_col: MaskCol = None,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print the report as JSON on stdout.")
+    ] = False,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Look at a dump before computing: column roles, counts, turns, scores, and problems.
+
+    Reads only the key columns. Example: advcli inspect rollouts/ --json | jq .counts
+    """
+    _use_threads(threads)
+    from advcli.pipeline import inspect
+
+    summary = inspect(
+        inputs or [], ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col)
+    )
+    if json_output:
+        typer.echo(json.dumps(summary, indent=2, ensure_ascii=False))
+    else:
+        from advcli.render import render_inspection
+
+        render_inspection(summary, Console(highlight=False))
 
 
 @app.command("sample")

@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -83,6 +83,8 @@ class Columns:
     reward_kind: RewardKind
     mask: str
     mask_kind: MaskKind
+    # Why each role went to its column, for `advcli inspect`.
+    reasons: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def describe(self) -> dict[str, str | None]:
         """The roles as a plain dict, for summaries and reports."""
@@ -332,15 +334,23 @@ def resolve_columns(
     schema = dataset.schema
     where = dataset.describe()
 
-    group_col = _pick(schema, where, "group", group, GROUP_CANDIDATES, "--group-col")
+    reasons: dict[str, str] = {}
+    group_col = _pick(schema, where, "group", group, GROUP_CANDIDATES, "--group-col", reasons)
     trajectory_col = _pick(
-        schema, where, "trajectory", trajectory, TRAJECTORY_CANDIDATES, "--traj-col"
+        schema, where, "trajectory", trajectory, TRAJECTORY_CANDIDATES, "--traj-col", reasons
     )
-    turn_col = turn if turn is not None else next((c for c in TURN_CANDIDATES if c in schema), None)
     if turn is not None and turn not in schema:
         raise AdvcliError(f"{where}: column '{turn}' (--turn-col) not found")
-    reward_col = _pick(schema, where, "reward", reward, REWARD_CANDIDATES, "--reward-col")
-    mask_col = _pick(schema, where, "mask", mask, MASK_CANDIDATES, "--mask-col")
+    turn_col = turn if turn is not None else next((c for c in TURN_CANDIDATES if c in schema), None)
+    reasons["turn"] = (
+        "named by --turn-col"
+        if turn is not None
+        else "the default name"
+        if turn_col is not None
+        else "no 'turn_index' column: turns are ordered by input order"
+    )
+    reward_col = _pick(schema, where, "reward", reward, REWARD_CANDIDATES, "--reward-col", reasons)
+    mask_col = _pick(schema, where, "mask", mask, MASK_CANDIDATES, "--mask-col", reasons)
 
     for role, name in (("group", group_col), ("trajectory", trajectory_col)):
         dtype = schema[name]
@@ -387,6 +397,12 @@ def resolve_columns(
             f"{where}: the reward column '{reward_col}' has the name of an output column; "
             "rename it or choose another with --reward-col"
         )
+    reasons["reward"] += (
+        ", a list of token rewards summed per row"
+        if reward_kind == "token_rewards"
+        else ", one number per row"
+    )
+    reasons["mask"] += ", a list of 0/1" if mask_kind == "mask" else ", a response length"
     return Columns(
         group=group_col,
         trajectory=trajectory_col,
@@ -395,6 +411,7 @@ def resolve_columns(
         reward_kind=reward_kind,
         mask=mask_col,
         mask_kind=mask_kind,
+        reasons=reasons,
     )
 
 
@@ -405,13 +422,19 @@ def _pick(
     chosen: str | None,
     candidates: Sequence[str],
     option: str,
+    reasons: dict[str, str],
 ) -> str:
     if chosen is not None:
         if chosen not in schema:
             raise AdvcliError(f"{where}: column '{chosen}' ({option}) not found")
+        reasons[role] = f"named by {option}"
         return chosen
-    for name in candidates:
+    for index, name in enumerate(candidates):
         if name in schema:
+            absent = ", ".join(f"'{c}'" for c in candidates[:index])
+            reasons[role] = (
+                "the default name" if index == 0 else f"the first default present ({absent} absent)"
+            )
             return name
     names = " or ".join(f"'{c}'" for c in candidates)
     raise AdvcliError(f"{where}: no {role} column: expected {names}, or name one with {option}")
@@ -429,8 +452,13 @@ def _is_enum(dtype: pl.DataType | DataTypeClass) -> bool:
 # Stage 1: the key projection
 
 
-def key_projection(dataset: Dataset, columns: Columns) -> pl.DataFrame:
+def key_projection(
+    dataset: Dataset, columns: Columns, *, unique_turns: bool = True
+) -> pl.DataFrame:
     """Read and check the small per-row columns: row, group, trajectory, [turn], score, tokens.
+
+    With ``unique_turns`` a repeated ``(group, trajectory, turn)`` is an error; ``inspect`` turns
+    it off to count them instead.
 
     ``score`` is the row's reward (the sum of its token-level rewards) as Float64; ``tokens`` is the
     number of response tokens (the sum of the mask, or the response length). Token data is read
@@ -481,7 +509,7 @@ def key_projection(dataset: Dataset, columns: Columns) -> pl.DataFrame:
         row, code = first_problem
         raise AdvcliError(f"{dataset.locate(row)}: {rules[code - 1][1]}")
     projection = projection.drop("problem")
-    if columns.turn is not None:
+    if unique_turns and columns.turn is not None:
         _check_unique_turns(projection, dataset, columns)
     return projection
 

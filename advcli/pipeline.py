@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -32,6 +33,7 @@ from advcli.dataset import (
     write_advantages,
 )
 from advcli.errors import AdvcliError
+from advcli.inspection import inspect_dump
 from advcli.render import render_json, render_markdown, write_text
 from advcli.report import BiasReport, bias_report
 from advcli.settings import ColumnNames
@@ -87,7 +89,9 @@ class ComputeSummary:
     report: BiasReport | None = None
 
 
-def load_dump(dataset: Dataset, names: ColumnNames = ColumnNames()) -> LoadedDump:
+def load_dump(
+    dataset: Dataset, names: ColumnNames = ColumnNames(), *, unique_turns: bool = True
+) -> LoadedDump:
     """Stage 1: pick the columns, read and check the key projection."""
     columns = resolve_columns(
         dataset,
@@ -97,7 +101,7 @@ def load_dump(dataset: Dataset, names: ColumnNames = ColumnNames()) -> LoadedDum
         reward=names.reward,
         mask=names.mask,
     )
-    return LoadedDump(dataset, columns, key_projection(dataset, columns))
+    return LoadedDump(dataset, columns, key_projection(dataset, columns, unique_turns=unique_turns))
 
 
 @contextlib.contextmanager
@@ -275,3 +279,15 @@ def compare(
         turn = dump.advantages(replace(config, level=Level.TURN))
         trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
         return dump.report(config, turn, trajectory, top=top)
+
+
+def inspect(inputs: Sequence[str], names: ColumnNames = ColumnNames()) -> dict[str, Any]:
+    """What a user should know about a dump before ``compute``, read from the key columns only.
+
+    Examples
+    --------
+    >>> inspect(["rollouts.parquet"])["counts"]["trajectories"]  # doctest: +SKIP
+    """
+    with opened(inputs) as dataset:
+        dump = load_dump(dataset, names, unique_turns=False)
+        return inspect_dump(dataset, dump.columns, dump.projection)

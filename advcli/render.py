@@ -281,3 +281,65 @@ def write_plot(report: BiasReport, path: Path) -> None:
     with atomic_output(path) as partial:
         figure.savefig(partial, format="png", dpi=110)
     plt.close(figure)
+
+
+def render_inspection(summary: dict[str, Any], console: Console) -> None:
+    """`advcli inspect` as rich tables: roles, counts, turns, scores, then anything to fix."""
+    roles = Table(title="Columns", title_justify="left", show_edge=False)
+    for header in ("role", "column", "why"):
+        roles.add_column(header)
+    for role, entry in summary["columns"].items():
+        roles.add_row(role, entry["column"] or "-", entry["why"])
+
+    counts, spread, scores = summary["counts"], summary["turns_per_trajectory"], summary["scores"]
+    facts = Table(title="Dump", title_justify="left", show_header=False, show_edge=False)
+    facts.add_column(style="bold")
+    facts.add_column(justify="right")
+    inputs = summary["inputs"]
+    facts.add_row("files", f"{len(inputs['files']):,} ({inputs['format']})")
+    for name in ("rows", "groups", "trajectories", "tokens", "empty_responses"):
+        facts.add_row(name.replace("_", " "), f"{counts[name]:,}")
+    facts.add_row(
+        "turns per trajectory (min / median / max)",
+        f"{spread['min']} / {spread['median']:g} / {spread['max']}",
+    )
+    facts.add_row(
+        "score (min / mean / max)",
+        f"{_fmt(scores['min'])} / {_fmt(scores['mean'])} / {_fmt(scores['max'])}",
+    )
+    distribution = scores.get("values") or scores.get("quantiles", {})
+    facts.add_row(
+        "score values" if "values" in scores else "score quantiles",
+        ", ".join(f"{key}: {_fmt(value)}" for key, value in distribution.items()),
+    )
+
+    histogram = Table(title="Turns per trajectory", title_justify="left", show_edge=False)
+    histogram.add_column("turns", justify="right")
+    histogram.add_column("trajectories", justify="right")
+    histogram.add_column("")
+    widest = max(spread["histogram"].values())
+    for turns, count in spread["histogram"].items():
+        histogram.add_row(turns, f"{count:,}", "█" * max(1, round(30 * count / widest)))
+
+    checks = Table(title="Before compute", title_justify="left", show_edge=False)
+    for header in ("check", "count", "examples"):
+        checks.add_column(header)
+    for key, label in (
+        ("singleton_groups", "singleton groups (one trajectory)"),
+        ("zero_std_groups", "zero-std groups (trajectory level)"),
+        ("inconsistent_trajectories", "trajectories whose rows disagree on the score"),
+        ("duplicate_turns", "repeated (group, trajectory, turn)"),
+    ):
+        entry = summary[key]
+        checks.add_row(label, f"{entry['count']:,}", _examples(entry["examples"]))
+    console.print(Group(roles, "", facts, "", histogram, "", checks))
+
+
+def _examples(examples: list[Any]) -> str:
+    parts = []
+    for example in examples:
+        if isinstance(example, dict):
+            parts.append(", ".join(f"{k}={v}" for k, v in example.items() if k != "where"))
+        else:
+            parts.append(str(example))
+    return "; ".join(parts)

@@ -124,12 +124,12 @@ def bias_report(
             },
         },
         "groups": {
-            "baseline_shift_max": _number(per_group["baseline_shift"].max()),
-            "baseline_shift_mean": _number(per_group["baseline_shift"].mean()),
-            "std_shift_max": _number(per_group["std_shift"].max()),
-            "std_shift_mean": _number(per_group["std_shift"].mean()),
+            "baseline_shift_max": number(per_group["baseline_shift"].max()),
+            "baseline_shift_mean": number(per_group["baseline_shift"].mean()),
+            "std_shift_max": number(per_group["std_shift"].max()),
+            "std_shift_mean": number(per_group["std_shift"].mean()),
             # Signed: positive when counting every turn lowers the baselines.
-            "baseline_drop_mean": _number(
+            "baseline_drop_mean": number(
                 (per_group["baseline_trajectory"] - per_group["baseline_turn"]).mean()
             ),
         },
@@ -139,8 +139,8 @@ def bias_report(
                     per_trajectory["advantage_turn"] * per_trajectory["advantage_trajectory"] < 0
                 ).sum()
             ),
-            "advantage_diff_max": _number(abs_diff.max()),
-            "advantage_diff_mean": _number(abs_diff.mean()),
+            "advantage_diff_max": number(abs_diff.max()),
+            "advantage_diff_mean": number(abs_diff.mean()),
             "corr_turns_diff": _pearson(turns.cast(pl.Float64), per_trajectory["diff"]),
         },
         "by_turns": [
@@ -162,11 +162,11 @@ def bias_report(
                 "group": row[GROUP],
                 "rows": row["rows"],
                 "trajectories": row["trajectories"],
-                "baseline_turn": _number(row["baseline_turn"]),
-                "baseline_trajectory": _number(row["baseline_trajectory"]),
-                "std_turn": _number(row["std_turn"]),
-                "std_trajectory": _number(row["std_trajectory"]),
-                "baseline_shift": _number(row["baseline_shift"]),
+                "baseline_turn": number(row["baseline_turn"]),
+                "baseline_trajectory": number(row["baseline_trajectory"]),
+                "std_turn": number(row["std_turn"]),
+                "std_trajectory": number(row["std_trajectory"]),
+                "baseline_shift": number(row["baseline_shift"]),
             }
             for row in top_groups.iter_rows(named=True)
         ],
@@ -192,22 +192,29 @@ def _level_columns(groups: pl.DataFrame, level: str) -> pl.DataFrame:
     )
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """A finite float, or None (JSON null) for a missing, NaN or infinite value."""
     if value is None:
         return None
     number = float(value)
     return number if math.isfinite(number) else None
 
 
+def histogram(values: pl.Series) -> dict[str, int]:
+    """Counts of each distinct value, keyed by the value as text, in increasing order."""
+    counts = values.value_counts().sort(values.name)
+    return {str(value): int(count) for value, count in counts.iter_rows()}
+
+
 def _plain(value: Any) -> Any:
-    return _number(value) if isinstance(value, float) else value
+    return number(value) if isinstance(value, float) else value
 
 
 def _pearson(x: pl.Series, y: pl.Series) -> float | None:
     """Pearson correlation, or None when either side is constant (or fewer than two points)."""
     if len(x) < 2 or x.std() in (0, None) or y.std() in (0, None):
         return None
-    return _number(pl.DataFrame({"x": x, "y": y}).select(pl.corr("x", "y")).item())
+    return number(pl.DataFrame({"x": x, "y": y}).select(pl.corr("x", "y")).item())
 
 
 def verdict(summary: dict[str, Any], per_trajectory: pl.DataFrame) -> str:

@@ -8,6 +8,7 @@ case to disk, so the corpus can also be inspected by hand:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -43,7 +44,9 @@ class BadInput:
     expected: tuple[str, ...]
     output: str = "out"
     options: tuple[str, ...] = ()
-    commands: tuple[str, ...] = ("compute", "compare")
+    # inspect writes nothing, and reports (rather than refuses) inconsistent scores and repeated
+    # turns: those cases run through compute and compare only.
+    commands: tuple[str, ...] = ("compute", "compare", "inspect")
     existing_output: bool = field(default=False)
 
 
@@ -273,6 +276,24 @@ CASES: list[BadInput] = [
         ("out", "the file exists; pass --force"),
         existing_output=True,
     ),
+]
+
+
+# inspect writes nothing, and it reports (rather than refuses) scores that disagree within a
+# trajectory and repeated turns: these cases go through compute and compare only.
+NOT_FOR_INSPECT = {
+    "inconsistent trajectory scores",
+    "duplicate turn",
+    "output folder missing",
+    "output folder not writable",
+    "output equal to an input",
+    "existing output without --force",
+}
+CASES = [
+    dataclasses.replace(case, commands=("compute", "compare"))
+    if case.name in NOT_FOR_INSPECT
+    else case
+    for case in CASES
 ]
 
 

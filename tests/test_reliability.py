@@ -29,17 +29,21 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 
 def command_line(command: str, inputs: list[str], output: Path, options) -> list[str]:
-    target = ["-o", str(output)] if command == "compute" else ["--json", str(output)]
-    return [command, *inputs, *target, *options]
+    target = {"compute": ["-o", str(output)], "compare": ["--json", str(output)], "inspect": []}
+    return [command, *inputs, *target[command], *options]
 
 
-@pytest.mark.parametrize("command", ["compute", "compare"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+RUNS = [(case, command) for case in CASES for command in case.commands]
+
+
+@pytest.mark.parametrize(
+    ("case", "command"), RUNS, ids=[f"{case.name}-{command}" for case, command in RUNS]
+)
 def test_bad_input(case: BadInput, command, run, tmp_path):
     inputs = case.build(tmp_path)
     output = Path(case.output) if Path(case.output).is_absolute() else tmp_path / case.output
     if not output.suffix:
-        output = output.with_suffix(EXTENSION[command])
+        output = output.with_suffix(EXTENSION.get(command, ".json"))
     if case.existing_output:
         output.write_bytes(b"a previous result")
     before = snapshot(tmp_path)

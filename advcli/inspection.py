@@ -1,0 +1,135 @@
+"""`advcli inspect`: what a user should know about a dump before computing advantages.
+
+:func:`inspect_dump` reads only the key projection (keys, score, mask lengths) and returns a JSON-
+ready dict; the soft problems that ``compute`` would refuse at trajectory level (rows of one
+trajectory with different scores, repeated turns) are counted and listed here, not raised.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from advcli.advantage import SCORE_TOLERANCE
+from advcli.dataset import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, Columns, Dataset
+from advcli.report import histogram, number
+
+# How many offending trajectories or turns are listed by key.
+EXAMPLES = 5
+# Up to this many distinct scores, the report lists each with its count.
+DISTINCT_SCORES_LISTED = 10
+
+
+def inspect_dump(dataset: Dataset, columns: Columns, projection: pl.DataFrame) -> dict[str, Any]:
+    """The inspection report of a checked key projection (see the README for every key)."""
+    turn_order = [TURN, ROW] if TURN in projection.columns else [ROW]
+    per_trajectory = (
+        projection.group_by(GROUP, TRAJECTORY)
+        .agg(
+            pl.len().alias("turns"),
+            pl.col(SCORE).sort_by(turn_order).first().alias("score"),
+            pl.col(SCORE).min().alias("score_min"),
+            pl.col(SCORE).max().alias("score_max"),
+            pl.col(SCORE).unique(maintain_order=True).alias("scores"),
+            pl.col(ROW).min().alias("first_row"),
+            *(
+                [pl.col(TURN).n_unique().alias("distinct_turns")]
+                if TURN in projection.columns
+                else []
+            ),
+        )
+        .sort("first_row")
+    )
+    spread = pl.col("score_max") - pl.col("score_min")
+    magnitude = pl.max_horizontal(pl.col("score_max").abs(), pl.col("score_min").abs())
+    inconsistent = per_trajectory.filter(spread > SCORE_TOLERANCE * magnitude)
+
+    per_group = (
+        per_trajectory.group_by(GROUP)
+        .agg(
+            pl.len().alias("trajectories"),
+            (pl.col("score").max() == pl.col("score").min()).alias("equal_scores"),
+            pl.col("first_row").min(),
+        )
+        .sort("first_row")
+    )
+    singleton = per_group.filter(pl.col("trajectories") == 1)
+    zero_std = per_group.filter((pl.col("trajectories") > 1) & pl.col("equal_scores"))
+
+    duplicates: dict[str, Any] = {"count": 0, "examples": []}
+    if TURN in projection.columns:
+        repeated = projection.filter(~pl.struct(GROUP, TRAJECTORY, TURN).is_first_distinct())
+        duplicates = {
+            "count": repeated.height,
+            "examples": [
+                {
+                    "group": r[GROUP],
+                    "trajectory": r[TRAJECTORY],
+                    "turn": r[TURN],
+                    "where": dataset.locate(r[ROW]),
+                }
+                for r in repeated.head(EXAMPLES).iter_rows(named=True)
+            ],
+        }
+
+    scores = projection[SCORE]
+    distinct = scores.n_unique()
+    score_summary: dict[str, Any] = {
+        "min": number(scores.min()),
+        "max": number(scores.max()),
+        "mean": number(scores.mean()),
+        "std": number(scores.std()),
+        "distinct": distinct,
+    }
+    if distinct <= DISTINCT_SCORES_LISTED:
+        counts = scores.value_counts(sort=True)
+        score_summary["values"] = {
+            f"{value:g}": count for value, count in counts.sort(SCORE).iter_rows()
+        }
+    else:
+        score_summary["quantiles"] = {
+            f"p{q}": number(scores.quantile(q / 100)) for q in (10, 25, 50, 75, 90)
+        }
+
+    turns = per_trajectory["turns"]
+    return {
+        "inputs": {
+            "files": [dataset.label(i) for i in range(len(dataset.files))],
+            "format": dataset.input_format,
+        },
+        "columns": {
+            role: {"column": getattr(columns, role), "why": columns.reasons.get(role, "")}
+            for role in ("group", "trajectory", "turn", "reward", "mask")
+        },
+        "counts": {
+            "rows": projection.height,
+            "groups": per_group.height,
+            "trajectories": per_trajectory.height,
+            "tokens": int(projection[TOKENS].sum()),
+            "empty_responses": int((projection[TOKENS] == 0).sum()),
+        },
+        "turns_per_trajectory": {
+            "min": int(turns.min()),  # type: ignore[arg-type]
+            "median": float(turns.median()),  # type: ignore[arg-type]
+            "max": int(turns.max()),  # type: ignore[arg-type]
+            "histogram": histogram(turns),
+        },
+        "scores": score_summary,
+        "singleton_groups": {
+            "count": singleton.height,
+            "examples": singleton[GROUP].head(EXAMPLES).to_list(),
+        },
+        "zero_std_groups": {
+            "count": zero_std.height,
+            "examples": zero_std[GROUP].head(EXAMPLES).to_list(),
+        },
+        "inconsistent_trajectories": {
+            "count": inconsistent.height,
+            "examples": [
+                {"group": r[GROUP], "trajectory": r[TRAJECTORY], "scores": r["scores"]}
+                for r in inconsistent.head(EXAMPLES).iter_rows(named=True)
+            ],
+        },
+        "duplicate_turns": duplicates,
+    }
