@@ -159,6 +159,23 @@ class Format(str, Enum):
     PT = "pt"
 
 
+class EngineChoice(str, Enum):
+    LOCAL = "local"
+    RAY = "ray"
+
+
+EngineOpt = Annotated[
+    EngineChoice,
+    typer.Option(
+        "--engine",
+        help="local: Polars on this machine; ray: Ray Data (needs advcli[ray]), writing a "
+        "Parquet dataset folder.",
+    ),
+]
+AddressOpt = Annotated[
+    str | None,
+    typer.Option("--address", help="Ray cluster address (e.g. auto) [default: a new local one]."),
+]
 ThreadsOpt = Annotated[
     int | None,
     typer.Option("--threads", min=1, help="Threads for Polars [default: all cores]."),
@@ -247,6 +264,8 @@ def compute_command(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output.")] = False,
+    engine: EngineOpt = EngineChoice.LOCAL,
+    address: AddressOpt = None,
     threads: ThreadsOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")] = False,
 ) -> None:
@@ -276,6 +295,8 @@ def compute_command(
             force=force,
             report_path=report,
             on_stage=on_stage,
+            engine=engine.value,
+            address=address,
         )
     if not quiet:
         stderr.print(_summary_table(summary))
@@ -331,6 +352,8 @@ def compare_command(
         Path | None, typer.Option("--plot", help="Write a PNG figure (needs advcli[plot]).")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace existing report files.")] = False,
+    engine: EngineOpt = EngineChoice.LOCAL,
+    address: AddressOpt = None,
     fail_above: Annotated[
         float | None,
         typer.Option(
@@ -363,6 +386,8 @@ def compare_command(
         top=top,
         outputs=[None if json_path in (None, "-") else Path(json_path), markdown, plot],
         force=force,
+        engine=engine.value,
+        address=address,
     )
     if json_path == "-":
         typer.echo(render_json(report), nl=False)

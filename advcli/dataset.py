@@ -452,6 +452,70 @@ def _is_enum(dtype: pl.DataType | DataTypeClass) -> bool:
 # Stage 1: the key projection
 
 
+@dataclass(frozen=True)
+class KeyProjection:
+    """The per-row expressions of stage 1, shared by every engine.
+
+    ``exprs`` turn a batch (or a whole scan) of input rows into ``group``, ``trajectory``,
+    [``turn``], ``score``, ``tokens`` and ``problem``: 0 for a sound row, k for the k-th broken rule
+    of ``messages``.
+    """
+
+    exprs: list[pl.Expr]
+    messages: list[str]
+
+    @classmethod
+    def of(cls, schema: pl.Schema, columns: Columns) -> KeyProjection:
+        reward, mask = pl.col(columns.reward), pl.col(columns.mask)
+        keys = [
+            _as_key(columns.group, schema).alias(GROUP),
+            _as_key(columns.trajectory, schema).alias(TRAJECTORY),
+        ]
+        if columns.turn is not None:
+            keys.append(pl.col(columns.turn).alias(TURN))
+        if columns.reward_kind == "token_rewards":
+            score = reward.list.sum().cast(pl.Float64)
+        else:
+            score = reward.cast(pl.Float64)
+        tokens = mask.list.sum() if columns.mask_kind == "mask" else mask
+        tokens = tokens.cast(pl.Int64)
+
+        rules = _row_rules(schema, columns, score, tokens)
+        # One small code per row (0 = fine, k = the k-th rule broken) instead of a column per
+        # rule, so the projection stays a handful of scalars per row.
+        problem: Any = pl.when(rules[0][0]).then(pl.lit(1, dtype=pl.UInt8))
+        for code, (broken, _) in enumerate(rules[1:], start=2):
+            problem = problem.when(broken).then(pl.lit(code, dtype=pl.UInt8))
+        exprs = [
+            *keys,
+            score.alias(SCORE),
+            tokens.alias(TOKENS),
+            problem.otherwise(pl.lit(0, dtype=pl.UInt8)).alias("problem"),
+        ]
+        return cls(exprs, [message for _, message in rules])
+
+    def check(
+        self,
+        projection: pl.DataFrame,
+        dataset: Dataset,
+        columns: Columns,
+        *,
+        unique_turns: bool = True,
+    ) -> pl.DataFrame:
+        """Raise for the first broken row (input order); return the projection without
+        ``problem``. ``projection`` must carry ``row``, the input row number."""
+        first_problem = projection.select(
+            pl.col(ROW, "problem").filter(pl.col("problem") > 0).first()
+        ).row(0)
+        if first_problem[0] is not None:
+            row, code = first_problem
+            raise AdvcliError(f"{dataset.locate(row)}: {self.messages[code - 1]}")
+        projection = projection.drop("problem")
+        if unique_turns and columns.turn is not None:
+            _check_unique_turns(projection, dataset, columns)
+        return projection
+
+
 def key_projection(
     dataset: Dataset, columns: Columns, *, unique_turns: bool = True
 ) -> pl.DataFrame:
@@ -464,54 +528,19 @@ def key_projection(
     number of response tokens (the sum of the mask, or the response length). Token data is read
     once, in a streaming pass, and reduced to these scalars on the way.
     """
-    reward, mask = pl.col(columns.reward), pl.col(columns.mask)
-    keys = [
-        _as_key(columns.group, dataset.schema).alias(GROUP),
-        _as_key(columns.trajectory, dataset.schema).alias(TRAJECTORY),
-    ]
-    if columns.turn is not None:
-        keys.append(pl.col(columns.turn).alias(TURN))
-    if columns.reward_kind == "token_rewards":
-        score = reward.list.sum().cast(pl.Float64)
-    else:
-        score = reward.cast(pl.Float64)
-    tokens = mask.list.sum() if columns.mask_kind == "mask" else mask
-    tokens = tokens.cast(pl.Int64)
-
-    rules = _row_rules(dataset.schema, columns, score, tokens)
-    # One small code per row (0 = fine, k = the k-th rule broken) instead of a column per rule,
-    # so the projection stays a handful of scalars per row.
-    problem: Any = pl.when(rules[0][0]).then(pl.lit(1, dtype=pl.UInt8))
-    for code, (broken, _) in enumerate(rules[1:], start=2):
-        problem = problem.when(broken).then(pl.lit(code, dtype=pl.UInt8))
+    plan = KeyProjection.of(dataset.schema, columns)
     try:
         projection = (
             dataset.scan()
             .with_row_index(ROW)
-            .select(
-                pl.col(ROW),
-                *keys,
-                score.alias(SCORE),
-                tokens.alias(TOKENS),
-                problem.otherwise(pl.lit(0, dtype=pl.UInt8)).alias("problem"),
-            )
+            .select(pl.col(ROW), *plan.exprs)
             .collect(engine="streaming")
         )
     except pl.exceptions.PolarsError as error:
         raise AdvcliError(
             f"{dataset.describe()}: cannot read the key columns ({_first_line(error)})"
         ) from None
-
-    first_problem = projection.select(
-        pl.col(ROW, "problem").filter(pl.col("problem") > 0).first()
-    ).row(0)
-    if first_problem[0] is not None:
-        row, code = first_problem
-        raise AdvcliError(f"{dataset.locate(row)}: {rules[code - 1][1]}")
-    projection = projection.drop("problem")
-    if unique_turns and columns.turn is not None:
-        _check_unique_turns(projection, dataset, columns)
-    return projection
+    return plan.check(projection, dataset, columns, unique_turns=unique_turns)
 
 
 def _row_rules(
@@ -603,9 +632,9 @@ def write_advantages(
     *,
     output_format: OutputFormat,
     tokens: bool = True,
-) -> list[str]:
+) -> None:
     """Attach ``score`` and ``advantage`` (one per row, ordered by ``row``) to every input row and
-    write the result; return the input columns that the new ones replaced.
+    write the result (replacing input columns of those names).
 
     ``row_values`` must hold the columns ``row`` (0, 1, 2, … in order), ``score`` and
     ``advantage``.
@@ -614,7 +643,7 @@ def write_advantages(
         pl.Series(ROW, range(dataset.num_rows), dtype=row_values[ROW].dtype)
     ):
         raise ValueError("row_values must hold one row per input row, in input order")
-    replaced = [name for name in OUTPUT_COLUMNS if name in dataset.schema]
+    replaced = replaced_columns(dataset)
     # Each streamed row looks its values up by its row number in two float32 arrays (8 bytes a
     # row): cheaper than a join, and the only per-row state kept while the token data streams.
     score = pl.lit(row_values[SCORE].cast(pl.Float32))
@@ -629,10 +658,7 @@ def write_advantages(
         )
         .drop(ROW)
     )
-    if columns.mask_kind == "mask":
-        per_token = pl.col(columns.mask).cast(pl.List(pl.Float32)) * pl.col("advantage")
-    else:
-        per_token = pl.col("advantage").repeat_by(pl.col(columns.mask))
+    per_token = per_token_advantages(columns)
     with atomic_output(output) as partial:
         try:
             if output_format in ("parquet", "arrow"):
@@ -648,7 +674,19 @@ def write_advantages(
             raise AdvcliError(
                 f"{dataset.describe()}: cannot write {output} ({_first_line(error)})"
             ) from None
-    return replaced
+
+
+def replaced_columns(dataset: Dataset) -> list[str]:
+    """The input columns that the output's ``score``, ``advantage``, ``advantages`` replace."""
+    return [name for name in OUTPUT_COLUMNS if name in dataset.schema]
+
+
+def per_token_advantages(columns: Columns) -> pl.Expr:
+    """``advantages``: the row's ``advantage`` times each element of its mask (float32), or that
+    many copies of it for a ``response_length`` column."""
+    if columns.mask_kind == "mask":
+        return pl.col(columns.mask).cast(pl.List(pl.Float32)) * pl.col("advantage")
+    return pl.col("advantage").repeat_by(pl.col(columns.mask))
 
 
 def _write_arrow_stream(frame: pl.LazyFrame, path: Path) -> None:

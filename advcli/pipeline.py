@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 
@@ -29,6 +29,7 @@ from advcli.dataset import (
     check_output,
     key_projection,
     open_dataset,
+    replaced_columns,
     resolve_columns,
     write_advantages,
 )
@@ -37,6 +38,8 @@ from advcli.inspection import inspect_dump
 from advcli.render import render_json, render_markdown, write_text
 from advcli.report import BiasReport, bias_report
 from advcli.settings import ColumnNames
+
+Engine = Literal["local", "ray"]
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
     ".parquet": "parquet",
@@ -90,9 +93,14 @@ class ComputeSummary:
 
 
 def load_dump(
-    dataset: Dataset, names: ColumnNames = ColumnNames(), *, unique_turns: bool = True
+    dataset: Dataset,
+    names: ColumnNames = ColumnNames(),
+    *,
+    unique_turns: bool = True,
+    engine: Engine = "local",
 ) -> LoadedDump:
-    """Stage 1: pick the columns, read and check the key projection."""
+    """Stage 1: pick the columns, read and check the key projection (on Ray Data with
+    ``engine="ray"``, after :func:`start_engine`)."""
     columns = resolve_columns(
         dataset,
         group=names.group,
@@ -101,7 +109,24 @@ def load_dump(
         reward=names.reward,
         mask=names.mask,
     )
-    return LoadedDump(dataset, columns, key_projection(dataset, columns, unique_turns=unique_turns))
+    project = _ray_engine().key_projection if engine == "ray" else key_projection
+    return LoadedDump(dataset, columns, project(dataset, columns, unique_turns=unique_turns))
+
+
+def _ray_engine() -> Any:
+    try:
+        from advcli import ray_engine
+    except ImportError:
+        raise AdvcliError("--engine ray needs Ray: pip install 'advcli[ray]'") from None
+    return ray_engine
+
+
+def start_engine(engine: Engine, address: str | None) -> None:
+    """Connect to (or start) the engine's cluster; nothing to do for the local engine."""
+    if engine == "ray":
+        _ray_engine().start(address)
+    elif address is not None:
+        raise AdvcliError("--address goes with --engine ray")
 
 
 @contextlib.contextmanager
@@ -141,99 +166,91 @@ def compute(
     force: bool = False,
     report_path: Path | None = None,
     on_stage: Callable[[str], None] | None = None,
+    engine: Engine = "local",
+    address: str | None = None,
 ) -> ComputeSummary:
     """Compute advantages for every row of the inputs and write them to ``output``.
 
     With ``report_path`` (``.json`` or ``.md``) the other level is computed from the same key
     projection and the bias report is written there too, so the input is read once for the
     statistics. ``on_stage`` is told when each stage starts: ``reading keys``, ``computing
-    statistics``, ``writing output``.
+    statistics``, ``writing output``. ``engine="ray"`` runs stages 1 and 3 on Ray Data (at
+    ``address``, else on a new local cluster) and writes ``output`` as a Parquet dataset folder.
 
     Examples
     --------
     >>> compute(["rollouts.parquet"], Path("advantages.parquet"))  # doctest: +SKIP
     """
     started = time.perf_counter()
-    fmt = output_format_for(output, output_format)
+    if engine == "ray" and (output_format not in (None, "parquet") or str(output) == STDIN):
+        raise AdvcliError(f"{output}: --engine ray writes a Parquet dataset folder")
+    fmt: OutputFormat = "parquet" if engine == "ray" else output_format_for(output, output_format)
     report_kind = report_format_for(report_path) if report_path is not None else None
     stage = on_stage or (lambda name: None)
     with opened(inputs) as dataset:
-        return _compute(
-            dataset,
-            output,
-            config,
-            names,
-            fmt,
-            tokens,
-            force,
-            report_path,
-            report_kind,
-            stage,
-            started,
+        check_outputs([output, report_path], dataset, force=force)
+        start_engine(engine, address)
+        stage("reading keys")
+        dump = load_dump(dataset, names, engine=engine)
+        stage("computing statistics")
+        advantages = dump.advantages(config)
+        report = None
+        if report_path is not None:
+            other = dump.advantages(replace(config, level=_other_level(config.level)))
+            by_level = {config.level: advantages, _other_level(config.level): other}
+            report = dump.report(config, by_level[Level.TURN], by_level[Level.TRAJECTORY])
+            del other, by_level
+        summary = ComputeSummary(
+            rows=dataset.num_rows,
+            groups=advantages.groups.height,
+            trajectories=dump.projection.select(GROUP, TRAJECTORY).n_unique(),
+            singleton_groups=advantages.singleton_groups,
+            zero_std_groups=advantages.zero_std_groups,
+            config=config,
+            columns=dump.columns,
+            output=output,
+            output_format=fmt,
+            seconds=0.0,
+            threads=pl.thread_pool_size(),
+            replaced=replaced_columns(dataset),
+            report=report,
         )
-
-
-def _compute(
-    dataset: Dataset,
-    output: Path,
-    config: AdvantageConfig,
-    names: ColumnNames,
-    fmt: OutputFormat,
-    tokens: bool,
-    force: bool,
-    report_path: Path | None,
-    report_kind: str | None,
-    stage: Callable[[str], None],
-    started: float,
-) -> ComputeSummary:
-    check_outputs([output, report_path], dataset, force=force)
-    stage("reading keys")
-    dump = load_dump(dataset, names)
-    stage("computing statistics")
-    advantages = dump.advantages(config)
-    report = None
-    if report_path is not None:
-        other = dump.advantages(replace(config, level=_other_level(config.level)))
-        by_level = {config.level: advantages, _other_level(config.level): other}
-        report = dump.report(config, by_level[Level.TURN], by_level[Level.TRAJECTORY])
-        del other, by_level
-    summary = ComputeSummary(
-        rows=dataset.num_rows,
-        groups=advantages.groups.height,
-        trajectories=dump.projection.select(GROUP, TRAJECTORY).n_unique(),
-        singleton_groups=advantages.singleton_groups,
-        zero_std_groups=advantages.zero_std_groups,
-        config=config,
-        columns=dump.columns,
-        output=output,
-        output_format=fmt,
-        seconds=0.0,
-        threads=pl.thread_pool_size(),
-        report=report,
-    )
-    # Only the per-row (score, advantage) pairs go on to the write: let the key projection and
-    # the unit frames go first, so their memory is reused for the streaming write's buffers.
-    row_values = advantages.rows
-    del dump, advantages
-    stage("writing output")
-    if str(output) == STDIN:
-        # Written whole to a temporary file first, so that a failure sends nothing down the pipe.
-        with tempfile.TemporaryDirectory(prefix="advcli-stdout-") as folder:
-            staged = Path(folder) / f"out.{fmt}"
-            replaced = write_advantages(
-                dataset, summary.columns, row_values, staged, output_format=fmt, tokens=tokens
+        stage("writing output")
+        if engine == "ray":
+            _ray_engine().write_advantages(
+                dataset, dump.columns, dump.projection, advantages, config, output, tokens=tokens
             )
-            with staged.open("rb") as result:
-                shutil.copyfileobj(result, sys.stdout.buffer)
-            sys.stdout.buffer.flush()
-    else:
-        replaced = write_advantages(
-            dataset, summary.columns, row_values, output, output_format=fmt, tokens=tokens
-        )
+        else:
+            # Only the per-row (score, advantage) pairs go on to the write: let the key
+            # projection and the unit frames go first, so their memory is reused for the
+            # streaming write's buffers.
+            row_values = advantages.rows
+            del dump, advantages
+            _write_local(dataset, summary.columns, row_values, output, fmt, tokens)
     if report is not None and report_path is not None:
         text = render_json(report) if report_kind == "json" else render_markdown(report)
         write_text(report_path, text)
-    return replace(summary, seconds=time.perf_counter() - started, replaced=replaced)
+    return replace(summary, seconds=time.perf_counter() - started)
+
+
+def _write_local(
+    dataset: Dataset,
+    columns: Columns,
+    row_values: pl.DataFrame,
+    output: Path,
+    fmt: OutputFormat,
+    tokens: bool,
+) -> None:
+    if str(output) != STDIN:
+        write_advantages(dataset, columns, row_values, output, output_format=fmt, tokens=tokens)
+        return
+    # Written whole to a temporary file first, so that a failure sends nothing down the pipe.
+    with tempfile.TemporaryDirectory(prefix="advcli-stdout-") as folder:
+        staged = Path(folder) / f"out.{fmt}"
+        write_advantages(dataset, columns, row_values, staged, output_format=fmt, tokens=tokens)
+        with staged.open("rb") as result:
+            shutil.copyfileobj(result, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
 
 
 def report_format_for(path: Path) -> str:
@@ -263,6 +280,8 @@ def compare(
     top: int = 10,
     outputs: Sequence[Path | None] = (),
     force: bool = False,
+    engine: Engine = "local",
+    address: str | None = None,
 ) -> BiasReport:
     """The bias report of ``config.estimator``: turn level against trajectory level.
 
@@ -275,7 +294,8 @@ def compare(
     """
     with opened(inputs) as dataset:
         check_outputs(outputs, dataset, force=force)
-        dump = load_dump(dataset, names)
+        start_engine(engine, address)
+        dump = load_dump(dataset, names, engine=engine)
         turn = dump.advantages(replace(config, level=Level.TURN))
         trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
         return dump.report(config, turn, trajectory, top=top)

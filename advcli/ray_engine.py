@@ -1,0 +1,213 @@
+"""`--engine ray`: the same three stages on Ray Data, for dumps that outgrow one machine.
+
+- Stage 1 runs distributed: each block of rows is reduced to the key projection by the very
+  expressions the local engine uses (:class:`advcli.dataset.KeyProjection`), and only those few
+  scalars per row travel to the driver.
+- Stage 2 runs on the driver, on that small table, with the local engine's code
+  (:func:`advcli.advantage.compute_advantages`), batch-wide quantities included.
+- Stage 3 runs distributed: each block looks its rows' advantages up in a table broadcast through
+  the object store (one row per trajectory at trajectory level, one per turn at turn level) and is
+  written as one file of a Parquet dataset folder. Token data is never shuffled.
+
+Ray is an optional extra (``advcli[ray]``); this module imports it, and only ``--engine ray``
+imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import ray
+from ray.data.datasource import FilenameProvider
+
+from advcli.advantage import Advantages
+from advcli.dataset import (
+    GROUP,
+    OUTPUT_COLUMNS,
+    ROW,
+    SCORE,
+    TRAJECTORY,
+    TURN,
+    Columns,
+    Dataset,
+    KeyProjection,
+    per_token_advantages,
+)
+from advcli.errors import AdvcliError
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+from advcli.settings import AdvantageConfig, Estimator, Level
+
+
+def start(address: str | None) -> None:
+    """Connect to the cluster at ``address``, or start a local one; quietly, and in an order
+    the output rows can rely on."""
+    if not ray.is_initialized():
+        try:
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.ERROR,
+            )
+        except (ConnectionError, RuntimeError, ValueError) as error:
+            raise AdvcliError(
+                f"cannot start or reach Ray at {address or 'local'}: {error}"
+            ) from None
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True
+    context.enable_progress_bars = False
+
+
+def _read(dataset: Dataset) -> Any:
+    if dataset.input_format != "parquet":
+        raise AdvcliError(f"{dataset.describe()}: --engine ray reads Parquet inputs")
+    return ray.data.read_parquet([str(path) for path in dataset.files])
+
+
+def _project_block(block: pa.Table, schema: pl.Schema, columns: Columns) -> pa.Table:
+    frame = pl.from_arrow(block)
+    assert isinstance(frame, pl.DataFrame)
+    return frame.select(KeyProjection.of(schema, columns).exprs).to_arrow()
+
+
+def key_projection(
+    dataset: Dataset, columns: Columns, *, unique_turns: bool = True
+) -> pl.DataFrame:
+    """Stage 1 on Ray Data: the same projection and checks as the local engine."""
+    projected = _read(dataset).map_batches(
+        _project_block,
+        batch_format="pyarrow",
+        fn_kwargs={"schema": dataset.schema, "columns": columns},
+    )
+    tables = [table for table in ray.get(projected.to_arrow_refs()) if table.num_rows]
+    frame = pl.from_arrow(pa.concat_tables(tables))
+    assert isinstance(frame, pl.DataFrame)
+    plan = KeyProjection.of(dataset.schema, columns)
+    return plan.check(frame.with_row_index(ROW), dataset, columns, unique_turns=unique_turns)
+
+
+def lookup_keys(config: AdvantageConfig, columns: Columns) -> list[str]:
+    """What identifies a row's advantage: its trajectory at trajectory level; at turn level its
+    turn, or (without a turn column) its score, which fixes a row's advantage within its
+    trajectory for every estimator but grpo_passk."""
+    if config.level is Level.TRAJECTORY:
+        return [GROUP, TRAJECTORY]
+    if columns.turn is not None:
+        return [GROUP, TRAJECTORY, TURN]
+    if config.estimator is Estimator.GRPO_PASSK:
+        raise AdvcliError(
+            "--engine ray needs a turn column for grpo_passk at turn level (the top row is told "
+            "apart from its trajectory's other rows by its turn); pass --turn-col"
+        )
+    return [GROUP, TRAJECTORY, SCORE]
+
+
+def lookup_table(projection: pl.DataFrame, advantages: Advantages, keys: list[str]) -> pl.DataFrame:
+    """One row per key with the ``score`` and ``advantage`` its rows get."""
+    rows = projection.select(ROW, *[k for k in keys if k != SCORE], SCORE).join(
+        advantages.rows.select(ROW, pl.col(SCORE).alias("score_used"), "advantage"),
+        on=ROW,
+        how="left",
+    )
+    return rows.select(*keys, "score_used", "advantage").unique(subset=keys, keep="first")
+
+
+def _attach_block(
+    block: pa.Table,
+    schema: pl.Schema,
+    columns: Columns,
+    keys: list[str],
+    lookup: Any,
+    tokens: bool,
+) -> pa.Table:
+    table = ray.get(lookup) if isinstance(lookup, ray.ObjectRef) else lookup
+    frame = pl.from_arrow(block)
+    assert isinstance(frame, pl.DataFrame)
+    key_exprs = [e for e in KeyProjection.of(schema, columns).exprs if e.meta.output_name() in keys]
+    replaced = [name for name in OUTPUT_COLUMNS if name in frame.columns]
+    attached = (
+        frame.drop(replaced)
+        .with_columns(key_exprs)
+        .join(pl.from_arrow(table), on=keys, how="left", maintain_order="left")  # type: ignore[arg-type]
+        .with_columns(
+            pl.col("score_used").cast(pl.Float32).alias("score"),
+            pl.col("advantage").cast(pl.Float32),
+        )
+        .drop(*keys, "score_used")
+    )
+    if tokens:
+        attached = attached.with_columns(per_token_advantages(columns).alias("advantages"))
+    return attached.to_arrow()
+
+
+def write_advantages(
+    dataset: Dataset,
+    columns: Columns,
+    projection: pl.DataFrame,
+    advantages: Advantages,
+    config: AdvantageConfig,
+    output: Path,
+    *,
+    tokens: bool = True,
+) -> None:
+    """Stage 3 on Ray Data: attach each row's advantage by a broadcast lookup and write a Parquet
+    dataset folder (``part-000000.parquet``, … in input order), renamed into place when complete."""
+    keys = lookup_keys(config, columns)
+    lookup = ray.put(lookup_table(projection, advantages, keys).to_arrow())
+    folder = output.parent
+    if not folder.is_dir():
+        raise AdvcliError(f"{output}: the folder {folder} does not exist")
+    partial = Path(
+        tempfile.mkdtemp(
+            prefix=f".{output.name}.{os.getpid()}.", suffix=".advcli-partial", dir=folder
+        )
+    )
+    try:
+        _read(dataset).map_batches(
+            _attach_block,
+            batch_format="pyarrow",
+            fn_kwargs={
+                "schema": dataset.schema,
+                "columns": columns,
+                "keys": keys,
+                "lookup": lookup,
+                "tokens": tokens,
+            },
+        ).write_parquet(
+            str(partial),
+            filename_provider=_PartNames(),
+            # The folder is new and ours alone, so names need no write id to stay unique.
+            mode=ray.data.SaveMode.OVERWRITE,
+        )
+        if output.exists():
+            shutil.rmtree(output) if output.is_dir() else output.unlink()
+        os.replace(partial, output)
+    except ray.exceptions.RayError as error:
+        raise AdvcliError(f"{output}: the Ray job failed ({_first_line(error)})") from None
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+class _PartNames(FilenameProvider):
+    """``part-000000.parquet``, …: names that sort in the order of the rows they hold."""
+
+    def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+        return f"part-{task_index:06d}.parquet"
+
+    def get_filename_for_block(
+        self, block: Any, write_uuid: str, task_index: int, block_index: int
+    ) -> str:
+        return f"part-{task_index:06d}-{block_index:06d}.parquet"
