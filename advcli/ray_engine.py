@@ -41,14 +41,12 @@ from advcli.dataset import (
     per_token_advantages,
 )
 from advcli.errors import AdvcliError
+from advcli.settings import AdvantageConfig, Estimator, Level
 
 
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
-
-
-from advcli.settings import AdvantageConfig, Estimator, Level
 
 
 def start(address: str | None) -> None:
@@ -69,6 +67,8 @@ def start(address: str | None) -> None:
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True
     context.enable_progress_bars = False
+    # Ray Data narrates every execution at INFO on stderr; advcli prints its own summary.
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
 
 
 def _read(dataset: Dataset) -> Any:
@@ -138,15 +138,16 @@ def _attach_block(
     assert isinstance(frame, pl.DataFrame)
     key_exprs = [e for e in KeyProjection.of(schema, columns).exprs if e.meta.output_name() in keys]
     replaced = [name for name in OUTPUT_COLUMNS if name in frame.columns]
+    kept = [name for name in frame.columns if name not in replaced]
     attached = (
-        frame.drop(replaced)
+        frame.select(kept)
         .with_columns(key_exprs)
         .join(pl.from_arrow(table), on=keys, how="left", maintain_order="left")  # type: ignore[arg-type]
-        .with_columns(
+        .select(
+            *kept,
             pl.col("score_used").cast(pl.Float32).alias("score"),
             pl.col("advantage").cast(pl.Float32),
         )
-        .drop(*keys, "score_used")
     )
     if tokens:
         attached = attached.with_columns(per_token_advantages(columns).alias("advantages"))

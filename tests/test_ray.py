@@ -1,0 +1,103 @@
+"""Issue 9: `--engine ray` on a real local Ray cluster (2 CPUs) gives the local engine's output,
+row for row, on a multi-file dump."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from advcli.sample import sample_table
+
+ray = pytest.importorskip("ray")
+
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.slow,
+    # Ray's own imports and workers raise deprecation and resource warnings we cannot fix.
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory) -> list[Path]:
+    """A dump of three files; every group spans them (rows are spread round-robin)."""
+    folder = tmp_path_factory.mktemp("dump")
+    frame = pl.from_arrow(sample_table(groups=30, rollouts=6, seed=4)).with_columns(
+        token_level_rewards=pl.col("token_level_rewards") * (0.3 + pl.col("data_id") * 0.07)
+    )
+    paths = []
+    for index in range(3):
+        path = folder / f"part-{index}.parquet"
+        frame.gather_every(3, offset=index).write_parquet(path)
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--level", "trajectory"],
+        ["--level", "turn"],
+        ["--level", "trajectory", "--estimator", "rloo"],
+        ["--level", "turn", "--estimator", "opo"],
+        ["--level", "turn", "--estimator", "grpo_passk"],
+        ["--level", "trajectory", "--estimator", "reinforce_pp_baseline"],
+        ["--level", "turn", "--scale", "batch"],
+    ],
+    ids=" ".join,
+)
+def test_ray_engine_equals_local_engine(options, cluster, parts, run, tmp_path):
+    local, distributed = tmp_path / "local.parquet", tmp_path / "ray-out"
+    assert run("compute", *parts, "-o", local, "-q", *options).exit_code == 0
+    result = run("compute", *parts, "-o", distributed, "-q", "--engine", "ray", *options)
+    assert result.exit_code == 0, result.stderr
+    files = sorted(distributed.glob("*.parquet"))
+    assert files and not list(tmp_path.glob(".*advcli-partial"))
+    assert pl.read_parquet(files).equals(pl.read_parquet(local))
+
+
+def test_compare_on_ray_equals_local(cluster, parts, run):
+    local = run("compare", *parts, "--json", "-", "-q", "--estimator", "rloo")
+    distributed = run(
+        "compare", *parts, "--json", "-", "-q", "--estimator", "rloo", "--engine", "ray"
+    )
+    assert distributed.exit_code == 0, distributed.stderr
+    assert json.loads(distributed.stdout) == json.loads(local.stdout)
+
+
+def test_ray_engine_reports_bad_input_like_the_local_engine(cluster, parts, run, tmp_path):
+    broken = tmp_path / "broken.parquet"
+    pl.read_parquet(parts[0]).with_columns(
+        pl.when(pl.int_range(pl.len()) == 4)
+        .then(None)
+        .otherwise(pl.col("data_id"))
+        .alias("data_id")
+    ).write_parquet(broken)
+    result = run("compute", broken, "-o", tmp_path / "out", "--engine", "ray")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"Error: {broken} row 4: column 'data_id' (group id) is null"
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_engine_needs_parquet_and_a_folder(cluster, parts, run, tmp_path):
+    result = run("compute", *parts, "-o", "-", "--engine", "ray")
+    assert result.exit_code == 1
+    assert "--engine ray writes a Parquet dataset folder" in result.stderr
+    jsonl = tmp_path / "dump.jsonl"
+    pl.read_parquet(parts[0]).write_ndjson(jsonl)
+    result = run("compute", jsonl, "-o", tmp_path / "out", "--engine", "ray")
+    assert result.exit_code == 1
+    assert "--engine ray reads Parquet inputs" in result.stderr
