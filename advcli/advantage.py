@@ -121,26 +121,28 @@ def build_units(projection: pl.DataFrame, config: AdvantageConfig, naming: Namin
     return units.drop("score_min", "score_max")
 
 
+def scores_disagree(low: pl.Expr, high: pl.Expr) -> pl.Expr:
+    """True where ``high - low`` exceeds the relative tolerance: ``max − min > 1e-6 · max(|max|,
+    |min|)``. Shared by ``compute`` (an error) and ``inspect`` (a count)."""
+    return (high - low) > SCORE_TOLERANCE * pl.max_horizontal(high.abs(), low.abs())
+
+
 def _check_consistent_scores(projection: pl.DataFrame, units: pl.DataFrame, naming: Naming) -> None:
-    spread = pl.col("score_max") - pl.col("score_min")
-    magnitude = pl.max_horizontal(pl.col("score_max").abs(), pl.col("score_min").abs())
-    offenders = units.filter(spread > SCORE_TOLERANCE * magnitude)
+    offenders = units.filter(scores_disagree(pl.col("score_min"), pl.col("score_max")))
     if offenders.is_empty():
         return
     first = offenders.row(0, named=True)  # units are in input order
     rows = projection.filter(
         (pl.col(GROUP) == first[GROUP]) & (pl.col(TRAJECTORY) == first[TRAJECTORY])
     ).sort(ROW)
-    opening = rows[SCORE][0]
-    disagreeing = rows.filter(
-        (pl.col(SCORE) - opening).abs()
-        > SCORE_TOLERANCE * pl.max_horizontal(pl.col(SCORE).abs(), abs(opening))
-    )[ROW][0]
+    # Name the first row holding one of the two extremes that disagree.
+    extreme = (pl.col(SCORE) == first["score_min"]) | (pl.col(SCORE) == first["score_max"])
+    disagreeing = rows.filter(extreme)[ROW][0]
     scores = rows[SCORE].unique(maintain_order=True).to_list()
     raise AdvcliError(
         f"{naming.locate(disagreeing)}: trajectory ({naming.group}={first[GROUP]!r}, "
         f"{naming.trajectory}={first[TRAJECTORY]!r}) has rows with different scores {scores}; "
-        "choose a rule with --traj-score first|last|mean|max|sum, or use --level turn"
+        "choose a rule with --traj-score first|last|mean|max|sum"
     )
 
 
@@ -205,7 +207,10 @@ def _group_rule(config: AdvantageConfig, batch_std: float) -> tuple[pl.Expr, pl.
     """
     estimator = config.estimator
     baseline = {
-        Estimator.OPO: pl.when(pl.col("tokens_sum") > 0)
+        # All-equal units: the mean (set to that score exactly), not a token-weighted rounding.
+        Estimator.OPO: pl.when(pl.col("zero_std"))
+        .then(pl.col("mean"))
+        .when(pl.col("tokens_sum") > 0)
         .then(pl.col("tokens_score_sum") / pl.col("tokens_sum"))
         .otherwise(0.0),
         Estimator.GRPO_PASSK: pl.col("score_second"),
@@ -252,9 +257,10 @@ def compute_advantages(
     projection: pl.DataFrame, config: AdvantageConfig, naming: Naming | None = None
 ) -> Advantages:
     """Stage 2: the key projection in, per-unit, per-group and per-row advantages out."""
-    units = build_units(projection, config, naming or Naming())
+    naming = naming or Naming()
+    units = build_units(projection, config, naming)
     stats = group_statistics(units)
-    batch_std = _batch_std(units)
+    batch_std = _batch_std(units) if config.effective_scale is Scale.BATCH else 1.0
 
     singleton = pl.col("units") == 1
     baseline, divisor = _group_rule(config, batch_std)
@@ -299,20 +305,37 @@ def compute_advantages(
             .select(ROW, SCORE, TOKENS, "advantage")
         )
     if config.estimator is Estimator.REINFORCE_PP_BASELINE:
-        rows = _whiten_over_tokens(rows)
-        # Keep each unit's advantage consistent with its rows' (a trajectory's rows are equal).
-        units = units.drop("advantage").join(
-            rows.select(pl.col(ROW).alias("first_row"), "advantage"),
-            on="first_row",
-            how="left",
-            maintain_order="left",
+        mean, scale = _token_whitening(rows)
+        whitened = (pl.col("advantage") - mean) / scale
+        units = units.with_columns(whitened.alias("advantage"))
+        # verl multiplies the whitened values by the mask: a row without response tokens gets 0.
+        rows = rows.with_columns(
+            pl.when(pl.col(TOKENS) > 0).then(whitened).otherwise(0.0).alias("advantage")
         )
+    _check_finite(rows, naming)
     groups = groups.rename({"divisor": "std"}).drop("top_row")
     return Advantages(units=units, groups=groups, rows=rows.drop(TOKENS))
 
 
-def _whiten_over_tokens(rows: pl.DataFrame) -> pl.DataFrame:
-    """REINFORCE++ whitening over every response token of the input.
+# The largest float32: the output columns are float32.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _check_finite(rows: pl.DataFrame, naming: Naming) -> None:
+    """Scores near the float64 limit overflow the statistics; beyond the float32 limit they
+    overflow the output. Either is an error naming the first row, never a silent inf or NaN."""
+    too_large = ~pl.col("advantage").is_finite() | (pl.col("advantage").abs() > FLOAT32_MAX)
+    too_large = too_large | (pl.col(SCORE).abs() > FLOAT32_MAX)
+    row = rows.select(pl.col(ROW).filter(too_large).min()).item()
+    if row is not None:
+        raise AdvcliError(
+            f"{naming.locate(row)}: the score or its advantage does not fit a float32 (the "
+            "scores are too large; rescale the rewards)"
+        )
+
+
+def _token_whitening(rows: pl.DataFrame) -> tuple[float, float]:
+    """REINFORCE++ whitening over every response token of the input: (μ, sqrt(σ² + 1e-8)).
 
     Every token of a row carries the row's value x, so with T = Σ tokens the token mean is
     μ = Σ tokens·x / T and the unbiased token variance σ² = Σ tokens·(x − μ)² / (T − 1);
@@ -331,5 +354,4 @@ def _whiten_over_tokens(rows: pl.DataFrame) -> pl.DataFrame:
     variance = in_order.select((weight * (pl.col("advantage") - mean) ** 2).sum()).item() / (
         total - 1
     )
-    scale = math.sqrt(variance + WHITEN_EPSILON)
-    return rows.with_columns(((pl.col("advantage") - mean) / scale).alias("advantage"))
+    return mean, math.sqrt(variance + WHITEN_EPSILON)

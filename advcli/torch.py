@@ -47,6 +47,8 @@ _DIRECT_RANGE_MIN = 1 << 16
 # Combined (group, trajectory) keys must stay below this to be formed without overflow.
 _KEY_LIMIT = 1 << 62
 _INT32_LIMIT = 1 << 31
+# Rewards are summed in float64 by blocks of about this many values (see _scores).
+_SUM_BLOCK = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -296,9 +298,23 @@ def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> t
             f"{tuple(token_level_rewards.shape)}"
         )
     rewards = token_level_rewards.detach()
-    if rewards.shape[1] == 1:  # the sum of one token; torch reduces a length-1 dim slowly
+    rows, length = rewards.shape
+    if length == 1:  # the sum of one token; torch reduces a length-1 dim slowly
         return rewards[:, 0].to(torch.float64)
-    return rewards.sum(dim=-1, dtype=torch.float64)
+    block = max(1, _SUM_BLOCK // max(length, 1))
+    if rewards.device.type != "cpu" or block >= rows:
+        return rewards.sum(dim=-1, dtype=torch.float64)
+    # On CPU, sum(dtype=float64) materializes a float64 copy of the whole tensor, which is slow
+    # (fresh pages) for a long response_length: convert and sum blocks of rows in one reused
+    # buffer instead (a loop over blocks of ~2**18 values, not over rows; same result).
+    scores = torch.empty(rows, dtype=torch.float64)
+    buffer = torch.empty(block, length, dtype=torch.float64)
+    for start in range(0, rows, block):
+        stop = min(start + block, rows)
+        piece = buffer[: stop - start]
+        piece.copy_(rewards[start:stop])
+        torch.sum(piece, dim=-1, out=scores[start:stop])
+    return scores
 
 
 def _broadcast(advantage: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

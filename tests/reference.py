@@ -55,7 +55,8 @@ Estimators (``s`` is the unit's score)
   response tokens of the whole input: row ``r`` contributes ``tokens_r`` copies of its value
   ``x_r``; ``T = sum(tokens_r)``, ``mu = sum(tokens_r * x_r) / T``,
   ``var = sum(tokens_r * (x_r - mu) ** 2) / (T - 1)`` and the row's value is
-  ``(x_r - mu) / sqrt(var + 1e-8)``. Undefined (``ValueError`` here) when ``T < 2``.
+  ``(x_r - mu) / sqrt(var + 1e-8)``, or 0 for a row with no response tokens (the value is
+  multiplied by the mask). Undefined (``ValueError`` here) when ``T < 2``.
 
 Singleton groups (``n == 1``)
 -----------------------------
@@ -235,7 +236,8 @@ def _whiten(values: list[float], tokens: list[int]) -> list[float]:
     mu = math.fsum(t * x for t, x in zip(tokens, values, strict=True)) / total
     var = math.fsum(t * (x - mu) ** 2 for t, x in zip(tokens, values, strict=True)) / (total - 1)
     denom = math.sqrt(var + WHITEN_EPS)
-    return [(x - mu) / denom for x in values]
+    # The whitened value times the row's mask: a row without response tokens gets 0.
+    return [(x - mu) / denom if t > 0 else 0.0 for t, x in zip(tokens, values, strict=True)]
 
 
 def reference_scores(

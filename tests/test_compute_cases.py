@@ -170,3 +170,12 @@ def test_epsilon_option(write_dump, run, tmp_path):
     np.testing.assert_allclose(
         pl.read_parquet(output)["advantage"].to_numpy(), [expected] + [-expected] * 4, rtol=1e-6
     )
+
+
+def test_spread_beyond_tolerance_names_an_extreme_row(write_dump, run, tmp_path):
+    # No row differs from the first by more than the tolerance, but the two extremes do.
+    rows = [(0, 0, 0, 1.0, 1), (0, 0, 1, 1.0 + 9e-7, 1), (0, 0, 2, 1.0 - 9e-7, 1)]
+    source = write_dump(rows)
+    result = run("compute", source, "-o", tmp_path / "out.parquet")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: {source} row 1: trajectory (data_id=0, rollout_id=0)")

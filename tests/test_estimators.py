@@ -223,3 +223,47 @@ def test_reinforce_pp_needs_two_tokens(write_dump, run, tmp_path):
     )
     assert result.exit_code == 1
     assert "needs at least 2" in result.stderr
+
+
+def test_opo_equal_scores_give_exactly_zero(write_dump, run, tmp_path):
+    # Token-weighted mean of three equal scores with different lengths: 0.3 exactly, not
+    # 0.3 + rounding (which would leave ~5e-17).
+    rows = [("g", "a", 0, 0.3, 1), ("g", "b", 0, 0.3, 2), ("g", "c", 0, 0.3, 4)]
+    output = tmp_path / "out.parquet"
+    assert run("compute", write_dump(rows), "-o", output, "--estimator", "opo").exit_code == 0
+    assert pl.read_parquet(output)["advantage"].to_list() == [0.0, 0.0, 0.0]
+
+
+def test_reinforce_pp_row_without_tokens_gets_zero(write_dump, run, tmp_path):
+    # The zero-token row's value is multiplied by its (empty) mask, as in verl: 0. The other
+    # rows are whitened over the 6 tokens of rows 0 and 1: values 0.5 (x4) and -0.5 (x2).
+    frame = pl.DataFrame(
+        {
+            "data_id": ["g", "g", "g"],
+            "rollout_id": ["a", "b", "c"],
+            "score": [1.0, 0.0, 0.5],
+            "response_length": [4, 2, 0],
+        }
+    )
+    output = tmp_path / "out.parquet"
+    source = write_dump(frame)
+    result = run("compute", source, "-o", output, "--estimator", "reinforce_pp_baseline")
+    assert result.exit_code == 0, result.output
+    # Centred: 0.5, -0.5, 0 (mean 0.5). Token mean (4*0.5 - 2*0.5)/6 = 1/6.
+    mean = 1 / 6
+    variance = (4 * (0.5 - mean) ** 2 + 2 * (-0.5 - mean) ** 2) / 5
+    scale = math.sqrt(variance + 1e-8)
+    np.testing.assert_allclose(
+        pl.read_parquet(output)["advantage"].to_numpy(),
+        [(0.5 - mean) / scale, (-0.5 - mean) / scale, 0.0],
+        rtol=1e-6,
+    )
+
+
+def test_scores_too_large_for_float32_are_an_error(write_dump, run, tmp_path):
+    rows = [("g", "a", 0, 1e39, 1), ("g", "b", 0, 0.0, 1)]
+    output = tmp_path / "out.parquet"
+    result = run("compute", write_dump(rows), "-o", output)
+    assert result.exit_code == 1
+    assert "row 0: the score or its advantage does not fit a float32" in result.stderr
+    assert not output.exists()

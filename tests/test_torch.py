@@ -274,6 +274,20 @@ def test_dtypes_inputs_untouched_and_no_grad(estimator, reward_dtype, mask_dtype
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_dense_rewards_are_summed_in_float64(dtype):
+    """More than 2**18 reward values: the CPU path sums them by blocks of rows."""
+    generator = torch.Generator().manual_seed(3)
+    rewards = (torch.randn(300, 1000, generator=generator) / 30).to(dtype)
+    mask = (torch.rand(300, 1000, generator=generator) > 0.1).float()
+    index = torch.randint(0, 40, (300,), generator=generator)
+    traj = torch.randint(0, 3, (300,), generator=generator)
+    for cross in (True, False):
+        check_against_reference(
+            "grpo", rewards, mask, index, traj, compute_mean_std_cross_all_data=cross
+        )
+
+
 def test_empty_batch():
     for cross in (True, False):
         adv, _ = compute_grpo_outcome_advantage(
