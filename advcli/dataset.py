@@ -18,8 +18,10 @@ import glob
 import io
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -754,23 +756,40 @@ def atomic_output(output: Path) -> Iterator[Path]:
     if not folder.is_dir():
         raise AdvcliError(f"{output}: the folder {folder} does not exist")
     _remove_stale_partials(output)
+    # Ctrl-C is held back while the file is created and named, so that an interrupt cannot land
+    # between the two and leave a partial file no cleanup knows of.
+    blocked = _block_interrupts()
     try:
         handle, name = tempfile.mkstemp(
             prefix=f".{output.name}.{os.getpid()}.", suffix=PARTIAL_SUFFIX, dir=folder
         )
+        partial = Path(name)
     except OSError as error:
         raise AdvcliError(f"{output}: cannot write to {folder} ({error.strerror})") from None
-    os.close(handle)
-    # mkstemp creates the file private (0600); give it the mode a plain open() would have.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(name, 0o666 & ~umask)
-    partial = Path(name)
+    finally:
+        _restore_interrupts(blocked)
     try:
+        os.close(handle)
+        # mkstemp creates the file private (0600); give it the mode a plain open() would have.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(partial, 0o666 & ~umask)
         yield partial
         os.replace(partial, output)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _block_interrupts() -> bool:
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    return True
+
+
+def _restore_interrupts(blocked: bool) -> None:
+    if blocked:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 PARTIAL_SUFFIX = ".advcli-partial"
