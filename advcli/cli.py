@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -182,6 +184,18 @@ ThreadsOpt = Annotated[
 ]
 
 
+def _check_engine(engine: EngineChoice, address: str | None, local_only: bool = False) -> None:
+    """Option combinations the engines do not support are usage errors (exit 2)."""
+    if address is not None and engine is not EngineChoice.RAY:
+        raise typer.BadParameter("--address goes with --engine ray", param_hint="'--address'")
+    if local_only and engine is EngineChoice.RAY:
+        raise typer.BadParameter(
+            "--engine ray writes a Parquet dataset folder: no '-o -', no --format other than "
+            "parquet",
+            param_hint="'--engine'",
+        )
+
+
 def _use_threads(threads: int | None) -> None:
     """Polars sizes its thread pool once, when it is first imported: set it before that."""
     if threads is not None:
@@ -281,6 +295,11 @@ def compute_command(
         scale=scale,
         singleton=singleton,
     )
+    _check_engine(
+        engine,
+        address,
+        local_only=str(output) == "-" or output_format not in (None, Format.PARQUET),
+    )
     _use_threads(threads)
     from advcli.pipeline import compute
 
@@ -375,6 +394,11 @@ def compare_command(
         scale=scale,
         singleton=singleton,
     )
+    _check_engine(engine, address)
+    if fail_above is not None and not math.isfinite(fail_above):
+        raise typer.BadParameter("must be a finite number", param_hint="'--fail-above'")
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise AdvcliError(f"{plot}: --plot needs matplotlib: pip install 'advcli[plot]'")
     _use_threads(threads)
     from advcli.pipeline import compare
     from advcli.render import render_json, render_markdown, render_terminal, write_plot, write_text

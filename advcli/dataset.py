@@ -812,13 +812,23 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def check_output(output: Path, dataset: Dataset, *, force: bool) -> None:
-    """Refuse an output that is one of the inputs, or that exists without ``--force``
+def check_output(
+    output: Path, dataset: Dataset, *, force: bool, folder_output: bool = False
+) -> None:
+    """Refuse an output that is one of the inputs, whose folder is missing or not writable, that
+    is a directory (unless the output is a dataset folder), or that exists without ``--force``
     (``-``, standard output, is always fine)."""
     if str(output) == STDIN:
         return
     for path in dataset.files:
         if output.resolve() == path.resolve():
             raise AdvcliError(f"{output}: the output is also an input; choose another path")
+    folder = output.parent
+    if not folder.is_dir():
+        raise AdvcliError(f"{output}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise AdvcliError(f"{output}: cannot write to {folder} (permission denied)")
+    if output.is_dir() and not folder_output:
+        raise AdvcliError(f"{output}: is a directory; name a file")
     if output.exists() and not force:
         raise AdvcliError(f"{output}: the file exists; pass --force to replace it")

@@ -188,7 +188,7 @@ def compute(
     report_kind = report_format_for(report_path) if report_path is not None else None
     stage = on_stage or (lambda name: None)
     with opened(inputs) as dataset:
-        check_outputs([output, report_path], dataset, force=force)
+        check_outputs([output, report_path], dataset, force=force, engine=engine)
         start_engine(engine, address)
         stage("reading keys")
         dump = load_dump(dataset, names, engine=engine)
@@ -261,11 +261,20 @@ def report_format_for(path: Path) -> str:
     return kind
 
 
-def check_outputs(outputs: Sequence[Path | None], dataset: Dataset, *, force: bool) -> None:
-    """Check every file a command will write before any work is done."""
-    for path in outputs:
-        if path is not None:
-            check_output(path, dataset, force=force)
+def check_outputs(
+    outputs: Sequence[Path | None], dataset: Dataset, *, force: bool, engine: Engine = "local"
+) -> None:
+    """Check every file a command will write before any work is done; two outputs may not share
+    a path. The first output is a folder with the Ray engine."""
+    seen: set[Path] = set()
+    for position, output in enumerate(outputs):
+        if output is None or str(output) == STDIN:
+            continue
+        if output.resolve() in seen:
+            raise AdvcliError(f"{output}: named for two outputs; give each its own path")
+        seen.add(output.resolve())
+        folder_output = engine == "ray" and position == 0
+        check_output(output, dataset, force=force, folder_output=folder_output)
 
 
 def _other_level(level: Level) -> Level:

@@ -193,9 +193,15 @@ def write_advantages(
             # The folder is new and ours alone, so names need no write id to stay unique.
             mode=ray.data.SaveMode.OVERWRITE,
         )
+        # The old output (with --force) stays whole until the new one is in place.
+        retired = partial.with_name(partial.name + ".old")
         if output.exists():
-            shutil.rmtree(output) if output.is_dir() else output.unlink()
+            os.replace(output, retired)
         os.replace(partial, output)
+        if retired.is_dir():
+            shutil.rmtree(retired)
+        elif retired.exists():
+            retired.unlink()
     except ray.exceptions.RayError as error:
         raise AdvcliError(f"{output}: the Ray job failed ({_first_line(error)})") from None
     finally:

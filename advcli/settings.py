@@ -6,6 +6,7 @@ count) before Polars is imported.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
@@ -87,8 +88,8 @@ class AdvantageConfig:
             raise AdvcliError(
                 f"--scale applies to grpo and grpo_passk, not to {self.estimator.value}"
             )
-        if not self.epsilon >= 0:
-            raise AdvcliError(f"epsilon must be >= 0, got {self.epsilon}")
+        if not 0 <= self.epsilon < math.inf:
+            raise AdvcliError(f"epsilon must be a finite number >= 0, got {self.epsilon}")
 
     def describe(self) -> str:
         """E.g. ``grpo (scale group, singleton raw, epsilon 1e-06)``."""

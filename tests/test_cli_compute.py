@@ -401,3 +401,44 @@ def test_usage_errors_exit_2(args, write_dump, run, tmp_path):
     result = run("compute", write_dump(BASE), "-o", tmp_path / "out.parquet", *args)
     assert result.exit_code == 2
     assert not (tmp_path / "out.parquet").exists()
+
+
+def test_output_that_is_a_directory(write_dump, run, tmp_path):
+    (tmp_path / "out.parquet").mkdir()
+    result = run("compute", write_dump(BASE), "-o", tmp_path / "out.parquet", "--force")
+    assert result.exit_code == 1
+    assert result.stderr.strip().endswith("out.parquet: is a directory; name a file")
+
+
+def test_every_output_is_checked_before_any_is_written(write_dump, run, tmp_path):
+    output = tmp_path / "out.parquet"
+    result = run(
+        "compute", write_dump(BASE), "-o", output, "--report", tmp_path / "missing" / "r.json"
+    )
+    assert result.exit_code == 1
+    assert "does not exist" in result.stderr
+    assert not output.exists()
+
+
+def test_two_outputs_may_not_share_a_path(write_dump, run, tmp_path):
+    same = tmp_path / "same.json"
+    result = run("compute", write_dump(BASE), "-o", same, "--format", "parquet", "--report", same)
+    assert result.exit_code == 1
+    assert "named for two outputs" in result.stderr
+    result = run("compare", write_dump(BASE, "b.parquet"), "--json", same, "--markdown", same)
+    assert result.exit_code == 1
+    assert not same.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--address", "auto"], ["--epsilon", "inf"], ["--engine", "ray", "--format", "npz"]],
+)
+def test_more_usage_errors_exit_2(args, write_dump, run, tmp_path):
+    result = run("compute", write_dump(BASE), "-o", tmp_path / "out.parquet", *args)
+    assert result.exit_code == 2
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_fail_above_must_be_finite(write_dump, run):
+    assert run("compare", write_dump(BASE), "--fail-above", "nan", "-q").exit_code == 2
