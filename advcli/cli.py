@@ -157,6 +157,7 @@ def _config(**settings: Any) -> AdvantageConfig:
 class Format(str, Enum):
     PARQUET = "parquet"
     ARROW = "arrow"
+    ARROWS = "arrows"
     NPZ = "npz"
     PT = "pt"
 
@@ -247,8 +248,8 @@ def compute_command(
         typer.Option(
             "--output",
             "-o",
-            help="Output file (.parquet, .arrow, .npz or .pt); '-' writes an Arrow IPC stream to "
-            "stdout (--format parquet for Parquet bytes).",
+            help="Output file (.parquet, .arrow IPC file, .arrows IPC stream, .npz or .pt); '-' "
+            "writes an Arrow IPC stream to stdout (--format parquet for Parquet bytes).",
         ),
     ],
     inputs: Inputs = None,

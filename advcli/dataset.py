@@ -38,11 +38,9 @@ from advcli.errors import AdvcliError
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSON_LINES_SUFFIXES = (".jsonl", ".ndjson", ".json")
 ARROW_SUFFIXES = (".arrow", ".ipc", ".feather")
-INPUT_SUFFIXES = PARQUET_SUFFIXES + JSON_LINES_SUFFIXES + ARROW_SUFFIXES
+DIRECTORY_JSON_SUFFIXES = (".jsonl", ".ndjson")
 GLOB_CHARS = frozenset("*?[")
 STDIN = "-"
-# How many JSON lines Polars reads to infer a JSON-lines file's column types.
-JSON_SCHEMA_ROWS = 10_000
 
 # Internal column names of the key projection. They are ours, so a user column called "group" or
 # "score" never collides with them.
@@ -70,7 +68,8 @@ MASK_CANDIDATES = ("response_mask", "response_length")
 
 RewardKind = Literal["token_rewards", "scalar"]
 MaskKind = Literal["mask", "length"]
-OutputFormat = Literal["parquet", "arrow", "npz", "pt"]
+# arrow: an Arrow IPC file; arrows: an Arrow IPC stream (what a pipe reader expects).
+OutputFormat = Literal["parquet", "arrow", "arrows", "npz", "pt"]
 InputFormat = Literal["parquet", "json", "arrow"]
 
 
@@ -144,8 +143,8 @@ class Dataset:
 def resolve_inputs(specs: Sequence[str]) -> list[Path]:
     """Expand files, globs and directories into a list of input files, in the order given.
 
-    A directory contributes its Parquet and JSON-lines files (recursively, sorted by path); a glob
-    its matches, sorted. A file named twice is read once.
+    A directory contributes its Parquet files, or if it has none its ``.jsonl``/``.ndjson`` files
+    (recursively, sorted by path); a glob its matches, sorted. A file named twice is read once.
     """
     if not specs:
         raise AdvcliError("no input files given")
@@ -164,13 +163,17 @@ def resolve_inputs(specs: Sequence[str]) -> list[Path]:
 
 def _expand_path(path: Path, spec: str) -> list[Path]:
     if path.is_dir():
-        found = sorted(p for p in path.rglob("*") if p.suffix in INPUT_SUFFIXES and p.is_file())
-        if not found:
-            raise AdvcliError(
-                f"{spec}: the directory holds no Parquet file (*.parquet, *.pq) "
-                "or JSON-lines file (*.jsonl, *.ndjson, *.json)"
-            )
-        return found
+        # A directory's Parquet files; failing those, its JSON-lines files (a stray config.json
+        # beside Parquet files is not data).
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        for suffixes in (PARQUET_SUFFIXES, DIRECTORY_JSON_SUFFIXES):
+            found = [p for p in files if p.suffix in suffixes]
+            if found:
+                return found
+        raise AdvcliError(
+            f"{spec}: the directory holds no Parquet file (*.parquet, *.pq) "
+            "or JSON-lines file (*.jsonl, *.ndjson)"
+        )
     if not path.exists():
         raise AdvcliError(f"{spec}: no such file or directory")
     return [path]
@@ -280,7 +283,7 @@ def _read_header(path: Path, label: str, input_format: InputFormat) -> tuple[int
                 arrow_schema = parquet_file.schema_arrow
             return num_rows, pl.from_arrow(arrow_schema.empty_table()).schema  # type: ignore[union-attr]
         frame = (
-            pl.scan_ndjson(path, infer_schema_length=JSON_SCHEMA_ROWS)
+            pl.scan_ndjson(path, infer_schema_length=None)
             if input_format == "json"
             else pl.scan_ipc(path)
         )
@@ -351,7 +354,11 @@ def resolve_columns(
         if turn_col is not None
         else "no 'turn_index' column: turns are ordered by input order"
     )
-    reward_col = _pick(schema, where, "reward", reward, REWARD_CANDIDATES, "--reward-col", reasons)
+    # In an advcli output (a re-run) 'score' is advcli's own column, so it is tried last.
+    reward_candidates = (
+        ("token_level_rewards", "reward", "score") if "advantage" in schema else REWARD_CANDIDATES
+    )
+    reward_col = _pick(schema, where, "reward", reward, reward_candidates, "--reward-col", reasons)
     mask_col = _pick(schema, where, "mask", mask, MASK_CANDIDATES, "--mask-col", reasons)
 
     for role, name in (("group", group_col), ("trajectory", trajectory_col)):
@@ -663,15 +670,17 @@ def write_advantages(
     per_token = per_token_advantages(columns)
     with atomic_output(output) as partial:
         try:
-            if output_format in ("parquet", "arrow"):
+            if output_format in ("npz", "pt"):
+                _write_arrays(frame, columns, partial, output_format, tokens)
+            else:
                 if tokens:
                     frame = frame.with_columns(per_token.alias("advantages"))
                 if output_format == "parquet":
                     frame.sink_parquet(partial)
+                elif output_format == "arrow":
+                    frame.sink_ipc(partial)
                 else:
                     _write_arrow_stream(frame, partial)
-            else:
-                _write_arrays(frame, columns, partial, output_format)
         except pl.exceptions.PolarsError as error:
             raise AdvcliError(
                 f"{dataset.describe()}: cannot write {output} ({_first_line(error)})"
@@ -706,8 +715,10 @@ def _write_arrow_stream(frame: pl.LazyFrame, path: Path) -> None:
 
 
 def _write_arrays(
-    frame: pl.LazyFrame, columns: Columns, partial: Path, output_format: OutputFormat
+    frame: pl.LazyFrame, columns: Columns, partial: Path, output_format: OutputFormat, tokens: bool
 ) -> None:
+    """Padded arrays: ``advantage`` (N,), ``response_mask`` (N, Lmax) and, unless ``tokens`` is
+    off, ``advantages`` (N, Lmax)."""
     if columns.mask_kind == "mask":
         mask = pl.col(columns.mask).cast(pl.List(pl.Float32))
     else:
@@ -717,11 +728,9 @@ def _write_arrays(
     )
     response_mask = padded(collected["response_mask"])
     advantage = collected["advantage"].to_numpy()
-    arrays = {
-        "advantages": response_mask * advantage[:, None],
-        "response_mask": response_mask,
-        "advantage": advantage,
-    }
+    arrays: dict[str, Any] = {"response_mask": response_mask, "advantage": advantage}
+    if tokens:
+        arrays["advantages"] = response_mask * advantage[:, None]
     if output_format == "npz":
         with partial.open("wb") as handle:
             np.savez(handle, **arrays)

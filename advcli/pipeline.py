@@ -45,7 +45,7 @@ FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
     ".parquet": "parquet",
     ".pq": "parquet",
     ".arrow": "arrow",
-    ".arrows": "arrow",
+    ".arrows": "arrows",
     ".npz": "npz",
     ".pt": "pt",
 }
@@ -142,13 +142,13 @@ def output_format_for(output: Path, requested: OutputFormat | None) -> OutputFor
     if requested is not None:
         chosen = requested
     elif str(output) == STDIN:
-        chosen = "arrow"
+        chosen = "arrows"
     elif output.suffix.lower() in FORMAT_BY_SUFFIX:
         chosen = FORMAT_BY_SUFFIX[output.suffix.lower()]
     else:
         raise AdvcliError(
             f"{output}: cannot tell the output format from the extension; use .parquet, .arrow, "
-            ".npz or .pt, or pass --format"
+            ".arrows, .npz or .pt, or pass --format"
         )
     if chosen == "pt" and importlib.util.find_spec("torch") is None:
         raise AdvcliError(f"{output}: writing .pt needs torch: pip install 'advcli[torch]'")

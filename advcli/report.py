@@ -94,7 +94,6 @@ def bias_report(
             pl.len().alias("trajectories"),
             pl.col("advantage_turn").mean().alias("mean_advantage_turn"),
             pl.col("advantage_trajectory").mean().alias("mean_advantage_trajectory"),
-            pl.col("diff").mean().alias("mean_diff"),
             pl.col("mass_turn").sum().alias("token_mass_turn"),
             pl.col("mass_trajectory").sum().alias("token_mass_trajectory"),
         )

@@ -48,7 +48,7 @@ _DIRECT_RANGE_MIN = 1 << 16
 _KEY_LIMIT = 1 << 62
 _INT32_LIMIT = 1 << 31
 # Rewards are summed in float64 by blocks of about this many values (see _scores).
-_SUM_BLOCK = 1 << 18
+_SUM_BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -306,7 +306,7 @@ def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> t
         return rewards.sum(dim=-1, dtype=torch.float64)
     # On CPU, sum(dtype=float64) materializes a float64 copy of the whole tensor, which is slow
     # (fresh pages) for a long response_length: convert and sum blocks of rows in one reused
-    # buffer instead (a loop over blocks of ~2**18 values, not over rows; same result).
+    # buffer instead (a loop over blocks of ~2**20 values, not over rows; same result).
     scores = torch.empty(rows, dtype=torch.float64)
     buffer = torch.empty(block, length, dtype=torch.float64)
     for start in range(0, rows, block):

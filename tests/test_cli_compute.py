@@ -442,3 +442,44 @@ def test_more_usage_errors_exit_2(args, write_dump, run, tmp_path):
 
 def test_fail_above_must_be_finite(write_dump, run):
     assert run("compare", write_dump(BASE), "--fail-above", "nan", "-q").exit_code == 2
+
+
+def test_rerun_keeps_the_original_reward_column(write_dump, run, tmp_path):
+    # A scalar 'reward' column: on the output, advcli's own 'score' must not be taken for it.
+    frame = pl.DataFrame(
+        {
+            "data_id": [0, 0, 0],
+            "rollout_id": [0, 0, 1],
+            "turn_index": [0, 1, 0],
+            "reward": [1.0, 1.0, 0.0],
+            "response_length": [1, 1, 1],
+        }
+    )
+    first, second = tmp_path / "first.parquet", tmp_path / "second.parquet"
+    assert run("compute", write_dump(frame), "-o", first, "--traj-score", "sum").exit_code == 0
+    result = run("compute", first, "-o", second, "--traj-score", "sum")
+    assert result.exit_code == 0, result.stderr
+    assert pl.read_parquet(second)["score"].to_list() == [2.0, 2.0, 0.0]
+
+
+def test_arrow_file_and_stream_outputs(write_dump, run, tmp_path):
+    source = write_dump(BIAS_EXAMPLE.rows)
+    assert run("compute", source, "-o", tmp_path / "out.arrow").exit_code == 0
+    assert pl.read_ipc(tmp_path / "out.arrow").height == 5
+    assert run("compute", source, "-o", tmp_path / "out.arrows").exit_code == 0
+    assert pl.read_ipc_stream(tmp_path / "out.arrows").height == 5
+
+
+def test_no_tokens_leaves_out_the_padded_advantages(write_dump, run, tmp_path):
+    output = tmp_path / "out.npz"
+    assert run("compute", write_dump(BIAS_EXAMPLE.rows), "-o", output, "--no-tokens").exit_code == 0
+    with np.load(output) as arrays:
+        assert sorted(arrays.files) == ["advantage", "response_mask"]
+
+
+def test_directory_prefers_parquet_over_a_stray_json(run, tmp_path):
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    dump_frame(BIAS_EXAMPLE.rows).write_parquet(folder / "part-0.parquet")
+    (folder / "config.json").write_text('{"lr": 1e-6}\n')
+    assert run("compute", folder, "-o", tmp_path / "out.parquet").exit_code == 0

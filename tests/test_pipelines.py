@@ -66,7 +66,7 @@ def test_stdin_parquet_to_stdout_arrow_stream(tmp_path):
 def test_stdout_parquet_and_stdin_arrow_stream(tmp_path):
     result = shell(
         f"advcli compute {SAMPLE} -o - --format parquet -q --level turn "
-        f"| advcli compute - -o - -q --format arrow --estimator rloo > out.arrows",
+        f"| advcli compute - -o - -q --format arrows --estimator rloo > out.arrows",
         tmp_path,
     )
     assert result.returncode == 0, result.stderr.decode()
