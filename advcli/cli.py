@@ -334,7 +334,7 @@ def _summary_table(summary: ComputeSummary) -> Table:
         ("groups", f"{summary.groups:,}"),
         ("trajectories", f"{summary.trajectories:,}"),
         (f"singleton groups ({config.level.value} level)", f"{summary.singleton_groups:,}"),
-        ("zero-std groups", f"{summary.zero_std_groups:,}"),
+        (f"zero-std groups ({config.level.value} level)", f"{summary.zero_std_groups:,}"),
         ("level", config.level.value),
         ("estimator", config.describe()),
         ("reward column", f"{summary.columns.reward} ({summary.columns.reward_kind})"),

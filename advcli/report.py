@@ -229,8 +229,7 @@ def verdict(summary: dict[str, Any], per_trajectory: pl.DataFrame) -> str:
         ]
     if spread["min"] == spread["max"]:
         sentences.append(
-            f"Every trajectory has {spread['min']} turn(s), so all weigh alike; the levels "
-            "differ only through the std's degrees of freedom."
+            f"Every trajectory has {spread['min']} turn(s), so all weigh alike at both levels."
         )
     else:
         # "Long" = at least the median turn count, and strictly more than the shortest.

@@ -188,7 +188,7 @@ def test_summary_names_estimator_scale_singleton(write_dump, run, tmp_path):
     assert "grpo_passk (scale group, singleton zero, epsilon 1e-06)" in text
     # Trajectory level: S is a singleton; Z is zero-std.
     assert "singleton groups (trajectory level) │ 1" in text
-    assert "zero-std groups │ 1" in text
+    assert "zero-std groups (trajectory level) │ 1" in text
 
 
 @pytest.mark.parametrize(
