@@ -246,7 +246,7 @@ def spool_stdin(folder: Path) -> Path:
                 out.write_batch(batch)
     except pa.ArrowException as error:
         raise AdvcliError(
-            f"<stdin>: not a readable Arrow IPC stream ({_first_line(error)})"
+            f"<stdin>: not a readable Arrow IPC stream ({first_line(error)})"
         ) from None
     return path
 
@@ -294,7 +294,7 @@ def _read_header(path: Path, label: str, input_format: InputFormat) -> tuple[int
         raise AdvcliError(f"{label}: cannot read the file ({error.strerror})") from None
     except (pa.ArrowException, OSError, pl.exceptions.PolarsError) as error:
         kind = {"parquet": "Parquet", "json": "JSON-lines", "arrow": "Arrow IPC"}[input_format]
-        raise AdvcliError(f"{label}: not a readable {kind} file ({_first_line(error)})") from None
+        raise AdvcliError(f"{label}: not a readable {kind} file ({first_line(error)})") from None
 
 
 def _check_schemas_agree(files: Sequence[str], schemas: Sequence[pl.Schema]) -> None:
@@ -316,7 +316,8 @@ def _check_schemas_agree(files: Sequence[str], schemas: Sequence[pl.Schema]) -> 
                 )
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """An error's first line of text (or its type name): Polars' and Arrow's messages run on."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
@@ -547,7 +548,7 @@ def key_projection(
         )
     except pl.exceptions.PolarsError as error:
         raise AdvcliError(
-            f"{dataset.describe()}: cannot read the key columns ({_first_line(error)})"
+            f"{dataset.describe()}: cannot read the key columns ({first_line(error)})"
         ) from None
     return plan.check(projection, dataset, columns, unique_turns=unique_turns)
 
@@ -683,7 +684,7 @@ def write_advantages(
                     _write_arrow_stream(frame, partial)
         except pl.exceptions.PolarsError as error:
             raise AdvcliError(
-                f"{dataset.describe()}: cannot write {output} ({_first_line(error)})"
+                f"{dataset.describe()}: cannot write {output} ({first_line(error)})"
             ) from None
 
 

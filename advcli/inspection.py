@@ -11,7 +11,7 @@ from typing import Any
 
 import polars as pl
 
-from advcli.advantage import SCORE_TOLERANCE
+from advcli.advantage import scores_disagree
 from advcli.dataset import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, Columns, Dataset
 from advcli.report import histogram, number
 
@@ -41,9 +41,7 @@ def inspect_dump(dataset: Dataset, columns: Columns, projection: pl.DataFrame) -
         )
         .sort("first_row")
     )
-    spread = pl.col("score_max") - pl.col("score_min")
-    magnitude = pl.max_horizontal(pl.col("score_max").abs(), pl.col("score_min").abs())
-    inconsistent = per_trajectory.filter(spread > SCORE_TOLERANCE * magnitude)
+    inconsistent = per_trajectory.filter(scores_disagree(pl.col("score_min"), pl.col("score_max")))
 
     per_group = (
         per_trajectory.group_by(GROUP)

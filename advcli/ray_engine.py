@@ -38,15 +38,11 @@ from advcli.dataset import (
     Columns,
     Dataset,
     KeyProjection,
+    first_line,
     per_token_advantages,
 )
 from advcli.errors import AdvcliError
 from advcli.settings import AdvantageConfig, Estimator, Level
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def start(address: str | None) -> None:
@@ -203,7 +199,7 @@ def write_advantages(
         elif retired.exists():
             retired.unlink()
     except ray.exceptions.RayError as error:
-        raise AdvcliError(f"{output}: the Ray job failed ({_first_line(error)})") from None
+        raise AdvcliError(f"{output}: the Ray job failed ({first_line(error)})") from None
     finally:
         shutil.rmtree(partial, ignore_errors=True)
 
