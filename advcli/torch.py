@@ -24,6 +24,7 @@ Semantics (``s`` is a row's score, the sum of its token-level rewards):
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -47,6 +48,8 @@ _DIRECT_RANGE_MIN = 1 << 16
 # Combined (group, trajectory) keys must stay below this to be formed without overflow.
 _KEY_LIMIT = 1 << 62
 _INT32_LIMIT = 1 << 31
+# Python ints kept for the hash factorization of object ids (about 9 MB at most).
+_POSITIONS_CACHED = 1 << 18
 # Rewards are summed in float64 by blocks of about this many values (see _scores).
 _SUM_BLOCK = 1 << 20
 
@@ -220,8 +223,8 @@ def _group_statistics(
         # trajectory's first row is the pair's first row, no key to sort.
         group = _compact(group, n)
         return _unit_statistics(scores, traj.values == positions, group)
-    # Combine (group, trajectory) into one integer key; factorize a side first if it would
-    # overflow. Codes are at most max(4n, 2**16) after _compact, so the product then fits.
+    # Combine (group, trajectory) into one integer key; factorize a side first if the product
+    # of the ranges would overflow (dense codes are < n, so it then fits).
     if group.bound * traj.bound >= _KEY_LIMIT:
         group = _dense(group)
     if group.bound * traj.bound >= _KEY_LIMIT:
@@ -335,7 +338,7 @@ def _check_length(ids: Ids, n: int, name: str) -> None:
 def _raw_codes(ids: Ids, n: int, device: torch.device, name: str) -> _Codes:
     """Integer codes for the ids, on ``device``; not necessarily dense (see :func:`_compact`)."""
     if isinstance(ids, torch.Tensor) or (isinstance(ids, np.ndarray) and ids.dtype.kind in "biuf"):
-        tensor = ids if isinstance(ids, torch.Tensor) else torch.from_numpy(ids)
+        tensor = ids if isinstance(ids, torch.Tensor) else _numpy_to_tensor(ids)
         if tensor.dim() != 1:
             raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
         _check_length(tensor, n, name)
@@ -352,10 +355,13 @@ def _raw_codes(ids: Ids, n: int, device: torch.device, name: str) -> _Codes:
         if high - low >= _KEY_LIMIT:
             return _dense(_Codes(tensor, 0))
         return _Codes(tensor, high - low + 1, offset=low)
+    values: Sequence[Any] | np.ndarray
     if isinstance(ids, np.ndarray):
         if ids.ndim != 1:
             raise ValueError(f"{name} must be 1-D, got shape {ids.shape}")
-        values: Sequence[Any] = ids.tolist()
+        # Iterating an object array yields its elements as they are; other dtypes (str_, ...)
+        # convert faster in one tolist().
+        values = ids if ids.dtype == object else ids.tolist()
     elif isinstance(ids, str | bytes):
         raise TypeError(f"{name} must be a sequence of ids, not a single {type(ids).__name__}")
     else:
@@ -366,11 +372,40 @@ def _raw_codes(ids: Ids, n: int, device: torch.device, name: str) -> _Codes:
     first_row_of: dict[Any, int] = {}
     try:
         first_rows = np.fromiter(
-            map(first_row_of.setdefault, values, range(n)), dtype=np.int64, count=n
+            map(first_row_of.setdefault, values, _python_positions(n)), dtype=np.int64, count=n
         )
     except TypeError as error:
         raise TypeError(f"{name}: ids must be hashable ({error})") from None
     return _Codes(torch.from_numpy(first_rows).to(device), n, first_rows=True)
+
+
+_positions_cache: list[int] = []
+
+
+def _python_positions(n: int) -> Sequence[int]:
+    """0, 1, ... n - 1 as Python ints, reused across calls up to ``_POSITIONS_CACHED`` (making
+    those int objects is a good part of the cost of the hash factorization); map() stops at the
+    shortest input, so a longer list is fine."""
+    global _positions_cache
+    if n > _POSITIONS_CACHED:
+        return range(n)
+    cache = _positions_cache
+    if len(cache) < n:
+        # Rebinding (not extending) keeps a concurrent reader's list intact.
+        cache = list(range(min(max(n, 2 * len(cache)), _POSITIONS_CACHED)))
+        _positions_cache = cache
+    return cache
+
+
+def _numpy_to_tensor(array: np.ndarray) -> torch.Tensor:
+    """A numeric numpy array as a tensor, sharing memory when it can (it is only read)."""
+    array = np.ascontiguousarray(array)  # torch.from_numpy refuses negative strides
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    with warnings.catch_warnings():
+        # A read-only array is fine: the tensor is never written to.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def _direct_limit(n: int) -> int:

@@ -307,6 +307,11 @@ def test_empty_batch():
         assert adv.shape == (0, 4) and adv.dtype == torch.float32
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
 def test_id_types_agree():
     rewards = torch.tensor([[1.0], [0.0], [0.5], [2.0], [0.0], [2.0]])
     mask = torch.ones(6, 1)
@@ -319,6 +324,9 @@ def test_id_types_agree():
         (np.array([f"g{g}" for g in groups], dtype=object), [f"t{t}" for t in trajs]),
         (np.array([f"g{g}" for g in groups]), np.array([str(t) for t in trajs])),  # '<U' dtype
         (torch.tensor(groups, dtype=torch.float64), np.array(trajs, dtype=object)),
+        # A reversed view (negative strides), a read-only array, big-endian ints.
+        (np.array(groups[::-1], dtype=np.int64)[::-1], np.array(trajs, dtype=">i4")),
+        (_read_only(np.array(groups)), _read_only(np.array([f"t{t}" for t in trajs], object))),
     ]
     outputs = [
         compute_grpo_outcome_advantage(
@@ -331,6 +339,23 @@ def test_id_types_agree():
     check_against_reference(
         "grpo", rewards, mask, groups, trajs, compute_mean_std_cross_all_data=False
     )
+
+
+def test_positions_cache_growth_and_fallback(monkeypatch):
+    """String ids are factorized with cached Python ints: growing the cache, then past its cap."""
+    import advcli.torch as module
+
+    monkeypatch.setattr(module, "_POSITIONS_CACHED", 12)
+    monkeypatch.setattr(module, "_positions_cache", [])
+    rng = np.random.default_rng(5)
+    for n in (3, 5, 11, 12, 13, 40):
+        rewards = torch.from_numpy(rng.choice(SCORES, size=(n, 1))).float()
+        groups = [f"g{k}" for k in rng.integers(0, 3, n)]
+        trajs = np.array([f"t{k}" for k in rng.integers(0, 3, n)], dtype=object)
+        check_against_reference(
+            "grpo", rewards, torch.ones(n, 1), groups, trajs, compute_mean_std_cross_all_data=False
+        )
+    assert module._positions_cache == list(range(12))
 
 
 def test_bad_inputs():
