@@ -617,10 +617,13 @@ def _as_key(name: str, schema: pl.Schema) -> pl.Expr:
     )
 
 
+def repeated_turn() -> pl.Expr:
+    """True for a row whose ``(group, trajectory, turn)`` an earlier row already has."""
+    return ~pl.struct(GROUP, TRAJECTORY, TURN).is_first_distinct()
+
+
 def _check_unique_turns(projection: pl.DataFrame, dataset: Dataset, columns: Columns) -> None:
-    duplicated = projection.select(
-        pl.col(ROW).filter(~pl.struct(GROUP, TRAJECTORY, TURN).is_first_distinct()).first()
-    ).item()
+    duplicated = projection.select(pl.col(ROW).filter(repeated_turn()).first()).item()
     if duplicated is not None:
         key = projection.row(duplicated, named=True)
         raise AdvcliError(
@@ -765,6 +768,8 @@ def atomic_output(output: Path) -> Iterator[Path]:
     folder = output.parent
     if not folder.is_dir():
         raise AdvcliError(f"{output}: the folder {folder} does not exist")
+    if output.is_dir():
+        raise AdvcliError(f"{output}: is a directory; name a file")
     _remove_stale_partials(output)
     # Ctrl-C is held back while the file is created and named, so that an interrupt cannot land
     # between the two and leave a partial file no cleanup knows of.

@@ -12,7 +12,17 @@ from typing import Any
 import polars as pl
 
 from advcli.advantage import scores_disagree
-from advcli.dataset import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, Columns, Dataset
+from advcli.dataset import (
+    GROUP,
+    ROW,
+    SCORE,
+    TOKENS,
+    TRAJECTORY,
+    TURN,
+    Columns,
+    Dataset,
+    repeated_turn,
+)
 from advcli.report import histogram, number
 
 # How many offending trajectories or turns are listed by key.
@@ -57,7 +67,7 @@ def inspect_dump(dataset: Dataset, columns: Columns, projection: pl.DataFrame) -
 
     duplicates: dict[str, Any] = {"count": 0, "examples": []}
     if TURN in projection.columns:
-        repeated = projection.filter(~pl.struct(GROUP, TRAJECTORY, TURN).is_first_distinct())
+        repeated = projection.filter(repeated_turn())
         duplicates = {
             "count": repeated.height,
             "examples": [

@@ -116,3 +116,10 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(run, tmp_path):
     result = run("compute", source, "-o", tmp_path / "o.parquet")
     assert result.exit_code == 0
     assert "stage" not in result.stderr and "reading keys" not in result.stderr
+
+
+def test_sample_refuses_a_directory(run, tmp_path):
+    (tmp_path / "out.parquet").mkdir()
+    result = run("sample", tmp_path / "out.parquet", "--force")
+    assert result.exit_code == 1
+    assert result.stderr.strip().endswith("out.parquet: is a directory; name a file")
