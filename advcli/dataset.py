@@ -570,7 +570,7 @@ def _project_parquet(dataset: Dataset, plan: KeyProjection) -> pl.DataFrame:
         try:
             with pq.ParquetFile(path) as parquet_file:
                 for batch in parquet_file.iter_batches(columns=needed):
-                    parts.append(pl.from_arrow(batch).select(plan.exprs))
+                    parts.append(pl.DataFrame(batch).select(plan.exprs))
         except (pa.ArrowException, OSError) as error:
             raise AdvcliError(
                 f"{dataset.label(index)}: cannot read the key columns ({first_line(error)})"
