@@ -281,7 +281,9 @@ def _read_header(path: Path, label: str, input_format: InputFormat) -> tuple[int
             with pq.ParquetFile(path) as parquet_file:
                 num_rows = parquet_file.metadata.num_rows
                 arrow_schema = parquet_file.schema_arrow
-            return num_rows, pl.from_arrow(arrow_schema.empty_table()).schema  # type: ignore[union-attr]
+            # Not arrow_schema.empty_table(): that imports pandas (half a second) for nothing.
+            empty = pa.Table.from_batches([], schema=arrow_schema)
+            return num_rows, pl.DataFrame(empty).schema
         frame = (
             pl.scan_ndjson(path, infer_schema_length=None)
             if input_format == "json"
