@@ -32,6 +32,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 from polars.datatypes import DataTypeClass
+from polars.io.plugins import register_io_source
 
 from advcli.errors import AdvcliError
 
@@ -54,10 +55,9 @@ TOKENS = "tokens"
 # Columns that compute adds to its output.
 OUTPUT_COLUMNS = ("score", "advantage", "advantages")
 
-# Polars' Parquet reader decodes row groups ahead of a slower sink without bound, so a streaming
-# pass's peak memory grows with the size of the input (pola-rs/polars#28569). Reading one row group
-# ahead keeps it flat at no measurable cost in speed; a value set by the user wins.
-os.environ.setdefault("POLARS_ROW_GROUP_PREFETCH_SIZE", "1")
+# Parquet is read in Arrow record batches of about this many values (list elements count one
+# each), whatever the width of the rows: some 50 MB of token data a batch.
+BATCH_VALUES = 8_000_000
 
 # Default column names, in order of preference (verl / verl-agent names as fallbacks).
 GROUP_CANDIDATES = ("data_id", "uid")
@@ -114,12 +114,13 @@ class Dataset:
         return sum(self.row_counts)
 
     def scan(self) -> pl.LazyFrame:
+        """The files as one LazyFrame (Parquet decoded by Arrow: see :func:`_scan_parquet`)."""
         files = list(self.files)
         if self.input_format == "json":
             return pl.scan_ndjson(files, schema=self.schema)
         if self.input_format == "arrow":
             return pl.scan_ipc(files)
-        return pl.scan_parquet(files)
+        return _scan_parquet(self)
 
     def label(self, index: int) -> str:
         return self.labels[index] if self.labels else str(self.files[index])
@@ -297,6 +298,81 @@ def _read_header(path: Path, label: str, input_format: InputFormat) -> tuple[int
     except (pa.ArrowException, OSError, pl.exceptions.PolarsError) as error:
         kind = {"parquet": "Parquet", "json": "JSON-lines", "arrow": "Arrow IPC"}[input_format]
         raise AdvcliError(f"{label}: not a readable {kind} file ({first_line(error)})") from None
+
+
+def _scan_parquet(dataset: Dataset) -> pl.LazyFrame:
+    """Parquet files as a Polars LazyFrame whose batches Arrow decodes.
+
+    Arrow's Parquet reader decodes list columns about twice as fast as Polars' (the token lists of
+    the 1M-row benchmark dump: ~1 s against ~2 s), and both passes over the input decode them, so
+    Polars gets the data through an IO source. Polars pushes the column selection, row filter and
+    row limit down to the source, which must apply them. The source is an unstable Polars API;
+    tests/test_parquet_scan.py checks all three.
+    """
+
+    def batches(
+        with_columns: list[str] | None,
+        predicate: pl.Expr | None,
+        n_rows: int | None,
+        batch_size: int | None,
+    ) -> Iterator[pl.DataFrame]:
+        try:
+            yield from _parquet_frames(dataset, with_columns, predicate, n_rows)
+        finally:
+            # Arrow keeps the memory of freed batches for its next allocation, but what follows a
+            # scan allocates through Polars' allocator: give it back (measured: 170 MB at 2M rows).
+            pa.default_memory_pool().release_unused()
+
+    return register_io_source(batches, schema=dataset.schema)
+
+
+def _parquet_frames(
+    dataset: Dataset, columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None
+) -> Iterator[pl.DataFrame]:
+    """The files' rows in batches, with the selection, filter and limit applied."""
+    remaining = n_rows
+    for index, path in enumerate(dataset.files):
+        if remaining == 0:
+            return
+        try:
+            with pq.ParquetFile(path) as parquet_file:
+                rows = _batch_rows(parquet_file.metadata)
+                for batch in parquet_file.iter_batches(batch_size=rows, columns=columns):
+                    frame = _frame_of(batch)
+                    if predicate is not None:
+                        frame = frame.filter(predicate)
+                    if remaining is not None:
+                        frame = frame.head(remaining)
+                        remaining -= frame.height
+                    yield frame
+                    if remaining == 0:
+                        return
+        except (pa.ArrowException, OSError) as error:
+            raise AdvcliError(
+                f"{dataset.label(index)}: cannot read the file ({first_line(error)})"
+            ) from None
+
+
+def _frame_of(batch: pa.RecordBatch) -> pl.DataFrame:
+    """A record batch as a Polars frame, handed over column by column.
+
+    Polars keeps Arrow's buffers without a copy, and a batch handed over whole stays alive until
+    every one of its columns is freed: the key projection keeps the id columns, and with them every
+    batch's token lists, so memory would grow with the input (measured: 1.1 GB → 2.0 GB from 1M to
+    2M rows). Column by column, a kept id column keeps only itself.
+    """
+    return pl.DataFrame([pl.Series(name, batch.column(name)) for name in batch.schema.names])
+
+
+def _batch_rows(metadata: pq.FileMetaData) -> int:
+    """Rows per record batch so that a batch holds about ``BATCH_VALUES`` values (counted over all
+    the file's columns, read or not: an upper bound)."""
+    values = 0
+    for group in range(metadata.num_row_groups):
+        chunks = metadata.row_group(group)
+        values += sum(chunks.column(column).num_values for column in range(chunks.num_columns))
+    values_per_row = max(1.0, values / max(1, metadata.num_rows))
+    return max(1, int(BATCH_VALUES / values_per_row))
 
 
 def _check_schemas_agree(files: Sequence[str], schemas: Sequence[pl.Schema]) -> None:
@@ -542,42 +618,17 @@ def key_projection(
     """
     plan = KeyProjection.of(dataset.schema, columns)
     try:
-        if dataset.input_format == "parquet":
-            projection = _project_parquet(dataset, plan)
-        else:
-            projection = (
-                dataset.scan()
-                .with_row_index(ROW)
-                .select(pl.col(ROW), *plan.exprs)
-                .collect(engine="streaming")
-            )
+        projection = (
+            dataset.scan()
+            .with_row_index(ROW)
+            .select(pl.col(ROW), *plan.exprs)
+            .collect(engine="streaming")
+        )
     except pl.exceptions.PolarsError as error:
         raise AdvcliError(
             f"{dataset.describe()}: cannot read the key columns ({first_line(error)})"
         ) from None
     return plan.check(projection, dataset, columns, unique_turns=unique_turns)
-
-
-def _project_parquet(dataset: Dataset, plan: KeyProjection) -> pl.DataFrame:
-    """The key projection of Parquet files, decoded by Arrow and evaluated by Polars.
-
-    Decoding the two token-list columns is most of stage 1, and Arrow's Parquet reader decodes list
-    columns about twice as fast as Polars' (1.2 s against 3.9 s for stage 1 of the 1M-row benchmark
-    dump), so the files are read in Arrow record batches, one at a time, and each batch goes through
-    the same expressions as every other engine.
-    """
-    needed = sorted({name for expr in plan.exprs for name in expr.meta.root_names()})
-    parts = []
-    for index, path in enumerate(dataset.files):
-        try:
-            with pq.ParquetFile(path) as parquet_file:
-                for batch in parquet_file.iter_batches(columns=needed):
-                    parts.append(pl.DataFrame(batch).select(plan.exprs))
-        except (pa.ArrowException, OSError) as error:
-            raise AdvcliError(
-                f"{dataset.label(index)}: cannot read the key columns ({first_line(error)})"
-            ) from None
-    return pl.concat(parts).with_row_index(ROW)
 
 
 def _row_rules(
@@ -650,6 +701,13 @@ def repeated_turn() -> pl.Expr:
 
 
 def _check_unique_turns(projection: pl.DataFrame, dataset: Dataset, columns: Columns) -> None:
+    # Whether any turn repeats, from sorted 64-bit hashes of the keys: half the memory of a
+    # group-by on millions of rows. Equal keys hash alike, so no repeat is missed; a collision of
+    # different keys only sends the check on to the exact search below, which then finds nothing.
+    hashes = projection.select(pl.struct(GROUP, TRAJECTORY, TURN).hash().sort()).to_series()
+    repeats = bool((hashes == hashes.shift(1)).any())  # not diff(): it is null above 2**63
+    if not repeats:
+        return
     duplicated = projection.select(pl.col(ROW).filter(repeated_turn()).first()).item()
     if duplicated is not None:
         key = projection.row(duplicated, named=True)
@@ -758,7 +816,8 @@ def _write_arrays(
         engine="streaming"
     )
     response_mask = padded(collected["response_mask"])
-    advantage = collected["advantage"].to_numpy()
+    # Writable: torch refuses (with a warning) to wrap memory it may not write.
+    advantage = collected["advantage"].to_numpy(writable=True)
     arrays: dict[str, Any] = {"response_mask": response_mask, "advantage": advantage}
     if tokens:
         arrays["advantages"] = response_mask * advantage[:, None]

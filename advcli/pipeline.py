@@ -18,11 +18,16 @@ from typing import Any, Literal
 
 import polars as pl
 
-from advcli.advantage import AdvantageConfig, Advantages, Level, Naming, compute_advantages
+from advcli.advantage import (
+    AdvantageConfig,
+    Advantages,
+    Level,
+    Naming,
+    compute_advantages,
+    count_trajectories,
+)
 from advcli.dataset import (
-    GROUP,
     STDIN,
-    TRAJECTORY,
     Columns,
     Dataset,
     OutputFormat,
@@ -203,7 +208,7 @@ def compute(
         summary = ComputeSummary(
             rows=dataset.num_rows,
             groups=advantages.groups.height,
-            trajectories=dump.projection.select(GROUP, TRAJECTORY).n_unique(),
+            trajectories=count_trajectories(dump.projection),
             singleton_groups=advantages.singleton_groups,
             zero_std_groups=advantages.zero_std_groups,
             config=config,

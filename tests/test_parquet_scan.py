@@ -1,0 +1,132 @@
+"""Issue 7: Parquet input is decoded by Arrow and handed to Polars through an IO source.
+
+The source must apply the column selection, row filter and row limit that Polars pushes down to it,
+keep the row order across files and batches, let go of token data the key projection does not keep,
+and report a damaged file as one error line.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from advcli import dataset as dataset_module
+from advcli.dataset import key_projection, open_dataset, resolve_columns
+from advcli.sample import sample_table
+
+
+@pytest.fixture
+def two_files(tmp_path: Path, monkeypatch) -> tuple[list[Path], list[dict]]:
+    """Two Parquet files of 5 row groups each, read in batches of a few rows; and their rows as
+    plain dicts, in order."""
+    rows = [
+        {"a": index, "b": f"row {index}", "tokens": list(range(index % 5))} for index in range(100)
+    ]
+    paths = []
+    for number, part in enumerate((rows[:60], rows[60:])):
+        path = tmp_path / f"part{number}.parquet"
+        pq.write_table(pa.Table.from_pylist(part), path, row_group_size=12)
+        paths.append(path)
+    # About 7 rows a batch (each row holds 3 + its token count values), so batches split row groups.
+    monkeypatch.setattr(dataset_module, "BATCH_VALUES", 35)
+    return paths, rows
+
+
+def test_scan_keeps_every_row_in_order(two_files):
+    paths, rows = two_files
+    frame = open_dataset([str(p) for p in paths]).scan().with_row_index("n").collect()
+    assert frame["n"].to_list() == list(range(100))
+    assert frame.drop("n").to_dicts() == rows
+
+
+def test_scan_applies_pushed_down_selection_filter_and_limit(two_files):
+    paths, rows = two_files
+    scan = open_dataset([str(p) for p in paths]).scan()
+
+    assert scan.select("b").collect()["b"].to_list() == [r["b"] for r in rows]
+
+    kept = scan.filter(pl.col("a") % 7 == 3).select("a", "b").collect()
+    assert kept.to_dicts() == [{"a": r["a"], "b": r["b"]} for r in rows if r["a"] % 7 == 3]
+
+    assert scan.head(65).collect()["a"].to_list() == list(range(65))
+    limited = scan.filter(pl.col("a") % 2 == 1).head(40).collect(engine="streaming")
+    assert limited["a"].to_list() == [r["a"] for r in rows if r["a"] % 2 == 1][:40]
+    assert scan.slice(58, 5).collect()["a"].to_list() == [58, 59, 60, 61, 62]
+
+
+def test_key_projection_lets_go_of_the_token_data(tmp_path):
+    """The projection keeps the id columns; the batches' token lists must not stay alive with them.
+
+    20,000 rows of 400 tokens hold some 40 MB of token data; their keys under 1 MB."""
+    path = tmp_path / "wide.parquet"
+    pq.write_table(sample_table(groups=800, rollouts=8, max_turns=5, tokens=400, seed=3), path)
+    dump = open_dataset([str(path)])
+    before = pa.total_allocated_bytes()
+    projection = key_projection(dump, resolve_columns(dump))
+    held = pa.total_allocated_bytes() - before
+    assert projection.height > 10_000
+    assert held < 4 * 2**20, f"Arrow still holds {held / 2**20:.1f} MiB after the key projection"
+
+
+def _damage_column(path: Path, column: str) -> None:
+    """Overwrite the middle of one column chunk's compressed pages."""
+    metadata = pq.ParquetFile(path).metadata
+    names = [metadata.row_group(0).column(i).path_in_schema for i in range(metadata.num_columns)]
+    chunk = metadata.row_group(1).column(names.index(column))
+    middle = chunk.data_page_offset + chunk.total_compressed_size // 2
+    data = bytearray(path.read_bytes())
+    data[middle : middle + 64] = b"\x17" * 64
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("column", ["response_mask.list.element", "prompt"])
+def test_damaged_column_is_one_error_line_and_no_output(column, run, tmp_path):
+    """A damaged token column fails in the key projection; a damaged column that only the write
+    reads fails in the write. Either way: one line, exit 1, no output."""
+    table = sample_table(groups=200, tokens=64, seed=5)
+    table = table.append_column("prompt", pa.array([f"prompt {i}" * 20 for i in range(len(table))]))
+    path = tmp_path / "dump.parquet"
+    pq.write_table(table, path, row_group_size=1000)
+    _damage_column(path, column)
+    output = tmp_path / "out.parquet"
+
+    result = run("compute", path, "-o", output)
+
+    assert result.exit_code == 1, result.stderr
+    assert result.stderr.startswith(f"Error: {path}: cannot read the file (")
+    assert len(result.stderr.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dump.parquet"]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_repeated_turns_are_found_whatever_the_keys(seed, run, write_dump, tmp_path):
+    """The repeated-turn check compares sorted key hashes first: any repeat must still be caught,
+    and none reported where there is none (checked against a set of the keys)."""
+    rng = random.Random(seed)
+    ids = (lambda k: k) if seed % 2 else (lambda k: f"id-{k}")
+    rows = [
+        (ids(rng.randrange(6)), ids(rng.randrange(4)), rng.randrange(3), 1.0, 2)
+        for _ in range(rng.randrange(1, 30))
+    ]
+    # One score per trajectory, so that only repeats can make the input bad.
+    score = {(g, t): float(rng.randrange(3)) for g, t, *_ in rows}
+    rows = [(g, t, turn, score[g, t], tokens) for g, t, turn, _, tokens in rows]
+    first_repeat, seen = None, set()
+    for index, (group, trajectory, turn, _, _) in enumerate(rows):
+        if (group, trajectory, turn) in seen:
+            first_repeat = index
+            break
+        seen.add((group, trajectory, turn))
+
+    result = run("compute", write_dump(rows), "-o", tmp_path / "out.parquet", "-q")
+
+    if first_repeat is None:
+        assert result.exit_code == 0, result.stderr
+    else:
+        assert result.exit_code == 1
+        assert f"row {first_repeat}: duplicate turn" in result.stderr
