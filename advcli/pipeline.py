@@ -208,7 +208,10 @@ def compute(
         summary = ComputeSummary(
             rows=dataset.num_rows,
             groups=advantages.groups.height,
-            trajectories=count_trajectories(dump.projection),
+            # At trajectory level the units are the trajectories: no need to count them again.
+            trajectories=advantages.units.height
+            if config.level is Level.TRAJECTORY
+            else count_trajectories(dump.projection),
             singleton_groups=advantages.singleton_groups,
             zero_std_groups=advantages.zero_std_groups,
             config=config,

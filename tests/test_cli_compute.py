@@ -13,6 +13,8 @@ from conftest import dump_frame
 from polars.testing import assert_frame_equal
 
 from advcli.cli import app
+from advcli.pipeline import compute
+from advcli.settings import AdvantageConfig, Level
 
 
 def digest(path: Path) -> str:
@@ -483,3 +485,15 @@ def test_directory_prefers_parquet_over_a_stray_json(run, tmp_path):
     dump_frame(BIAS_EXAMPLE.rows).write_parquet(folder / "part-0.parquet")
     (folder / "config.json").write_text('{"lr": 1e-6}\n')
     assert run("compute", folder, "-o", tmp_path / "out.parquet").exit_code == 0
+
+
+@pytest.mark.parametrize("level", ["turn", "trajectory"])
+def test_summary_counts_trajectories_at_either_level(level, write_dump, tmp_path):
+    """Two trajectories (one of four turns) and a third in another group, by hand: 3."""
+    rows = [*BIAS_EXAMPLE.rows, (1, "success", 0, 1.0, 4)]
+    summary = compute(
+        [str(write_dump(rows))],
+        tmp_path / "out.parquet",
+        AdvantageConfig(level=Level(level)),
+    )
+    assert (summary.rows, summary.groups, summary.trajectories) == (6, 2, 3)
