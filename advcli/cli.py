@@ -181,7 +181,7 @@ AddressOpt = Annotated[
 ]
 ThreadsOpt = Annotated[
     int | None,
-    typer.Option("--threads", min=1, help="Threads for Polars [default: all cores]."),
+    typer.Option("--threads", min=1, help="Threads for Polars and Arrow [default: all cores]."),
 ]
 
 
@@ -198,9 +198,13 @@ def _check_engine(engine: EngineChoice, address: str | None, local_only: bool = 
 
 
 def _use_threads(threads: int | None) -> None:
-    """Polars sizes its thread pool once, when it is first imported: set it before that."""
+    """Polars sizes its thread pool once, when it is first imported: set it before that. Arrow,
+    which decodes the Parquet input, is told directly."""
     if threads is not None:
         os.environ["POLARS_MAX_THREADS"] = str(threads)
+        import pyarrow
+
+        pyarrow.set_cpu_count(threads)
 
 
 # Progress shows only on a terminal, and only once the work has lasted this long.

@@ -1,10 +1,18 @@
 """Benchmark `advcli compute` against the I/O floor, peak memory at N and 2N rows, and `compare`.
 
-The floor is a Polars streaming pass that reads the same file and writes the same output columns
-(every input column, `score`, a constant `advantage`, `advantages` = mask × advantage) with no
-statistics: what any tool must pay to rewrite the dump with a per-token column. Every measurement
-runs in a fresh process; compute and the floor alternate so that drift on a shared machine hits
-both alike. Peak RSS is the child's `ru_maxrss`.
+The floor is a streaming pass that reads the same file and writes the same output columns (every
+input column, `score`, a constant `advantage`, `advantages` = mask × advantage) with no
+statistics: what any tool must pay to rewrite the dump with a per-token column. It is timed with
+three readers, since they differ by more than the margin being measured:
+
+- `polars`: `pl.scan_parquet` with Polars' defaults (the floor as the roadmap defines it). It
+  decodes ahead of the writer without bound, so its memory grows with the input.
+- `polars-bounded`: the same with one row group of read-ahead (`POLARS_ROW_GROUP_PREFETCH_SIZE=1`),
+  the memory discipline asked of advcli.
+- `arrow`: Arrow decodes the Parquet and Polars writes, as in advcli (`Dataset.scan()`).
+
+Every measurement runs in a fresh process; compute and the floors alternate so that drift on a
+shared machine hits all alike. Peak RSS is the child's `ru_maxrss`.
 
     python bench/bench_compute.py                      # 1M turn rows × ~128 tokens, 3 runs each
     python bench/bench_compute.py --rows 200000 --runs 1 --json bench/results.json
@@ -35,25 +43,33 @@ CONFIGS = [
 ]
 
 
-def floor_pass(source: str, output: str) -> None:
+FLOORS = ("polars", "polars-bounded", "arrow")
+
+
+def floor_pass(reader: str, source: str, output: str) -> None:
     """The I/O floor: read everything, write everything plus the three output columns."""
-    os.environ.setdefault("POLARS_ROW_GROUP_PREFETCH_SIZE", "1")  # the same bound as advcli
     advantage = pl.lit(0.5, dtype=pl.Float32)
+    if reader == "arrow":
+        from advcli.dataset import open_dataset
+
+        frame = open_dataset([source]).scan()
+    else:
+        frame = pl.scan_parquet(source)
     (
-        pl.scan_parquet(source)
-        .with_columns(
+        frame.with_columns(
             score=pl.col("token_level_rewards").list.sum().cast(pl.Float32),
             advantage=advantage,
             advantages=pl.col("response_mask").cast(pl.List(pl.Float32)) * advantage,
-        )
-        .sink_parquet(output)
+        ).sink_parquet(output)
     )
 
 
-def run(command: list[str]) -> tuple[float, int]:
+def run(command: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
     """Wall seconds and peak RSS (bytes) of one child process."""
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env or os.environ.copy()
+    )
     _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - started
     if os.waitstatus_to_exitcode(status) != 0:
@@ -92,6 +108,13 @@ def make_dump(path: Path, rows: int, tokens: int) -> tuple[float, int]:
     return pl.scan_parquet(path).select(pl.len()).collect().item(), path.stat().st_size
 
 
+def floor_run(reader: str, source: Path, output: str) -> tuple[float, int]:
+    env = os.environ.copy()
+    if reader == "polars-bounded":
+        env["POLARS_ROW_GROUP_PREFETCH_SIZE"] = "1"
+    return run([sys.executable, __file__, "--floor", reader, str(source), output], env)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -99,7 +122,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--data", type=Path, default=Path("bench/data"))
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--floor", nargs=2, metavar=("SOURCE", "OUTPUT"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--floor", nargs=3, metavar=("READER", "SOURCE", "OUTPUT"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.floor:
         floor_pass(*args.floor)
@@ -111,7 +136,6 @@ def main() -> None:
     n_rows, n_bytes = make_dump(single, args.rows, args.tokens)
     n2_rows, _ = make_dump(double, 2 * args.rows, args.tokens)
     output = str(args.data / "out.parquet")
-    floor_command = [sys.executable, __file__, "--floor", str(single), output]
 
     results: dict = {
         "machine": {
@@ -123,11 +147,14 @@ def main() -> None:
         "dump": {"rows": n_rows, "bytes": n_bytes, "tokens_per_row": args.tokens},
         "speed": [],
     }
-    print(f"\n{'level':<11}{'estimator':<23}{'compute s':>10}{'floor s':>9}{'ratio':>7}")
+    header = "".join(f"{reader + ' s':>17}{'ratio':>7}" for reader in FLOORS)
+    print(f"\n{'level':<11}{'estimator':<23}{'compute s':>10}{header}")
     for level, estimator in CONFIGS:
-        compute_times, floor_times = [], []
+        compute_times: list[float] = []
+        floor_times: dict[str, list[float]] = {reader: [] for reader in FLOORS}
         for _ in range(args.runs):
-            floor_times.append(run(floor_command)[0])
+            for reader in FLOORS:
+                floor_times[reader].append(floor_run(reader, single, output)[0])
             compute_times.append(
                 run(
                     advcli(
@@ -144,46 +171,56 @@ def main() -> None:
                     )
                 )[0]
             )
-        compute_s, floor_s = statistics.median(compute_times), statistics.median(floor_times)
+        compute_s = statistics.median(compute_times)
+        floor_s = {reader: statistics.median(times) for reader, times in floor_times.items()}
         results["speed"].append(
             {
                 "level": level,
                 "estimator": estimator,
                 "compute_s": compute_s,
-                "floor_s": floor_s,
-                "ratio": compute_s / floor_s,
                 "compute_runs": compute_times,
-                "floor_runs": floor_times,
+                "floors": {
+                    reader: {
+                        "seconds": floor_s[reader],
+                        "ratio": compute_s / floor_s[reader],
+                        "runs": floor_times[reader],
+                    }
+                    for reader in FLOORS
+                },
             }
         )
+        cells = "".join(
+            f"{floor_s[reader]:>17.2f}{compute_s / floor_s[reader]:>7.2f}" for reader in FLOORS
+        )
+        print(f"{level:<11}{estimator:<23}{compute_s:>10.2f}{cells}", flush=True)
+
+    # Peak memory at N and 2N rows: advcli (the largest of the runs) and each floor (one run).
+    results["memory"] = {"rows_N": n_rows, "rows_2N": n2_rows}
+    print()
+    programs = {"advcli compute": None, **{f"floor ({reader})": reader for reader in FLOORS}}
+    for label, reader in programs.items():
+        peaks = {}
+        for size, path in (("N", single), ("2N", double)):
+            if reader is None:
+                command = advcli("compute", str(path), "-o", output, "--force", "-q")
+                peaks[size] = max(run(command)[1] for _ in range(max(1, args.runs - 1)))
+            else:
+                peaks[size] = floor_run(reader, path, output)[1]
+        growth = peaks["2N"] / peaks["N"] - 1
+        results["memory"][label] = {
+            "peak_rss_N": peaks["N"],
+            "peak_rss_2N": peaks["2N"],
+            "growth": growth,
+        }
         print(
-            f"{level:<11}{estimator:<23}{compute_s:>10.2f}{floor_s:>9.2f}"
-            f"{compute_s / floor_s:>7.2f}",
+            f"peak RSS, {label:<24} {peaks['N'] / 2**20:>6.0f} MiB at N, "
+            f"{peaks['2N'] / 2**20:>6.0f} MiB at 2N: {100 * growth:+.1f}%",
             flush=True,
         )
 
-    memory = {}
-    for label, path in (("N", single), ("2N", double)):
-        memory[label] = max(
-            run(advcli("compute", str(path), "-o", output, "--force", "-q"))[1]
-            for _ in range(max(1, args.runs - 1))
-        )
-    growth = memory["2N"] / memory["N"] - 1
-    results["memory"] = {
-        "rows_N": n_rows,
-        "rows_2N": n2_rows,
-        "peak_rss_N": memory["N"],
-        "peak_rss_2N": memory["2N"],
-        "growth": growth,
-    }
-    print(
-        f"\npeak RSS: {memory['N'] / 2**20:.0f} MiB at {n_rows:,} rows, "
-        f"{memory['2N'] / 2**20:.0f} MiB at {n2_rows:,} rows: {100 * growth:+.1f}%"
-    )
-
     compare_times = [run(advcli("compare", str(single), "-q"))[0] for _ in range(args.runs)]
     results["compare_s"] = statistics.median(compare_times)
-    print(f"compare: {results['compare_s']:.2f} s (median of {args.runs})")
+    print(f"\ncompare: {results['compare_s']:.2f} s (median of {args.runs})")
     Path(output).unlink(missing_ok=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -110,6 +110,24 @@ def test_threads_option_sizes_the_polars_pool(tmp_path):
     assert "(1 threads)" in result.stderr
 
 
+def test_threads_option_sizes_the_arrow_pool(tmp_path):
+    """Arrow decodes the Parquet input with its own pool; --threads limits it too."""
+    source = tmp_path / "s.parquet"
+    pl.from_arrow(sample_table(groups=3, rollouts=2)).write_parquet(source)
+    code = (
+        "import pyarrow, sys\n"
+        "from typer.testing import CliRunner\n"
+        "from advcli.cli import app\n"
+        f"args = ['compute', {str(source)!r}, '-o', {str(tmp_path / 'o.parquet')!r}, '-q']\n"
+        "result = CliRunner().invoke(app, [*args, '--threads', '1'])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "print(pyarrow.cpu_count())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1"
+
+
 def test_no_progress_bar_when_stderr_is_not_a_terminal(run, tmp_path):
     source = tmp_path / "s.parquet"
     pl.from_arrow(sample_table(groups=3, rollouts=2)).write_parquet(source)
