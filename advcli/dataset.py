@@ -22,7 +22,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -279,7 +279,7 @@ def _read_header(path: Path, label: str, input_format: InputFormat) -> tuple[int
             kind = {"parquet": "Parquet", "json": "JSON-lines", "arrow": "Arrow"}[input_format]
             raise AdvcliError(f"{label}: the file is empty (0 bytes), not a {kind} file")
         if input_format == "parquet":
-            with pq.ParquetFile(path) as parquet_file:
+            with _open_parquet(path) as parquet_file:
                 num_rows = parquet_file.metadata.num_rows
                 arrow_schema = parquet_file.schema_arrow
             # Not arrow_schema.empty_table(): that imports pandas (half a second) for nothing.
@@ -307,51 +307,99 @@ def _scan_parquet(dataset: Dataset) -> pl.LazyFrame:
     the 1M-row benchmark dump: ~1 s against ~2 s), and both passes over the input decode them, so
     Polars gets the data through an IO source. Polars pushes the column selection, row filter and
     row limit down to the source, which must apply them. The source is an unstable Polars API;
-    tests/test_parquet_scan.py checks all three.
+    tests/test_parquet_scan.py checks all three. Run queries on it inside :func:`closing_sources`.
     """
 
-    def batches(
+    def source(
         with_columns: list[str] | None,
         predicate: pl.Expr | None,
         n_rows: int | None,
         batch_size: int | None,
-    ) -> Iterator[pl.DataFrame]:
-        yield from _parquet_frames(dataset, with_columns, predicate, n_rows)
+    ) -> _Source:
+        opened = _Source(_parquet_frames(dataset, with_columns, predicate, n_rows))
+        _OPEN_SOURCES.append(opened)
+        return opened
+
+    return register_io_source(source, schema=dataset.schema)
+
+
+class _Source:
+    """The batches of one scan, which Polars pulls from its own threads.
+
+    ``close`` waits for a batch being read (Arrow reads without the Python lock) and then ends the
+    scan on the calling thread.
+    """
+
+    def __init__(self, frames: Generator[pl.DataFrame, None, None]) -> None:
+        self._frames = frames
+        self._reading = threading.Lock()
+
+    def __iter__(self) -> _Source:
+        return self
+
+    def __next__(self) -> pl.DataFrame:
+        with self._reading:
+            return next(self._frames)
+
+    def close(self) -> None:
+        with self._reading:
+            self._frames.close()
+
+
+# Every scan Polars has started. Polars drops a scan it stopped early (an error, a row limit,
+# Ctrl-C) on one of its threads, possibly after the query has returned: if Python is shutting
+# down by then, that thread is stopped inside Arrow and the process aborts (exit 134). Holding
+# the scans here and closing them on the main thread when a stage ends leaves Polars nothing to
+# clean up.
+_OPEN_SOURCES: list[_Source] = []
+
+
+@contextlib.contextmanager
+def closing_sources() -> Iterator[None]:
+    """Run Polars queries over :meth:`Dataset.scan`; end their Parquet scans when the block ends."""
+    try:
+        yield
+    finally:
+        while _OPEN_SOURCES:
+            _OPEN_SOURCES.pop().close()
         # Arrow keeps the memory of freed batches for its next allocation, but what follows a
         # scan allocates through Polars' allocator: give it back (measured: 170 MB at 2M rows).
         pa.default_memory_pool().release_unused()
 
-    return register_io_source(batches, schema=dataset.schema)
+
+def _open_parquet(path: Path) -> pq.ParquetFile:
+    """A Parquet file opened for reading. INT96 timestamps (Spark, old Impala) are read as
+    microseconds: Arrow's default, nanoseconds, wraps dates outside the years 1677–2262."""
+    return pq.ParquetFile(path, coerce_int96_timestamp_unit="us")
 
 
 def _parquet_frames(
     dataset: Dataset, columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None
-) -> Iterator[pl.DataFrame]:
+) -> Generator[pl.DataFrame, None, None]:
     """The files' rows in batches, with the selection, filter and limit applied.
 
-    No ``with`` or ``finally`` here: Polars drops the generator when a query stops early, Ctrl-C
-    included, and Python code run as it closes could be hit by that same interrupt, which Python
-    reports as an ignored exception with a traceback. A file left open by an early stop is closed
-    when its reader is freed.
+    Each batch is fully validated first (offsets, UTF-8), as Polars' own reader does: Arrow's
+    does not check strings, and Polars would write invalid UTF-8 to the output. It costs about
+    6 ms per 40 MB of strings.
     """
     remaining = n_rows
     for index, path in enumerate(dataset.files):
         if remaining == 0:
             return
         try:
-            parquet_file = pq.ParquetFile(path)
-            rows = _batch_rows(parquet_file.metadata)
-            for batch in parquet_file.iter_batches(batch_size=rows, columns=columns):
-                frame = _frame_of(batch)
-                if predicate is not None:
-                    frame = frame.filter(predicate)
-                if remaining is not None:
-                    frame = frame.head(remaining)
-                    remaining -= frame.height
-                yield frame
-                if remaining == 0:
-                    return
-            parquet_file.close()
+            with _open_parquet(path) as parquet_file:
+                rows = _batch_rows(parquet_file.metadata)
+                for batch in parquet_file.iter_batches(batch_size=rows, columns=columns):
+                    batch.validate(full=True)
+                    frame = _frame_of(batch)
+                    if predicate is not None:
+                        frame = frame.filter(predicate)
+                    if remaining is not None:
+                        frame = frame.head(remaining)
+                        remaining -= frame.height
+                    yield frame
+                    if remaining == 0:
+                        return
         except (pa.ArrowException, OSError) as error:
             raise AdvcliError(
                 f"{dataset.label(index)}: cannot read the file ({first_line(error)})"
@@ -364,9 +412,16 @@ def _frame_of(batch: pa.RecordBatch) -> pl.DataFrame:
     Polars keeps Arrow's buffers without a copy, and a batch handed over whole stays alive until
     every one of its columns is freed: the key projection keeps the id columns, and with them every
     batch's token lists, so memory would grow with the input (measured: 1.1 GB → 2.0 GB from 1M to
-    2M rows). Column by column, a kept id column keeps only itself.
+    2M rows). Column by column, a kept id column keeps only itself. Each column goes with its field,
+    whose metadata carries Polars' Enum and Categorical types.
     """
-    return pl.DataFrame([pl.Series(name, batch.column(name)) for name in batch.schema.names])
+    if batch.num_columns == 0:  # a query that needs only the row count
+        return pl.DataFrame(height=batch.num_rows)
+    columns = [
+        pl.DataFrame(pa.RecordBatch.from_arrays([column], schema=pa.schema([field])))
+        for column, field in zip(batch.columns, batch.schema, strict=True)
+    ]
+    return pl.concat(columns, how="horizontal")
 
 
 def _batch_rows(metadata: pq.FileMetaData) -> int:
@@ -623,12 +678,13 @@ def key_projection(
     """
     plan = KeyProjection.of(dataset.schema, columns)
     try:
-        projection = (
-            dataset.scan()
-            .with_row_index(ROW)
-            .select(pl.col(ROW), *plan.exprs)
-            .collect(engine="streaming")
-        )
+        with closing_sources():
+            projection = (
+                dataset.scan()
+                .with_row_index(ROW)
+                .select(pl.col(ROW), *plan.exprs)
+                .collect(engine="streaming")
+            )
     except pl.exceptions.PolarsError as error:
         raise AdvcliError(
             f"{dataset.describe()}: cannot read the key columns ({first_line(error)})"
@@ -762,7 +818,7 @@ def write_advantages(
         .drop(ROW)
     )
     per_token = per_token_advantages(columns)
-    with atomic_output(output) as partial:
+    with atomic_output(output) as partial, closing_sources():
         try:
             if output_format in ("npz", "pt"):
                 _write_arrays(frame, columns, partial, output_format, tokens)

@@ -8,6 +8,7 @@ and report a damaged file as one error line.
 from __future__ import annotations
 
 import random
+from datetime import datetime
 from pathlib import Path
 
 import polars as pl
@@ -130,3 +131,75 @@ def test_repeated_turns_are_found_whatever_the_keys(seed, run, write_dump, tmp_p
     else:
         assert result.exit_code == 1
         assert f"row {first_repeat}: duplicate turn" in result.stderr
+
+
+def test_a_zero_column_query_keeps_the_row_count(two_files):
+    paths, _ = two_files
+    scan = open_dataset([str(p) for p in paths]).scan()
+    assert scan.select(pl.len()).collect().item() == 100
+    assert scan.with_row_index("r").select("r").collect().height == 100
+
+
+def test_a_scan_stopped_by_an_error_is_closed_when_the_block_ends(two_files):
+    """Polars would otherwise drop the paused scan on one of its threads, possibly while Python
+    shuts down (an abort, exit 134, seen in about one run in three)."""
+    paths, _ = two_files
+    scan = open_dataset([str(p) for p in paths]).scan()
+    with dataset_module.closing_sources():
+        with pytest.raises(pl.exceptions.PolarsError):
+            scan.select(pl.col("b").cast(pl.Int64)).collect(engine="streaming")
+        opened = list(dataset_module._OPEN_SOURCES)
+        assert opened, "the scan registered no source"
+    assert dataset_module._OPEN_SOURCES == []
+    assert all(source._frames.gi_frame is None for source in opened)  # generators closed
+
+
+def test_polars_enum_and_categorical_columns_keep_their_types(run, tmp_path):
+    table = pl.from_arrow(sample_table(groups=4, rollouts=2, seed=2))
+    splits = ["test", "train", "val"]
+    frame = table.with_columns(
+        split=pl.Series([splits[i % 3] for i in range(table.height)], dtype=pl.Enum(splits)),
+        source=pl.Series([f"s{i % 2}" for i in range(table.height)], dtype=pl.Categorical),
+    )
+    source = tmp_path / "dump.parquet"
+    frame.write_parquet(source)
+    output = tmp_path / "out.parquet"
+
+    assert run("compute", source, "-o", output, "-q").exit_code == 0
+
+    written = pl.read_parquet(output)
+    assert written.schema["split"] == pl.Enum(splits)
+    assert written.schema["source"] == pl.Categorical
+    assert written["split"].to_list() == [splits[i % 3] for i in range(table.height)]
+    assert written["source"].to_list() == [f"s{i % 2}" for i in range(table.height)]
+
+
+def test_invalid_utf8_is_refused(run, tmp_path):
+    table = sample_table(groups=2, rollouts=2, seed=4)
+    bad = pa.array([b"fine"] * (len(table) - 1) + [b"\xff\xfe"], pa.binary()).view(pa.string())
+    source = tmp_path / "dump.parquet"
+    pq.write_table(table.append_column("prompt", bad), source)
+
+    result = run("compute", source, "-o", tmp_path / "out.parquet")
+
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: {source}: cannot read the file (")
+    assert "UTF8" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dump.parquet"]
+
+
+def test_int96_timestamps_outside_the_nanosecond_range_are_kept(run, tmp_path):
+    """Spark writes INT96 timestamps; read as nanoseconds, 1500 and 9999 would wrap around."""
+    table = sample_table(groups=1, rollouts=2, seed=6)
+    moments = [datetime(1500, 1, 1), datetime(2020, 1, 1, 0, 0, 0, 123456), datetime(9999, 1, 1)]
+    stamps = [moments[i % 3] for i in range(len(table))]
+    source = tmp_path / "dump.parquet"
+    pq.write_table(
+        table.append_column("at", pa.array(stamps, pa.timestamp("us"))),
+        source,
+        use_deprecated_int96_timestamps=True,
+    )
+    output = tmp_path / "out.parquet"
+
+    assert run("compute", source, "-o", output, "-q").exit_code == 0
+    assert pl.read_parquet(output)["at"].to_list() == stamps
