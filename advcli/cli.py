@@ -36,6 +36,15 @@ from advcli.settings import (
 if TYPE_CHECKING:
     from advcli.pipeline import ComputeSummary
 
+# Polars' allocator (jemalloc) keeps freed memory for 10 s by default, longer than a stage lasts,
+# so the statistics' scratch memory was still held while the write filled Arrow's (a different
+# allocator): peak memory grew with the rows. Giving it back after half a second, from jemalloc's
+# background thread, keeps the peak flat at no measured cost in speed. It must be set before
+# Polars loads; a value the user set wins.
+os.environ.setdefault(
+    "_RJEM_MALLOC_CONF", "background_thread:true,dirty_decay_ms:500,muzzy_decay_ms:0"
+)
+
 app = typer.Typer(
     name="advcli",
     help="Trajectory-level advantages for multi-turn agent RL rollout dumps.",

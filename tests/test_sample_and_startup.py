@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -141,3 +142,17 @@ def test_sample_refuses_a_directory(run, tmp_path):
     result = run("sample", tmp_path / "out.parquet", "--force")
     assert result.exit_code == 1
     assert result.stderr.strip().endswith("out.parquet: is a directory; name a file")
+
+
+def test_the_cli_tunes_polars_allocator_unless_the_user_did():
+    code = "import os, advcli.cli; print(os.environ['_RJEM_MALLOC_CONF'])"
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    ours = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert "dirty_decay_ms:500" in ours.stdout, ours.stderr
+    theirs = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**env, "_RJEM_MALLOC_CONF": "dirty_decay_ms:0"},
+    )
+    assert theirs.stdout.strip() == "dirty_decay_ms:0", theirs.stderr
