@@ -27,6 +27,8 @@ from advcli.advantage import (
     count_trajectories,
 )
 from advcli.dataset import (
+    ROW,
+    SCORE,
     STDIN,
     Columns,
     Dataset,
@@ -229,10 +231,10 @@ def compute(
                 dataset, dump.columns, dump.projection, advantages, config, output, tokens=tokens
             )
         else:
-            # Only the per-row (score, advantage) pairs go on to the write: let the key
-            # projection and the unit frames go first, so their memory is reused for the
-            # streaming write's buffers.
-            row_values = advantages.rows
+            # Only the per-row (score, advantage) pairs go on to the write, as the float32 they
+            # are written as: let the key projection, the unit frames and the float64 values go
+            # first, so their memory is reused for the streaming write's buffers.
+            row_values = advantages.rows.select(ROW, pl.col(SCORE, "advantage").cast(pl.Float32))
             del dump, advantages
             _write_local(dataset, summary.columns, row_values, output, fmt, tokens)
     if report is not None and report_path is not None:

@@ -194,27 +194,36 @@ def main() -> None:
         )
         print(f"{level:<11}{estimator:<23}{compute_s:>10.2f}{cells}", flush=True)
 
-    # Peak memory at N and 2N rows: advcli (the largest of the runs) and each floor (one run).
+    # Peak memory at N and 2N rows, medians of --runs fresh processes each (peak RSS varies by
+    # some 50 MiB from run to run), N and 2N alternating; every run is kept in the JSON.
     results["memory"] = {"rows_N": n_rows, "rows_2N": n2_rows}
     print()
     programs = {"advcli compute": None, **{f"floor ({reader})": reader for reader in FLOORS}}
     for label, reader in programs.items():
-        peaks = {}
-        for size, path in (("N", single), ("2N", double)):
-            if reader is None:
-                command = advcli("compute", str(path), "-o", output, "--force", "-q")
-                peaks[size] = max(run(command)[1] for _ in range(max(1, args.runs - 1)))
-            else:
-                peaks[size] = floor_run(reader, path, output)[1]
-        growth = peaks["2N"] / peaks["N"] - 1
+        peaks: dict[str, list[int]] = {"N": [], "2N": []}
+        for _ in range(args.runs):
+            for size, path in (("N", single), ("2N", double)):
+                if reader is None:
+                    command = advcli("compute", str(path), "-o", output, "--force", "-q")
+                    peaks[size].append(run(command)[1])
+                else:
+                    peaks[size].append(floor_run(reader, path, output)[1])
+        median = {size: statistics.median(values) for size, values in peaks.items()}
+        growth = median["2N"] / median["N"] - 1
         results["memory"][label] = {
-            "peak_rss_N": peaks["N"],
-            "peak_rss_2N": peaks["2N"],
+            "peak_rss_N": median["N"],
+            "peak_rss_2N": median["2N"],
             "growth": growth,
+            "runs_N": peaks["N"],
+            "runs_2N": peaks["2N"],
         }
+        spread = ", ".join(
+            f"{size} {min(values) / 2**20:.0f}–{max(values) / 2**20:.0f}"
+            for size, values in peaks.items()
+        )
         print(
-            f"peak RSS, {label:<24} {peaks['N'] / 2**20:>6.0f} MiB at N, "
-            f"{peaks['2N'] / 2**20:>6.0f} MiB at 2N: {100 * growth:+.1f}%",
+            f"peak RSS, {label:<24} {median['N'] / 2**20:>6.0f} MiB at N, "
+            f"{median['2N'] / 2**20:>6.0f} MiB at 2N: {100 * growth:+.1f}% (MiB: {spread})",
             flush=True,
         )
 
