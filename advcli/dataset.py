@@ -16,11 +16,9 @@ import bisect
 import contextlib
 import glob
 import io
-import os
+import json
 import shutil
-import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +32,9 @@ import pyarrow.parquet as pq
 from polars.datatypes import DataTypeClass
 from polars.io.plugins import register_io_source
 
+from advcli.atomic import atomic_output, check_output_path
 from advcli.errors import AdvcliError
+from advcli.process import available_memory, require_stdout, stdin_closed
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSON_LINES_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -227,6 +227,8 @@ def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
 def spool_stdin(folder: Path) -> Path:
     """Copy standard input to a file in ``folder``: Parquet and Arrow IPC files as they are, an
     Arrow IPC stream rewritten as an IPC file (which Polars can scan)."""
+    if stdin_closed():
+        raise AdvcliError("<stdin>: standard input is closed")
     source = sys.stdin.buffer
     head = source.read(8)
     if not head:
@@ -280,24 +282,146 @@ def _read_header(path: Path, label: str, input_format: InputFormat) -> tuple[int
             raise AdvcliError(f"{label}: the file is empty (0 bytes), not a {kind} file")
         if input_format == "parquet":
             with _open_parquet(path) as parquet_file:
-                num_rows = parquet_file.metadata.num_rows
+                metadata = parquet_file.metadata
                 arrow_schema = parquet_file.schema_arrow
+            in_groups = sum(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
+            if in_groups != metadata.num_rows:
+                raise AdvcliError(
+                    f"{label}: the Parquet footer counts {metadata.num_rows:,} rows but its row "
+                    f"groups hold {in_groups:,}; the file is damaged"
+                )
+            _check_arrow_types(arrow_schema, label)
             # Not arrow_schema.empty_table(): that imports pandas (half a second) for nothing.
             empty = pa.Table.from_batches([], schema=arrow_schema)
-            return num_rows, pl.DataFrame(empty).schema
-        frame = (
-            pl.scan_ndjson(path, infer_schema_length=None)
-            if input_format == "json"
-            else pl.scan_ipc(path)
-        )
+            return metadata.num_rows, pl.DataFrame(empty).schema
+        if input_format == "arrow":
+            with pa.memory_map(str(path)) as source:
+                _check_arrow_types(pa.ipc.open_file(source).schema, label)
+            frame = pl.scan_ipc(path)
+        else:
+            frame = pl.scan_ndjson(path, infer_schema_length=None)
         return frame.select(pl.len()).collect().item(), frame.collect_schema()
     except AdvcliError:
         raise
     except PermissionError as error:
         raise AdvcliError(f"{label}: cannot read the file ({error.strerror})") from None
     except (pa.ArrowException, OSError, pl.exceptions.PolarsError) as error:
+        if input_format == "json":
+            bad_line = _first_bad_json_line(path)
+            if bad_line is not None:
+                raise AdvcliError(f"{label} {bad_line}") from None
         kind = {"parquet": "Parquet", "json": "JSON-lines", "arrow": "Arrow IPC"}[input_format]
         raise AdvcliError(f"{label}: not a readable {kind} file ({first_line(error)})") from None
+
+
+# Arrow types Polars cannot hold (it fails, or panics, on their data): such a column is refused by
+# name when the input is opened, instead of ending in a panic half-way.
+_UNSUPPORTED_ARROW_TYPES = tuple(
+    getattr(pa, name)
+    for name in (
+        "ListViewType",
+        "LargeListViewType",
+        "RunEndEncodedType",
+        "UnionType",
+        "Decimal256Type",
+        "MonthDayNanoIntervalType",
+    )
+    if hasattr(pa, name)
+)
+
+
+def _check_arrow_types(schema: pa.Schema, label: str) -> None:
+    for column in schema:
+        bad = _unsupported_type(column.type)
+        if bad is not None:
+            raise AdvcliError(
+                f"{label}: column '{column.name}' has the Arrow type {bad}, which advcli cannot "
+                "read or pass through; drop the column or convert it"
+            )
+
+
+def _unsupported_type(dtype: pa.DataType) -> pa.DataType | None:
+    """``dtype`` or the first type nested in it that Polars cannot hold, else None."""
+    if isinstance(dtype, _UNSUPPORTED_ARROW_TYPES) or pa.types.is_interval(dtype):
+        return dtype
+    children: list[pa.DataType] = []
+    if isinstance(dtype, (pa.ListType, pa.LargeListType, pa.FixedSizeListType)):
+        children = [dtype.value_type]
+    elif isinstance(dtype, pa.MapType):
+        children = [dtype.key_type, dtype.item_type]
+    elif isinstance(dtype, pa.StructType):
+        children = [dtype.field(i).type for i in range(dtype.num_fields)]
+    elif isinstance(dtype, pa.DictionaryType):
+        children = [dtype.value_type]
+    for child in children:
+        found = _unsupported_type(child)
+        if found is not None:
+            return found
+    return None
+
+
+def _first_bad_json_line(path: Path) -> str | None:
+    """``line K: …`` for the first line of a JSON-lines file that is not a JSON object (a
+    line-by-line parse, on the error path only), or None."""
+    try:
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as error:
+                    return f"line {number}: not valid JSON ({error.msg} at column {error.colno})"
+                if not isinstance(value, dict):
+                    return f"line {number}: not a JSON object"
+    except UnicodeDecodeError as error:
+        return f"byte {error.start}: not UTF-8 text"
+    except OSError:
+        return None
+    return None
+
+
+def check_json_ids(dataset: Dataset, names: Sequence[str]) -> None:
+    """Refuse a JSON-lines id column that holds both JSON strings and numbers (or booleans).
+
+    Polars reads such a column as strings, so ``0`` and ``"0"`` would become one group. Whether a
+    column read as strings has any number in it is asked of Polars (a number read as a number);
+    only then are the file's lines parsed one by one, to name the two lines.
+    """
+    for index, path in enumerate(dataset.files):
+        for name in names:
+            if dataset.schema[name] != pl.String:
+                continue
+            mixed = any(
+                pl.scan_ndjson(path, schema={name: dtype}, ignore_errors=True)
+                .select(pl.col(name).is_not_null().any())
+                .collect()
+                .item()
+                for dtype in (pl.Float64, pl.Boolean)
+            )
+            if mixed:
+                raise AdvcliError(f"{dataset.label(index)} {_mixed_id_lines(path, name)}")
+
+
+def _mixed_id_lines(path: Path, name: str) -> str:
+    first: dict[bool, tuple[int, Any]] = {}
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                value = json.loads(line).get(name)
+                if value is not None:
+                    first.setdefault(isinstance(value, str), (number, value))
+            if len(first) == 2:
+                break
+    if len(first) < 2:
+        return f": column '{name}' mixes JSON strings and other JSON types; give the ids one type"
+    (text_line, text), (other_line, other) = first[True], first[False]
+    line = max(text_line, other_line)
+    return (
+        f"line {line}: column '{name}' mixes JSON strings and numbers (line {text_line} holds "
+        f"{json.dumps(text)}, line {other_line} holds {json.dumps(other)}); advcli would read "
+        "both as one id: give the ids one JSON type"
+    )
 
 
 def _scan_parquet(dataset: Dataset) -> pl.LazyFrame:
@@ -386,11 +510,13 @@ def _parquet_frames(
     for index, path in enumerate(dataset.files):
         if remaining == 0:
             return
+        read = 0
         try:
             with _open_parquet(path) as parquet_file:
                 rows = _batch_rows(parquet_file.metadata)
                 for batch in parquet_file.iter_batches(batch_size=rows, columns=columns):
                     batch.validate(full=True)
+                    read += batch.num_rows
                     frame = _frame_of(batch)
                     if predicate is not None:
                         frame = frame.filter(predicate)
@@ -404,6 +530,12 @@ def _parquet_frames(
             raise AdvcliError(
                 f"{dataset.label(index)}: cannot read the file ({first_line(error)})"
             ) from None
+        # Row numbers, and so every row's advantage, rest on the counts read from the footers.
+        if read != dataset.row_counts[index]:
+            raise AdvcliError(
+                f"{dataset.label(index)}: the file holds {read:,} rows but its footer counts "
+                f"{dataset.row_counts[index]:,}; the file is damaged"
+            )
 
 
 def _frame_of(batch: pa.RecordBatch) -> pl.DataFrame:
@@ -621,10 +753,13 @@ class KeyProjection:
         ]
         if columns.turn is not None:
             keys.append(pl.col(columns.turn).alias(TURN))
-        if columns.reward_kind == "token_rewards":
-            score = reward.list.sum().cast(pl.Float64)
-        else:
-            score = reward.cast(pl.Float64)
+        # Summed in float64 whatever the list's type: float16 and float32 lose the small terms
+        # of long lists (3000 float16 ones sum to 2048), and integers wrap around.
+        score = (
+            reward.cast(pl.List(pl.Float64)).list.sum()
+            if columns.reward_kind == "token_rewards"
+            else reward.cast(pl.Float64)
+        )
         tokens = mask.list.sum() if columns.mask_kind == "mask" else mask
         tokens = tokens.cast(pl.Int64)
 
@@ -676,13 +811,16 @@ def key_projection(
     number of response tokens (the sum of the mask, or the response length). Token data is read
     once, batch by batch, and reduced to these scalars on the way.
     """
+    if dataset.input_format == "json":
+        check_json_ids(dataset, [columns.group, columns.trajectory])
     plan = KeyProjection.of(dataset.schema, columns)
+    row_number = unused_name(dataset.schema)
     try:
         with closing_sources():
             projection = (
                 dataset.scan()
-                .with_row_index(ROW)
-                .select(pl.col(ROW), *plan.exprs)
+                .with_row_index(row_number)
+                .select(pl.col(row_number).alias(ROW), *plan.exprs)
                 .collect(engine="streaming")
             )
     except pl.exceptions.PolarsError as error:
@@ -716,6 +854,7 @@ def _row_rules(
                 f"column '{reward}' has a null element",
             )
         )
+    rules += _exactness_rules(schema, columns)
     rules += [
         (score.is_nan(), f"column '{reward}': the score is NaN"),
         (score == float("inf"), f"column '{reward}': the score is +inf"),
@@ -730,9 +869,11 @@ def _row_rules(
             )
         )
         if schema[mask].inner != pl.Boolean:  # type: ignore[attr-defined]
+            # Compared, not looked up: a float mask (0.0/1.0) is as good as an integer one.
+            zero_or_one = (pl.element() == 0) | (pl.element() == 1)
             rules.append(
                 (
-                    pl.col(mask).list.eval(~pl.element().is_in([0, 1])).list.any(),
+                    pl.col(mask).list.eval(~zero_or_one).list.any(),
                     f"column '{mask}' holds a value other than 0 and 1",
                 )
             )
@@ -745,7 +886,51 @@ def _row_rules(
             )
     else:
         rules.append((tokens < 0, f"column '{mask}' (response length) is negative"))
+        if columns.reward_kind == "token_rewards":
+            rules.append(
+                (
+                    tokens > pl.col(reward).list.len(),
+                    f"column '{mask}' (response length) is longer than the row's list in "
+                    f"column '{reward}'",
+                )
+            )
     return rules
+
+
+# Integers beyond this are not all representable in float64, the type scores are summed in.
+EXACT_INTEGER_LIMIT = 2**53
+
+
+def _exactness_rules(schema: pl.Schema, columns: Columns) -> list[tuple[pl.Expr, str]]:
+    """Integer rewards whose score float64 cannot hold exactly: refused, never rounded."""
+    reward = columns.reward
+    dtype = schema[reward]
+    inner = dtype.inner if columns.reward_kind == "token_rewards" else dtype  # type: ignore[attr-defined]
+    if not inner.is_integer():
+        return []
+    if columns.reward_kind == "token_rewards":
+        # While the sum of |reward| stays below 2**53 every partial sum is an exact integer; the
+        # float64 sum of |reward| reaches 2**53 as soon as the exact one does.
+        magnitude = pl.col(reward).cast(pl.List(pl.Float64)).list.eval(pl.element().abs())
+        return [
+            (
+                magnitude.list.sum() >= EXACT_INTEGER_LIMIT,
+                f"column '{reward}': the integer rewards of the row add up beyond 2^53, where "
+                "float64 cannot hold every integer",
+            )
+        ]
+    if inner in (pl.Int8, pl.Int16, pl.Int32, pl.UInt8, pl.UInt16, pl.UInt32):
+        return []  # float64 holds every one of their values
+    beyond = pl.col(reward) > EXACT_INTEGER_LIMIT
+    if inner.is_signed_integer():
+        beyond = beyond | (pl.col(reward) < -EXACT_INTEGER_LIMIT)
+    return [
+        (
+            beyond,
+            f"column '{reward}': the integer reward is beyond 2^53, where float64 cannot hold "
+            "every integer",
+        )
+    ]
 
 
 def _as_key(name: str, schema: pl.Schema) -> pl.Expr:
@@ -754,6 +939,15 @@ def _as_key(name: str, schema: pl.Schema) -> pl.Expr:
     return (
         pl.col(name).cast(pl.String) if dtype == pl.Categorical or _is_enum(dtype) else pl.col(name)
     )
+
+
+def unused_name(schema: pl.Schema, base: str = "__advcli_row") -> str:
+    """A column name that ``schema`` does not have, for a row number added beside the user's
+    columns: any name of the user's, ``row`` included, passes through untouched."""
+    name = base
+    while name in schema:
+        name += "_"
+    return name
 
 
 def repeated_turn() -> pl.Expr:
@@ -791,9 +985,11 @@ def write_advantages(
     *,
     output_format: OutputFormat,
     tokens: bool = True,
+    force: bool = False,
 ) -> None:
     """Attach ``score`` and ``advantage`` (one per row, ordered by ``row``) to every input row and
-    write the result (replacing input columns of those names).
+    write the result (replacing input columns of those names). Without ``force`` an ``output``
+    that exists by the time the result is complete is an error.
 
     ``row_values`` must hold the columns ``row`` (0, 1, 2, … in order), ``score`` and
     ``advantage``.
@@ -807,21 +1003,25 @@ def write_advantages(
     # row): cheaper than a join, and the only per-row state kept while the token data streams.
     score = pl.lit(row_values[SCORE].cast(pl.Float32))
     advantage = pl.lit(row_values["advantage"].cast(pl.Float32))
+    row_number = unused_name(dataset.schema)
     frame = (
         dataset.scan()
-        .with_row_index(ROW)
+        .with_row_index(row_number)
         .drop(replaced)
         .with_columns(
-            score.gather(pl.col(ROW)).alias("score"),
-            advantage.gather(pl.col(ROW)).alias("advantage"),
+            score.gather(pl.col(row_number)).alias("score"),
+            advantage.gather(pl.col(row_number)).alias("advantage"),
         )
-        .drop(ROW)
+        .drop(row_number)
     )
     per_token = per_token_advantages(columns)
-    with atomic_output(output) as partial, closing_sources():
+    with (
+        atomic_output(output, force=force, keep=dataset.files) as partial,
+        closing_sources(),
+    ):
         try:
             if output_format in ("npz", "pt"):
-                _write_arrays(frame, columns, partial, output_format, tokens)
+                _write_arrays(frame, columns, partial, output_format, tokens, output)
             else:
                 if tokens:
                     frame = frame.with_columns(per_token.alias("advantages"))
@@ -865,7 +1065,12 @@ def _write_arrow_stream(frame: pl.LazyFrame, path: Path) -> None:
 
 
 def _write_arrays(
-    frame: pl.LazyFrame, columns: Columns, partial: Path, output_format: OutputFormat, tokens: bool
+    frame: pl.LazyFrame,
+    columns: Columns,
+    partial: Path,
+    output_format: OutputFormat,
+    tokens: bool,
+    output_name: Path,
 ) -> None:
     """Padded arrays: ``advantage`` (N,), ``response_mask`` (N, Lmax) and, unless ``tokens`` is
     off, ``advantages`` (N, Lmax)."""
@@ -876,6 +1081,17 @@ def _write_arrays(
     collected = frame.select(mask.alias("response_mask"), pl.col("advantage")).collect(
         engine="streaming"
     )
+    rows, width = collected.height, collected["response_mask"].list.len().max() or 0
+    # float32 (N, Lmax) arrays: the mask, and unless `tokens` is off the advantages and the
+    # product they are made from. Refused up front: numpy would fail half-way, or the kernel
+    # would kill the process.
+    needed, available = rows * int(width) * 4 * (3 if tokens else 1), available_memory()
+    if needed > available:
+        raise AdvcliError(
+            f"{output_name}: padding {rows:,} rows to {width:,} tokens needs "
+            f"{needed / 2**30:,.1f} GiB of memory ({available / 2**30:,.1f} GiB available); "
+            "write .parquet or .arrow instead"
+        )
     response_mask = padded(collected["response_mask"])
     # Writable: torch refuses (with a warning) to wrap memory it may not write.
     advantage = collected["advantage"].to_numpy(writable=True)
@@ -888,7 +1104,11 @@ def _write_arrays(
     else:
         import torch
 
-        torch.save({name: torch.from_numpy(array) for name, array in arrays.items()}, partial)
+        tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
+        try:
+            torch.save(tensors, partial)
+        except RuntimeError as error:  # torch's writer reports a failed write so
+            raise AdvcliError(f"{output_name}: cannot write ({first_line(error)})") from None
 
 
 def padded(lists: pl.Series) -> np.ndarray:
@@ -903,94 +1123,15 @@ def padded(lists: pl.Series) -> np.ndarray:
     return out
 
 
-@contextlib.contextmanager
-def atomic_output(output: Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``output``; rename it into place only if the block succeeds.
-
-    A reader of ``output`` therefore sees either the old file (kept intact until the rename) or the
-    complete new one, never a partial write. The temporary file is named
-    ``.NAME.PID.RANDOM.advcli-partial``; one left by a killed run (its PID no longer alive) is
-    removed by the next run that writes the same output.
-    """
-    folder = output.parent
-    if not folder.is_dir():
-        raise AdvcliError(f"{output}: the folder {folder} does not exist")
-    if output.is_dir():
-        raise AdvcliError(f"{output}: is a directory; name a file")
-    _remove_stale_partials(output)
-    # Ctrl-C is held back while the file is created and named, so that an interrupt cannot land
-    # between the two and leave a partial file no cleanup knows of.
-    blocked = _block_interrupts()
-    try:
-        handle, name = tempfile.mkstemp(
-            prefix=f".{output.name}.{os.getpid()}.", suffix=PARTIAL_SUFFIX, dir=folder
-        )
-        partial = Path(name)
-    except OSError as error:
-        raise AdvcliError(f"{output}: cannot write to {folder} ({error.strerror})") from None
-    finally:
-        _restore_interrupts(blocked)
-    try:
-        os.close(handle)
-        # mkstemp creates the file private (0600); give it the mode a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(partial, 0o666 & ~umask)
-        yield partial
-        os.replace(partial, output)
-    finally:
-        partial.unlink(missing_ok=True)
-
-
-def _block_interrupts() -> bool:
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    return True
-
-
-def _restore_interrupts(blocked: bool) -> None:
-    if blocked:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
-PARTIAL_SUFFIX = ".advcli-partial"
-
-
-def _remove_stale_partials(output: Path) -> None:
-    for leftover in output.parent.glob(f".{glob.escape(output.name)}.*{PARTIAL_SUFFIX}"):
-        pid_text = leftover.name[len(output.name) + 2 :].split(".", 1)[0]
-        if pid_text.isdigit() and not _process_alive(int(pid_text)):
-            leftover.unlink(missing_ok=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, but another user's
-        return True
-    return True
-
-
 def check_output(
     output: Path, dataset: Dataset, *, force: bool, folder_output: bool = False
 ) -> None:
-    """Refuse an output that is one of the inputs, whose folder is missing or not writable, that
-    is a directory (unless the output is a dataset folder), or that exists without ``--force``
-    (``-``, standard output, is always fine)."""
+    """Refuse an output that is one of the inputs, or that :func:`advcli.atomic.check_output_path`
+    refuses (``-``, standard output, is always fine)."""
     if str(output) == STDIN:
+        require_stdout("the output")
         return
     for path in dataset.files:
         if output.resolve() == path.resolve():
             raise AdvcliError(f"{output}: the output is also an input; choose another path")
-    folder = output.parent
-    if not folder.is_dir():
-        raise AdvcliError(f"{output}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise AdvcliError(f"{output}: cannot write to {folder} (permission denied)")
-    if output.is_dir() and not folder_output:
-        raise AdvcliError(f"{output}: is a directory; name a file")
-    if output.exists() and not force:
-        raise AdvcliError(f"{output}: the file exists; pass --force to replace it")
+    check_output_path(output, force=force, folder_output=folder_output)

@@ -16,9 +16,6 @@ imports this module.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +25,7 @@ import ray
 from ray.data.datasource import FilenameProvider
 
 from advcli.advantage import Advantages
+from advcli.atomic import atomic_output
 from advcli.dataset import (
     GROUP,
     OUTPUT_COLUMNS,
@@ -133,18 +131,18 @@ def _attach_block(
     frame = pl.from_arrow(block)
     assert isinstance(frame, pl.DataFrame)
     key_exprs = [e for e in KeyProjection.of(schema, columns).exprs if e.meta.output_name() in keys]
-    replaced = [name for name in OUTPUT_COLUMNS if name in frame.columns]
-    kept = [name for name in frame.columns if name not in replaced]
-    attached = (
-        frame.select(kept)
-        .with_columns(key_exprs)
+    # The keys are looked up in a frame of their own: a user column named like one of them
+    # ("group", "turn", ...) passes through untouched.
+    found = (
+        frame.select(key_exprs)
         .join(pl.from_arrow(table), on=keys, how="left", maintain_order="left")  # type: ignore[arg-type]
         .select(
-            *kept,
             pl.col("score_used").cast(pl.Float32).alias("score"),
             pl.col("advantage").cast(pl.Float32),
         )
     )
+    replaced = [name for name in OUTPUT_COLUMNS if name in frame.columns]
+    attached = frame.drop(replaced).hstack(found)
     if tokens:
         attached = attached.with_columns(per_token_advantages(columns).alias("advantages"))
     return attached.to_arrow()
@@ -159,49 +157,32 @@ def write_advantages(
     output: Path,
     *,
     tokens: bool = True,
+    force: bool = False,
 ) -> None:
     """Stage 3 on Ray Data: attach each row's advantage by a broadcast lookup and write a Parquet
     dataset folder (``part-000000.parquet``, … in input order), renamed into place when complete."""
     keys = lookup_keys(config, columns)
     lookup = ray.put(lookup_table(projection, advantages, keys).to_arrow())
-    folder = output.parent
-    if not folder.is_dir():
-        raise AdvcliError(f"{output}: the folder {folder} does not exist")
-    partial = Path(
-        tempfile.mkdtemp(
-            prefix=f".{output.name}.{os.getpid()}.", suffix=".advcli-partial", dir=folder
-        )
-    )
-    try:
-        _read(dataset).map_batches(
-            _attach_block,
-            batch_format="pyarrow",
-            fn_kwargs={
-                "schema": dataset.schema,
-                "columns": columns,
-                "keys": keys,
-                "lookup": lookup,
-                "tokens": tokens,
-            },
-        ).write_parquet(
-            str(partial),
-            filename_provider=_PartNames(),
-            # The folder is new and ours alone, so names need no write id to stay unique.
-            mode=ray.data.SaveMode.OVERWRITE,
-        )
-        # The old output (with --force) stays whole until the new one is in place.
-        retired = partial.with_name(partial.name + ".old")
-        if output.exists():
-            os.replace(output, retired)
-        os.replace(partial, output)
-        if retired.is_dir():
-            shutil.rmtree(retired)
-        elif retired.exists():
-            retired.unlink()
-    except ray.exceptions.RayError as error:
-        raise AdvcliError(f"{output}: the Ray job failed ({first_line(error)})") from None
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    with atomic_output(output, force=force, folder=True, keep=dataset.files) as partial:
+        try:
+            _read(dataset).map_batches(
+                _attach_block,
+                batch_format="pyarrow",
+                fn_kwargs={
+                    "schema": dataset.schema,
+                    "columns": columns,
+                    "keys": keys,
+                    "lookup": lookup,
+                    "tokens": tokens,
+                },
+            ).write_parquet(
+                str(partial),
+                filename_provider=_PartNames(),
+                # The folder is new and ours alone, so names need no write id to stay unique.
+                mode=ray.data.SaveMode.OVERWRITE,
+            )
+        except ray.exceptions.RayError as error:
+            raise AdvcliError(f"{output}: the Ray job failed ({first_line(error)})") from None
 
 
 class _PartNames(FilenameProvider):

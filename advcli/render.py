@@ -14,7 +14,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 
-from advcli.dataset import atomic_output
+from advcli.atomic import atomic_output
 from advcli.errors import AdvcliError
 from advcli.report import BiasReport
 
@@ -213,13 +213,13 @@ def render_json(report: BiasReport) -> str:
     return json.dumps(report.summary, indent=2, ensure_ascii=False) + "\n"
 
 
-def write_text(path: Path, text: str) -> None:
+def write_text(path: Path, text: str, *, force: bool = False) -> None:
     """Write a report file atomically (a reader never sees half of it)."""
-    with atomic_output(path) as partial:
+    with atomic_output(path, force=force) as partial:
         partial.write_text(text, encoding="utf-8")
 
 
-def write_plot(report: BiasReport, path: Path) -> None:
+def write_plot(report: BiasReport, path: Path, *, force: bool = False) -> None:
     """One PNG with three panels: mean advantage by turn count under both levels, the histogram of
     per-trajectory differences, and each group's baseline shift against the share of its rows held
     by its longest trajectory."""
@@ -278,9 +278,11 @@ def write_plot(report: BiasReport, path: Path) -> None:
         f"advcli compare — {summary['settings']['estimator']}: turn level vs trajectory level "
         f"({counts['trajectories']:,} trajectories, {counts['groups']:,} groups)"
     )
-    with atomic_output(path) as partial:
-        figure.savefig(partial, format="png", dpi=110)
-    plt.close(figure)
+    try:
+        with atomic_output(path, force=force) as partial:
+            figure.savefig(partial, format="png", dpi=110)
+    finally:
+        plt.close(figure)
 
 
 def render_inspection(summary: dict[str, Any], console: Console) -> None:

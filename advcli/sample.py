@@ -19,7 +19,9 @@ import pyarrow as pa
 import pyarrow.compute
 import pyarrow.parquet as pq
 
-from advcli.dataset import atomic_output
+from advcli.atomic import atomic_output, check_output_path
+from advcli.errors import AdvcliError
+from advcli.process import available_memory
 
 
 def sample_table(
@@ -95,15 +97,32 @@ def sample_table(
 GROUPS_PER_CHUNK = 8192
 
 
-def write_sample(output: Path, *, groups: int = 64, seed: int = 0, **options: int) -> int:
+def write_sample(
+    output: Path, *, groups: int = 64, seed: int = 0, force: bool = False, **options: int
+) -> int:
     """Write a sample dump of ``groups`` prompts to ``output`` (atomically); return its row count.
 
     Groups are generated in chunks of :data:`GROUPS_PER_CHUNK`, each with its own seed derived from
     ``seed``, so millions of rows take seconds and bounded memory. A dump of at most one chunk is
     exactly :func:`sample_table` with the same arguments.
     """
+    check_output_path(output, force=force)
+    # The largest chunk's token lists (rewards and mask, ~12 bytes a token with offsets) must fit
+    # in memory: refuse up front rather than be killed half-way.
+    chunk_tokens = (
+        min(groups, GROUPS_PER_CHUNK)
+        * options.get("rollouts", 8)
+        * (options.get("max_turns", 6) * options.get("tokens", 48))
+    )
+    needed, available = chunk_tokens * 12, available_memory()
+    if needed > available:
+        raise AdvcliError(
+            f"{output}: a chunk of {min(groups, GROUPS_PER_CHUNK):,} prompts could need "
+            f"{needed / 2**30:,.1f} GiB of memory ({available / 2**30:,.1f} GiB available); "
+            "lower --rollouts, --max-turns or --tokens"
+        )
     rows = 0
-    with atomic_output(output) as partial:
+    with atomic_output(output, force=force) as partial:
         writer: pq.ParquetWriter | None = None
         try:
             for chunk, first_group in enumerate(range(0, groups, GROUPS_PER_CHUNK)):

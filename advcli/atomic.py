@@ -1,0 +1,285 @@
+"""Publishing a file (or a dataset folder) safely: advcli's one way of putting a result on disk.
+
+The rules every writer gets from :func:`atomic_output`:
+
+- The result is written under a temporary name beside the output and renamed into place only when
+  complete, so a reader sees the old file or the whole new one, never half of one.
+- Without ``force`` the rename is *no-replace* (``renameat2(RENAME_NOREPLACE)``, else a hard link,
+  else an exclusive placeholder): an output that appears while advcli works is never overwritten,
+  because the existence check and the publish are one step.
+- A partial file left by a killed run is removed by the next run that writes the same output, but
+  only when advcli provably made it: it carries an extended attribute naming the process and the
+  file's own inode, that process is gone, and the file is none of the current run's inputs. A file
+  that merely has a partial-looking name is never touched.
+- Every ``OSError`` raised while writing (a full disk, a file-size limit, a permission) becomes one
+  :class:`~advcli.errors.AdvcliError` naming the output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import glob
+import os
+import secrets
+import shutil
+import signal
+import stat
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from advcli.errors import AdvcliError
+
+PARTIAL_SUFFIX = ".advcli-partial"
+# The extended attribute that marks a partial as advcli's: "PID INODE".
+MARKER = "user.advcli.partial"
+STDOUT = "-"
+# Signals held back while a partial is created and named, so none can land between the two and
+# leave a partial no cleanup knows of.
+HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def check_output_path(output: Path, *, force: bool, folder_output: bool = False) -> None:
+    """Refuse an output whose folder is missing or not writable, whose name is too long for the
+    filesystem, that is a directory (unless the output is a dataset folder), or that exists
+    without ``force``. A dangling symbolic link exists."""
+    folder = output.parent
+    if not folder.is_dir():
+        raise AdvcliError(f"{output}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise AdvcliError(f"{output}: cannot write to {folder} (permission denied)")
+    name_bytes, name_max = len(os.fsencode(output.name)), _name_max(folder)
+    if name_bytes > name_max:
+        raise AdvcliError(
+            f"{output}: the file name is too long ({name_bytes} bytes; this filesystem allows "
+            f"{name_max})"
+        )
+    if output.is_dir() and not folder_output:
+        raise AdvcliError(f"{output}: is a directory; name a file")
+    if os.path.lexists(output) and not force:
+        raise AdvcliError(f"{output}: the file exists; pass --force to replace it")
+    if folder_output and force and output.is_dir():
+        _check_replaceable_folder(output)
+
+
+def _check_replaceable_folder(output: Path) -> None:
+    # --force replaces a dataset folder advcli wrote (part-*.parquet files only), never a folder
+    # of the user's other files.
+    for entry in output.iterdir():
+        if not (entry.is_file() and entry.name.startswith("part-") and entry.suffix == ".parquet"):
+            raise AdvcliError(
+                f"{output}: the folder holds files advcli did not write ({entry.name}); "
+                "remove it yourself or choose another output"
+            )
+
+
+@contextlib.contextmanager
+def atomic_output(
+    output: Path, *, force: bool = False, folder: bool = False, keep: Sequence[Path] = ()
+) -> Iterator[Path]:
+    """Yield a temporary path beside ``output`` (a new empty file, or with ``folder`` a new empty
+    directory); publish it at ``output`` only if the block succeeds.
+
+    Without ``force`` an ``output`` that exists when the block ends is an error, not replaced.
+    ``keep`` names files that the stale-partial cleanup must not touch (the run's inputs).
+    """
+    parent = output.parent
+    if not parent.is_dir():
+        raise AdvcliError(f"{output}: the folder {parent} does not exist")
+    _remove_stale_partials(output, keep)
+    with _held_signals():
+        try:
+            partial = _create_partial(output, folder)
+        except OSError as error:
+            raise AdvcliError(f"{output}: cannot write to {parent} ({_reason(error)})") from None
+    try:
+        with _as_write_error(output):
+            yield partial
+            _publish(partial, output, force=force, folder=folder)
+    finally:
+        _remove(partial)
+
+
+def _create_partial(output: Path, folder: bool) -> Path:
+    prefix = _partial_prefix(output)
+    # A name no user would pick: dot, output name, PID, random text, suffix.
+    while True:
+        partial = output.parent / f"{prefix}{os.getpid()}.{secrets.token_hex(4)}{PARTIAL_SUFFIX}"
+        try:
+            if folder:
+                os.mkdir(partial)
+            else:
+                os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            break
+        except FileExistsError:
+            continue
+    with contextlib.suppress(OSError):
+        # Where the filesystem has no user extended attributes the partial stays unmarked: a run
+        # killed there leaves it behind, and no later run removes it.
+        os.setxattr(partial, MARKER, f"{os.getpid()} {os.stat(partial).st_ino}".encode())
+    return partial
+
+
+def _partial_prefix(output: Path) -> str:
+    """``.NAME.``, with NAME cut so that the whole partial name fits the filesystem's limit: an
+    output name close to the limit must not fail because of its temporary name."""
+    # dot + "." + PID (up to 10 digits) + "." + 8 random hex + suffix
+    room = _name_max(output.parent) - (1 + 1 + 10 + 1 + 8 + len(PARTIAL_SUFFIX))
+    name = os.fsencode(output.name)[: max(0, room)].decode("utf-8", errors="ignore")
+    return f".{name}."
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+@contextlib.contextmanager
+def _as_write_error(output: Path) -> Iterator[None]:
+    """Any failure of the operating system while writing ``output`` as one error naming it."""
+    try:
+        yield
+    except OSError as error:
+        raise AdvcliError(f"{output}: cannot write ({_reason(error)})") from None
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or str(error) or type(error).__name__
+
+
+def _publish(partial: Path, output: Path, *, force: bool, folder: bool) -> None:
+    if force:
+        if folder and output.is_dir():
+            _replace_folder(partial, output)
+        else:
+            os.replace(partial, output)
+        return
+    try:
+        _rename_no_replace(partial, output, folder)
+    except FileExistsError:
+        raise AdvcliError(
+            f"{output}: the file appeared while advcli was writing; it was left as it is "
+            "(pass --force to replace it)"
+        ) from None
+
+
+def _replace_folder(partial: Path, output: Path) -> None:
+    # The old folder stays whole until the new one is in place; a rename cannot replace a
+    # non-empty directory, so the old one is moved aside first.
+    retired = partial.with_name(partial.name + ".old")
+    os.rename(output, retired)
+    os.rename(partial, output)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def _rename_no_replace(source: Path, target: Path, folder: bool) -> None:
+    """Rename ``source`` to ``target`` unless ``target`` exists (FileExistsError), as one step."""
+    renameat2 = getattr(_libc(), "renameat2", None)
+    if renameat2 is not None:
+        result = renameat2(
+            _AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE
+        )
+        if result == 0:
+            return
+        code = ctypes.get_errno()
+        # EINVAL/ENOSYS/ENOTSUP: this filesystem or kernel has no RENAME_NOREPLACE.
+        if code not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise OSError(code, os.strerror(code), str(target))
+    if folder:
+        # No hard links for directories: rename() refuses a non-empty target; an empty directory
+        # that appeared in the meantime is the one case this fallback replaces.
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target))
+        os.rename(source, target)
+        return
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except FileExistsError:
+        raise
+    except OSError:
+        # No hard links here either (FAT, some network filesystems): claim the name with an
+        # exclusive create first, then move the result over our own placeholder.
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        os.replace(source, target)
+        return
+    source.unlink()
+
+
+_LIBC: ctypes.CDLL | None = None
+
+
+def _libc() -> ctypes.CDLL:
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _remove_stale_partials(output: Path, keep: Sequence[Path]) -> None:
+    pattern = f"{glob.escape(_partial_prefix(output))}*{PARTIAL_SUFFIX}"
+    kept = {_identity(path) for path in keep}
+    for leftover in output.parent.glob(pattern):
+        if _is_dead_partial(leftover) and _identity(leftover) not in kept:
+            _remove(leftover)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _is_dead_partial(path: Path) -> bool:
+    """True only for a partial that advcli marked as its own and whose process has ended."""
+    try:
+        info = os.lstat(path)
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+            return False
+        pid_text, inode_text = os.getxattr(path, MARKER, follow_symlinks=False).split()
+        pid, inode = int(pid_text), int(inode_text)
+    except (OSError, ValueError):
+        return False
+    # The marker names this very file: a copy of a partial (another inode) is not advcli's.
+    return inode == info.st_ino and info.st_uid == os.getuid() and not _process_alive(pid)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, but another user's
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _held_signals() -> Iterator[None]:
+    """Hold Ctrl-C and termination signals back for the block (main thread only: signals are
+    delivered there); one that arrived meanwhile is handled when the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
