@@ -11,13 +11,7 @@ The settings import nothing heavy; ``compute``, ``compare`` and the rest load Po
 """
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
-
-try:
-    __version__ = version("advcli")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0+unknown"
 
 from advcli.errors import AdvcliError
 from advcli.settings import (
@@ -40,6 +34,15 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    # Looked up on first use: importlib.metadata is slow to import, and the command line's
+    # start-up (where a Ctrl-C has no handler yet) should be short.
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("advcli")
+        except PackageNotFoundError:  # running from a source tree that is not installed
+            return "0.0.0+unknown"
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'advcli' has no attribute {name!r}")

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import json
 import math
 import os
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from enum import Enum
@@ -21,8 +21,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from advcli import __version__
+import advcli
 from advcli.errors import AdvcliError
+from advcli.process import exit_status, require_stdout, silence_stdout, write_stdout_text
 from advcli.settings import (
     AdvantageConfig,
     ColumnNames,
@@ -59,8 +60,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def reports_errors(command: F) -> F:
-    """Turn the library's errors into one ``Error:`` line on stderr and exit code 1, and Ctrl-C
-    into one line and exit code 130."""
+    """Turn the library's errors into one ``Error:`` line on stderr and exit code 1, and a reader
+    that closed the pipe into a quiet exit 141 (128 + SIGPIPE), as other Unix tools end.
+
+    Ctrl-C and termination signals pass on: partial outputs are removed on the way up, and the
+    entry point (``advcli.__main__``) prints their one line and exit code.
+    """
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -69,17 +74,19 @@ def reports_errors(command: F) -> F:
         except AdvcliError as error:
             typer.echo(f"Error: {error}", err=True)
             raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            # Partial outputs were removed on the way up (atomic_output); say so once.
-            typer.echo("Interrupted; no partial output was left behind.", err=True)
-            raise typer.Exit(130) from None
+        except BrokenPipeError:
+            silence_stdout()
+            raise typer.Exit(exit_status(signal.SIGPIPE)) from None
+        except MemoryError:
+            typer.echo("Error: not enough memory for this input on this machine", err=True)
+            raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
 
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"advcli {__version__}")
+        typer.echo(f"advcli {advcli.__version__}")
         raise typer.Exit()
 
 
@@ -188,9 +195,16 @@ AddressOpt = Annotated[
     str | None,
     typer.Option("--address", help="Ray cluster address (e.g. auto) [default: a new local one]."),
 ]
+# More threads than this only cost memory on any machine advcli runs on.
+MAX_THREADS = 1024
 ThreadsOpt = Annotated[
     int | None,
-    typer.Option("--threads", min=1, help="Threads for Polars and Arrow [default: all cores]."),
+    typer.Option(
+        "--threads",
+        min=1,
+        max=MAX_THREADS,
+        help="Threads for Polars and Arrow [default: all cores].",
+    ),
 ]
 
 
@@ -411,33 +425,34 @@ def compare_command(
     _check_engine(engine, address)
     if fail_above is not None and not math.isfinite(fail_above):
         raise typer.BadParameter("must be a finite number", param_hint="'--fail-above'")
-    if plot is not None and importlib.util.find_spec("matplotlib") is None:
-        raise AdvcliError(f"{plot}: --plot needs matplotlib: pip install 'advcli[plot]'")
+    json_to_stdout = json_path == "-"
+    if json_to_stdout:
+        require_stdout("the JSON report")
+    elif not quiet:
+        require_stdout("the report (pass --quiet)")
     _use_threads(threads)
-    from advcli.pipeline import compare
-    from advcli.render import render_json, render_markdown, render_terminal, write_plot, write_text
+    from advcli.pipeline import ReportFiles, compare
+    from advcli.render import render_json, render_terminal
 
     report = compare(
         inputs or [],
         config,
         names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),
         top=top,
-        outputs=[None if json_path in (None, "-") else Path(json_path), markdown, plot],
+        files=ReportFiles(
+            json=None if json_path is None or json_to_stdout else Path(json_path),
+            markdown=markdown,
+            plot=plot,
+        ),
         force=force,
         engine=engine.value,
         address=address,
     )
-    if json_path == "-":
-        typer.echo(render_json(report), nl=False)
-    elif json_path is not None:
-        write_text(Path(json_path), render_json(report))
-    if markdown is not None:
-        write_text(markdown, render_markdown(report))
-    if plot is not None:
-        write_plot(report, plot)
+    if json_to_stdout:
+        write_stdout_text(render_json(report), "the JSON report")
     if not quiet:
         # The terminal report moves to stderr when stdout carries the JSON.
-        render_terminal(report, stderr if json_path == "-" else Console(highlight=False))
+        render_terminal(report, stderr if json_to_stdout else Console(highlight=False))
     diff_max = report.summary["trajectories"]["advantage_diff_max"] or 0.0
     if fail_above is not None and diff_max > fail_above:
         typer.echo(
@@ -466,6 +481,7 @@ def inspect_command(
 
     Reads only the key columns. Example: advcli inspect rollouts/ --json | jq .counts
     """
+    require_stdout("the inspection")
     _use_threads(threads)
     from advcli.pipeline import inspect
 
@@ -473,7 +489,7 @@ def inspect_command(
         inputs or [], ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col)
     )
     if json_output:
-        typer.echo(json.dumps(summary, indent=2, ensure_ascii=False))
+        write_stdout_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", "the JSON")
     else:
         from advcli.render import render_inspection
 
@@ -484,11 +500,15 @@ def inspect_command(
 @reports_errors
 def sample_command(
     output: Annotated[Path, typer.Argument(help="Parquet file to write.", show_default=False)],
-    groups: Annotated[int, typer.Option(min=1, help="Prompts (groups).")] = 64,
-    rollouts: Annotated[int, typer.Option(min=1, help="Trajectories per prompt.")] = 8,
-    max_turns: Annotated[int, typer.Option(min=1, help="Most turns per trajectory.")] = 6,
-    tokens: Annotated[int, typer.Option(min=2, help="Mean response tokens per turn row.")] = 48,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    groups: Annotated[int, typer.Option(min=1, max=10**9, help="Prompts (groups).")] = 64,
+    rollouts: Annotated[int, typer.Option(min=1, max=100_000, help="Trajectories per prompt.")] = 8,
+    max_turns: Annotated[
+        int, typer.Option(min=1, max=10_000, help="Most turns per trajectory.")
+    ] = 6,
+    tokens: Annotated[
+        int, typer.Option(min=2, max=1_000_000, help="Mean response tokens per turn row.")
+    ] = 48,
+    seed: Annotated[int, typer.Option(min=0, max=2**63 - 1, help="Random seed.")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")] = False,
 ) -> None:
@@ -498,10 +518,14 @@ def sample_command(
     """
     from advcli.sample import write_sample
 
-    if output.exists() and not force:
-        raise AdvcliError(f"{output}: the file exists; pass --force to replace it")
     rows = write_sample(
-        output, groups=groups, rollouts=rollouts, max_turns=max_turns, tokens=tokens, seed=seed
+        output,
+        groups=groups,
+        rollouts=rollouts,
+        max_turns=max_turns,
+        tokens=tokens,
+        seed=seed,
+        force=force,
     )
     if not quiet:
         stderr.print(f"wrote {rows:,} turn rows of {groups * rollouts:,} trajectories to {output}")

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -42,7 +40,8 @@ from advcli.dataset import (
 )
 from advcli.errors import AdvcliError
 from advcli.inspection import inspect_dump
-from advcli.render import render_json, render_markdown, write_text
+from advcli.process import copy_to_stdout
+from advcli.render import render_json, render_markdown, write_plot, write_text
 from advcli.report import BiasReport, bias_report
 from advcli.settings import ColumnNames
 
@@ -228,7 +227,14 @@ def compute(
         stage("writing output")
         if engine == "ray":
             _ray_engine().write_advantages(
-                dataset, dump.columns, dump.projection, advantages, config, output, tokens=tokens
+                dataset,
+                dump.columns,
+                dump.projection,
+                advantages,
+                config,
+                output,
+                tokens=tokens,
+                force=force,
             )
         else:
             # Only the per-row (score, advantage) pairs go on to the write, as the float32 they
@@ -236,10 +242,13 @@ def compute(
             # first, so their memory is reused for the streaming write's buffers.
             row_values = advantages.rows.select(ROW, pl.col(SCORE, "advantage").cast(pl.Float32))
             del dump, advantages
-            _write_local(dataset, summary.columns, row_values, output, fmt, tokens)
+            _write_local(dataset, summary.columns, row_values, output, fmt, tokens, force)
     if report is not None and report_path is not None:
         text = render_json(report) if report_kind == "json" else render_markdown(report)
-        write_text(report_path, text)
+        try:
+            write_text(report_path, text, force=force)
+        except AdvcliError as error:
+            raise AdvcliError(f"{error}; the output {output} was written") from None
     return replace(summary, seconds=time.perf_counter() - started)
 
 
@@ -250,17 +259,19 @@ def _write_local(
     output: Path,
     fmt: OutputFormat,
     tokens: bool,
+    force: bool,
 ) -> None:
     if str(output) != STDIN:
-        write_advantages(dataset, columns, row_values, output, output_format=fmt, tokens=tokens)
+        write_advantages(
+            dataset, columns, row_values, output, output_format=fmt, tokens=tokens, force=force
+        )
         return
     # Written whole to a temporary file first, so that a failure sends nothing down the pipe.
     with tempfile.TemporaryDirectory(prefix="advcli-stdout-") as folder:
         staged = Path(folder) / f"out.{fmt}"
         write_advantages(dataset, columns, row_values, staged, output_format=fmt, tokens=tokens)
         with staged.open("rb") as result:
-            shutil.copyfileobj(result, sys.stdout.buffer)
-        sys.stdout.buffer.flush()
+            copy_to_stdout(result)
 
 
 def report_format_for(path: Path) -> str:
@@ -291,33 +302,61 @@ def _other_level(level: Level) -> Level:
     return Level.TURN if level is Level.TRAJECTORY else Level.TRAJECTORY
 
 
+@dataclass(frozen=True)
+class ReportFiles:
+    """The files ``compare`` writes its report to (each optional)."""
+
+    json: Path | None = None
+    markdown: Path | None = None
+    plot: Path | None = None
+
+
 def compare(
     inputs: Sequence[str],
     config: AdvantageConfig = AdvantageConfig(),
     *,
     names: ColumnNames = ColumnNames(),
     top: int = 10,
-    outputs: Sequence[Path | None] = (),
+    files: ReportFiles = ReportFiles(),
     force: bool = False,
     engine: Engine = "local",
     address: str | None = None,
 ) -> BiasReport:
-    """The bias report of ``config.estimator``: turn level against trajectory level.
+    """The bias report of ``config.estimator``: turn level against trajectory level, written to
+    ``files`` and returned.
 
-    ``outputs`` are the files the caller will write the report to; they are checked (not an
-    input, not existing unless ``force``) before any work is done.
+    The report files are checked (not an input, not existing unless ``force``) before any work
+    is done.
 
     Examples
     --------
     >>> compare(["rollouts.parquet"]).summary["trajectories"]["sign_flips"]  # doctest: +SKIP
     """
+    if files.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise AdvcliError(f"{files.plot}: --plot needs matplotlib: pip install 'advcli[plot]'")
     with opened(inputs) as dataset:
-        check_outputs(outputs, dataset, force=force)
+        check_outputs([files.json, files.markdown, files.plot], dataset, force=force)
         start_engine(engine, address)
         dump = load_dump(dataset, names, engine=engine)
         turn = dump.advantages(replace(config, level=Level.TURN))
         trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
-        return dump.report(config, turn, trajectory, top=top)
+        report = dump.report(config, turn, trajectory, top=top)
+    writers: list[tuple[Path | None, Callable[[Path], None]]] = [
+        (files.json, lambda path: write_text(path, render_json(report), force=force)),
+        (files.markdown, lambda path: write_text(path, render_markdown(report), force=force)),
+        (files.plot, lambda path: write_plot(report, path, force=force)),
+    ]
+    written: list[Path] = []
+    for path, write in writers:
+        if path is None:
+            continue
+        try:
+            write(path)
+        except AdvcliError as error:
+            done = f"; {', '.join(map(str, written))} was written" if written else ""
+            raise AdvcliError(f"{error}{done}") from None
+        written.append(path)
+    return report
 
 
 def inspect(inputs: Sequence[str], names: ColumnNames = ColumnNames()) -> dict[str, Any]:

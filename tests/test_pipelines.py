@@ -167,7 +167,7 @@ def test_unreadable_json_lines(run, tmp_path):
     path.write_text('{"uid": "a", "traj_uid": 1, "score": 1.0}\n{"uid": "a", "traj_uid": \n')
     result = run("inspect", path)
     assert result.exit_code == 1
-    assert result.stderr.startswith(f"Error: {path}: not a readable JSON-lines file")
+    assert result.stderr == f"Error: {path} line 2: not valid JSON (Expecting value at column 1)\n"
 
 
 def test_inspect_reports_every_item(run, tmp_path):

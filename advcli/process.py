@@ -1,0 +1,145 @@
+"""What the process meets at its edges: closed standard streams, broken pipes, and signals.
+
+A process may start with standard input, output or error closed (``advcli … >&-``). The next file
+it opens would then take that descriptor, and anything written to "standard output" — by advcli,
+or by a native library printing a warning — would land in that file. :func:`guard_standard_streams`
+puts ``/dev/null`` on every closed one first and remembers which were closed, so that a command
+that needs one says so instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+from typing import BinaryIO
+
+from advcli.errors import AdvcliError
+
+_CLOSED: set[int] = set()
+
+
+def guard_standard_streams() -> None:
+    """Put ``/dev/null`` on standard input, output and error where they are closed."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        _CLOSED.add(fd)
+        setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115 (lives as long as sys)
+
+
+def stdin_closed() -> bool:
+    return 0 in _CLOSED
+
+
+def stdout_closed() -> bool:
+    return 1 in _CLOSED
+
+
+def require_stdout(purpose: str) -> None:
+    """Refuse to write ``purpose`` to a standard output that was closed."""
+    if stdout_closed():
+        raise AdvcliError(f"standard output is closed; cannot write {purpose} there")
+
+
+def copy_to_stdout(source: BinaryIO) -> None:
+    """Copy a finished result to standard output. A reader that went away (a broken pipe) ends
+    the copy with ``BrokenPipeError``, which the command line ends quietly; any other failure is
+    an error."""
+    require_stdout("the output")
+    try:
+        shutil.copyfileobj(source, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        raise AdvcliError(
+            f"standard output: cannot write ({error.strerror or type(error).__name__})"
+        ) from None
+
+
+def write_stdout_text(text: str, purpose: str) -> None:
+    """Write text (a JSON report) to standard output, as :func:`copy_to_stdout` does bytes."""
+    require_stdout(purpose)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        raise AdvcliError(
+            f"standard output: cannot write {purpose} ({error.strerror or type(error).__name__})"
+        ) from None
+
+
+def silence_stdout() -> None:
+    """After a broken pipe: point standard output at ``/dev/null``, so that the interpreter's
+    last flush at exit does not fail on the pipe again."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or a termination signal. A KeyboardInterrupt, so that every ``finally`` and context
+    manager on the way up (a partial file's removal among them) runs as it does for Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# The first signal received, even if some library swallowed the exception it raised.
+_RECEIVED: list[int] = []
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    _RECEIVED.append(signum)
+    # Only the first signal interrupts: a second Ctrl-C must not cut the cleanup of the first.
+    if len(_RECEIVED) == 1:
+        raise Interrupted(signum)
+
+
+def handle_signals() -> None:
+    """Ctrl-C, SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread (SIGTERM would
+    otherwise end the process on the spot and leave its partial file behind)."""
+    for signum in HANDLED_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's choice stands
+            signal.signal(signum, _raise_interrupted)
+
+
+def received_signal() -> int | None:
+    """The first signal :func:`handle_signals` caught, if any."""
+    return _RECEIVED[0] if _RECEIVED else None
+
+
+def signal_message(signum: int) -> str:
+    """The one line a run ended by a signal prints."""
+    what = "Interrupted" if signum == signal.SIGINT else "Terminated"
+    return f"{what}; no partial output was left behind."
+
+
+def exit_status(signum: int) -> int:
+    """128 + the signal number, as a shell reports a process the signal ended."""
+    return 128 + signum
+
+
+def available_memory() -> int:
+    """Bytes of memory this machine has free now (MemAvailable where Linux tells it)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
