@@ -7,24 +7,23 @@ The library API mirrors the commands::
 
     compute(["rollouts.parquet"], Path("advantages.parquet"), AdvantageConfig(level=Level.TURN))
 
-The settings import nothing heavy; ``compute``, ``compare`` and the rest load Polars on first use.
+Names are imported on first use; ``compute``, ``compare`` and the rest load Polars then.
 """
 
 import importlib
-from typing import Any
 
 from advcli.errors import AdvcliError
-from advcli.settings import (
-    AdvantageConfig,
-    ColumnNames,
-    Estimator,
-    Level,
-    Scale,
-    Singleton,
-    TrajScore,
-)
 
+# Everything else is imported on first use, so that starting the command line (where a Ctrl-C
+# has no handler yet) imports next to nothing.
 _LAZY = {
+    "AdvantageConfig": "advcli.settings",
+    "ColumnNames": "advcli.settings",
+    "Estimator": "advcli.settings",
+    "Level": "advcli.settings",
+    "Scale": "advcli.settings",
+    "Singleton": "advcli.settings",
+    "TrajScore": "advcli.settings",
     "compute": "advcli.pipeline",
     "compare": "advcli.pipeline",
     "load_dump": "advcli.pipeline",
@@ -33,9 +32,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # Looked up on first use: importlib.metadata is slow to import, and the command line's
-    # start-up (where a Ctrl-C has no handler yet) should be short.
+def __getattr__(name: str) -> object:
     if name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
 

@@ -19,7 +19,7 @@ from advcli.process import (
 def main() -> None:
     guard_standard_streams()
     handle_signals()
-    code: object = 0
+    code: str | int | None = 0
     try:
         from advcli.cli import app
 

@@ -416,9 +416,10 @@ def _mixed_id_lines(path: Path, name: str) -> str:
     if len(first) < 2:
         return f": column '{name}' mixes JSON strings and other JSON types; give the ids one type"
     (text_line, text), (other_line, other) = first[True], first[False]
-    line = max(text_line, other_line)
+    later = max(text_line, other_line)
     return (
-        f"line {line}: column '{name}' mixes JSON strings and numbers (line {text_line} holds "
+        f"line {later}: column '{name}' mixes JSON strings with numbers or booleans (line "
+        f"{text_line} holds "
         f"{json.dumps(text)}, line {other_line} holds {json.dumps(other)}); advcli would read "
         "both as one id: give the ids one JSON type"
     )
@@ -1077,21 +1078,16 @@ def _write_arrays(
     if columns.mask_kind == "mask":
         mask = pl.col(columns.mask).cast(pl.List(pl.Float32))
     else:
+        # A length column is checked before its mask rows are made: one huge length would
+        # otherwise be materialized first.
+        rows, width = frame.select(pl.len(), pl.col(columns.mask).max()).collect().row(0)
+        _check_padding(rows, int(width or 0), tokens, output_name)
         mask = pl.lit(1.0, dtype=pl.Float32).repeat_by(pl.col(columns.mask))
     collected = frame.select(mask.alias("response_mask"), pl.col("advantage")).collect(
         engine="streaming"
     )
-    rows, width = collected.height, collected["response_mask"].list.len().max() or 0
-    # float32 (N, Lmax) arrays: the mask, and unless `tokens` is off the advantages and the
-    # product they are made from. Refused up front: numpy would fail half-way, or the kernel
-    # would kill the process.
-    needed, available = rows * int(width) * 4 * (3 if tokens else 1), available_memory()
-    if needed > available:
-        raise AdvcliError(
-            f"{output_name}: padding {rows:,} rows to {width:,} tokens needs "
-            f"{needed / 2**30:,.1f} GiB of memory ({available / 2**30:,.1f} GiB available); "
-            "write .parquet or .arrow instead"
-        )
+    width = collected["response_mask"].list.len().max()
+    _check_padding(collected.height, int(width or 0), tokens, output_name)  # type: ignore[arg-type]
     response_mask = padded(collected["response_mask"])
     # Writable: torch refuses (with a warning) to wrap memory it may not write.
     advantage = collected["advantage"].to_numpy(writable=True)
@@ -1109,6 +1105,20 @@ def _write_arrays(
             torch.save(tensors, partial)
         except RuntimeError as error:  # torch's writer reports a failed write so
             raise AdvcliError(f"{output_name}: cannot write ({first_line(error)})") from None
+
+
+def _check_padding(rows: int, width: int, tokens: bool, output: Path) -> None:
+    """Refuse padding that does not fit in memory, up front: numpy would fail half-way, or the
+    kernel would end the process. Counted as float32 (N, Lmax) arrays: the mask lists as read
+    (at most that size), the padded mask and, unless `tokens` is off, the advantages and the
+    product they are made from."""
+    needed, available = rows * int(width) * 4 * (4 if tokens else 2), available_memory()
+    if needed > available:
+        raise AdvcliError(
+            f"{output}: padding {rows:,} rows to {width:,} tokens needs "
+            f"{needed / 2**30:,.1f} GiB of memory ({available / 2**30:,.1f} GiB available); "
+            "write .parquet or .arrow instead"
+        )
 
 
 def padded(lists: pl.Series) -> np.ndarray:

@@ -10,12 +10,14 @@ that needs one says so instead.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
-from typing import BinaryIO
+from typing import TYPE_CHECKING
 
 from advcli.errors import AdvcliError
+
+if TYPE_CHECKING:
+    from typing import BinaryIO
 
 _CLOSED: set[int] = set()
 
@@ -54,6 +56,8 @@ def copy_to_stdout(source: BinaryIO) -> None:
     """Copy a finished result to standard output. A reader that went away (a broken pipe) ends
     the copy with ``BrokenPipeError``, which the command line ends quietly; any other failure is
     an error."""
+    import shutil
+
     require_stdout("the output")
     try:
         shutil.copyfileobj(source, sys.stdout.buffer)

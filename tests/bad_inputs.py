@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 GOOD = pl.DataFrame(
     {
@@ -48,6 +50,8 @@ class BadInput:
     # turns: those cases run through compute and compare only.
     commands: tuple[str, ...] = ("compute", "compare", "inspect")
     existing_output: bool = field(default=False)
+    # Puts something other than a file at the output path before the run.
+    prepare_output: Callable[[Path], None] | None = None
 
 
 def frame_case(name: str, frame: pl.DataFrame, *expected: str, options: tuple[str, ...] = ()):
@@ -279,11 +283,244 @@ CASES: list[BadInput] = [
 ]
 
 
+# ---------------------------------------------------------------------------------------------
+# Issue 13: numbers advcli cannot vouch for, damaged files, types Polars cannot hold, JSON lines.
+
+
+def jsonl_case(name: str, text: str, *expected: str) -> BadInput:
+    def build(folder: Path) -> list[str]:
+        path = folder / "dump.jsonl"
+        path.write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
+        return [str(path)]
+
+    return BadInput(name, build, ("dump.jsonl", *expected))
+
+
+def arrow_case(name: str, column: pa.Array, *expected: str, parquet: bool = False) -> BadInput:
+    """GOOD plus a pass-through column ``extra`` of an Arrow type Polars cannot hold, written as
+    an Arrow IPC file (or Parquet, where Parquet can store the type)."""
+
+    def build(folder: Path) -> list[str]:
+        table = GOOD.to_arrow().append_column("extra", column)
+        path = folder / ("dump.parquet" if parquet else "dump.arrow")
+        if parquet:
+            pq.write_table(table, path)
+        else:
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
+                out.write_table(table)
+        return [str(path)]
+
+    suffix = "dump.parquet" if parquet else "dump.arrow"
+    return BadInput(name, build, (suffix, "column 'extra' has the Arrow type", *expected))
+
+
+def _footer_overcounts(folder: Path) -> list[str]:
+    """GOOD (4 rows in one row group) with the footer's row count patched to 5."""
+    path = folder / "dump.parquet"
+    GOOD.write_parquet(path, statistics=False)
+    data = path.read_bytes()
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    # Thrift compact: field header 0x16 (i64, delta 1) then zigzag(4) = 0x08. The row group holds
+    # the same pair; patch each candidate and keep the one that changes only the file's count.
+    for at in range(footer_start, len(data) - 9):
+        if data[at : at + 2] == b"\x16\x08":
+            path.write_bytes(data[:at] + b"\x16\x0a" + data[at + 2 :])
+            metadata = pq.ParquetFile(path).metadata
+            if metadata.num_rows == 5 and metadata.row_group(0).num_rows == 4:
+                return [str(path)]
+    raise AssertionError("no footer row count to patch")
+
+
+def _mixed_formats(folder: Path) -> list[str]:
+    GOOD.write_parquet(folder / "a.parquet")
+    GOOD.write_ndjson(folder / "b.jsonl")
+    return [str(folder / "a.parquet"), str(folder / "b.jsonl")]
+
+
+def _split_duplicate_turn(folder: Path) -> list[str]:
+    GOOD.write_parquet(folder / "part-0.parquet")
+    GOOD.head(1).write_parquet(folder / "part-1.parquet")
+    return [str(folder / "part-0.parquet"), str(folder / "part-1.parquet")]
+
+
+JSON_LINE = '{"data_id": 0, "rollout_id": "a", "turn_index": 0, "score": 1.0, "response_length": 2}'
+EXACT = 2**53
+
+CASES += [
+    frame_case(
+        "integer rewards summing beyond 2^53",
+        replace("token_level_rewards", [[0, 1], [2**62, 2**62], [0, 0], [1, 0]]),
+        "row 1",
+        "column 'token_level_rewards': the integer rewards of the row add up beyond 2^53",
+    ),
+    frame_case(
+        "integer rewards wrapping around int64",
+        replace("token_level_rewards", [[0, 1], [0, 1], [2**63 - 1, 1], [1, 0]]),
+        "row 2",
+        "add up beyond 2^53",
+    ),
+    frame_case(
+        "scalar int64 reward beyond 2^53",
+        GOOD.drop("token_level_rewards").with_columns(score=pl.Series([1, 1, EXACT + 1, 0])),
+        "row 2",
+        "column 'score': the integer reward is beyond 2^53",
+    ),
+    frame_case(
+        "scalar negative int64 reward beyond 2^53",
+        GOOD.drop("token_level_rewards").with_columns(score=pl.Series([1, 1, 0, -EXACT - 1])),
+        "row 3",
+        "the integer reward is beyond 2^53",
+    ),
+    frame_case(
+        "scalar uint64 reward beyond 2^53",
+        GOOD.drop("token_level_rewards").with_columns(
+            score=pl.Series([2**64 - 1, 1, 0, 0], dtype=pl.UInt64)
+        ),
+        "row 0",
+        "the integer reward is beyond 2^53",
+    ),
+    frame_case(
+        "response_length longer than the reward list",
+        GOOD.drop("response_mask").with_columns(response_length=pl.Series([2, 3, 2, 2])),
+        "row 1",
+        "column 'response_length' (response length) is longer than the row's list in column "
+        "'token_level_rewards'",
+    ),
+    frame_case(
+        "float mask value 0.5",
+        replace("response_mask", [[1.0, 1.0], [1.0, 0.5], [1.0, 1.0], [1.0, 1.0]]),
+        "row 1",
+        "column 'response_mask' holds a value other than 0 and 1",
+    ),
+    frame_case(
+        "mask value -1",
+        replace("response_mask", [[1, 1], [1, 0], [-1, 1], [1, 1]], pl.List(pl.Int8)),
+        "row 2",
+        "holds a value other than 0 and 1",
+    ),
+    frame_case(
+        "boolean rewards",
+        replace("token_level_rewards", [[True], [True], [False], [False]]),
+        "column 'token_level_rewards'",
+        "List(Boolean)",
+    ),
+    frame_case(
+        "binary group ids",
+        replace("data_id", [b"a", b"a", b"a", b"b"]),
+        "column 'data_id' (group id) has type Binary",
+    ),
+    frame_case(
+        "float turn index",
+        replace("turn_index", [0.0, 1.0, 0.0, 0.0]),
+        "column 'turn_index' (turn index) has type Float64; expected integers",
+    ),
+    frame_case(
+        "list trajectory ids",
+        replace("rollout_id", [["a"], ["a"], ["b"], ["a"]]),
+        "column 'rollout_id' (trajectory id) has type List(String)",
+    ),
+    BadInput(
+        "Parquet footer counting more rows than its row groups",
+        _footer_overcounts,
+        ("dump.parquet: the Parquet footer counts 5 rows but its row groups hold 4",),
+    ),
+    arrow_case(
+        "decimal256 pass-through column",
+        pa.array([1, 2, 3, 4]).cast(pa.decimal256(50, 2)),
+        "decimal256(50, 2)",
+        parquet=True,
+    ),
+    arrow_case(
+        "list_view pass-through column",
+        pa.array([[1], [2], [3], [4]], pa.list_view(pa.int32())),
+        "list_view<element: int32>",
+        parquet=True,
+    ),
+    arrow_case(
+        "run-end encoded pass-through column",
+        pa.RunEndEncodedArray.from_arrays([4], [1.5]),
+        "run_end_encoded",
+    ),
+    arrow_case(
+        "interval pass-through column",
+        pa.array([(1, 2, 3)] * 4, pa.month_day_nano_interval()),
+        "month_day_nano_interval",
+    ),
+    arrow_case(
+        "union pass-through column",
+        pa.UnionArray.from_sparse(pa.array([0, 0, 0, 0], pa.int8()), [pa.array([1, 2, 3, 4])]),
+        "sparse_union",
+    ),
+    arrow_case(
+        "union nested in a struct",
+        pa.StructArray.from_arrays(
+            [pa.UnionArray.from_sparse(pa.array([0] * 4, pa.int8()), [pa.array([1, 2, 3, 4])])],
+            ["inner"],
+        ),
+        "sparse_union",
+    ),
+    jsonl_case(
+        "JSON ids mixing numbers and strings",
+        f"{JSON_LINE}\n" + JSON_LINE.replace('"data_id": 0', '"data_id": "0"') + "\n",
+        "line 2: column 'data_id' mixes JSON strings with numbers or booleans",
+        'line 2 holds "0", line 1 holds 0',
+    ),
+    jsonl_case(
+        "JSON trajectory ids mixing booleans and strings",
+        f"{JSON_LINE}\n" + JSON_LINE.replace('"rollout_id": "a"', '"rollout_id": true') + "\n",
+        "line 2: column 'rollout_id' mixes JSON strings with numbers or booleans",
+    ),
+    jsonl_case(
+        "malformed JSON line",
+        f"{JSON_LINE}\n\n{JSON_LINE}\n" + JSON_LINE[:-10] + "\n",
+        "line 4: not valid JSON",
+    ),
+    jsonl_case("JSON line that is not an object", f"{JSON_LINE}\n[1, 2]\n", "line 2"),
+    jsonl_case(
+        "JSON lines that are not UTF-8", f"{JSON_LINE}\n".encode() + b'{"a": "\xff"}\n', "UTF-8"
+    ),
+    BadInput(
+        "inputs of two formats",
+        _mixed_formats,
+        ("a.parquet", "inputs mix formats (json, parquet)"),
+    ),
+    BadInput(
+        "duplicate turn across files",
+        _split_duplicate_turn,
+        ("part-1.parquet row 0", "duplicate turn: (data_id=0, rollout_id='a', turn_index=0)"),
+    ),
+    BadInput(
+        "output name over the filesystem's limit",
+        _good,
+        ("o" * 251, "the file name is too long (", "bytes; this filesystem allows 255)"),
+        output="o" * 251,
+    ),
+    BadInput(
+        "dangling symbolic link at the output",
+        _good,
+        ("dangling", "the file exists; pass --force to replace it"),
+        output="dangling",
+        prepare_output=lambda output: output.symlink_to(output.parent / "nowhere"),
+    ),
+    BadInput(
+        "output is a directory",
+        _good,
+        ("a_folder.parquet: is a directory; name a file",),
+        output="a_folder.parquet",
+        prepare_output=lambda output: output.mkdir(),
+    ),
+]
+
+
 # inspect writes nothing, and it reports (rather than refuses) scores that disagree within a
 # trajectory and repeated turns: these cases go through compute and compare only.
 NOT_FOR_INSPECT = {
     "inconsistent trajectory scores",
     "duplicate turn",
+    "duplicate turn across files",
+    "output name over the filesystem's limit",
+    "dangling symbolic link at the output",
+    "output is a directory",
     "output folder missing",
     "output folder not writable",
     "output equal to an input",

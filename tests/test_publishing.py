@@ -1,0 +1,238 @@
+"""Issue 13, part 1: advcli never deletes or overwrites a file it did not create.
+
+Publishing is no-replace unless --force (whatever the filesystem offers), the stale-partial
+cleanup removes only what advcli provably made, and names close to the filesystem's limit work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from advcli import atomic
+from advcli.atomic import MARKER, PARTIAL_SUFFIX, atomic_output
+from advcli.errors import AdvcliError
+
+ROWS = [(0, "a", 0, 1.0, 2), (0, "a", 1, 1.0, 2), (0, "b", 0, 0.0, 2), (1, "a", 0, 0.5, 2)]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def partials(folder: Path) -> list[Path]:
+    return sorted(folder.glob(f"*{PARTIAL_SUFFIX}*"))
+
+
+def dead_pid() -> int:
+    """The PID of a process that has ended (and been reaped)."""
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(finished.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# The stale-partial cleanup
+
+
+def test_an_input_named_like_a_partial_is_read_and_never_deleted(run, write_dump, tmp_path):
+    output = tmp_path / "out.parquet"
+    # The name a killed run's partial of out.parquet would have, with a PID that is gone.
+    lookalike = tmp_path / f".out.parquet.{dead_pid()}.1a2b3c4d{PARTIAL_SUFFIX}"
+    write_dump(ROWS, name=lookalike.name)
+    before = sha256(lookalike)
+
+    result = run("compute", lookalike, "-o", output, "-q")
+
+    assert result.exit_code == 0, result.stderr
+    assert sha256(lookalike) == before
+    assert pl.read_parquet(output).height == len(ROWS)
+
+
+def test_unmarked_and_copied_partials_are_left_alone(run, write_dump, tmp_path):
+    source = write_dump(ROWS)
+    output = tmp_path / "out.parquet"
+    pid = dead_pid()
+    unmarked = tmp_path / f".out.parquet.{pid}.00000000{PARTIAL_SUFFIX}"
+    unmarked.write_bytes(b"a user's file with an unlucky name")
+    # A copy of a dead run's partial, marker and all: the marker names another inode.
+    copied = tmp_path / f".out.parquet.{pid}.11111111{PARTIAL_SUFFIX}"
+    copied.write_bytes(b"copied")
+    os.setxattr(copied, MARKER, f"{pid} {os.stat(unmarked).st_ino}".encode())
+
+    result = run("compute", source, "-o", output, "-q")
+
+    assert result.exit_code == 0, result.stderr
+    assert unmarked.read_bytes() == b"a user's file with an unlucky name"
+    assert copied.read_bytes() == b"copied"
+
+
+def test_a_killed_runs_partial_is_removed_by_the_next_run(run, write_dump, tmp_path):
+    source = write_dump(ROWS)
+    output = tmp_path / "out.parquet"
+    # A real process that starts publishing out.parquet and is killed half-way.
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, sys\n"
+            "from pathlib import Path\n"
+            "from advcli.atomic import atomic_output\n"
+            "with atomic_output(Path(sys.argv[1])) as partial:\n"
+            "    partial.write_bytes(b'half')\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n",
+            str(output),
+        ],
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL
+    [leftover] = partials(tmp_path)
+
+    result = run("compute", source, "-o", output, "-q")
+
+    assert result.exit_code == 0, result.stderr
+    assert not leftover.exists()
+    assert partials(tmp_path) == []
+
+
+def test_a_live_runs_partial_is_left_alone(run, write_dump, tmp_path):
+    source = write_dump(ROWS)
+    output = tmp_path / "out.parquet"
+    # Another advcli process, alive and writing the same output.
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from pathlib import Path\n"
+            "from advcli.atomic import atomic_output\n"
+            "with atomic_output(Path(sys.argv[1])) as partial:\n"
+            "    print(partial, flush=True)\n"
+            "    time.sleep(60)\n",
+            str(output),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        theirs = Path(writer.stdout.readline().strip())
+        result = run("compute", source, "-o", output, "-q")
+        assert result.exit_code == 0, result.stderr
+        assert theirs.exists()
+    finally:
+        writer.kill()
+        writer.communicate()
+
+
+# ---------------------------------------------------------------------------------------------
+# No-replace publishing
+
+
+@pytest.mark.parametrize("folder", [False, True], ids=["file", "folder"])
+def test_an_output_that_appears_during_the_run_is_kept(folder, tmp_path):
+    output = tmp_path / "out.parquet"
+    with pytest.raises(AdvcliError) as raised, atomic_output(output, folder=folder) as partial:
+        if folder:
+            (partial / "part-000000.parquet").write_bytes(b"ours")
+        else:
+            partial.write_bytes(b"ours")
+        output.write_bytes(b"theirs: written by another process meanwhile")
+
+    assert str(raised.value) == (
+        f"{output}: the file appeared while advcli was writing; it was left as it is "
+        "(pass --force to replace it)"
+    )
+    assert output.read_bytes() == b"theirs: written by another process meanwhile"
+    assert partials(tmp_path) == []
+
+
+def test_force_replaces_an_output_that_appears_during_the_run(tmp_path):
+    output = tmp_path / "out.parquet"
+    with atomic_output(output, force=True) as partial:
+        partial.write_bytes(b"ours")
+        output.write_bytes(b"theirs")
+    assert output.read_bytes() == b"ours"
+    assert partials(tmp_path) == []
+
+
+class NoRenameat2:
+    """A C library without renameat2 (older glibc, musl, other systems)."""
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard-link", "placeholder"])
+def test_no_replace_fallbacks(links, monkeypatch, tmp_path):
+    # The fallbacks run on this real filesystem; only the absence of renameat2 (and, for the
+    # last one, of hard links) is simulated.
+    monkeypatch.setattr(atomic, "_libc", NoRenameat2)
+    if not links:
+
+        def no_links(*args, **kwargs):
+            raise PermissionError(1, "Operation not permitted")
+
+        monkeypatch.setattr(os, "link", no_links)
+    output = tmp_path / "out.txt"
+    with atomic_output(output) as partial:
+        partial.write_text("first")
+    assert output.read_text() == "first"
+
+    with (
+        pytest.raises(AdvcliError, match="appeared while advcli was writing"),
+        atomic_output(output) as partial,
+    ):
+        partial.write_text("second")
+    assert output.read_text() == "first"
+    assert partials(tmp_path) == []
+
+
+def test_a_dangling_link_at_the_output_is_replaced_only_with_force(run, write_dump, tmp_path):
+    source = write_dump(ROWS)
+    output = tmp_path / "out.parquet"
+    output.symlink_to(tmp_path / "missing" / "target.parquet")
+
+    refused = run("compute", source, "-o", output, "-q")
+    assert refused.exit_code == 1
+    assert refused.stderr == f"Error: {output}: the file exists; pass --force to replace it\n"
+    assert output.is_symlink()
+
+    forced = run("compute", source, "-o", output, "-q", "--force")
+    assert forced.exit_code == 0, forced.stderr
+    assert not output.is_symlink()
+    assert pl.read_parquet(output).height == len(ROWS)
+    assert not (tmp_path / "missing").exists()
+
+
+def test_an_output_name_at_the_filesystem_limit_works(run, write_dump, tmp_path):
+    source = write_dump(ROWS)
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    output = tmp_path / ("n" * (limit - len(".parquet")) + ".parquet")
+    assert len(output.name) == limit
+
+    result = run("compute", source, "-o", output, "-q")
+
+    assert result.exit_code == 0, result.stderr
+    assert pl.read_parquet(output).height == len(ROWS)
+    assert partials(tmp_path) == []
+
+
+def test_a_multibyte_name_at_the_limit_works(run, write_dump, tmp_path):
+    # The partial's copy of the name is cut on a character boundary, not inside one.
+    source = write_dump(ROWS)
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    stem = "é" * ((limit - len(".json")) // 2)
+    output = tmp_path / f"{stem}.json"
+
+    result = run("compare", source, "--json", output, "-q")
+
+    assert result.exit_code == 0, result.stderr
+    assert output.read_text().startswith("{")
