@@ -9,6 +9,7 @@ import sys
 
 from advcli.process import (
     exit_status,
+    flush_stdout,
     guard_standard_streams,
     handle_signals,
     received_signal,
@@ -28,6 +29,10 @@ def main() -> None:
         code = done.code
     except KeyboardInterrupt:  # before the command line could take it over
         code = 130
+    failed_write = flush_stdout()
+    if failed_write is not None and code == 0:
+        sys.stderr.write(f"Error: standard output: cannot write ({failed_write})\n")
+        code = 1
     signum = received_signal()
     if signum is not None:
         # Also when a library swallowed the interrupt and the command ran on: never exit 0.

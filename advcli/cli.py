@@ -23,7 +23,13 @@ from rich.table import Table
 
 import advcli
 from advcli.errors import AdvcliError
-from advcli.process import exit_status, require_stdout, silence_stdout, write_stdout_text
+from advcli.process import (
+    StdoutText,
+    exit_status,
+    require_stdout,
+    silence_stdout,
+    write_stdout_text,
+)
 from advcli.settings import (
     AdvantageConfig,
     ColumnNames,
@@ -55,6 +61,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 stderr = Console(stderr=True, highlight=False)
+
+
+def stdout() -> Console:
+    """The console for reports on standard output; every byte is written or the run fails."""
+    return Console(file=StdoutText(), highlight=False)  # type: ignore[arg-type]
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -452,7 +464,7 @@ def compare_command(
         write_stdout_text(render_json(report), "the JSON report")
     if not quiet:
         # The terminal report moves to stderr when stdout carries the JSON.
-        render_terminal(report, stderr if json_to_stdout else Console(highlight=False))
+        render_terminal(report, stderr if json_to_stdout else stdout())
     diff_max = report.summary["trajectories"]["advantage_diff_max"] or 0.0
     if fail_above is not None and diff_max > fail_above:
         typer.echo(
@@ -493,7 +505,7 @@ def inspect_command(
     else:
         from advcli.render import render_inspection
 
-        render_inspection(summary, Console(highlight=False))
+        render_inspection(summary, stdout())
 
 
 @app.command("sample")

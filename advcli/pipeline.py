@@ -269,7 +269,10 @@ def _write_local(
     # Written whole to a temporary file first, so that a failure sends nothing down the pipe.
     with tempfile.TemporaryDirectory(prefix="advcli-stdout-") as folder:
         staged = Path(folder) / f"out.{fmt}"
-        write_advantages(dataset, columns, row_values, staged, output_format=fmt, tokens=tokens)
+        try:
+            write_advantages(dataset, columns, row_values, staged, output_format=fmt, tokens=tokens)
+        except AdvcliError as error:
+            raise AdvcliError(f"standard output: staging the output failed: {error}") from None
         with staged.open("rb") as result:
             copy_to_stdout(result)
 

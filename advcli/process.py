@@ -9,6 +9,7 @@ that needs one says so instead.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -56,37 +57,68 @@ def copy_to_stdout(source: BinaryIO) -> None:
     """Copy a finished result to standard output. A reader that went away (a broken pipe) ends
     the copy with ``BrokenPipeError``, which the command line ends quietly; any other failure is
     an error."""
-    import shutil
-
     require_stdout("the output")
-    try:
-        shutil.copyfileobj(source, sys.stdout.buffer)
-        sys.stdout.buffer.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as error:
-        raise AdvcliError(
-            f"standard output: cannot write ({error.strerror or type(error).__name__})"
-        ) from None
+    while chunk := source.read(COPY_CHUNK):
+        _write_stdout(chunk, "the output")
 
 
 def write_stdout_text(text: str, purpose: str) -> None:
     """Write text (a JSON report) to standard output, as :func:`copy_to_stdout` does bytes."""
     require_stdout(purpose)
+    _write_stdout(text.encode("utf-8"), purpose)
+
+
+COPY_CHUNK = 1 << 20
+
+
+class StdoutText:
+    """A text stream onto standard output that writes every byte or raises (for rich's console):
+    a terminal report cut short by a full disk is an error, not a silent exit 0."""
+
+    encoding = "utf-8"
+
+    def write(self, text: str) -> int:
+        _write_stdout(text.encode("utf-8"), "the report")
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is buffered here."""
+
+    def isatty(self) -> bool:
+        return os.isatty(1)
+
+    def fileno(self) -> int:
+        return 1
+
+
+def _write_stdout(data: bytes, purpose: str) -> None:
+    # Until every byte is taken: standard output's buffer can report a short write (a full disk,
+    # a file-size limit) by its return value alone, which a text write drops, so the output would
+    # be cut without an error. Writing the rest makes the system say why it stopped.
+    sys.stdout.flush()
+    binary = sys.stdout.buffer
+    view = memoryview(data)
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        while view:
+            taken = binary.write(view)
+            if not taken:
+                raise OSError(errno.EIO, "the write took no bytes")
+            view = view[taken:]
+        binary.flush()
     except BrokenPipeError:
         raise
     except OSError as error:
+        # What the buffer still holds cannot be written either; the interpreter's flush at exit
+        # would fail on it again and print a second message.
+        silence_stdout()
         raise AdvcliError(
             f"standard output: cannot write {purpose} ({error.strerror or type(error).__name__})"
         ) from None
 
 
 def silence_stdout() -> None:
-    """After a broken pipe: point standard output at ``/dev/null``, so that the interpreter's
-    last flush at exit does not fail on the pipe again."""
+    """After a broken pipe or a failed write: point standard output at ``/dev/null``, so that the
+    interpreter's last flush at exit does not fail on it again."""
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.close(null)
@@ -147,3 +179,16 @@ def available_memory() -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def flush_stdout() -> str | None:
+    """Flush standard output before exit; the reason it failed, if it did (``None`` also for a
+    reader that went away, which ends quietly)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence_stdout()
+    except OSError as error:
+        silence_stdout()
+        return error.strerror or type(error).__name__
+    return None

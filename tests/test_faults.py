@@ -1,0 +1,709 @@
+"""Fault injection against a real ``python -m advcli`` process: a full disk (RLIMIT_FSIZE) under
+every writer, closed standard streams, a broken pipe into ``head``, and signals at start-up, in
+the middle of a write and at random moments of a run."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import random
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from advcli.sample import sample_table
+
+# Every output of the medium dump is larger than this (the smallest, `inspect --json`, is about
+# 1.4 KB; the Markdown report 2.4 KB; the others tens of KB to MB), so every writer hits it.
+LIMIT = 512
+# A pipe this small breaks under any output of more than a few KB (Linux's minimum: one page).
+PIPE_SIZE = 4096
+UNBUFFERED = {"PYTHONUNBUFFERED": "1"}
+CRASH_MARKERS = ("Traceback", "panicked", "stack backtrace")
+INTERRUPTED = "Interrupted; no partial output was left behind."
+TERMINATED = "Terminated; no partial output was left behind."
+
+Preexec = Callable[[], None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+@dataclass
+class Run:
+    """What a finished advcli process left: its exit code and both streams, as text."""
+
+    args: Sequence[str]
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+    def __str__(self) -> str:
+        stdout = self.stdout if len(self.stdout) <= 2000 else self.stdout[:2000] + "…"
+        return (
+            f"\n$ advcli {' '.join(self.args)}\nexit code: {self.returncode}\n"
+            f"--- stderr ---\n{self.stderr}--- stdout ---\n{stdout}"
+        )
+
+
+def text(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", errors="replace")
+
+
+def file_size_limit(limit: int) -> Preexec:
+    """In the child: writes past ``limit`` bytes fail with EFBIG instead of killing it."""
+
+    def preexec() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    return preexec
+
+
+def closed(fd: int) -> Preexec:
+    """In the child: standard stream ``fd`` really closed (not /dev/null) when advcli starts."""
+
+    def preexec() -> None:
+        os.close(fd)
+
+    return preexec
+
+
+def child_env(tmpdir: Path, mplconfig: Path, **extra: str) -> dict[str, str]:
+    """The child's environment: the same whatever the runner's, but for ``extra``."""
+    env = {
+        **os.environ,
+        # Nothing but advcli's own writes under the size limit: no bytecode caches...
+        "PYTHONDONTWRITEBYTECODE": "1",
+        # ...and matplotlib's font cache already built (see the mplconfig fixture).
+        "MPLCONFIGDIR": str(mplconfig),
+        "TMPDIR": str(tmpdir),
+        "COLUMNS": "200",
+    }
+    # Both change what the child does (PYTHONUNBUFFERED: stdout without a buffer), so a test
+    # that wants one sets it itself.
+    for name in ("RUST_BACKTRACE", "PYTHONUNBUFFERED"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def advcli_args(args: Sequence[object]) -> list[str]:
+    return [sys.executable, "-m", "advcli", *map(str, args)]
+
+
+def run_advcli(
+    args: Sequence[object],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    preexec: Preexec | None = None,
+    stdin: int | None = subprocess.DEVNULL,
+    stdout_file: Path | None = None,
+    timeout: float = 120,
+) -> Run:
+    """Run advcli to the end; with ``stdout_file``, its stdout is that regular file."""
+    with contextlib.ExitStack() as stack:
+        stdout = (
+            stack.enter_context(stdout_file.open("wb"))
+            if stdout_file is not None
+            else subprocess.PIPE
+        )
+        finished = subprocess.run(
+            advcli_args(args),
+            cwd=cwd,
+            env=env,
+            preexec_fn=preexec,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            timeout=timeout,
+        )
+    out = text(stdout_file.read_bytes()) if stdout_file is not None else text(finished.stdout)
+    return Run([str(a) for a in args], finished.returncode, out, text(finished.stderr))
+
+
+@contextlib.contextmanager
+def spawned(args: Sequence[object], **popen: object) -> Iterator[subprocess.Popen]:
+    """A running advcli process, killed and reaped if the test stops before it ends."""
+    process = subprocess.Popen(advcli_args(args), **popen)  # type: ignore[call-overload]
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
+def finish(process: subprocess.Popen, args: Sequence[object], timeout: float = 120) -> Run:
+    stdout, stderr = process.communicate(timeout=timeout)
+    return Run([str(a) for a in args], process.returncode, text(stdout), text(stderr))
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def listing(folder: Path) -> set[str]:
+    """Every file and folder under ``folder`` (hidden ones too)."""
+    return {str(path.relative_to(folder)) for path in folder.rglob("*")}
+
+
+def partials(output: Path) -> list[Path]:
+    return sorted(output.parent.glob(f".{output.name}.*advcli-partial*"))
+
+
+def folders(tmp_path: Path) -> tuple[Path, Path]:
+    """A fresh output folder (the child's working directory) and a fresh $TMPDIR."""
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    tmp.mkdir()
+    return out, tmp
+
+
+def error_line(result: Run) -> str:
+    """The one line of stderr, which must be an ``Error:`` line."""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, f"stderr is not exactly one line{result}"
+    assert lines[0].startswith("Error: "), f"stderr is not an Error: line{result}"
+    return lines[0]
+
+
+def assert_no_crash(result: Run) -> None:
+    for marker in CRASH_MARKERS:
+        assert marker not in result.stdout + result.stderr, f"{marker!r} in the output{result}"
+
+
+def names_standard_output(line: str) -> bool:
+    """Standard output by name, or as '-' (a temporary file named advcli-stdout-… is not it)."""
+    return (
+        any(name in line for name in ("standard output", "<stdout>", "'-'", '"-"'))
+        or re.match(r"Error: -[:\s]", line) is not None
+    )
+
+
+def wait_for_partial(process: subprocess.Popen, output: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not partials(output):
+        assert process.poll() is None, "advcli finished before it started writing"
+        assert time.monotonic() < deadline, "no partial file appeared"
+        time.sleep(0.005)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs, made once per module
+
+
+@pytest.fixture(scope="module")
+def mplconfig(tmp_path_factory) -> Path:
+    """A matplotlib config folder whose font cache is built before any run under the size limit
+    (building it there would fail and log a warning on stderr)."""
+    folder = tmp_path_factory.mktemp("mplconfig")
+    subprocess.run(
+        [sys.executable, "-c", "import matplotlib.font_manager"],
+        env={**os.environ, "MPLCONFIGDIR": str(folder)},
+        check=True,
+        capture_output=True,
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def medium_dump(tmp_path_factory) -> Path:
+    """9,335 rows: every output exceeds LIMIT and `compute -o -` writes about 3 MB, yet a run
+    takes well under a second."""
+    path = tmp_path_factory.mktemp("medium") / "rollouts.parquet"
+    pl.from_arrow(sample_table(groups=400, rollouts=8, seed=0)).write_parquet(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def many_files(medium_dump, tmp_path_factory) -> Path:
+    """The medium dump split into 64 files with long names: `inspect --json` lists every input
+    file, so its JSON (about 12 KB) outgrows a small pipe; a single file's is 1.4 KB."""
+    folder = tmp_path_factory.mktemp("parts") / "dump"
+    folder.mkdir()
+    frame = pl.read_parquet(medium_dump)
+    for part in range(64):
+        name = f"rollouts-part-{part:03d}-of-064-{'from-a-long-running-agent-job-' * 4}.parquet"
+        frame.filter(pl.col("data_id") % 64 == part).write_parquet(folder / name)
+    assert sum(len(str(path)) for path in folder.iterdir()) > 2 * PIPE_SIZE
+    return folder
+
+
+@pytest.fixture(scope="module")
+def big_dump(tmp_path_factory) -> Path:
+    """About 575k rows of ~128 tokens: `compute` takes a few seconds, so signals land mid-run."""
+    path = tmp_path_factory.mktemp("big") / "big.parquet"
+    pl.from_arrow(sample_table(groups=24_000, rollouts=8, tokens=128, seed=1)).write_parquet(path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# A. A full disk under every writer
+
+
+def test_the_size_limit_makes_writes_fail_with_efbig(mplconfig, tmp_path):
+    """The premise of the full-disk tests: under file_size_limit a plain Python write past the
+    limit, to a named file or to a stdout redirected to a file, fails with EFBIG."""
+    probe = (
+        "import errno, os, sys\n"
+        "for fd in (os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT), 1):\n"
+        "    os.write(fd, b'x' * int(sys.argv[2]))\n"
+        "    try:\n"
+        "        os.write(fd, b'x')\n"
+        "    except OSError as error:\n"
+        "        print(errno.errorcode[error.errno], error.strerror, file=sys.stderr)\n"
+    )
+    with (tmp_path / "stdout").open("wb") as stdout:
+        probed = subprocess.run(
+            [sys.executable, "-c", probe, str(tmp_path / "file"), str(LIMIT)],
+            preexec_fn=file_size_limit(LIMIT),
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    assert probed.returncode == 0, probed.stderr
+    assert probed.stderr.splitlines() == ["EFBIG File too large"] * 2, probed.stderr
+    assert (tmp_path / "file").stat().st_size == LIMIT
+    assert (tmp_path / "stdout").stat().st_size == LIMIT
+
+
+@dataclass(frozen=True)
+class Writer:
+    """One of advcli's writers: its command line (IN is the input) and the file it writes in the
+    output folder (None: standard output)."""
+
+    args: tuple[str, ...]
+    output: str | None
+
+    def command(self, source: Path, folder: Path) -> list[str]:
+        return [
+            str(source) if arg == "IN" else str(folder / arg) if arg == self.output else arg
+            for arg in self.args
+        ]
+
+
+WRITERS = {
+    "compute-parquet": Writer(("compute", "IN", "-o", "out.parquet"), "out.parquet"),
+    "compute-arrow": Writer(("compute", "IN", "-o", "out.arrow"), "out.arrow"),
+    "compute-arrows": Writer(("compute", "IN", "-o", "out.arrows"), "out.arrows"),
+    "compute-npz": Writer(("compute", "IN", "-o", "out.npz"), "out.npz"),
+    "compute-pt": Writer(("compute", "IN", "-o", "out.pt"), "out.pt"),
+    "compute-stdout": Writer(("compute", "IN", "-o", "-"), None),
+    "compare-json": Writer(("compare", "IN", "--json", "r.json"), "r.json"),
+    "compare-markdown": Writer(("compare", "IN", "--markdown", "r.md"), "r.md"),
+    "compare-plot": Writer(("compare", "IN", "--plot", "p.png"), "p.png"),
+    "compare-json-stdout": Writer(("compare", "IN", "--json", "-"), None),
+    "inspect-json-stdout": Writer(("inspect", "IN", "--json"), None),
+    "sample": Writer(("sample", "out.parquet", "--groups", "400"), "out.parquet"),
+}
+
+
+def writer_params(names: Sequence[str]) -> list:
+    return [
+        pytest.param(
+            WRITERS[name], id=name, marks=[pytest.mark.torch] if name.endswith("-pt") else []
+        )
+        for name in names
+    ]
+
+
+STDOUT_WRITERS = [name for name, writer in WRITERS.items() if writer.output is None]
+# Whether Python buffers stdout changes how a short write shows (an unbuffered text stream drops
+# the rest of a short write without an error), and PYTHONUNBUFFERED=1 is common in containers.
+FULL_DISK_RUNS = [
+    *[
+        pytest.param(*param.values, {}, id=param.id, marks=param.marks)
+        for param in writer_params(list(WRITERS))
+    ],
+    *[
+        pytest.param(WRITERS[name], UNBUFFERED, id=f"{name}-PYTHONUNBUFFERED")
+        for name in STDOUT_WRITERS
+    ],
+]
+
+
+@pytest.mark.parametrize(("writer", "env"), FULL_DISK_RUNS)
+def test_full_disk(writer: Writer, env: dict[str, str], medium_dump, mplconfig, tmp_path):
+    if writer.output == "out.pt":
+        pytest.importorskip("torch")
+    out, tmp = folders(tmp_path)
+    stdout_file = out / "stdout.bin" if writer.output is None else None
+    if stdout_file is not None:
+        stdout_file.touch()
+    digest, before = sha256(medium_dump), listing(out)
+
+    result = run_advcli(
+        writer.command(medium_dump, out),
+        cwd=out,
+        env=child_env(tmp, mplconfig, **env),
+        preexec=file_size_limit(LIMIT),
+        stdout_file=stdout_file,
+    )
+
+    assert result.returncode == 1, f"exit code is not 1{result}"
+    line = error_line(result)
+    if writer.output is not None:
+        assert str(out / writer.output) in line, f"the Error line does not name the output{result}"
+        assert not (out / writer.output).exists(), f"an output was left behind{result}"
+    else:
+        assert names_standard_output(line), f"the Error line does not name stdout{result}"
+    assert_no_crash(result)
+    assert listing(out) == before, f"files left in the output folder{result}"
+    assert listing(tmp) == set(), f"files left in $TMPDIR: {listing(tmp)}{result}"
+    assert sha256(medium_dump) == digest, "the input changed"
+
+
+# One case per way of writing a file (the Markdown report is written as the JSON one is).
+KEPT = [
+    "compute-parquet",
+    "compute-arrows",
+    "compute-npz",
+    "compare-json",
+    "compare-plot",
+    "sample",
+]
+
+
+@pytest.mark.parametrize("writer", writer_params(KEPT))
+def test_full_disk_keeps_the_previous_output(writer: Writer, medium_dump, mplconfig, tmp_path):
+    if writer.output == "out.pt":
+        pytest.importorskip("torch")
+    assert writer.output is not None
+    out, tmp = folders(tmp_path)
+    output = out / writer.output
+    output.write_bytes(b"the previous, complete result")
+    before = listing(out)
+
+    result = run_advcli(
+        [*writer.command(medium_dump, out), "--force"],
+        cwd=out,
+        env=child_env(tmp, mplconfig),
+        preexec=file_size_limit(LIMIT),
+    )
+
+    assert result.returncode == 1, f"exit code is not 1{result}"
+    assert str(output) in error_line(result), f"the Error line does not name the output{result}"
+    assert_no_crash(result)
+    assert output.read_bytes() == b"the previous, complete result", f"old output lost{result}"
+    assert listing(out) == before, f"files left in the output folder{result}"
+    assert listing(tmp) == set(), f"files left in $TMPDIR: {listing(tmp)}{result}"
+
+
+def report_dump(path: Path) -> Path:
+    """156 small rows (scalar score, response_length) whose Markdown report outweighs their
+    advantages written with --no-tokens: 30 trajectories of 1 to 30 turns in 15 groups make
+    long turn tables while the Parquet output stays about 2.8 KB (the report about 3.8 KB)."""
+    rows = [(k // 2, k % 2, turn, float(k % 3 == 0), 3) for k in range(30) for turn in range(k + 1)]
+    names = ["data_id", "rollout_id", "turn_index", "score", "response_length"]
+    pl.DataFrame(rows, schema=names, orient="row").write_parquet(path)
+    return path
+
+
+def test_full_disk_under_the_report_after_the_output(mplconfig, tmp_path):
+    source = report_dump(tmp_path / "rollouts.parquet")
+    # The same file names and folder-name lengths in both runs, so the report has the same size.
+    measure, out, tmp = tmp_path / "run-a", tmp_path / "run-b", tmp_path / "tmp"
+    for folder in (measure, out, tmp):
+        folder.mkdir()
+
+    def command(folder: Path) -> list[str]:
+        output, report = folder / "out.parquet", folder / "r.md"
+        return ["compute", str(source), "-o", str(output), "--no-tokens", "--report", str(report)]
+
+    free = run_advcli(command(measure), cwd=measure, env=child_env(tmp, mplconfig))
+    assert free.returncode == 0, str(free)
+    output_size = (measure / "out.parquet").stat().st_size
+    report_size = (measure / "r.md").stat().st_size
+    if report_size <= output_size + 64:
+        pytest.skip(f"the report ({report_size} B) is not larger than the output ({output_size} B)")
+    limit = (output_size + report_size) // 2
+
+    result = run_advcli(
+        command(out), cwd=out, env=child_env(tmp, mplconfig), preexec=file_size_limit(limit)
+    )
+
+    assert result.returncode == 1, f"exit code is not 1 (limit {limit} B){result}"
+    line = error_line(result)
+    for part in ("r.md", "out.parquet", "was written"):
+        assert part in line, f"{part!r} not in the Error line{result}"
+    assert_no_crash(result)
+    assert pl.read_parquet(out / "out.parquet").equals(pl.read_parquet(measure / "out.parquet"))
+    assert listing(out) == {"out.parquet"}, f"files left in the output folder{result}"
+    assert listing(tmp) == set(), f"files left in $TMPDIR: {listing(tmp)}{result}"
+
+
+# ---------------------------------------------------------------------------------------------
+# B. Closed standard streams
+
+
+@pytest.fixture(scope="module")
+def ordinary_output(medium_dump, mplconfig, tmp_path_factory) -> Path:
+    """`compute medium -o out.parquet -q` with every stream open, as a reference."""
+    folder = tmp_path_factory.mktemp("ordinary")
+    tmp = tmp_path_factory.mktemp("ordinary-tmp")
+    output = folder / "out.parquet"
+    result = run_advcli(
+        ["compute", medium_dump, "-o", output, "-q"], cwd=folder, env=child_env(tmp, mplconfig)
+    )
+    assert result.returncode == 0, str(result)
+    return output
+
+
+def test_closed_stdin(mplconfig, tmp_path):
+    out, tmp = folders(tmp_path)
+    output = out / "out.parquet"
+    result = run_advcli(
+        ["compute", "-", "-o", output],
+        cwd=out,
+        env=child_env(tmp, mplconfig),
+        preexec=closed(0),
+        stdin=None,
+    )
+    assert result.returncode == 1, f"exit code is not 1{result}"
+    assert "standard input is closed" in error_line(result), str(result)
+    assert_no_crash(result)
+    assert listing(out) == set(), f"files left in the output folder{result}"
+    assert listing(tmp) == set(), f"files left in $TMPDIR: {listing(tmp)}{result}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("compute", "IN", "-o", "-"), ("compare", "IN", "--json", "-"), ("inspect", "IN", "--json")],
+    ids=["compute-stdout", "compare-json-stdout", "inspect-json"],
+)
+def test_closed_stdout_when_it_carries_the_data(args, medium_dump, mplconfig, tmp_path):
+    out, tmp = folders(tmp_path)
+    result = run_advcli(
+        [str(medium_dump) if arg == "IN" else arg for arg in args],
+        cwd=out,
+        env=child_env(tmp, mplconfig),
+        preexec=closed(1),
+    )
+    assert result.returncode == 1, f"exit code is not 1{result}"
+    assert "standard output is closed" in error_line(result), str(result)
+    assert_no_crash(result)
+    assert listing(out) == set(), f"files left in the output folder{result}"
+    assert listing(tmp) == set(), f"files left in $TMPDIR: {listing(tmp)}{result}"
+
+
+@pytest.mark.parametrize(
+    ("fd", "options"), [(1, ["-q"]), (2, [])], ids=["stdout-closed-quiet", "stderr-closed"]
+)
+def test_closed_stream_that_carries_no_data(
+    fd, options, medium_dump, ordinary_output, mplconfig, tmp_path
+):
+    out, tmp = folders(tmp_path)
+    output = out / "out.parquet"
+    result = run_advcli(
+        ["compute", medium_dump, "-o", output, *options],
+        cwd=out,
+        env=child_env(tmp, mplconfig),
+        preexec=closed(fd),
+    )
+    assert result.returncode == 0, f"exit code is not 0{result}"
+    assert_no_crash(result)
+    assert pl.read_parquet(output).equals(pl.read_parquet(ordinary_output)), str(result)
+    # Nothing stray (a summary, a progress bar) landed in a file that took the closed fd.
+    assert output.read_bytes() == ordinary_output.read_bytes(), str(result)
+    assert listing(out) == {"out.parquet"}, f"files left in the output folder{result}"
+
+
+# ---------------------------------------------------------------------------------------------
+# C. A broken pipe into head
+
+PIPELINES = {
+    # --top 400 lists every group: about 100 KB of JSON.
+    "compare-json": (("compare", "IN", "--json", "-", "--top", "400"), 10),
+    # About 3 MB of Arrow IPC stream.
+    "compute-stdout": (("compute", "IN", "-o", "-"), 100),
+    # IN is the 64-file folder here: about 12 KB of JSON.
+    "inspect-json": (("inspect", "IN", "--json"), 10),
+}
+PIPE_RUNS = [
+    *[pytest.param(*run, {}, id=name) for name, run in PIPELINES.items()],
+    # Text written through an unbuffered stdout: a short write must not pass for a whole one.
+    *[
+        pytest.param(*PIPELINES[name], UNBUFFERED, id=f"{name}-PYTHONUNBUFFERED")
+        for name in ("compare-json", "inspect-json")
+    ],
+]
+
+
+@pytest.mark.parametrize(("args", "head_bytes", "env"), PIPE_RUNS)
+def test_broken_pipe_into_head(args, head_bytes, env, medium_dump, many_files, mplconfig, tmp_path):
+    out, tmp = folders(tmp_path)
+    source = many_files if args[0] == "inspect" else medium_dump
+    command = [str(source) if arg == "IN" else arg for arg in args]
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    try:
+        with spawned(
+            command,
+            cwd=out,
+            env=child_env(tmp, mplconfig, **env),
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+        ) as producer:
+            head = subprocess.Popen(
+                [shutil.which("head") or "head", "-c", str(head_bytes)],
+                stdin=read_end,
+                stdout=subprocess.PIPE,
+            )
+            os.close(read_end)
+            os.close(write_end)
+            read_end = write_end = -1
+            head_out, _ = head.communicate(timeout=120)
+            result = finish(producer, command)
+    finally:
+        for fd in (read_end, write_end):
+            if fd != -1:
+                os.close(fd)
+
+    assert head.returncode == 0 and len(head_out) == head_bytes, "head did not get its bytes"
+    assert result.stderr == "", f"stderr is not empty{result}"
+    # 141 as a shell shows it: an exit status of 141, or death by SIGPIPE.
+    assert result.returncode in (141, -signal.SIGPIPE), f"exit code is not 141{result}"
+    assert listing(out) == set(), f"files left in the output folder{result}"
+    assert listing(tmp) == set(), f"files left in $TMPDIR: {listing(tmp)}{result}"
+
+
+# ---------------------------------------------------------------------------------------------
+# D. Signals
+
+
+def start_compute(
+    source: Path, out: Path, tmp: Path, mplconfig: Path, **env: str
+) -> tuple[list[str], dict]:
+    args = ["compute", str(source), "-o", str(out / "out.parquet")]
+    popen = {
+        "cwd": out,
+        "env": child_env(tmp, mplconfig, **env),
+        "stdin": subprocess.DEVNULL,
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.PIPE,
+    }
+    return args, popen
+
+
+def wait_for_handlers(process: subprocess.Popen, timeout: float = 30) -> None:
+    """Wait until advcli's signal handlers are in place: the moment its own code has run.
+
+    Python itself catches SIGINT from its start-up on, but never SIGTERM: the process catching
+    SIGTERM (the SigCgt mask in /proc) shows that ``advcli.__main__`` has installed its handlers.
+    A signal before that lands in the interpreter's own start-up, which is Python's to report.
+    """
+    deadline = time.monotonic() + timeout
+    status = Path(f"/proc/{process.pid}/status")
+    while True:
+        assert process.poll() is None, "advcli finished before its handlers were in place"
+        assert time.monotonic() < deadline, "advcli never installed its signal handlers"
+        caught = next(
+            (
+                line.split()[1]
+                for line in status.read_text().splitlines()
+                if line.startswith("SigCgt")
+            ),
+            "0",
+        )
+        if int(caught, 16) & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.0005)
+
+
+@pytest.mark.parametrize("backtrace", [False, True], ids=["plain", "RUST_BACKTRACE=1"])
+@pytest.mark.parametrize("delay", [0.0, 0.01, 0.05, 0.1, 0.2, 0.4])
+def test_sigint_during_startup(delay, backtrace, big_dump, mplconfig, tmp_path):
+    """Delays count from the moment advcli's handlers are in place, while it imports Typer,
+    Polars and the rest and opens its input."""
+    out, tmp = folders(tmp_path)
+    env = {"RUST_BACKTRACE": "1"} if backtrace else {}
+    args, popen = start_compute(big_dump, out, tmp, mplconfig, **env)
+    with spawned(args, **popen) as process:
+        wait_for_handlers(process)
+        time.sleep(delay)
+        assert process.poll() is None, "advcli finished before the signal"
+        process.send_signal(signal.SIGINT)
+        result = finish(process, args)
+
+    assert result.returncode == 130, f"exit code is not 130{result}"
+    assert result.stderr.splitlines() == [INTERRUPTED], f"stderr is not the one line{result}"
+    assert_no_crash(result)
+    assert listing(out) == set(), f"files left in the output folder{result}"
+    assert listing(tmp) == set(), f"files left in $TMPDIR: {listing(tmp)}{result}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signum", "code", "message"),
+    [(signal.SIGINT, 130, INTERRUPTED), (signal.SIGTERM, 143, TERMINATED)],
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_signal_mid_write(signum, code, message, big_dump, mplconfig, tmp_path):
+    out, tmp = folders(tmp_path)
+    args, popen = start_compute(big_dump, out, tmp, mplconfig, RUST_BACKTRACE="1")
+    with spawned(args, **popen) as process:
+        wait_for_partial(process, out / "out.parquet")
+        process.send_signal(signum)
+        result = finish(process, args)
+
+    assert result.returncode == code, f"exit code is not {code}{result}"
+    assert result.stderr.splitlines() == [message], f"stderr is not the one line{result}"
+    assert_no_crash(result)
+    assert not (out / "out.parquet").exists(), f"an output was left behind{result}"
+    assert partials(out / "out.parquet") == [], f"a partial was left behind{result}"
+    assert listing(out) == set(), f"files left in the output folder{result}"
+
+
+@pytest.fixture(scope="module")
+def big_run_seconds(big_dump, mplconfig, tmp_path_factory) -> float:
+    """How long an undisturbed `compute` of the big dump takes here (the faster of two runs, so
+    that a signal sent within its first 80 % finds advcli still running)."""
+    durations = []
+    for _ in range(2):
+        out = tmp_path_factory.mktemp("timed")
+        tmp = tmp_path_factory.mktemp("timed-tmp")
+        args, popen = start_compute(big_dump, out, tmp, mplconfig)
+        started = time.monotonic()
+        with spawned(args, **popen) as process:
+            result = finish(process, args)
+        durations.append(time.monotonic() - started)
+        assert result.returncode == 0, str(result)
+    return min(durations)
+
+
+SWALLOW_RUNS = 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", range(SWALLOW_RUNS))
+def test_sigint_is_never_swallowed(attempt, big_dump, big_run_seconds, mplconfig, tmp_path):
+    """A SIGINT at a random moment of the run's first 80 %, one moment in each fifth of it."""
+    window = 0.8 * big_run_seconds / SWALLOW_RUNS
+    moment = max(0.02, window * (attempt + random.Random(attempt).random()))
+    out, tmp = folders(tmp_path)
+    args, popen = start_compute(big_dump, out, tmp, mplconfig)
+    with spawned(args, **popen) as process:
+        time.sleep(moment)
+        sent = process.poll() is None
+        process.send_signal(signal.SIGINT)
+        result = finish(process, args)
+
+    when = f"SIGINT at {moment:.3f} s of a {big_run_seconds:.2f} s run"
+    assert sent, f"advcli finished before the {when}{result}"
+    assert result.returncode == 130, f"exit code is not 130 after a {when}{result}"
