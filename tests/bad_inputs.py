@@ -489,6 +489,21 @@ CASES += [
         _split_duplicate_turn,
         ("part-1.parquet row 0", "duplicate turn: (data_id=0, rollout_id='a', turn_index=0)"),
     ),
+    dataclasses.replace(
+        frame_case(
+            "padding a huge row for .npz",
+            GOOD.drop("token_level_rewards", "response_mask").with_columns(
+                score=pl.Series([1.0, 1.0, 0.0, 0.5]),
+                response_length=pl.Series([2, 2, 2_000_000_000, 2]),
+            ),
+        ),
+        expected=(
+            "out.npz: padding 4 rows to 2,000,000,000 tokens needs 119.2 GiB of memory (",
+            "GiB available); write .parquet or .arrow instead",
+        ),
+        output="out.npz",
+        commands=("compute",),
+    ),
     BadInput(
         "output name over the filesystem's limit",
         _good,

@@ -101,3 +101,39 @@ def test_ray_engine_needs_parquet_and_a_folder(cluster, parts, run, tmp_path):
     result = run("compute", jsonl, "-o", tmp_path / "out", "--engine", "ray")
     assert result.exit_code == 1
     assert "--engine ray reads Parquet inputs" in result.stderr
+
+
+def test_force_replaces_only_an_output_folder_advcli_wrote(cluster, parts, run, tmp_path):
+    output = tmp_path / "ray-out"
+    first = run("compute", *parts, "-o", output, "-q", "--engine", "ray")
+    assert first.exit_code == 0, first.stderr
+    again = run("compute", *parts, "-o", output, "-q", "--engine", "ray", "--force")
+    assert again.exit_code == 0, again.stderr
+
+    mine = tmp_path / "my-folder"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's own file")
+    refused = run("compute", *parts, "-o", mine, "-q", "--engine", "ray", "--force")
+    assert refused.exit_code == 1
+    assert refused.stderr == (
+        f"Error: {mine}: the folder holds files advcli did not write (notes.txt); remove it "
+        "yourself or choose another output\n"
+    )
+    assert (mine / "notes.txt").read_text() == "the user's own file"
+
+
+def test_user_columns_named_like_the_lookup_keys_pass_through(cluster, parts, run, tmp_path):
+    renamed = tmp_path / "named.parquet"
+    frame = pl.read_parquet(parts[0]).with_columns(
+        group=pl.lit("g"), trajectory=pl.lit("t"), turn=pl.lit(-1), row=pl.lit("r")
+    )
+    frame.write_parquet(renamed)
+    local, distributed = tmp_path / "local.parquet", tmp_path / "ray-out"
+    assert run("compute", renamed, "-o", local, "-q", "--level", "turn").exit_code == 0
+    result = run("compute", renamed, "-o", distributed, "-q", "--engine", "ray", "--level", "turn")
+    assert result.exit_code == 0, result.stderr
+    written = pl.read_parquet(sorted(distributed.glob("*.parquet")))
+    assert written.equals(pl.read_parquet(local))
+    assert written.select("group", "trajectory", "turn", "row").unique().rows() == [
+        ("g", "t", -1, "r")
+    ]

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import polars as pl
+import pytest
 
 from advcli.sample import sample_table
 
@@ -156,3 +157,40 @@ def test_the_cli_tunes_polars_allocator_unless_the_user_did():
         env={**env, "_RJEM_MALLOC_CONF": "dirty_decay_ms:0"},
     )
     assert theirs.stdout.strip() == "dirty_decay_ms:0", theirs.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [
+        (["compute", "IN", "-o", "OUT"], ["--threads", "100000"]),
+        (["compare", "IN"], ["--threads", "0"]),
+        (["inspect", "IN"], ["--threads", "1025"]),
+        (["sample", "OUT"], ["--seed", "-1"]),
+        (["sample", "OUT"], ["--seed", str(2**63)]),
+        (["sample", "OUT"], ["--tokens", "1000001"]),
+        (["sample", "OUT"], ["--max-turns", "10001"]),
+        (["sample", "OUT"], ["--rollouts", "100001"]),
+        (["sample", "OUT"], ["--groups", "0"]),
+    ],
+)
+def test_options_out_of_range_are_usage_errors(command, option, run, tmp_path):
+    source = tmp_path / "in.parquet"
+    pl.from_arrow(sample_table(groups=2, rollouts=2)).write_parquet(source)
+    output = tmp_path / "out.parquet"
+    args = [str(source) if a == "IN" else str(output) if a == "OUT" else a for a in command]
+    result = run(*args, *option)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert not output.exists()
+
+
+def test_sample_refuses_a_chunk_larger_than_memory(run, tmp_path):
+    output = tmp_path / "out.parquet"
+    result = run(
+        "sample", output, "--rollouts", "100000", "--max-turns", "10000", "--tokens", "1000000"
+    )
+    assert result.exit_code == 1
+    line = result.stderr.strip()
+    assert line.startswith(f"Error: {output}: a chunk of 64 prompts could need ")
+    assert line.endswith("GiB available); lower --rollouts, --max-turns or --tokens")
+    assert not output.exists()
