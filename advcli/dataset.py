@@ -1102,7 +1102,10 @@ def _write_arrays(
 
         tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
         try:
-            torch.save(tensors, partial)
+            # To an open file, not a path: torch names the archive's folder after a path, and
+            # the partial's name is random, so the same input would give different bytes.
+            with partial.open("wb") as handle:
+                torch.save(tensors, handle)
         except RuntimeError as error:  # torch's writer reports a failed write so
             raise AdvcliError(f"{output_name}: cannot write ({first_line(error)})") from None
 

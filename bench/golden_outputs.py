@@ -1,0 +1,137 @@
+"""Byte-for-byte guard for refactors: every estimator × level × setting × output format on fixed
+dumps, hashed, and compared with the hashes recorded before the change.
+
+    python bench/golden_outputs.py --record bench/golden_outputs.json   # before the change
+    python bench/golden_outputs.py --check bench/golden_outputs.json    # after it
+
+Output bytes also depend on the Polars, pyarrow and torch versions (Parquet files name their
+writer), so the record keeps them and a check on other versions says so instead of comparing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
+
+import polars as pl
+
+from advcli.pipeline import compute
+from advcli.sample import sample_table
+from advcli.settings import AdvantageConfig, Estimator, Level, Scale, Singleton, TrajScore
+
+FORMATS = ("parquet", "arrow", "arrows", "npz", "pt")
+VERSIONS = ("polars", "pyarrow", "torch", "numpy")
+
+
+def dumps(folder: Path) -> dict[str, list[str]]:
+    """The fixed inputs: the shipped sample; a generated dump with non-round scores, split over
+    two files; the same with scalar scores and response lengths; one with singleton and zero-std
+    groups and scores that disagree within a trajectory."""
+    shipped = Path(__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
+    generated = pl.from_arrow(sample_table(groups=40, rollouts=6, seed=11)).with_columns(
+        token_level_rewards=pl.col("token_level_rewards") * (0.3 + pl.col("data_id") * 0.0137)
+    )
+    parts = [folder / "part-0.parquet", folder / "part-1.parquet"]
+    generated.gather_every(2).write_parquet(parts[0])
+    generated.gather_every(2, offset=1).write_parquet(parts[1])
+    scalar = folder / "scalar.parquet"
+    generated.select(
+        "data_id",
+        "rollout_id",
+        "turn_index",
+        pl.col("token_level_rewards").list.sum().alias("score"),
+        pl.col("response_mask").list.len().alias("response_length"),
+    ).write_parquet(scalar)
+    edges = folder / "edges.parquet"
+    pl.DataFrame(
+        {
+            "data_id": [0, 0, 0, 1, 2, 2, 3, 3, 3],
+            "rollout_id": ["a", "a", "b", "a", "a", "b", "a", "b", "b"],
+            "turn_index": [0, 1, 0, 0, 0, 0, 0, 0, 1],
+            "token_level_rewards": [
+                [0.0, 1.0],
+                [0.0, 0.5],
+                [0.25, 0.0],
+                [0.7],
+                [0.5, 0.0],
+                [0.0, 0.5],
+                [1.0],
+                [0.0],
+                [0.2],
+            ],
+            "response_mask": [[1, 1], [1, 0], [1, 1], [1], [1, 1], [0, 1], [1], [0], [1]],
+        },
+        schema_overrides={"response_mask": pl.List(pl.Int8)},
+    ).write_parquet(edges)
+    return {
+        "sample": [str(shipped)],
+        "generated": [str(p) for p in parts],
+        "scalar": [str(scalar)],
+        "edges": [str(edges)],
+    }
+
+
+def configs() -> dict[str, AdvantageConfig]:
+    out: dict[str, AdvantageConfig] = {}
+    for level in Level:
+        for estimator in Estimator:
+            out[f"{level.value}-{estimator.value}"] = AdvantageConfig(
+                level=level, estimator=estimator, traj_score=TrajScore.MEAN
+            )
+        out[f"{level.value}-grpo-batch"] = AdvantageConfig(
+            level=level, scale=Scale.BATCH, traj_score=TrajScore.LAST
+        )
+        out[f"{level.value}-grpo-none-zero"] = AdvantageConfig(
+            level=level, scale=Scale.NONE, singleton=Singleton.ZERO, traj_score=TrajScore.MAX
+        )
+        out[f"{level.value}-rloo-sum-eps0"] = AdvantageConfig(
+            level=level, estimator=Estimator.RLOO, traj_score=TrajScore.SUM, epsilon=0.0
+        )
+    return out
+
+
+def hashes() -> dict[str, str]:
+    result: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        for dump_name, inputs in dumps(folder).items():
+            for config_name, config in configs().items():
+                for fmt in FORMATS:
+                    output = folder / f"out.{fmt}"
+                    compute(inputs, output, config, output_format=fmt, force=True)  # type: ignore[arg-type]
+                    digest = hashlib.sha256(output.read_bytes()).hexdigest()
+                    result[f"{dump_name}/{config_name}/{fmt}"] = digest
+                    output.unlink()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--record", type=Path, help="write the hashes to this JSON file")
+    group.add_argument("--check", type=Path, help="compare the hashes with this JSON file")
+    args = parser.parse_args()
+    versions = {name: version(name) for name in VERSIONS}
+    current = hashes()
+    if args.record:
+        args.record.write_text(json.dumps({"versions": versions, "outputs": current}, indent=1))
+        print(f"recorded {len(current)} outputs in {args.record}")
+        return 0
+    recorded = json.loads(args.check.read_text())
+    if recorded["versions"] != versions:
+        print(f"recorded with {recorded['versions']}, running {versions}: re-record first")
+        return 2
+    changed = sorted(k for k, v in recorded["outputs"].items() if current.get(k) != v)
+    print(f"{len(current) - len(changed)} of {len(current)} outputs byte-identical")
+    for key in changed:
+        print(f"  changed: {key}")
+    return 1 if changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
