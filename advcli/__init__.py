@@ -27,8 +27,8 @@ _LAZY = {
     "compute": "advcli.pipeline",
     "compare": "advcli.pipeline",
     "load_dump": "advcli.pipeline",
-    "Advantages": "advcli.advantage",
-    "compute_advantages": "advcli.advantage",
+    "Advantages": "advcli.estimators",
+    "compute_advantages": "advcli.estimators",
 }
 
 

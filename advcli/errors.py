@@ -7,3 +7,9 @@ trajectory key) at fault; only ``advcli.cli`` turns it into ``Error: …`` and a
 
 class AdvcliError(Exception):
     """Bad input or an impossible request; the message is shown to the user as is."""
+
+
+def first_line(error: BaseException) -> str:
+    """An error's first line of text (or its type name): Polars' and Arrow's messages run on."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -11,18 +11,11 @@ from typing import Any
 
 import polars as pl
 
-from advcli.advantage import scores_disagree
-from advcli.dataset import (
-    GROUP,
-    ROW,
-    SCORE,
-    TOKENS,
-    TRAJECTORY,
-    TURN,
-    Columns,
-    Dataset,
-    repeated_turn,
-)
+from advcli.columns import Columns
+from advcli.estimators import scores_disagree
+from advcli.inputs import Dataset
+from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
+from advcli.projection import repeated_turn
 from advcli.report import histogram, number
 
 # How many offending trajectories or turns are listed by key.

@@ -16,7 +16,9 @@ from typing import Any, Literal
 
 import polars as pl
 
-from advcli.advantage import (
+from advcli.columns import Columns, resolve_columns
+from advcli.errors import AdvcliError
+from advcli.estimators import (
     AdvantageConfig,
     Advantages,
     Level,
@@ -24,26 +26,15 @@ from advcli.advantage import (
     compute_advantages,
     count_trajectories,
 )
-from advcli.dataset import (
-    ROW,
-    SCORE,
-    STDIN,
-    Columns,
-    Dataset,
-    OutputFormat,
-    check_output,
-    key_projection,
-    open_dataset,
-    replaced_columns,
-    resolve_columns,
-    write_advantages,
-)
-from advcli.errors import AdvcliError
+from advcli.inputs import STDIN, Dataset, open_dataset
 from advcli.inspection import inspect_dump
+from advcli.keys import ROW, SCORE
 from advcli.process import copy_to_stdout
+from advcli.projection import key_projection
 from advcli.render import render_json, render_markdown, write_plot, write_text
 from advcli.report import BiasReport, bias_report
 from advcli.settings import ColumnNames
+from advcli.write import OutputFormat, check_output, replaced_columns, write_advantages
 
 Engine = Literal["local", "ray"]
 
@@ -108,7 +99,8 @@ def load_dump(
     """Stage 1: pick the columns, read and check the key projection (on Ray Data with
     ``engine="ray"``, after :func:`start_engine`)."""
     columns = resolve_columns(
-        dataset,
+        dataset.schema,
+        dataset.describe(),
         group=names.group,
         trajectory=names.trajectory,
         turn=names.turn,

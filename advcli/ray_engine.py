@@ -1,10 +1,10 @@
 """`--engine ray`: the same three stages on Ray Data, for dumps that outgrow one machine.
 
 - Stage 1 runs distributed: each block of rows is reduced to the key projection by the very
-  expressions the local engine uses (:class:`advcli.dataset.KeyProjection`), and only those few
+  expressions the local engine uses (:class:`advcli.projection.KeyProjection`), and only those few
   scalars per row travel to the driver.
 - Stage 2 runs on the driver, on that small table, with the local engine's code
-  (:func:`advcli.advantage.compute_advantages`), batch-wide quantities included.
+  (:func:`advcli.estimators.compute_advantages`), batch-wide quantities included.
 - Stage 3 runs distributed: each block looks its rows' advantages up in a table broadcast through
   the object store (one row per trajectory at trajectory level, one per turn at turn level) and is
   written as one file of a Parquet dataset folder. Token data is never shuffled.
@@ -24,23 +24,15 @@ import pyarrow as pa
 import ray
 from ray.data.datasource import FilenameProvider
 
-from advcli.advantage import Advantages
 from advcli.atomic import atomic_output
-from advcli.dataset import (
-    GROUP,
-    OUTPUT_COLUMNS,
-    ROW,
-    SCORE,
-    TRAJECTORY,
-    TURN,
-    Columns,
-    Dataset,
-    KeyProjection,
-    first_line,
-    per_token_advantages,
-)
-from advcli.errors import AdvcliError
+from advcli.columns import OUTPUT_COLUMNS, Columns
+from advcli.errors import AdvcliError, first_line
+from advcli.estimators import Advantages
+from advcli.inputs import Dataset
+from advcli.keys import GROUP, ROW, SCORE, TRAJECTORY, TURN
+from advcli.projection import KeyProjection
 from advcli.settings import AdvantageConfig, Estimator, Level
+from advcli.write import per_token_advantages
 
 
 def start(address: str | None) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import polars as pl
 
 from advcli import __version__
-from advcli.advantage import AdvantageConfig, Advantages
-from advcli.dataset import GROUP, ROW, TOKENS, TRAJECTORY
+from advcli.estimators import AdvantageConfig, Advantages
+from advcli.keys import GROUP, ROW, TOKENS, TRAJECTORY
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def floor_pass(reader: str, source: str, output: str) -> None:
     """The I/O floor: read everything, write everything plus the three output columns."""
     advantage = pl.lit(0.5, dtype=pl.Float32)
     if reader == "arrow":
-        from advcli.dataset import open_dataset
+        from advcli.inputs import open_dataset
 
         frame = open_dataset([source]).scan()
     else:

@@ -16,8 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from advcli import dataset as dataset_module
-from advcli.dataset import key_projection, open_dataset, resolve_columns
+from advcli import scan as scan_module
+from advcli.columns import resolve_columns
+from advcli.inputs import open_dataset
+from advcli.projection import key_projection
 from advcli.sample import sample_table
 
 
@@ -34,7 +36,7 @@ def two_files(tmp_path: Path, monkeypatch) -> tuple[list[Path], list[dict]]:
         pq.write_table(pa.Table.from_pylist(part), path, row_group_size=12)
         paths.append(path)
     # About 7 rows a batch (each row holds 3 + its token count values), so batches split row groups.
-    monkeypatch.setattr(dataset_module, "BATCH_VALUES", 35)
+    monkeypatch.setattr(scan_module, "BATCH_VALUES", 35)
     return paths, rows
 
 
@@ -68,7 +70,7 @@ def test_key_projection_lets_go_of_the_token_data(tmp_path):
     pq.write_table(sample_table(groups=800, rollouts=8, max_turns=5, tokens=400, seed=3), path)
     dump = open_dataset([str(path)])
     before = pa.total_allocated_bytes()
-    projection = key_projection(dump, resolve_columns(dump))
+    projection = key_projection(dump, resolve_columns(dump.schema, dump.describe()))
     held = pa.total_allocated_bytes() - before
     assert projection.height > 10_000
     assert held < 4 * 2**20, f"Arrow still holds {held / 2**20:.1f} MiB after the key projection"
@@ -145,12 +147,12 @@ def test_a_scan_stopped_by_an_error_is_closed_when_the_block_ends(two_files):
     shuts down (an abort, exit 134, seen in about one run in three)."""
     paths, _ = two_files
     scan = open_dataset([str(p) for p in paths]).scan()
-    with dataset_module.closing_sources():
+    with scan_module.closing_sources():
         with pytest.raises(pl.exceptions.PolarsError):
             scan.select(pl.col("b").cast(pl.Int64)).collect(engine="streaming")
-        opened = list(dataset_module._OPEN_SOURCES)
+        opened = list(scan_module._OPEN_SOURCES)
         assert opened, "the scan registered no source"
-    assert dataset_module._OPEN_SOURCES == []
+    assert scan_module._OPEN_SOURCES == []
     assert all(source._frames.gi_frame is None for source in opened)  # generators closed
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from advcli.dataset import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
 from advcli.errors import AdvcliError
+from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
 from advcli.settings import (
     AdvantageConfig,
     Estimator,

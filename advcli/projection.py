@@ -1,0 +1,251 @@
+"""Stage 1: the key projection and its row checks.
+
+:func:`key_projection` reads only the small columns (keys, the reward list summed in float64, the
+mask length) and checks every row (nulls, NaN, masks, exact integer sums, repeated turns), so that
+the statistics never touch token data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from advcli.columns import Columns, is_enum, unused_name
+from advcli.errors import AdvcliError, first_line
+from advcli.inputs import Dataset, check_json_ids
+from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
+from advcli.scan import closing_sources
+
+
+@dataclass(frozen=True)
+class KeyProjection:
+    """The per-row expressions of stage 1, shared by every engine.
+
+    ``exprs`` turn a batch (or a whole scan) of input rows into ``group``, ``trajectory``,
+    [``turn``], ``score``, ``tokens`` and ``problem``: 0 for a sound row, k for the k-th broken rule
+    of ``messages``.
+    """
+
+    exprs: list[pl.Expr]
+    messages: list[str]
+
+    @classmethod
+    def of(cls, schema: pl.Schema, columns: Columns) -> KeyProjection:
+        reward, mask = pl.col(columns.reward), pl.col(columns.mask)
+        keys = [
+            _as_key(columns.group, schema).alias(GROUP),
+            _as_key(columns.trajectory, schema).alias(TRAJECTORY),
+        ]
+        if columns.turn is not None:
+            keys.append(pl.col(columns.turn).alias(TURN))
+        # Summed in float64 whatever the list's type: float16 and float32 lose the small terms
+        # of long lists (3000 float16 ones sum to 2048), and integers wrap around.
+        score = (
+            reward.cast(pl.List(pl.Float64)).list.sum()
+            if columns.reward_kind == "token_rewards"
+            else reward.cast(pl.Float64)
+        )
+        tokens = mask.list.sum() if columns.mask_kind == "mask" else mask
+        tokens = tokens.cast(pl.Int64)
+
+        rules = _row_rules(schema, columns, score, tokens)
+        # One small code per row (0 = fine, k = the k-th rule broken) instead of a column per
+        # rule, so the projection stays a handful of scalars per row.
+        problem: Any = pl.when(rules[0][0]).then(pl.lit(1, dtype=pl.UInt8))
+        for code, (broken, _) in enumerate(rules[1:], start=2):
+            problem = problem.when(broken).then(pl.lit(code, dtype=pl.UInt8))
+        exprs = [
+            *keys,
+            score.alias(SCORE),
+            tokens.alias(TOKENS),
+            problem.otherwise(pl.lit(0, dtype=pl.UInt8)).alias("problem"),
+        ]
+        return cls(exprs, [message for _, message in rules])
+
+    def check(
+        self,
+        projection: pl.DataFrame,
+        dataset: Dataset,
+        columns: Columns,
+        *,
+        unique_turns: bool = True,
+    ) -> pl.DataFrame:
+        """Raise for the first broken row (input order); return the projection without
+        ``problem``. ``projection`` must carry ``row``, the input row number."""
+        first_problem = projection.select(
+            pl.col(ROW, "problem").filter(pl.col("problem") > 0).first()
+        ).row(0)
+        if first_problem[0] is not None:
+            row, code = first_problem
+            raise AdvcliError(f"{dataset.locate(row)}: {self.messages[code - 1]}")
+        projection = projection.drop("problem")
+        if unique_turns and columns.turn is not None:
+            _check_unique_turns(projection, dataset, columns)
+        return projection
+
+
+def key_projection(
+    dataset: Dataset, columns: Columns, *, unique_turns: bool = True
+) -> pl.DataFrame:
+    """Read and check the small per-row columns: row, group, trajectory, [turn], score, tokens.
+
+    With ``unique_turns`` a repeated ``(group, trajectory, turn)`` is an error; ``inspect`` turns
+    it off to count them instead.
+
+    ``score`` is the row's reward (the sum of its token-level rewards) as Float64; ``tokens`` is the
+    number of response tokens (the sum of the mask, or the response length). Token data is read
+    once, batch by batch, and reduced to these scalars on the way.
+    """
+    if dataset.input_format == "json":
+        check_json_ids(dataset, [columns.group, columns.trajectory])
+    plan = KeyProjection.of(dataset.schema, columns)
+    row_number = unused_name(dataset.schema)
+    try:
+        with closing_sources():
+            projection = (
+                dataset.scan()
+                .with_row_index(row_number)
+                .select(pl.col(row_number).alias(ROW), *plan.exprs)
+                .collect(engine="streaming")
+            )
+    except pl.exceptions.PolarsError as error:
+        raise AdvcliError(
+            f"{dataset.describe()}: cannot read the key columns ({first_line(error)})"
+        ) from None
+    return plan.check(projection, dataset, columns, unique_turns=unique_turns)
+
+
+def _row_rules(
+    schema: pl.Schema, columns: Columns, score: pl.Expr, tokens: pl.Expr
+) -> list[tuple[pl.Expr, str]]:
+    """(broken, message) for every per-row rule, in the order they are reported for one row."""
+    reward, mask = columns.reward, columns.mask
+    rules: list[tuple[pl.Expr, str]] = [
+        (pl.col(columns.group).is_null(), f"column '{columns.group}' (group id) is null"),
+        (
+            pl.col(columns.trajectory).is_null(),
+            f"column '{columns.trajectory}' (trajectory id) is null",
+        ),
+    ]
+    if columns.turn is not None:
+        rules.append(
+            (pl.col(columns.turn).is_null(), f"column '{columns.turn}' (turn index) is null")
+        )
+    rules.append((pl.col(reward).is_null(), f"column '{reward}' (reward) is null"))
+    if columns.reward_kind == "token_rewards":
+        rules.append(
+            (
+                pl.col(reward).list.eval(pl.element().null_count()).list.first() > 0,
+                f"column '{reward}' has a null element",
+            )
+        )
+    rules += _exactness_rules(schema, columns)
+    rules += [
+        (score.is_nan(), f"column '{reward}': the score is NaN"),
+        (score == float("inf"), f"column '{reward}': the score is +inf"),
+        (score == float("-inf"), f"column '{reward}': the score is -inf"),
+        (pl.col(mask).is_null(), f"column '{mask}' (response mask) is null"),
+    ]
+    if columns.mask_kind == "mask":
+        rules.append(
+            (
+                pl.col(mask).list.eval(pl.element().null_count()).list.first() > 0,
+                f"column '{mask}' has a null element",
+            )
+        )
+        if schema[mask].inner != pl.Boolean:  # type: ignore[attr-defined]
+            # Compared, not looked up: a float mask (0.0/1.0) is as good as an integer one.
+            zero_or_one = (pl.element() == 0) | (pl.element() == 1)
+            rules.append(
+                (
+                    pl.col(mask).list.eval(~zero_or_one).list.any(),
+                    f"column '{mask}' holds a value other than 0 and 1",
+                )
+            )
+        if columns.reward_kind == "token_rewards":
+            rules.append(
+                (
+                    pl.col(mask).list.len() != pl.col(reward).list.len(),
+                    f"column '{mask}' and column '{reward}' have different lengths",
+                )
+            )
+    else:
+        rules.append((tokens < 0, f"column '{mask}' (response length) is negative"))
+        if columns.reward_kind == "token_rewards":
+            rules.append(
+                (
+                    tokens > pl.col(reward).list.len(),
+                    f"column '{mask}' (response length) is longer than the row's list in "
+                    f"column '{reward}'",
+                )
+            )
+    return rules
+
+
+# Integers beyond this are not all representable in float64, the type scores are summed in.
+EXACT_INTEGER_LIMIT = 2**53
+
+
+def _exactness_rules(schema: pl.Schema, columns: Columns) -> list[tuple[pl.Expr, str]]:
+    """Integer rewards whose score float64 cannot hold exactly: refused, never rounded."""
+    reward = columns.reward
+    dtype = schema[reward]
+    inner = dtype.inner if columns.reward_kind == "token_rewards" else dtype  # type: ignore[attr-defined]
+    if not inner.is_integer():
+        return []
+    if columns.reward_kind == "token_rewards":
+        # While the sum of |reward| stays below 2**53 every partial sum is an exact integer; the
+        # float64 sum of |reward| reaches 2**53 as soon as the exact one does.
+        magnitude = pl.col(reward).cast(pl.List(pl.Float64)).list.eval(pl.element().abs())
+        return [
+            (
+                magnitude.list.sum() >= EXACT_INTEGER_LIMIT,
+                f"column '{reward}': the integer rewards of the row add up beyond 2^53, where "
+                "float64 cannot hold every integer",
+            )
+        ]
+    if inner in (pl.Int8, pl.Int16, pl.Int32, pl.UInt8, pl.UInt16, pl.UInt32):
+        return []  # float64 holds every one of their values
+    beyond = pl.col(reward) > EXACT_INTEGER_LIMIT
+    if inner.is_signed_integer():
+        beyond = beyond | (pl.col(reward) < -EXACT_INTEGER_LIMIT)
+    return [
+        (
+            beyond,
+            f"column '{reward}': the integer reward is beyond 2^53, where float64 cannot hold "
+            "every integer",
+        )
+    ]
+
+
+def _as_key(name: str, schema: pl.Schema) -> pl.Expr:
+    # Categorical ids compare and join as strings; the physical codes may differ between files.
+    dtype = schema[name]
+    return (
+        pl.col(name).cast(pl.String) if dtype == pl.Categorical or is_enum(dtype) else pl.col(name)
+    )
+
+
+def repeated_turn() -> pl.Expr:
+    """True for a row whose ``(group, trajectory, turn)`` an earlier row already has."""
+    return ~pl.struct(GROUP, TRAJECTORY, TURN).is_first_distinct()
+
+
+def _check_unique_turns(projection: pl.DataFrame, dataset: Dataset, columns: Columns) -> None:
+    # Whether any turn repeats, from sorted 64-bit hashes of the keys: half the memory of a
+    # group-by on millions of rows. Equal keys hash alike, so no repeat is missed; a collision of
+    # different keys only sends the check on to the exact search below, which then finds nothing.
+    hashes = projection.select(pl.struct(GROUP, TRAJECTORY, TURN).hash().sort()).to_series()
+    repeats = bool((hashes == hashes.shift(1)).any())  # not diff(): it is null above 2**63
+    if not repeats:
+        return
+    duplicated = projection.select(pl.col(ROW).filter(repeated_turn()).first()).item()
+    if duplicated is not None:
+        key = projection.row(duplicated, named=True)
+        raise AdvcliError(
+            f"{dataset.locate(duplicated)}: duplicate turn: ({columns.group}={key[GROUP]!r}, "
+            f"{columns.trajectory}={key[TRAJECTORY]!r}, {columns.turn}={key[TURN]!r}) "
+            "appears more than once"
+        )

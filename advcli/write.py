@@ -1,0 +1,198 @@
+"""Stage 3: the per-token column and every output format.
+
+:func:`write_advantages` is the only pass over every column: it streams the input through Polars,
+attaches each row's score and advantage by row number and writes the result through
+:func:`advcli.atomic.atomic_output`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from advcli.atomic import atomic_output, check_output_path
+from advcli.columns import OUTPUT_COLUMNS, Columns, unused_name
+from advcli.errors import AdvcliError, first_line
+from advcli.inputs import STDIN, Dataset
+from advcli.keys import ROW, SCORE
+from advcli.process import available_memory, require_stdout
+from advcli.scan import closing_sources
+
+# arrow: an Arrow IPC file; arrows: an Arrow IPC stream (what a pipe reader expects).
+OutputFormat = Literal["parquet", "arrow", "arrows", "npz", "pt"]
+
+
+def write_advantages(
+    dataset: Dataset,
+    columns: Columns,
+    row_values: pl.DataFrame,
+    output: Path,
+    *,
+    output_format: OutputFormat,
+    tokens: bool = True,
+    force: bool = False,
+) -> None:
+    """Attach ``score`` and ``advantage`` (one per row, ordered by ``row``) to every input row and
+    write the result (replacing input columns of those names). Without ``force`` an ``output``
+    that exists by the time the result is complete is an error.
+
+    ``row_values`` must hold the columns ``row`` (0, 1, 2, … in order), ``score`` and
+    ``advantage``.
+    """
+    if not row_values[ROW].equals(
+        pl.Series(ROW, range(dataset.num_rows), dtype=row_values[ROW].dtype)
+    ):
+        raise ValueError("row_values must hold one row per input row, in input order")
+    replaced = replaced_columns(dataset)
+    # Each streamed row looks its values up by its row number in two float32 arrays (8 bytes a
+    # row): cheaper than a join, and the only per-row state kept while the token data streams.
+    score = pl.lit(row_values[SCORE].cast(pl.Float32))
+    advantage = pl.lit(row_values["advantage"].cast(pl.Float32))
+    row_number = unused_name(dataset.schema)
+    frame = (
+        dataset.scan()
+        .with_row_index(row_number)
+        .drop(replaced)
+        .with_columns(
+            score.gather(pl.col(row_number)).alias("score"),
+            advantage.gather(pl.col(row_number)).alias("advantage"),
+        )
+        .drop(row_number)
+    )
+    per_token = per_token_advantages(columns)
+    with (
+        atomic_output(output, force=force, keep=dataset.files) as partial,
+        closing_sources(),
+    ):
+        try:
+            if output_format in ("npz", "pt"):
+                _write_arrays(frame, columns, partial, output_format, tokens, output)
+            else:
+                if tokens:
+                    frame = frame.with_columns(per_token.alias("advantages"))
+                if output_format == "parquet":
+                    frame.sink_parquet(partial)
+                elif output_format == "arrow":
+                    frame.sink_ipc(partial)
+                else:
+                    _write_arrow_stream(frame, partial)
+        except pl.exceptions.PolarsError as error:
+            raise AdvcliError(
+                f"{dataset.describe()}: cannot write {output} ({first_line(error)})"
+            ) from None
+
+
+def replaced_columns(dataset: Dataset) -> list[str]:
+    """The input columns that the output's ``score``, ``advantage``, ``advantages`` replace."""
+    return [name for name in OUTPUT_COLUMNS if name in dataset.schema]
+
+
+def per_token_advantages(columns: Columns) -> pl.Expr:
+    """``advantages``: the row's ``advantage`` times each element of its mask (float32), or that
+    many copies of it for a ``response_length`` column."""
+    if columns.mask_kind == "mask":
+        return pl.col(columns.mask).cast(pl.List(pl.Float32)) * pl.col("advantage")
+    return pl.col("advantage").repeat_by(pl.col(columns.mask))
+
+
+def _write_arrow_stream(frame: pl.LazyFrame, path: Path) -> None:
+    """An Arrow IPC *stream* (what a pipe reader such as ``pyarrow.ipc.open_stream`` expects),
+    written batch by batch as the rows stream through."""
+    with pa.OSFile(str(path), "wb") as sink:
+        writer = None
+        for batch in frame.collect_batches():
+            table = batch.to_arrow()
+            if writer is None:
+                writer = pa.ipc.new_stream(sink, table.schema)
+            writer.write_table(table)
+        if writer is not None:
+            writer.close()
+
+
+def _write_arrays(
+    frame: pl.LazyFrame,
+    columns: Columns,
+    partial: Path,
+    output_format: OutputFormat,
+    tokens: bool,
+    output_name: Path,
+) -> None:
+    """Padded arrays: ``advantage`` (N,), ``response_mask`` (N, Lmax) and, unless ``tokens`` is
+    off, ``advantages`` (N, Lmax)."""
+    if columns.mask_kind == "mask":
+        mask = pl.col(columns.mask).cast(pl.List(pl.Float32))
+    else:
+        # A length column is checked before its mask rows are made: one huge length would
+        # otherwise be materialized first.
+        rows, width = frame.select(pl.len(), pl.col(columns.mask).max()).collect().row(0)
+        _check_padding(rows, int(width or 0), tokens, output_name)
+        mask = pl.lit(1.0, dtype=pl.Float32).repeat_by(pl.col(columns.mask))
+    collected = frame.select(mask.alias("response_mask"), pl.col("advantage")).collect(
+        engine="streaming"
+    )
+    width = collected["response_mask"].list.len().max()
+    _check_padding(collected.height, int(width or 0), tokens, output_name)  # type: ignore[arg-type]
+    response_mask = padded(collected["response_mask"])
+    # Writable: torch refuses (with a warning) to wrap memory it may not write.
+    advantage = collected["advantage"].to_numpy(writable=True)
+    arrays: dict[str, Any] = {"response_mask": response_mask, "advantage": advantage}
+    if tokens:
+        arrays["advantages"] = response_mask * advantage[:, None]
+    if output_format == "npz":
+        with partial.open("wb") as handle:
+            np.savez(handle, **arrays)
+    else:
+        import torch
+
+        tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
+        try:
+            # To an open file, not a path: torch names the archive's folder after a path, and
+            # the partial's name is random, so the same input would give different bytes.
+            with partial.open("wb") as handle:
+                torch.save(tensors, handle)
+        except RuntimeError as error:  # torch's writer reports a failed write so
+            raise AdvcliError(f"{output_name}: cannot write ({first_line(error)})") from None
+
+
+def _check_padding(rows: int, width: int, tokens: bool, output: Path) -> None:
+    """Refuse padding that does not fit in memory, up front: numpy would fail half-way, or the
+    kernel would end the process. Counted as float32 (N, Lmax) arrays: the mask lists as read
+    (at most that size), the padded mask and, unless `tokens` is off, the advantages and the
+    product they are made from."""
+    needed, available = rows * int(width) * 4 * (4 if tokens else 2), available_memory()
+    if needed > available:
+        raise AdvcliError(
+            f"{output}: padding {rows:,} rows to {width:,} tokens needs "
+            f"{needed / 2**30:,.1f} GiB of memory ({available / 2**30:,.1f} GiB available); "
+            "write .parquet or .arrow instead"
+        )
+
+
+def padded(lists: pl.Series) -> np.ndarray:
+    """A ``list[f32]`` series as a zero-padded ``(N, Lmax)`` float32 array, with no row loop."""
+    lengths = lists.list.len().to_numpy().astype(np.int64)
+    flat = lists.explode().to_numpy() if lengths.sum() else np.zeros(0, dtype=np.float32)
+    width = int(lengths.max()) if len(lengths) else 0
+    out = np.zeros((len(lengths), width), dtype=np.float32)
+    row_ids = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out[row_ids, np.arange(len(row_ids)) - starts] = flat[: len(row_ids)]
+    return out
+
+
+def check_output(
+    output: Path, dataset: Dataset, *, force: bool, folder_output: bool = False
+) -> None:
+    """Refuse an output that is one of the inputs, or that :func:`advcli.atomic.check_output_path`
+    refuses (``-``, standard output, is always fine)."""
+    if str(output) == STDIN:
+        require_stdout("the output")
+        return
+    for path in dataset.files:
+        if output.resolve() == path.resolve():
+            raise AdvcliError(f"{output}: the output is also an input; choose another path")
+    check_output_path(output, force=force, folder_output=folder_output)
