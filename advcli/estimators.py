@@ -19,19 +19,23 @@ import polars as pl
 
 from advcli.errors import AdvcliError
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
+from advcli.rules import (
+    RULES,
+    SCORE_TOLERANCE,
+    SINGLETON_MEAN,
+    SINGLETON_STD,
+    STD_DDOF,
+    WHITEN_EPSILON,
+    Baseline,
+    EstimatorRule,
+)
 from advcli.settings import (
     AdvantageConfig,
-    Estimator,
     Level,
     Scale,
     Singleton,
     TrajScore,
 )
-
-# Relative tolerance for "all rows of a trajectory carry the same score".
-SCORE_TOLERANCE = 1e-6
-# reinforce_pp_baseline whitening: the constant added to the token variance (as verl).
-WHITEN_EPSILON = 1e-8
 
 
 def _row_number(row: int) -> str:
@@ -181,7 +185,7 @@ def group_statistics(units: pl.DataFrame) -> pl.DataFrame:
         .agg(
             pl.len().alias("units"),
             pl.col(SCORE).mean().alias("mean"),
-            pl.col(SCORE).std(ddof=1).alias("std"),
+            pl.col(SCORE).std(ddof=STD_DDOF).alias("std"),
             pl.col(SCORE).max().alias("score_max"),
             pl.col(SCORE).min().alias("score_min"),
             pl.col(SCORE).top_k(2).min().alias("score_second"),
@@ -208,65 +212,65 @@ def _batch_std(units: pl.DataFrame) -> float:
     A single unit has std 1 (as a singleton group); identical scores have std 0."""
     scores = units[SCORE].sort()  # a fixed summation order, as in group_statistics
     if scores.len() == 1:
-        return 1.0
+        return SINGLETON_STD
     if scores.min() == scores.max():
         return 0.0
-    return float(scores.std(ddof=1))  # type: ignore[arg-type]
+    return float(scores.std(ddof=STD_DDOF))  # type: ignore[arg-type]
 
 
-def _group_rule(config: AdvantageConfig, batch_std: float) -> tuple[pl.Expr, pl.Expr]:
-    """The estimator's group-level (baseline, divisor) for groups of more than one unit.
-
-    The baseline is what the estimator subtracts (for rloo the group mean; each unit's
-    leave-one-out baseline follows from it); the divisor is what it divides by before epsilon,
-    1 when it does not divide.
-    """
-    estimator = config.estimator
-    baseline = {
+def _baseline(rule: EstimatorRule) -> pl.Expr:
+    """The value a unit's score is centred on, over the group statistics' columns (groups of
+    more than one unit). For rloo it is the group mean: each unit's leave-one-out baseline follows
+    from it in :func:`_unit_advantage`."""
+    if rule.baseline is Baseline.TOKEN_WEIGHTED_MEAN:
         # All-equal units: the mean (set to that score exactly), not a token-weighted rounding.
-        Estimator.OPO: pl.when(pl.col("zero_std"))
-        .then(pl.col("mean"))
-        .when(pl.col("tokens_sum") > 0)
-        .then(pl.col("tokens_score_sum") / pl.col("tokens_sum"))
-        .otherwise(0.0),
-        Estimator.GRPO_PASSK: pl.col("score_second"),
-    }.get(estimator, pl.col("mean"))
-    divisor = {
+        return (
+            pl.when(pl.col("zero_std"))
+            .then(pl.col("mean"))
+            .when(pl.col("tokens_sum") > 0)
+            .then(pl.col("tokens_score_sum") / pl.col("tokens_sum"))
+            .otherwise(0.0)
+        )
+    if rule.baseline is Baseline.SECOND_BEST:
+        return pl.col("score_second")
+    return pl.col("mean")
+
+
+def _divisor(config: AdvantageConfig, batch_std: float) -> pl.Expr:
+    """What a centred score is divided by before epsilon (1 when the estimator does not divide)."""
+    return {
         Scale.GROUP: pl.col("std"),
         Scale.BATCH: pl.lit(batch_std),
         Scale.NONE: pl.lit(1.0),
     }[config.effective_scale]
-    return baseline, divisor
 
 
-def _unit_advantage(config: AdvantageConfig) -> pl.Expr:
+def _unit_advantage(rule: EstimatorRule, config: AdvantageConfig) -> pl.Expr:
     """The advantage of a unit in a group of more than one unit, over the joined group columns."""
     centred = pl.col(SCORE) - pl.col("baseline")
-    estimator, scale = config.estimator, config.effective_scale
-    if estimator is Estimator.RLOO:
+    if rule.baseline is Baseline.LEAVE_ONE_OUT:
         # s minus the mean of the other n - 1 units = n / (n - 1) * (s - mean).
         return pl.col("units") / (pl.col("units") - 1) * centred
-    if estimator is Estimator.GRPO_PASSK:
+    if rule.baseline is Baseline.SECOND_BEST:
         # Only the top unit (first in input order on a tie) gets s_max - s_second.
         centred = pl.when(pl.col("first_row") == pl.col("top_row")).then(centred).otherwise(0.0)
-    if scale is Scale.NONE:
+    if config.effective_scale is Scale.NONE:
         return centred
     # A zero-std group has centred == 0 exactly; keep it 0 even when epsilon is 0 (not 0/0).
     return pl.when(centred == 0).then(0.0).otherwise(centred / (pl.col("divisor") + config.epsilon))
 
 
-def _singleton_advantage(config: AdvantageConfig) -> tuple[pl.Expr, float]:
-    """A single-unit group's advantage and its (reported) divisor.
-
-    ``raw`` (verl): mean 0 and std 1, so grpo gives s / (1 + epsilon) whatever the scale (a lone
-    unit keeps its raw score, even when the batch std is 0), the others s; grpo_passk gives 0, as
-    there is no second score. ``zero``: 0 for every estimator.
-    """
-    if config.singleton is Singleton.ZERO or config.estimator is Estimator.GRPO_PASSK:
-        return pl.lit(0.0), 1.0
+def _singleton_advantage(rule: EstimatorRule, config: AdvantageConfig) -> pl.Expr:
+    """A single-unit group's advantage: with ``--singleton raw`` the unit keeps its score, as
+    (s − SINGLETON_MEAN) / (SINGLETON_STD + ε) when the estimator divides (whatever the scale's
+    source: a lone unit keeps its raw score even when the batch std is 0); 0 with ``zero`` or
+    where the rule says so."""
+    if config.singleton is Singleton.ZERO or not rule.singleton_keeps_score:
+        return pl.lit(0.0)
+    centred = pl.col(SCORE) - SINGLETON_MEAN
     if config.effective_scale is Scale.NONE:
-        return pl.col(SCORE), 1.0
-    return pl.col(SCORE) / (1.0 + config.epsilon), 1.0
+        return centred
+    return centred / (SINGLETON_STD + config.epsilon)
 
 
 def compute_advantages(
@@ -278,15 +282,17 @@ def compute_advantages(
     stats = group_statistics(units)
     batch_std = _batch_std(units) if config.effective_scale is Scale.BATCH else 1.0
 
+    rule = RULES[config.estimator]
     singleton = pl.col("units") == 1
-    baseline, divisor = _group_rule(config, batch_std)
-    singleton_advantage, singleton_divisor = _singleton_advantage(config)
     groups = stats.select(
         pl.col(GROUP),
         pl.col("units"),
         pl.col("top_row"),
-        pl.when(singleton).then(0.0).otherwise(baseline).alias("baseline"),
-        pl.when(singleton).then(singleton_divisor).otherwise(divisor).alias("divisor"),
+        pl.when(singleton).then(SINGLETON_MEAN).otherwise(_baseline(rule)).alias("baseline"),
+        pl.when(singleton)
+        .then(SINGLETON_STD)
+        .otherwise(_divisor(config, batch_std))
+        .alias("divisor"),
         pl.col("zero_std"),
     )
     units = (
@@ -298,8 +304,8 @@ def compute_advantages(
         )
         .with_columns(
             pl.when(singleton)
-            .then(singleton_advantage)
-            .otherwise(_unit_advantage(config))
+            .then(_singleton_advantage(rule, config))
+            .otherwise(_unit_advantage(rule, config))
             .alias("advantage")
         )
         .drop("units", "top_row", "baseline", "divisor")
@@ -323,7 +329,7 @@ def compute_advantages(
             .select(ROW, SCORE, TOKENS, "advantage")
             .collect(engine="streaming")
         )
-    if config.estimator is Estimator.REINFORCE_PP_BASELINE:
+    if rule.whitens:
         mean, scale = _token_whitening(rows)
         whitened = (pl.col("advantage") - mean) / scale
         units = units.with_columns(whitened.alias("advantage"))

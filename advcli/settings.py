@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from advcli.errors import AdvcliError
+from advcli.rules import RULES
 
 
 class Level(str, Enum):
@@ -43,7 +44,7 @@ class Singleton(str, Enum):
 
 
 # Estimators that divide by a std, and so take --scale.
-SCALED = (Estimator.GRPO, Estimator.GRPO_PASSK)
+SCALED = tuple(estimator for estimator in Estimator if RULES[estimator].divides)
 
 
 class TrajScore(str, Enum):

@@ -36,6 +36,15 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("advcli.torch needs torch: pip install 'advcli[torch]'") from error
 
+from advcli.rules import (
+    RULES,
+    SINGLETON_MEAN,
+    SINGLETON_STD,
+    STD_DDOF,
+    Baseline,
+    EstimatorRule,
+)
+
 __all__ = ["compute_grpo_outcome_advantage", "compute_rloo_outcome_advantage"]
 
 #: Row ids: a numpy array (object/str/int), a 1-D torch tensor, or a sequence of hashable values.
@@ -126,22 +135,37 @@ def compute_grpo_outcome_advantage(
     """
     if epsilon < 0:
         raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    rule = RULES["grpo" if norm_adv_by_std_in_grpo else "drgrpo"]
     with torch.no_grad():
         scores = _scores(token_level_rewards, response_mask)
         stats = _group_statistics(scores, index, traj_index, compute_mean_std_cross_all_data)
-        if norm_adv_by_std_in_grpo:
-            # ddof=1; a singleton group has std 1 (verl's rule), not 0 / 0.
-            std = torch.where(stats.count == 1, 1.0, torch.sqrt(stats.m2 / (stats.count - 1)))
-            denominator = (std + epsilon).index_select(0, stats.row_group)
-            advantage = torch.div(stats.centred, denominator, out=denominator)
-            if epsilon == 0:
-                # A zero-std group's equal rows stay exactly 0 (0 / 0 otherwise); with epsilon > 0
-                # they are 0 / epsilon = 0 already.
-                advantage = torch.where(stats.centred == 0, 0.0, advantage)
-        else:
-            advantage = stats.centred
-        out = _broadcast(advantage, response_mask)
+        out = _broadcast(_advantages(rule, stats, epsilon), response_mask)
     return out, out
+
+
+def _advantages(rule: EstimatorRule, stats: _GroupStatistics, epsilon: float) -> torch.Tensor:
+    """Each row's advantage under ``rule`` (from advcli.rules, as the Polars path), per row."""
+    if rule.baseline is Baseline.LEAVE_ONE_OUT:
+        # s minus the mean of the other n - 1 units = n / (n - 1) * (s - mean); a lone unit keeps
+        # its score (its baseline is SINGLETON_MEAN).
+        factor = torch.where(stats.count == 1, 1.0, stats.count / (stats.count - 1))
+        scale = factor.index_select(0, stats.row_group)
+        return torch.mul(stats.centred, scale, out=scale)
+    if rule.baseline is not Baseline.MEAN or rule.whitens or not rule.singleton_keeps_score:
+        raise NotImplementedError(f"advcli.torch does not implement this rule yet: {rule}")
+    if not rule.divides:
+        return stats.centred
+    # A lone unit is divided by SINGLETON_STD, not by 0 / 0.
+    std = torch.where(
+        stats.count == 1, SINGLETON_STD, torch.sqrt(stats.m2 / (stats.count - STD_DDOF))
+    )
+    denominator = (std + epsilon).index_select(0, stats.row_group)
+    advantage = torch.div(stats.centred, denominator, out=denominator)
+    if epsilon == 0:
+        # A zero-std group's equal rows stay exactly 0 (0 / 0 otherwise); with epsilon > 0
+        # they are 0 / epsilon = 0 already.
+        advantage = torch.where(stats.centred == 0, 0.0, advantage)
+    return advantage
 
 
 def compute_rloo_outcome_advantage(
@@ -178,10 +202,7 @@ def compute_rloo_outcome_advantage(
     with torch.no_grad():
         scores = _scores(token_level_rewards, response_mask)
         stats = _group_statistics(scores, index, traj_index, compute_mean_std_cross_all_data)
-        factor = torch.where(stats.count == 1, 1.0, stats.count / (stats.count - 1))
-        scale = factor.index_select(0, stats.row_group)
-        advantage = torch.mul(stats.centred, scale, out=scale)
-        out = _broadcast(advantage, response_mask)
+        out = _broadcast(_advantages(RULES["rloo"], stats, 0.0), response_mask)
     return out, out
 
 
@@ -280,7 +301,7 @@ def _moments(
     work = representative.index_select(0, unit_group)
     torch.sub(x, work, out=work)
     mean = representative + x.new_zeros(bound).scatter_add_(0, unit_group, work) / count
-    baseline = torch.where(count == 1, 0.0, mean)
+    baseline = torch.where(count == 1, SINGLETON_MEAN, mean)
     deviation = baseline.index_select(0, unit_group)
     torch.sub(x, deviation, out=deviation)
     torch.mul(deviation, deviation, out=work)

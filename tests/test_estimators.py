@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+
+from advcli.rules import RULES
 
 EPS = 1e-6
 
@@ -267,3 +270,25 @@ def test_scores_too_large_for_float32_are_an_error(write_dump, run, tmp_path):
     assert result.exit_code == 1
     assert "row 0: the score or its advantage does not fit a float32" in result.stderr
     assert not output.exists()
+
+
+def test_the_readme_rule_table_is_the_code_table():
+    """The README's table of four facts per estimator says what advcli/rules.py says."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index("| estimator | baseline | divides by a std (`--scale`) |")
+    rows = {}
+    for line in readme[start:].splitlines()[2:]:
+        if not line.startswith("| `"):
+            break
+        name, baseline, divides, singleton, post = (c.strip() for c in line.strip("|").split("|"))
+        rows[name.strip("`")] = (baseline, divides, singleton, post)
+    expected = {
+        name: (
+            rule.baseline.value,
+            "yes" if rule.divides else "no",
+            "keeps its score" if rule.singleton_keeps_score else "0",
+            "token whitening" if rule.whitens else "none",
+        )
+        for name, rule in RULES.items()
+    }
+    assert rows == expected

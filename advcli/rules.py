@@ -1,0 +1,79 @@
+"""The estimator rules: one table, read by every path that computes advantages.
+
+Each estimator is four facts — what a unit's score is centred on (baseline), what it is divided by
+(divisor), what a unit alone in its group gets (singleton), and what happens after the group rule
+(post-step) — plus the rules every estimator shares. The Polars path (:mod:`advcli.estimators`),
+the tensor path (:mod:`advcli.torch`), the command line's option checks and the README's estimator
+table all state them from here. Pure data: no Polars, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Baseline(str, Enum):
+    """What a unit's score is centred on, in a group of more than one unit."""
+
+    MEAN = "the group's mean score"
+    # RLOO: the mean of the other n − 1 units, which is n / (n − 1) · (s − mean) in closed form.
+    LEAVE_ONE_OUT = "the mean of the group's other units"
+    # OPO: Σ tokens·score / Σ tokens over the group's units (the mean when every score is equal).
+    TOKEN_WEIGHTED_MEAN = "the group's token-weighted mean score"
+    # pass@k: only the group's top unit (the first in input order on a tie) gets s_max − s_second;
+    # every other unit gets 0.
+    SECOND_BEST = "the group's second-highest score, for its top unit only"
+
+
+@dataclass(frozen=True)
+class EstimatorRule:
+    """One estimator in four facts.
+
+    ``divides``: the centred score is divided by a std plus ε: the group's (default), the batch's
+    (``--scale batch``) or none (``--scale none``); only these estimators take ``--scale``.
+    ``singleton_keeps_score``: under ``--singleton raw`` a unit alone in its group keeps its score
+    (divided by 1 + ε when the estimator divides: mean 0 and std 1, verl's rule); otherwise 0.
+    ``whitens``: the post-step, REINFORCE++'s whitening of every response token's value over the
+    batch, (x − μ) / sqrt(σ² + 1e-8).
+    """
+
+    baseline: Baseline
+    divides: bool
+    singleton_keeps_score: bool
+    whitens: bool
+
+
+# Keyed by the estimator's name (``advcli.settings.Estimator`` members are those strings).
+RULES: dict[str, EstimatorRule] = {
+    "grpo": EstimatorRule(Baseline.MEAN, divides=True, singleton_keeps_score=True, whitens=False),
+    "drgrpo": EstimatorRule(
+        Baseline.MEAN, divides=False, singleton_keeps_score=True, whitens=False
+    ),
+    "rloo": EstimatorRule(
+        Baseline.LEAVE_ONE_OUT, divides=False, singleton_keeps_score=True, whitens=False
+    ),
+    "opo": EstimatorRule(
+        Baseline.TOKEN_WEIGHTED_MEAN, divides=False, singleton_keeps_score=True, whitens=False
+    ),
+    # No second score in a group of one: its unit gets 0.
+    "grpo_passk": EstimatorRule(
+        Baseline.SECOND_BEST, divides=True, singleton_keeps_score=False, whitens=False
+    ),
+    "reinforce_pp_baseline": EstimatorRule(
+        Baseline.MEAN, divides=False, singleton_keeps_score=True, whitens=True
+    ),
+}
+
+# Rules every estimator shares.
+# The std is the unbiased sample std (Bessel's correction), as torch.std and verl.
+STD_DDOF = 1
+# A group of one unit has mean 0 and std 1 (verl's rule), so its unit keeps its score.
+SINGLETON_MEAN = 0.0
+SINGLETON_STD = 1.0
+# A group whose units all carry one score has that score exactly as its mean and std 0, and its
+# advantages are exactly 0 — also with ε = 0, where 0 / 0 would otherwise be NaN.
+# Rows of one trajectory "carry the same score" when max − min ≤ 1e-6 · max(|max|, |min|).
+SCORE_TOLERANCE = 1e-6
+# REINFORCE++ whitening: the constant added to the token variance (as verl's masked_whiten).
+WHITEN_EPSILON = 1e-8
