@@ -1,5 +1,6 @@
 """Byte-for-byte guard for refactors: every estimator × level × setting × output format on fixed
-dumps, hashed, and compared with the hashes recorded before the change.
+dumps, every estimator's compare report (JSON and Markdown) and the inspection, hashed, and
+compared with the hashes recorded before the change.
 
     python bench/golden_outputs.py --record bench/golden_outputs.json   # before the change
     python bench/golden_outputs.py --check bench/golden_outputs.json    # after it
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import sys
 import tempfile
 from importlib.metadata import version
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
-from advcli.pipeline import compute
+from advcli.pipeline import ReportFiles, compare, compute, inspect
 from advcli.sample import sample_table
 from advcli.settings import AdvantageConfig, Estimator, Level, Scale, Singleton, TrajScore
 
@@ -97,9 +99,21 @@ def configs() -> dict[str, AdvantageConfig]:
 
 def hashes() -> dict[str, str]:
     result: dict[str, str] = {}
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch)
+    # A fixed folder, not a random one: the reports name their input files.
+    folder = Path(tempfile.gettempdir()) / "advcli-golden-outputs"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    try:
         for dump_name, inputs in dumps(folder).items():
+            report_files = ReportFiles(json=folder / "r.json", markdown=folder / "r.md")
+            for estimator in Estimator:
+                config = AdvantageConfig(estimator=estimator, traj_score=TrajScore.MEAN)
+                compare(inputs, config, files=report_files, force=True)
+                for path in (report_files.json, report_files.markdown):
+                    digest = hashlib.sha256(path.read_bytes()).hexdigest()  # type: ignore[union-attr]
+                    result[f"{dump_name}/compare-{estimator.value}/{path.suffix}"] = digest  # type: ignore[union-attr]
+            inspection = json.dumps(inspect(inputs), sort_keys=True).encode()
+            result[f"{dump_name}/inspect"] = hashlib.sha256(inspection).hexdigest()
             for config_name, config in configs().items():
                 for fmt in FORMATS:
                     output = folder / f"out.{fmt}"
@@ -107,6 +121,8 @@ def hashes() -> dict[str, str]:
                     digest = hashlib.sha256(output.read_bytes()).hexdigest()
                     result[f"{dump_name}/{config_name}/{fmt}"] = digest
                     output.unlink()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return result
 
 
