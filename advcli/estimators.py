@@ -332,11 +332,12 @@ def compute_advantages(
     if rule.whitens:
         mean, scale = _token_whitening(rows)
         whitened = (pl.col("advantage") - mean) / scale
-        units = units.with_columns(whitened.alias("advantage"))
         # verl multiplies the whitened values by the mask: a row without response tokens gets 0.
-        rows = rows.with_columns(
-            pl.when(pl.col(TOKENS) > 0).then(whitened).otherwise(0.0).alias("advantage")
-        )
+        # At turn level the units are the rows, and get the same values.
+        row_value = pl.when(pl.col(TOKENS) > 0).then(whitened).otherwise(0.0)
+        unit_value = row_value if config.level is Level.TURN else whitened
+        units = units.with_columns(unit_value.alias("advantage"))
+        rows = rows.with_columns(row_value.alias("advantage"))
     _check_finite(rows, naming)
     groups = groups.rename({"divisor": "std"}).drop("top_row")
     return Advantages(units=units, groups=groups, rows=rows.drop(TOKENS))

@@ -12,11 +12,12 @@ from typing import Any
 import polars as pl
 
 from advcli.columns import Columns
-from advcli.estimators import scores_disagree
+from advcli.estimators import Naming, build_units, group_statistics, scores_disagree
 from advcli.inputs import Dataset
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
 from advcli.projection import repeated_turn
 from advcli.report import histogram, number
+from advcli.settings import AdvantageConfig, Level, TrajScore
 
 # How many offending trajectories or turns are listed by key.
 EXAMPLES = 5
@@ -26,37 +27,25 @@ DISTINCT_SCORES_LISTED = 10
 
 def inspect_dump(dataset: Dataset, columns: Columns, projection: pl.DataFrame) -> dict[str, Any]:
     """The inspection report of a checked key projection (see the README for every key)."""
-    turn_order = [TURN, ROW] if TURN in projection.columns else [ROW]
-    per_trajectory = (
+    # The trajectories and groups as stage 2 sees them at trajectory level (score of the first
+    # turn, turns, tokens; each group's units, singleton and zero-std rules) ...
+    config = AdvantageConfig(level=Level.TRAJECTORY, traj_score=TrajScore.FIRST)
+    per_trajectory = build_units(projection, config, Naming())
+    per_group = group_statistics(per_trajectory)
+    singleton = per_group.filter(pl.col("units") == 1)
+    zero_std = per_group.filter(pl.col("zero_std"))
+    # ... and the rows of a trajectory whose scores disagree, which only the rows can show.
+    inconsistent = (
         projection.group_by(GROUP, TRAJECTORY)
         .agg(
-            pl.len().alias("turns"),
-            pl.col(SCORE).sort_by(turn_order).first().alias("score"),
             pl.col(SCORE).min().alias("score_min"),
             pl.col(SCORE).max().alias("score_max"),
             pl.col(SCORE).unique(maintain_order=True).alias("scores"),
             pl.col(ROW).min().alias("first_row"),
-            *(
-                [pl.col(TURN).n_unique().alias("distinct_turns")]
-                if TURN in projection.columns
-                else []
-            ),
         )
+        .filter(scores_disagree(pl.col("score_min"), pl.col("score_max")))
         .sort("first_row")
     )
-    inconsistent = per_trajectory.filter(scores_disagree(pl.col("score_min"), pl.col("score_max")))
-
-    per_group = (
-        per_trajectory.group_by(GROUP)
-        .agg(
-            pl.len().alias("trajectories"),
-            (pl.col("score").max() == pl.col("score").min()).alias("equal_scores"),
-            pl.col("first_row").min(),
-        )
-        .sort("first_row")
-    )
-    singleton = per_group.filter(pl.col("trajectories") == 1)
-    zero_std = per_group.filter((pl.col("trajectories") > 1) & pl.col("equal_scores"))
 
     duplicates: dict[str, Any] = {"count": 0, "examples": []}
     if TURN in projection.columns:

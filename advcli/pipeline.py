@@ -67,9 +67,7 @@ class LoadedDump:
             "columns": self.columns.describe(),
             "inputs": [self.dataset.label(i) for i in range(len(self.dataset.files))],
         }
-        return bias_report(
-            self.projection, turn, trajectory, config=config, settings=settings, top=top
-        )
+        return bias_report(turn, trajectory, config=config, settings=settings, top=top)
 
 
 @dataclass(frozen=True)

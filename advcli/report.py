@@ -1,9 +1,9 @@
 """The bias report: how much the choice of level changes baselines and advantages.
 
 :func:`bias_report` is a pure function over the two stage-2 results (turn level and trajectory
-level, same estimator, same key projection); it returns a :class:`BiasReport` whose ``summary``
-is the JSON document defined in the README. Rendering (terminal, Markdown, plot) lives in
-:mod:`advcli.render`.
+level, same estimator, same key projection) that never aggregates the rows again; it returns a
+:class:`BiasReport` whose ``summary`` is the JSON document defined in the README. Rendering
+(terminal, Markdown, plot) lives in :mod:`advcli.render`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import polars as pl
 
 from advcli import __version__
 from advcli.estimators import AdvantageConfig, Advantages
-from advcli.keys import GROUP, ROW, TOKENS, TRAJECTORY
+from advcli.keys import GROUP, TOKENS, TRAJECTORY
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,6 @@ class BiasReport:
 
 
 def bias_report(
-    projection: pl.DataFrame,
     turn: Advantages,
     trajectory: Advantages,
     *,
@@ -40,30 +39,27 @@ def bias_report(
     settings: dict[str, Any],
     top: int = 10,
 ) -> BiasReport:
-    """Compare the turn-level and trajectory-level results of one estimator on one dump.
+    """Compare the turn-level and trajectory-level results of one estimator on one dump: a pure
+    function of the two stage-2 results.
 
-    A trajectory's turn-level advantage ``a_turn`` is the mean of its rows' advantages (they are
-    equal when its rows carry the same score); ``diff = a_traj - a_turn``.
+    The trajectory-level units are the trajectories (their turns, tokens and advantage); a
+    trajectory's turn-level advantage ``a_turn`` is the mean of its turn-level units' (its rows')
+    advantages, equal when its rows carry the same score; ``diff = a_traj - a_turn``.
     """
-    rows = projection.select(ROW, GROUP, TRAJECTORY, TOKENS).join(
-        turn.rows.select(ROW, "advantage"), on=ROW, how="left", maintain_order="left"
+    turn_level = turn.units.group_by(GROUP, TRAJECTORY).agg(
+        pl.col("advantage").mean().alias("advantage_turn"),
+        (pl.col("advantage") * pl.col(TOKENS)).sum().alias("mass_turn"),
     )
     per_trajectory = (
-        rows.group_by(GROUP, TRAJECTORY)
-        .agg(
-            pl.len().alias("turns"),
-            pl.col(TOKENS).sum().alias("tokens"),
-            pl.col("advantage").mean().alias("advantage_turn"),
-            (pl.col("advantage") * pl.col(TOKENS)).sum().alias("mass_turn"),
-            pl.col(ROW).min().alias("first_row"),
+        trajectory.units.select(
+            GROUP,
+            TRAJECTORY,
+            "turns",
+            pl.col(TOKENS).alias("tokens"),
+            "first_row",
+            pl.col("advantage").alias("advantage_trajectory"),
         )
-        .join(
-            trajectory.units.select(
-                GROUP, TRAJECTORY, pl.col("advantage").alias("advantage_trajectory")
-            ),
-            on=[GROUP, TRAJECTORY],
-            how="left",
-        )
+        .join(turn_level, on=[GROUP, TRAJECTORY], how="left")
         .with_columns(
             (pl.col("advantage_trajectory") * pl.col("tokens")).alias("mass_trajectory"),
             (pl.col("advantage_trajectory") - pl.col("advantage_turn")).alias("diff"),
@@ -105,10 +101,10 @@ def bias_report(
     turns = per_trajectory["turns"]
     summary: dict[str, Any] = {
         "counts": {
-            "rows": projection.height,
+            "rows": turn.units.height,
             "groups": per_group.height,
             "trajectories": per_trajectory.height,
-            "tokens": int(projection[TOKENS].sum()),
+            "tokens": int(turn.units[TOKENS].sum()),
             "singleton_groups": int((per_group["trajectories"] == 1).sum()),
             "zero_std_groups_turn": turn.zero_std_groups,
             "zero_std_groups_trajectory": trajectory.zero_std_groups,
