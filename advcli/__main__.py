@@ -14,12 +14,14 @@ from advcli.process import (
     handle_signals,
     received_signal,
     signal_message,
+    tune_allocator,
 )
 
 
 def main() -> None:
     guard_standard_streams()
     handle_signals()
+    tune_allocator()
     code: str | int | None = 0
     try:
         from advcli.cli import app

@@ -9,11 +9,9 @@ import contextlib
 import functools
 import json
 import math
-import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -22,19 +20,22 @@ from rich.console import Console
 from rich.table import Table
 
 import advcli
-from advcli.errors import AdvcliError
+from advcli.errors import AdvcliError, UsageError
 from advcli.process import (
     StdoutText,
     exit_status,
     require_stdout,
     silence_stdout,
+    use_threads,
     write_stdout_text,
 )
 from advcli.settings import (
     AdvantageConfig,
     ColumnNames,
+    Engine,
     Estimator,
     Level,
+    OutputFormat,
     Scale,
     Singleton,
     TrajScore,
@@ -42,15 +43,6 @@ from advcli.settings import (
 
 if TYPE_CHECKING:
     from advcli.pipeline import ComputeSummary
-
-# Polars' allocator (jemalloc) keeps freed memory for 10 s by default, longer than a stage lasts,
-# so the statistics' scratch memory was still held while the write filled Arrow's (a different
-# allocator): peak memory grew with the rows. Giving it back after half a second, from jemalloc's
-# background thread, keeps the peak flat at no measured cost in speed. It must be set before
-# Polars loads; a value the user set wins.
-os.environ.setdefault(
-    "_RJEM_MALLOC_CONF", "background_thread:true,dirty_decay_ms:500,muzzy_decay_ms:0"
-)
 
 app = typer.Typer(
     name="advcli",
@@ -69,6 +61,8 @@ def stdout() -> Console:
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+# Option defaults are the settings' own.
+DEFAULTS = AdvantageConfig()
 
 
 def reports_errors(command: F) -> F:
@@ -83,6 +77,8 @@ def reports_errors(command: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
+        except UsageError as error:
+            raise typer.BadParameter(str(error)) from None
         except AdvcliError as error:
             typer.echo(f"Error: {error}", err=True)
             raise typer.Exit(1) from None
@@ -174,29 +170,8 @@ SingletonOpt = Annotated[
 ]
 
 
-def _config(**settings: Any) -> AdvantageConfig:
-    """Build the settings; a combination that doesn't fit is a usage error (exit 2)."""
-    try:
-        return AdvantageConfig(**settings)
-    except AdvcliError as error:
-        raise typer.BadParameter(str(error)) from None
-
-
-class Format(str, Enum):
-    PARQUET = "parquet"
-    ARROW = "arrow"
-    ARROWS = "arrows"
-    NPZ = "npz"
-    PT = "pt"
-
-
-class EngineChoice(str, Enum):
-    LOCAL = "local"
-    RAY = "ray"
-
-
 EngineOpt = Annotated[
-    EngineChoice,
+    Engine,
     typer.Option(
         "--engine",
         help="local: Polars on this machine; ray: Ray Data (needs advcli[ray]), writing a "
@@ -218,28 +193,6 @@ ThreadsOpt = Annotated[
         help="Threads for Polars and Arrow [default: all cores].",
     ),
 ]
-
-
-def _check_engine(engine: EngineChoice, address: str | None, local_only: bool = False) -> None:
-    """Option combinations the engines do not support are usage errors (exit 2)."""
-    if address is not None and engine is not EngineChoice.RAY:
-        raise typer.BadParameter("--address goes with --engine ray", param_hint="'--address'")
-    if local_only and engine is EngineChoice.RAY:
-        raise typer.BadParameter(
-            "--engine ray writes a Parquet dataset folder: no '-o -', no --format other than "
-            "parquet",
-            param_hint="'--engine'",
-        )
-
-
-def _use_threads(threads: int | None) -> None:
-    """Polars sizes its thread pool once, when it is first imported: set it before that. Arrow,
-    which decodes the Parquet input, is told directly."""
-    if threads is not None:
-        os.environ["POLARS_MAX_THREADS"] = str(threads)
-        import pyarrow
-
-        pyarrow.set_cpu_count(threads)
 
 
 # Progress shows only on a terminal, and only once the work has lasted this long.
@@ -292,19 +245,19 @@ def compute_command(
         ),
     ],
     inputs: Inputs = None,
-    level: LevelOpt = Level.TRAJECTORY,
-    estimator: EstimatorOpt = Estimator.GRPO,
-    epsilon: EpsilonOpt = 1e-6,
+    level: LevelOpt = DEFAULTS.level,
+    estimator: EstimatorOpt = DEFAULTS.estimator,
+    epsilon: EpsilonOpt = DEFAULTS.epsilon,
     traj_score: TrajScoreOpt = None,
     scale: ScaleOpt = None,
-    singleton: SingletonOpt = Singleton.RAW,
+    singleton: SingletonOpt = DEFAULTS.singleton,
     group_col: GroupCol = None,
     traj_col: TrajCol = None,
     turn_col: TurnCol = None,
     reward_col: RewardCol = None,
     mask_col: MaskCol = None,
     output_format: Annotated[
-        Format | None,
+        OutputFormat | None,
         typer.Option("--format", help="Output format [default: from the output's extension]."),
     ] = None,
     no_tokens: Annotated[
@@ -318,7 +271,7 @@ def compute_command(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output.")] = False,
-    engine: EngineOpt = EngineChoice.LOCAL,
+    engine: EngineOpt = Engine.LOCAL,
     address: AddressOpt = None,
     threads: ThreadsOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")] = False,
@@ -327,7 +280,7 @@ def compute_command(
 
     Example: advcli compute rollouts.parquet -o advantages.parquet --level trajectory
     """
-    config = _config(
+    config = AdvantageConfig(
         level=level,
         estimator=estimator,
         epsilon=epsilon,
@@ -335,12 +288,7 @@ def compute_command(
         scale=scale,
         singleton=singleton,
     )
-    _check_engine(
-        engine,
-        address,
-        local_only=str(output) == "-" or output_format not in (None, Format.PARQUET),
-    )
-    _use_threads(threads)
+    use_threads(threads)
     from advcli.pipeline import compute
 
     with _stage_progress(not quiet) as on_stage:
@@ -349,12 +297,12 @@ def compute_command(
             output,
             config,
             names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),
-            output_format=output_format.value if output_format else None,
+            output_format=output_format,
             tokens=not no_tokens,
             force=force,
             report_path=report,
             on_stage=on_stage,
-            engine=engine.value,
+            engine=engine,
             address=address,
         )
     if not quiet:
@@ -377,7 +325,7 @@ def _summary_table(summary: ComputeSummary) -> Table:
         ("level", config.level.value),
         ("estimator", config.describe()),
         ("reward column", f"{summary.columns.reward} ({summary.columns.reward_kind})"),
-        ("output", f"{summary.output} ({summary.output_format})"),
+        ("output", f"{summary.output} ({summary.output_format.value})"),
         ("seconds", f"{summary.seconds:.2f} ({summary.threads} threads)"),
     ]:
         table.add_row(name, value)
@@ -390,11 +338,11 @@ def _summary_table(summary: ComputeSummary) -> Table:
 @reports_errors
 def compare_command(
     inputs: Inputs = None,
-    estimator: EstimatorOpt = Estimator.GRPO,
-    epsilon: EpsilonOpt = 1e-6,
+    estimator: EstimatorOpt = DEFAULTS.estimator,
+    epsilon: EpsilonOpt = DEFAULTS.epsilon,
     traj_score: TrajScoreOpt = None,
     scale: ScaleOpt = None,
-    singleton: SingletonOpt = Singleton.RAW,
+    singleton: SingletonOpt = DEFAULTS.singleton,
     group_col: GroupCol = None,
     traj_col: TrajCol = None,
     turn_col: TurnCol = None,
@@ -411,7 +359,7 @@ def compare_command(
         Path | None, typer.Option("--plot", help="Write a PNG figure (needs advcli[plot]).")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace existing report files.")] = False,
-    engine: EngineOpt = EngineChoice.LOCAL,
+    engine: EngineOpt = Engine.LOCAL,
     address: AddressOpt = None,
     fail_above: Annotated[
         float | None,
@@ -427,14 +375,13 @@ def compare_command(
 
     Example: advcli compare rollouts.parquet --json report.json --plot bias.png
     """
-    config = _config(
+    config = AdvantageConfig(
         estimator=estimator,
         epsilon=epsilon,
         traj_score=traj_score,
         scale=scale,
         singleton=singleton,
     )
-    _check_engine(engine, address)
     if fail_above is not None and not math.isfinite(fail_above):
         raise typer.BadParameter("must be a finite number", param_hint="'--fail-above'")
     json_to_stdout = json_path == "-"
@@ -442,7 +389,7 @@ def compare_command(
         require_stdout("the JSON report")
     elif not quiet:
         require_stdout("the report (pass --quiet)")
-    _use_threads(threads)
+    use_threads(threads)
     from advcli.pipeline import ReportFiles, compare
     from advcli.render import render_json, render_terminal
 
@@ -457,7 +404,7 @@ def compare_command(
             plot=plot,
         ),
         force=force,
-        engine=engine.value,
+        engine=engine,
         address=address,
     )
     if json_to_stdout:
@@ -494,7 +441,7 @@ def inspect_command(
     Reads only the key columns. Example: advcli inspect rollouts/ --json | jq .counts
     """
     require_stdout("the inspection")
-    _use_threads(threads)
+    use_threads(threads)
     from advcli.pipeline import inspect
 
     summary = inspect(

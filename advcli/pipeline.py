@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import polars as pl
 
 from advcli.columns import Columns, resolve_columns
-from advcli.errors import AdvcliError
+from advcli.errors import AdvcliError, UsageError
 from advcli.estimators import (
     AdvantageConfig,
     Advantages,
@@ -33,18 +33,16 @@ from advcli.process import copy_to_stdout
 from advcli.projection import key_projection
 from advcli.render import render_json, render_markdown, write_plot, write_text
 from advcli.report import BiasReport, bias_report
-from advcli.settings import ColumnNames
-from advcli.write import OutputFormat, check_output, replaced_columns, write_advantages
-
-Engine = Literal["local", "ray"]
+from advcli.settings import ColumnNames, Engine, OutputFormat
+from advcli.write import check_output, replaced_columns, write_advantages
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
-    ".parquet": "parquet",
-    ".pq": "parquet",
-    ".arrow": "arrow",
-    ".arrows": "arrows",
-    ".npz": "npz",
-    ".pt": "pt",
+    ".parquet": OutputFormat.PARQUET,
+    ".pq": OutputFormat.PARQUET,
+    ".arrow": OutputFormat.ARROW,
+    ".arrows": OutputFormat.ARROWS,
+    ".npz": OutputFormat.NPZ,
+    ".pt": OutputFormat.PT,
 }
 
 
@@ -92,7 +90,7 @@ def load_dump(
     names: ColumnNames = ColumnNames(),
     *,
     unique_turns: bool = True,
-    engine: Engine = "local",
+    engine: Engine = Engine.LOCAL,
 ) -> LoadedDump:
     """Stage 1: pick the columns, read and check the key projection (on Ray Data with
     ``engine="ray"``, after :func:`start_engine`)."""
@@ -105,7 +103,7 @@ def load_dump(
         reward=names.reward,
         mask=names.mask,
     )
-    project = _ray_engine().key_projection if engine == "ray" else key_projection
+    project = _ray_engine().key_projection if engine == Engine.RAY else key_projection
     return LoadedDump(dataset, columns, project(dataset, columns, unique_turns=unique_turns))
 
 
@@ -117,12 +115,16 @@ def _ray_engine() -> Any:
     return ray_engine
 
 
+def check_engine(engine: Engine, address: str | None) -> None:
+    """Refuse a cluster address without the engine that uses one."""
+    if address is not None and engine != Engine.RAY:
+        raise UsageError("--address goes with --engine ray")
+
+
 def start_engine(engine: Engine, address: str | None) -> None:
     """Connect to (or start) the engine's cluster; nothing to do for the local engine."""
-    if engine == "ray":
+    if engine == Engine.RAY:
         _ray_engine().start(address)
-    elif address is not None:
-        raise AdvcliError("--address goes with --engine ray")
 
 
 @contextlib.contextmanager
@@ -136,9 +138,9 @@ def opened(inputs: Sequence[str]) -> Iterator[Dataset]:
 def output_format_for(output: Path, requested: OutputFormat | None) -> OutputFormat:
     """The output format: ``requested`` if given, else the one its extension names."""
     if requested is not None:
-        chosen = requested
+        chosen = OutputFormat(requested)
     elif str(output) == STDIN:
-        chosen = "arrows"
+        chosen = OutputFormat.ARROWS
     elif output.suffix.lower() in FORMAT_BY_SUFFIX:
         chosen = FORMAT_BY_SUFFIX[output.suffix.lower()]
     else:
@@ -162,7 +164,7 @@ def compute(
     force: bool = False,
     report_path: Path | None = None,
     on_stage: Callable[[str], None] | None = None,
-    engine: Engine = "local",
+    engine: Engine = Engine.LOCAL,
     address: str | None = None,
 ) -> ComputeSummary:
     """Compute advantages for every row of the inputs and write them to ``output``.
@@ -178,9 +180,13 @@ def compute(
     >>> compute(["rollouts.parquet"], Path("advantages.parquet"))  # doctest: +SKIP
     """
     started = time.perf_counter()
-    if engine == "ray" and (output_format not in (None, "parquet") or str(output) == STDIN):
-        raise AdvcliError(f"{output}: --engine ray writes a Parquet dataset folder")
-    fmt: OutputFormat = "parquet" if engine == "ray" else output_format_for(output, output_format)
+    check_engine(engine, address)
+    if engine == Engine.RAY and (output_format not in (None, "parquet") or str(output) == STDIN):
+        raise UsageError(
+            "--engine ray writes a Parquet dataset folder: no '-o -', no --format other than "
+            "parquet"
+        )
+    fmt = OutputFormat.PARQUET if engine == Engine.RAY else output_format_for(output, output_format)
     report_kind = report_format_for(report_path) if report_path is not None else None
     stage = on_stage or (lambda name: None)
     with opened(inputs) as dataset:
@@ -215,7 +221,7 @@ def compute(
             report=report,
         )
         stage("writing output")
-        if engine == "ray":
+        if engine == Engine.RAY:
             _ray_engine().write_advantages(
                 dataset,
                 dump.columns,
@@ -276,7 +282,7 @@ def report_format_for(path: Path) -> str:
 
 
 def check_outputs(
-    outputs: Sequence[Path | None], dataset: Dataset, *, force: bool, engine: Engine = "local"
+    outputs: Sequence[Path | None], dataset: Dataset, *, force: bool, engine: Engine = Engine.LOCAL
 ) -> None:
     """Check every file a command will write before any work is done; two outputs may not share
     a path. The first output is a folder with the Ray engine."""
@@ -287,7 +293,7 @@ def check_outputs(
         if output.resolve() in seen:
             raise AdvcliError(f"{output}: named for two outputs; give each its own path")
         seen.add(output.resolve())
-        folder_output = engine == "ray" and position == 0
+        folder_output = engine == Engine.RAY and position == 0
         check_output(output, dataset, force=force, folder_output=folder_output)
 
 
@@ -312,7 +318,7 @@ def compare(
     top: int = 10,
     files: ReportFiles = ReportFiles(),
     force: bool = False,
-    engine: Engine = "local",
+    engine: Engine = Engine.LOCAL,
     address: str | None = None,
 ) -> BiasReport:
     """The bias report of ``config.estimator``: turn level against trajectory level, written to
@@ -325,6 +331,7 @@ def compare(
     --------
     >>> compare(["rollouts.parquet"]).summary["trajectories"]["sign_flips"]  # doctest: +SKIP
     """
+    check_engine(engine, address)
     if files.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise AdvcliError(f"{files.plot}: --plot needs matplotlib: pip install 'advcli[plot]'")
     with opened(inputs) as dataset:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from advcli.errors import AdvcliError
+from advcli.errors import UsageError
 from advcli.rules import RULES
 
 
@@ -57,6 +57,24 @@ class TrajScore(str, Enum):
     SUM = "sum"
 
 
+class OutputFormat(str, Enum):
+    """What ``compute`` writes: Parquet, an Arrow IPC file (``arrow``) or stream (``arrows``, what
+    a pipe reader expects), or padded arrays (``npz``, ``pt``)."""
+
+    PARQUET = "parquet"
+    ARROW = "arrow"
+    ARROWS = "arrows"
+    NPZ = "npz"
+    PT = "pt"
+
+
+class Engine(str, Enum):
+    """``local``: Polars on this machine; ``ray``: Ray Data."""
+
+    LOCAL = "local"
+    RAY = "ray"
+
+
 @dataclass(frozen=True)
 class AdvantageConfig:
     """Everything that decides the numbers.
@@ -86,11 +104,11 @@ class AdvantageConfig:
 
     def __post_init__(self) -> None:
         if self.scale is not None and self.estimator not in SCALED:
-            raise AdvcliError(
+            raise UsageError(
                 f"--scale applies to grpo and grpo_passk, not to {self.estimator.value}"
             )
         if not 0 <= self.epsilon < math.inf:
-            raise AdvcliError(f"epsilon must be a finite number >= 0, got {self.epsilon}")
+            raise UsageError(f"epsilon must be a finite number >= 0, got {self.epsilon}")
 
     def describe(self) -> str:
         """E.g. ``grpo (scale group, singleton raw, epsilon 1e-06)``."""

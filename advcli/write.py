@@ -8,7 +8,7 @@ attaches each row's score and advantage by row number and writes the result thro
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -21,9 +21,7 @@ from advcli.inputs import STDIN, Dataset
 from advcli.keys import ROW, SCORE
 from advcli.process import available_memory, require_stdout
 from advcli.scan import closing_sources
-
-# arrow: an Arrow IPC file; arrows: an Arrow IPC stream (what a pipe reader expects).
-OutputFormat = Literal["parquet", "arrow", "arrows", "npz", "pt"]
+from advcli.settings import OutputFormat
 
 
 def write_advantages(

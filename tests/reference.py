@@ -45,7 +45,8 @@ Estimators (``s`` is the unit's score)
 * ``drgrpo``: ``s - mean_g``.
 * ``rloo``: ``s - mean(other units of the group)`` = ``n / (n - 1) * (s - mean_g)``.
 * ``opo``: ``s - sum(len * s) / sum(len)`` over the group's units, ``len`` the unit's tokens;
-  if ``sum(len)`` over the group is 0 the baseline is 0.
+  when every unit has the same score the baseline is that score (the zero-std rule: 0 for all);
+  otherwise, if ``sum(len)`` over the group is 0 the baseline is 0.
 * ``grpo_passk``: only the unit with the highest score in its group (ties: the first in row
   order) gets ``s_max - s_second`` (``s_second`` is the second-highest unit score, equal to
   ``s_max`` when tied), divided by ``std_g + epsilon`` unless ``scale="none"``; every other
@@ -205,7 +206,9 @@ def _group_advantages(
 
     if estimator == "opo":
         total_len = sum(u.tokens for u in units)
-        if total_len == 0:
+        if len(set(scores)) == 1:
+            baseline = scores[0]  # all units equal: the zero-std rule, whatever their tokens
+        elif total_len == 0:
             baseline = 0.0
         else:
             baseline = math.fsum(u.tokens * u.score for u in units) / total_len
