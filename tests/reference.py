@@ -300,3 +300,44 @@ def reference_advantages(
     if estimator == "reinforce_pp_baseline":
         out = _whiten(out, [row[4] for row in rows])
     return out
+
+
+def reference_own_score(
+    scores: Sequence[float],
+    groups: Sequence[Hashable],
+    trajectories: Sequence[Hashable] | None,
+    *,
+    estimator: str,
+    epsilon: float = 1e-6,
+    dedup: bool = False,
+) -> list[float]:
+    """``advcli.torch``'s semantics (verl's drop-in), grpo, drgrpo and rloo: a group's units are
+    its rows or, with ``dedup``, the first row (in row order) of each ``(group, trajectory)``
+    pair; every row is then normalized with its **own** score against its group's units. When
+    the rows of each trajectory carry one score this is :func:`reference_advantages`."""
+    counted: dict[Hashable, list[float]] = {}
+    seen: set[tuple[Hashable, Hashable]] = set()
+    for i, (score, group) in enumerate(zip(scores, groups, strict=True)):
+        if dedup:
+            assert trajectories is not None
+            if (group, trajectories[i]) in seen:
+                continue
+            seen.add((group, trajectories[i]))
+        counted.setdefault(group, []).append(score)
+
+    out = []
+    for score, group in zip(scores, groups, strict=True):
+        values = counted[group]
+        n = len(values)
+        # A lone unit: mean 0 and std 1 (verl's rule).
+        mean, std = (0.0, 1.0) if n == 1 else (_mean(values), _std(values))
+        centred = score - mean
+        if estimator == "rloo":
+            out.append(centred if n == 1 else n / (n - 1) * centred)
+        elif estimator == "drgrpo":
+            out.append(centred)
+        elif estimator == "grpo":
+            out.append(0.0 if centred == 0 else centred / (std + epsilon))
+        else:
+            raise ValueError(f"no own-score reference for {estimator!r}")
+    return out

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 from cases import CASES, Case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reference import reference_own_score
 
 torch = pytest.importorskip("torch")
 
@@ -47,43 +47,18 @@ def reference(
     norm_adv_by_std_in_grpo: bool = True,
     compute_mean_std_cross_all_data: bool = True,
 ) -> list[list[float]]:
-    """One row at a time: which rows count, each group's mean and std, each row's advantage."""
-    scores = [math.fsum(row) for row in rewards]
-    dedup = traj_index is not None and not compute_mean_std_cross_all_data
-    counted: dict[Any, list[float]] = defaultdict(list)
-    seen: set[tuple[Any, Any]] = set()
-    for i, score in enumerate(scores):
-        if dedup:
-            assert traj_index is not None
-            if (index[i], traj_index[i]) in seen:
-                continue
-            seen.add((index[i], traj_index[i]))
-        counted[index[i]].append(score)
-
-    stats: dict[Any, tuple[int, float, float]] = {}
-    for group, values in counted.items():
-        n = len(values)
-        if n == 1:
-            stats[group] = (1, 0.0, 1.0)
-        elif all(v == values[0] for v in values):
-            stats[group] = (n, values[0], 0.0)
-        else:
-            mean = math.fsum(values) / n
-            std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-            stats[group] = (n, mean, std)
-
-    out = []
-    for i, score in enumerate(scores):
-        n, mean, std = stats[index[i]]
-        centred = score - mean
-        if estimator == "rloo":
-            advantage = centred if n == 1 else n / (n - 1) * centred
-        elif not norm_adv_by_std_in_grpo:
-            advantage = centred
-        else:
-            advantage = 0.0 if centred == 0 else centred / (std + epsilon)
-        out.append([advantage * m for m in mask[i]])
-    return out
+    """The project's one reference (tests/reference.py), broadcast to the tokens by the mask."""
+    if estimator == "grpo" and not norm_adv_by_std_in_grpo:
+        estimator = "drgrpo"
+    advantages = reference_own_score(
+        [math.fsum(row) for row in rewards],
+        index,
+        traj_index,
+        estimator=estimator,
+        epsilon=epsilon,
+        dedup=traj_index is not None and not compute_mean_std_cross_all_data,
+    )
+    return [[a * m for m in row_mask] for a, row_mask in zip(advantages, mask, strict=True)]
 
 
 def as_keys(ids: Any) -> list[Any]:
