@@ -177,7 +177,11 @@ def compute(
 
     Examples
     --------
-    >>> compute(["rollouts.parquet"], Path("advantages.parquet"))  # doctest: +SKIP
+    >>> import tempfile
+    >>> output = Path(tempfile.mkdtemp()) / "advantages.parquet"
+    >>> summary = compute(["sample_data/rollouts.parquet"], output)
+    >>> summary.rows, summary.trajectories, summary.groups
+    (1553, 512, 64)
     """
     started = time.perf_counter()
     check_engine(engine, address)
@@ -329,7 +333,9 @@ def compare(
 
     Examples
     --------
-    >>> compare(["rollouts.parquet"]).summary["trajectories"]["sign_flips"]  # doctest: +SKIP
+    >>> report = compare(["sample_data/rollouts.parquet"])
+    >>> report.summary["counts"]["trajectories"], report.summary["trajectories"]["sign_flips"]
+    (512, 0)
     """
     check_engine(engine, address)
     if files.plot is not None and importlib.util.find_spec("matplotlib") is None:
@@ -364,7 +370,8 @@ def inspect(inputs: Sequence[str], names: ColumnNames = ColumnNames()) -> dict[s
 
     Examples
     --------
-    >>> inspect(["rollouts.parquet"])["counts"]["trajectories"]  # doctest: +SKIP
+    >>> inspect(["sample_data/rollouts.parquet"])["counts"]["trajectories"]
+    512
     """
     with opened(inputs) as dataset:
         dump = load_dump(dataset, names, unique_turns=False)
