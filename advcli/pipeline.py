@@ -221,7 +221,7 @@ def compute(
             output_format=fmt,
             seconds=0.0,
             threads=pl.thread_pool_size(),
-            replaced=replaced_columns(dataset),
+            replaced=replaced_columns(dataset.schema.names()),
             report=report,
         )
         stage("writing output")

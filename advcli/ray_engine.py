@@ -25,14 +25,14 @@ import ray
 from ray.data.datasource import FilenameProvider
 
 from advcli.atomic import atomic_output
-from advcli.columns import OUTPUT_COLUMNS, Columns
+from advcli.columns import Columns
 from advcli.errors import AdvcliError, first_line
 from advcli.estimators import Advantages
 from advcli.inputs import Dataset
 from advcli.keys import GROUP, ROW, SCORE, TRAJECTORY, TURN
 from advcli.projection import KeyProjection
 from advcli.settings import AdvantageConfig, Estimator, Level
-from advcli.write import per_token_advantages
+from advcli.write import output_rows
 
 
 def start(address: str | None) -> None:
@@ -123,20 +123,22 @@ def _attach_block(
     frame = pl.from_arrow(block)
     assert isinstance(frame, pl.DataFrame)
     key_exprs = [e for e in KeyProjection.of(schema, columns).exprs if e.meta.output_name() in keys]
-    # The keys are looked up in a frame of their own: a user column named like one of them
-    # ("group", "turn", ...) passes through untouched.
-    found = (
-        frame.select(key_exprs)
-        .join(pl.from_arrow(table), on=keys, how="left", maintain_order="left")  # type: ignore[arg-type]
-        .select(
-            pl.col("score_used").cast(pl.Float32).alias("score"),
-            pl.col("advantage").cast(pl.Float32),
-        )
+    # Blocks do not know their rows' global numbers, so a row finds its values by its keys, in a
+    # frame of their own: a user column named like one of them ("group", "turn", ...) passes
+    # through untouched.
+    found = frame.select(key_exprs).join(
+        pl.from_arrow(table),  # type: ignore[arg-type]
+        on=keys,
+        how="left",
+        maintain_order="left",
     )
-    replaced = [name for name in OUTPUT_COLUMNS if name in frame.columns]
-    attached = frame.drop(replaced).hstack(found)
-    if tokens:
-        attached = attached.with_columns(per_token_advantages(columns).alias("advantages"))
+    attached = output_rows(
+        frame,
+        columns,
+        score=pl.lit(found["score_used"]),
+        advantage=pl.lit(found["advantage"]),
+        tokens=tokens,
+    )
     return attached.to_arrow()
 
 

@@ -7,8 +7,9 @@ attaches each row's score and advantage by row number and writes the result thro
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import polars as pl
@@ -45,33 +46,28 @@ def write_advantages(
         pl.Series(ROW, range(dataset.num_rows), dtype=row_values[ROW].dtype)
     ):
         raise ValueError("row_values must hold one row per input row, in input order")
-    replaced = replaced_columns(dataset)
     # Each streamed row looks its values up by its row number in two float32 arrays (8 bytes a
     # row): cheaper than a join, and the only per-row state kept while the token data streams.
     score = pl.lit(row_values[SCORE].cast(pl.Float32))
     advantage = pl.lit(row_values["advantage"].cast(pl.Float32))
     row_number = unused_name(dataset.schema)
-    frame = (
-        dataset.scan()
-        .with_row_index(row_number)
-        .drop(replaced)
-        .with_columns(
-            score.gather(pl.col(row_number)).alias("score"),
-            advantage.gather(pl.col(row_number)).alias("advantage"),
-        )
-        .drop(row_number)
-    )
-    per_token = per_token_advantages(columns)
+    arrays = output_format in ("npz", "pt")
+    frame = output_rows(
+        dataset.scan().with_row_index(row_number),
+        columns,
+        score=score.gather(pl.col(row_number)),
+        advantage=advantage.gather(pl.col(row_number)),
+        # The padded arrays make their own per-token array.
+        tokens=tokens and not arrays,
+    ).drop(row_number)
     with (
         atomic_output(output, force=force, keep=dataset.files) as partial,
         closing_sources(),
     ):
         try:
-            if output_format in ("npz", "pt"):
+            if arrays:
                 _write_arrays(frame, columns, partial, output_format, tokens, output)
             else:
-                if tokens:
-                    frame = frame.with_columns(per_token.alias("advantages"))
                 if output_format == "parquet":
                     frame.sink_parquet(partial)
                 elif output_format == "arrow":
@@ -84,9 +80,27 @@ def write_advantages(
             ) from None
 
 
-def replaced_columns(dataset: Dataset) -> list[str]:
+Rows = TypeVar("Rows", pl.DataFrame, pl.LazyFrame)
+
+
+def output_rows(
+    rows: Rows, columns: Columns, *, score: pl.Expr, advantage: pl.Expr, tokens: bool
+) -> Rows:
+    """The output's rows, for both engines: every input column but those the output replaces,
+    then ``score`` and ``advantage`` as float32 and, with ``tokens``, the per-token
+    ``advantages``."""
+    out = rows.drop(replaced_columns(rows.collect_schema().names())).with_columns(
+        score.cast(pl.Float32).alias("score"), advantage.cast(pl.Float32).alias("advantage")
+    )
+    if tokens:
+        out = out.with_columns(per_token_advantages(columns).alias("advantages"))
+    return out
+
+
+def replaced_columns(names: Iterable[str]) -> list[str]:
     """The input columns that the output's ``score``, ``advantage``, ``advantages`` replace."""
-    return [name for name in OUTPUT_COLUMNS if name in dataset.schema]
+    present = set(names)
+    return [name for name in OUTPUT_COLUMNS if name in present]
 
 
 def per_token_advantages(columns: Columns) -> pl.Expr:
