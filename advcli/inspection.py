@@ -7,15 +7,14 @@ trajectory with different scores, repeated turns) are counted and listed here, n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import polars as pl
 
 from advcli.columns import Columns
 from advcli.estimators import Naming, build_units, group_statistics, scores_disagree
-from advcli.inputs import Dataset
-from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
-from advcli.projection import repeated_turn
+from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turn
 from advcli.report import histogram, number
 from advcli.settings import AdvantageConfig, Level, TrajScore
 
@@ -25,7 +24,14 @@ EXAMPLES = 5
 DISTINCT_SCORES_LISTED = 10
 
 
-def inspect_dump(dataset: Dataset, columns: Columns, projection: pl.DataFrame) -> dict[str, Any]:
+def inspect_dump(
+    projection: pl.DataFrame,
+    columns: Columns,
+    *,
+    inputs: list[str],
+    input_format: str,
+    locate: Callable[[int], str],
+) -> dict[str, Any]:
     """The inspection report of a checked key projection (see the README for every key)."""
     # The trajectories and groups as stage 2 sees them at trajectory level (score of the first
     # turn, turns, tokens; each group's units, singleton and zero-std rules) ...
@@ -57,7 +63,7 @@ def inspect_dump(dataset: Dataset, columns: Columns, projection: pl.DataFrame) -
                     "group": r[GROUP],
                     "trajectory": r[TRAJECTORY],
                     "turn": r[TURN],
-                    "where": dataset.locate(r[ROW]),
+                    "where": locate(r[ROW]),
                 }
                 for r in repeated.head(EXAMPLES).iter_rows(named=True)
             ],
@@ -85,8 +91,8 @@ def inspect_dump(dataset: Dataset, columns: Columns, projection: pl.DataFrame) -
     turns = per_trajectory["turns"]
     return {
         "inputs": {
-            "files": [dataset.label(i) for i in range(len(dataset.files))],
-            "format": dataset.input_format,
+            "files": inputs,
+            "format": input_format,
         },
         "columns": {
             role: {"column": getattr(columns, role), "why": columns.reasons.get(role, "")}

@@ -375,4 +375,10 @@ def inspect(inputs: Sequence[str], names: ColumnNames = ColumnNames()) -> dict[s
     """
     with opened(inputs) as dataset:
         dump = load_dump(dataset, names, unique_turns=False)
-        return inspect_dump(dataset, dump.columns, dump.projection)
+        return inspect_dump(
+            dump.projection,
+            dump.columns,
+            inputs=[dataset.label(i) for i in range(len(dataset.files))],
+            input_format=dataset.input_format,
+            locate=dataset.locate,
+        )

@@ -15,7 +15,7 @@ import polars as pl
 from advcli.columns import Columns, is_enum, unused_name
 from advcli.errors import AdvcliError, first_line
 from advcli.inputs import Dataset, check_json_ids
-from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
+from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turn
 from advcli.scan import closing_sources
 
 
@@ -226,11 +226,6 @@ def _as_key(name: str, schema: pl.Schema) -> pl.Expr:
     return (
         pl.col(name).cast(pl.String) if dtype == pl.Categorical or is_enum(dtype) else pl.col(name)
     )
-
-
-def repeated_turn() -> pl.Expr:
-    """True for a row whose ``(group, trajectory, turn)`` an earlier row already has."""
-    return ~pl.struct(GROUP, TRAJECTORY, TURN).is_first_distinct()
 
 
 def _check_unique_turns(projection: pl.DataFrame, dataset: Dataset, columns: Columns) -> None:

@@ -1,0 +1,48 @@
+"""The package's shape: the README's Layout table names every module, and imports point down the
+data flow (the math imports no I/O, nothing imports the command line)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "advcli"
+
+# Modules that read or write files, streams or processes.
+IO = {"inputs", "scan", "projection", "write", "atomic", "process", "pipeline", "ray_engine"}
+# The math and the reports over it: pure functions of frames and settings.
+PURE = {"settings", "rules", "keys", "estimators", "report", "inspection"}
+
+
+def advcli_imports(module: Path) -> set[str]:
+    """The advcli modules ``module`` imports (at any depth of its code)."""
+    found = set()
+    for node in ast.walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("advcli"):
+            found.add(node.module.removeprefix("advcli").lstrip(".") or "__init__")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("advcli."):
+                    found.add(alias.name.removeprefix("advcli."))
+    return found
+
+
+def test_the_readme_layout_names_every_module():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Layout") : readme.index("## Development")]
+    listed = set(re.findall(r"^\| `advcli/(\w+)\.py` \|", section, flags=re.MULTILINE))
+    modules = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
+    assert listed == modules
+
+
+def test_imports_point_down_the_flow():
+    imports = {path.stem: advcli_imports(path) for path in PACKAGE.glob("*.py")}
+    for name, imported in imports.items():
+        if name != "__main__":  # the entry point runs the command line
+            assert "cli" not in imported, f"{name} imports the command line"
+        if name in PURE:
+            assert not (imported & IO), f"{name} (pure) imports I/O: {imported & IO}"
+    assert imports["atomic"] <= {"errors"}
+    assert imports["rules"] == set()
