@@ -12,7 +12,7 @@ from polars.datatypes import DataTypeClass
 
 from advcli.errors import AdvcliError
 
-# Columns that compute adds to its output.
+# ColumnRoles that compute adds to its output.
 OUTPUT_COLUMNS = ("score", "advantage", "advantages")
 
 # Default column names, in order of preference (verl / verl-agent names as fallbacks).
@@ -27,7 +27,7 @@ MaskKind = Literal["mask", "length"]
 
 
 @dataclass(frozen=True)
-class Columns:
+class ColumnRoles:
     """Which input column plays which role."""
 
     group: str
@@ -60,7 +60,7 @@ def resolve_columns(
     turn: str | None = None,
     reward: str | None = None,
     mask: str | None = None,
-) -> Columns:
+) -> ColumnRoles:
     """Pick the column for each role (the option's name, else the first default that exists)
     and check its type."""
     reasons: dict[str, str] = {}
@@ -136,7 +136,7 @@ def resolve_columns(
         else ", one number per row"
     )
     reasons["mask"] += ", a list of 0/1" if mask_kind == "mask" else ", a response length"
-    return Columns(
+    return ColumnRoles(
         group=group_col,
         trajectory=trajectory_col,
         turn=turn_col,

@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from advcli.columns import Columns
+from advcli.columns import ColumnRoles
 from advcli.estimators import Naming, build_units, group_statistics, scores_disagree
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turn
 from advcli.report import histogram, number
@@ -26,7 +26,7 @@ DISTINCT_SCORES_LISTED = 10
 
 def inspect_dump(
     projection: pl.DataFrame,
-    columns: Columns,
+    columns: ColumnRoles,
     *,
     inputs: list[str],
     input_format: str,

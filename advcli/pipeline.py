@@ -16,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from advcli.columns import Columns, resolve_columns
+from advcli.columns import ColumnRoles, resolve_columns
 from advcli.errors import AdvcliError, UsageError
 from advcli.estimators import (
     AdvantageConfig,
@@ -51,7 +51,7 @@ class LoadedDump:
     """A dump after stage 1: its files, its column roles and its checked key projection."""
 
     dataset: Dataset
-    columns: Columns
+    columns: ColumnRoles
     projection: pl.DataFrame
 
     def advantages(self, config: AdvantageConfig) -> Advantages:
@@ -76,7 +76,7 @@ class ComputeSummary:
     singleton_groups: int
     zero_std_groups: int
     config: AdvantageConfig
-    columns: Columns
+    columns: ColumnRoles
     output: Path
     output_format: OutputFormat
     seconds: float
@@ -254,7 +254,7 @@ def compute(
 
 def _write_local(
     dataset: Dataset,
-    columns: Columns,
+    columns: ColumnRoles,
     row_values: pl.DataFrame,
     output: Path,
     fmt: OutputFormat,

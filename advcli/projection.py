@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from advcli.columns import Columns, is_enum, unused_name
+from advcli.columns import ColumnRoles, is_enum, unused_name
 from advcli.errors import AdvcliError, first_line
 from advcli.inputs import Dataset, check_json_ids
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turn
@@ -20,7 +20,7 @@ from advcli.scan import closing_sources
 
 
 @dataclass(frozen=True)
-class KeyProjection:
+class KeyExpressions:
     """The per-row expressions of stage 1, shared by every engine.
 
     ``exprs`` turn a batch (or a whole scan) of input rows into ``group``, ``trajectory``,
@@ -32,7 +32,7 @@ class KeyProjection:
     messages: list[str]
 
     @classmethod
-    def of(cls, schema: pl.Schema, columns: Columns) -> KeyProjection:
+    def of(cls, schema: pl.Schema, columns: ColumnRoles) -> KeyExpressions:
         reward, mask = pl.col(columns.reward), pl.col(columns.mask)
         keys = [
             _as_key(columns.group, schema).alias(GROUP),
@@ -68,7 +68,7 @@ class KeyProjection:
         self,
         projection: pl.DataFrame,
         dataset: Dataset,
-        columns: Columns,
+        columns: ColumnRoles,
         *,
         unique_turns: bool = True,
     ) -> pl.DataFrame:
@@ -87,7 +87,7 @@ class KeyProjection:
 
 
 def key_projection(
-    dataset: Dataset, columns: Columns, *, unique_turns: bool = True
+    dataset: Dataset, columns: ColumnRoles, *, unique_turns: bool = True
 ) -> pl.DataFrame:
     """Read and check the small per-row columns: row, group, trajectory, [turn], score, tokens.
 
@@ -100,7 +100,7 @@ def key_projection(
     """
     if dataset.input_format == "json":
         check_json_ids(dataset, [columns.group, columns.trajectory])
-    plan = KeyProjection.of(dataset.schema, columns)
+    plan = KeyExpressions.of(dataset.schema, columns)
     row_number = unused_name(dataset.schema)
     try:
         with closing_sources():
@@ -118,7 +118,7 @@ def key_projection(
 
 
 def _row_rules(
-    schema: pl.Schema, columns: Columns, score: pl.Expr, tokens: pl.Expr
+    schema: pl.Schema, columns: ColumnRoles, score: pl.Expr, tokens: pl.Expr
 ) -> list[tuple[pl.Expr, str]]:
     """(broken, message) for every per-row rule, in the order they are reported for one row."""
     reward, mask = columns.reward, columns.mask
@@ -188,7 +188,7 @@ def _row_rules(
 EXACT_INTEGER_LIMIT = 2**53
 
 
-def _exactness_rules(schema: pl.Schema, columns: Columns) -> list[tuple[pl.Expr, str]]:
+def _exactness_rules(schema: pl.Schema, columns: ColumnRoles) -> list[tuple[pl.Expr, str]]:
     """Integer rewards whose score float64 cannot hold exactly: refused, never rounded."""
     reward = columns.reward
     dtype = schema[reward]
@@ -228,7 +228,7 @@ def _as_key(name: str, schema: pl.Schema) -> pl.Expr:
     )
 
 
-def _check_unique_turns(projection: pl.DataFrame, dataset: Dataset, columns: Columns) -> None:
+def _check_unique_turns(projection: pl.DataFrame, dataset: Dataset, columns: ColumnRoles) -> None:
     # Whether any turn repeats, from sorted 64-bit hashes of the keys: half the memory of a
     # group-by on millions of rows. Equal keys hash alike, so no repeat is missed; a collision of
     # different keys only sends the check on to the exact search below, which then finds nothing.

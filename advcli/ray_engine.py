@@ -1,7 +1,7 @@
 """`--engine ray`: the same three stages on Ray Data, for dumps that outgrow one machine.
 
 - Stage 1 runs distributed: each block of rows is reduced to the key projection by the very
-  expressions the local engine uses (:class:`advcli.projection.KeyProjection`), and only those few
+  expressions the local engine uses (:class:`advcli.projection.KeyExpressions`), and only those few
   scalars per row travel to the driver.
 - Stage 2 runs on the driver, on that small table, with the local engine's code
   (:func:`advcli.estimators.compute_advantages`), batch-wide quantities included.
@@ -25,12 +25,12 @@ import ray
 from ray.data.datasource import FilenameProvider
 
 from advcli.atomic import atomic_output
-from advcli.columns import Columns
+from advcli.columns import ColumnRoles
 from advcli.errors import AdvcliError, first_line
 from advcli.estimators import Advantages
 from advcli.inputs import Dataset
 from advcli.keys import GROUP, ROW, SCORE, TRAJECTORY, TURN
-from advcli.projection import KeyProjection
+from advcli.projection import KeyExpressions
 from advcli.settings import AdvantageConfig, Estimator, Level
 from advcli.write import output_rows
 
@@ -63,14 +63,14 @@ def _read(dataset: Dataset) -> Any:
     return ray.data.read_parquet([str(path) for path in dataset.files])
 
 
-def _project_block(block: pa.Table, schema: pl.Schema, columns: Columns) -> pa.Table:
+def _project_block(block: pa.Table, schema: pl.Schema, columns: ColumnRoles) -> pa.Table:
     frame = pl.from_arrow(block)
     assert isinstance(frame, pl.DataFrame)
-    return frame.select(KeyProjection.of(schema, columns).exprs).to_arrow()
+    return frame.select(KeyExpressions.of(schema, columns).exprs).to_arrow()
 
 
 def key_projection(
-    dataset: Dataset, columns: Columns, *, unique_turns: bool = True
+    dataset: Dataset, columns: ColumnRoles, *, unique_turns: bool = True
 ) -> pl.DataFrame:
     """Stage 1 on Ray Data: the same projection and checks as the local engine."""
     projected = _read(dataset).map_batches(
@@ -81,11 +81,11 @@ def key_projection(
     tables = [table for table in ray.get(projected.to_arrow_refs()) if table.num_rows]
     frame = pl.from_arrow(pa.concat_tables(tables))
     assert isinstance(frame, pl.DataFrame)
-    plan = KeyProjection.of(dataset.schema, columns)
+    plan = KeyExpressions.of(dataset.schema, columns)
     return plan.check(frame.with_row_index(ROW), dataset, columns, unique_turns=unique_turns)
 
 
-def lookup_keys(config: AdvantageConfig, columns: Columns) -> list[str]:
+def lookup_keys(config: AdvantageConfig, columns: ColumnRoles) -> list[str]:
     """What identifies a row's advantage: its trajectory at trajectory level; at turn level its
     turn, or (without a turn column) its score, which fixes a row's advantage within its
     trajectory for every estimator but grpo_passk."""
@@ -114,7 +114,7 @@ def lookup_table(projection: pl.DataFrame, advantages: Advantages, keys: list[st
 def _attach_block(
     block: pa.Table,
     schema: pl.Schema,
-    columns: Columns,
+    columns: ColumnRoles,
     keys: list[str],
     lookup: Any,
     tokens: bool,
@@ -122,7 +122,8 @@ def _attach_block(
     table = ray.get(lookup) if isinstance(lookup, ray.ObjectRef) else lookup
     frame = pl.from_arrow(block)
     assert isinstance(frame, pl.DataFrame)
-    key_exprs = [e for e in KeyProjection.of(schema, columns).exprs if e.meta.output_name() in keys]
+    plan = KeyExpressions.of(schema, columns)
+    key_exprs = [expr for expr in plan.exprs if expr.meta.output_name() in keys]
     # Blocks do not know their rows' global numbers, so a row finds its values by its keys, in a
     # frame of their own: a user column named like one of them ("group", "turn", ...) passes
     # through untouched.
@@ -144,7 +145,7 @@ def _attach_block(
 
 def write_advantages(
     dataset: Dataset,
-    columns: Columns,
+    columns: ColumnRoles,
     projection: pl.DataFrame,
     advantages: Advantages,
     config: AdvantageConfig,

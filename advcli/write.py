@@ -16,7 +16,7 @@ import polars as pl
 import pyarrow as pa
 
 from advcli.atomic import atomic_output, check_output_path
-from advcli.columns import OUTPUT_COLUMNS, Columns, unused_name
+from advcli.columns import OUTPUT_COLUMNS, ColumnRoles, unused_name
 from advcli.errors import AdvcliError, first_line
 from advcli.inputs import STDIN, Dataset
 from advcli.keys import ROW, SCORE
@@ -27,7 +27,7 @@ from advcli.settings import OutputFormat
 
 def write_advantages(
     dataset: Dataset,
-    columns: Columns,
+    columns: ColumnRoles,
     row_values: pl.DataFrame,
     output: Path,
     *,
@@ -84,7 +84,7 @@ Rows = TypeVar("Rows", pl.DataFrame, pl.LazyFrame)
 
 
 def output_rows(
-    rows: Rows, columns: Columns, *, score: pl.Expr, advantage: pl.Expr, tokens: bool
+    rows: Rows, columns: ColumnRoles, *, score: pl.Expr, advantage: pl.Expr, tokens: bool
 ) -> Rows:
     """The output's rows, for both engines: every input column but those the output replaces,
     then ``score`` and ``advantage`` as float32 and, with ``tokens``, the per-token
@@ -103,7 +103,7 @@ def replaced_columns(names: Iterable[str]) -> list[str]:
     return [name for name in OUTPUT_COLUMNS if name in present]
 
 
-def per_token_advantages(columns: Columns) -> pl.Expr:
+def per_token_advantages(columns: ColumnRoles) -> pl.Expr:
     """``advantages``: the row's ``advantage`` times each element of its mask (float32), or that
     many copies of it for a ``response_length`` column."""
     if columns.mask_kind == "mask":
@@ -127,7 +127,7 @@ def _write_arrow_stream(frame: pl.LazyFrame, path: Path) -> None:
 
 def _write_arrays(
     frame: pl.LazyFrame,
-    columns: Columns,
+    columns: ColumnRoles,
     partial: Path,
     output_format: OutputFormat,
     tokens: bool,

@@ -353,7 +353,10 @@ def test_empty_directory(run, tmp_path):
     (tmp_path / "empty").mkdir()
     result = run("compute", tmp_path / "empty", "-o", tmp_path / "out.parquet")
     assert result.exit_code == 1
-    assert "the directory holds no Parquet file" in result.stderr
+    assert result.stderr == (
+        f"Error: {tmp_path / 'empty'}: the directory holds no Parquet file (*.parquet, *.pq) or "
+        "JSON-lines file (*.jsonl, *.ndjson)\n"
+    )
 
 
 def test_conflicting_schemas(run, tmp_path):
@@ -361,7 +364,10 @@ def test_conflicting_schemas(run, tmp_path):
     BASE.with_columns(pl.col("data_id").cast(pl.String)).write_parquet(tmp_path / "b.parquet")
     result = run("compute", tmp_path / "a.parquet", tmp_path / "b.parquet", "-o", tmp_path / "o.pq")
     assert result.exit_code == 1
-    assert "schemas conflict: column 'data_id' is Int64 in" in result.stderr
+    assert result.stderr == (
+        f"Error: schemas conflict: column 'data_id' is Int64 in {tmp_path / 'a.parquet'} but "
+        f"String in {tmp_path / 'b.parquet'}\n"
+    )
 
 
 def test_existing_output_needs_force(write_dump, run, tmp_path):
@@ -378,7 +384,7 @@ def test_output_equal_to_input_is_refused(write_dump, run):
     before = digest(source)
     result = run("compute", source, "-o", source, "--force")
     assert result.exit_code == 1
-    assert "the output is also an input" in result.stderr
+    assert result.stderr == f"Error: {source}: the output is also an input; choose another path\n"
     assert digest(source) == before
 
 
@@ -386,13 +392,16 @@ def test_output_folder_missing(write_dump, run, tmp_path):
     output = tmp_path / "nowhere" / "out.parquet"
     result = run("compute", write_dump(BASE), "-o", output)
     assert result.exit_code == 1
-    assert "does not exist" in result.stderr
+    assert result.stderr == f"Error: {output}: the folder {output.parent} does not exist\n"
 
 
 def test_unknown_output_extension(write_dump, run, tmp_path):
     result = run("compute", write_dump(BASE), "-o", tmp_path / "out.csv")
     assert result.exit_code == 1
-    assert "cannot tell the output format" in result.stderr
+    assert result.stderr == (
+        f"Error: {tmp_path / 'out.csv'}: cannot tell the output format from the extension; use "
+        ".parquet, .arrow, .arrows, .npz or .pt, or pass --format\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -409,7 +418,7 @@ def test_output_that_is_a_directory(write_dump, run, tmp_path):
     (tmp_path / "out.parquet").mkdir()
     result = run("compute", write_dump(BASE), "-o", tmp_path / "out.parquet", "--force")
     assert result.exit_code == 1
-    assert result.stderr.strip().endswith("out.parquet: is a directory; name a file")
+    assert result.stderr == f"Error: {tmp_path / 'out.parquet'}: is a directory; name a file\n"
 
 
 def test_every_output_is_checked_before_any_is_written(write_dump, run, tmp_path):
@@ -426,7 +435,7 @@ def test_two_outputs_may_not_share_a_path(write_dump, run, tmp_path):
     same = tmp_path / "same.json"
     result = run("compute", write_dump(BASE), "-o", same, "--format", "parquet", "--report", same)
     assert result.exit_code == 1
-    assert "named for two outputs" in result.stderr
+    assert result.stderr == f"Error: {same}: named for two outputs; give each its own path\n"
     result = run("compare", write_dump(BASE, "b.parquet"), "--json", same, "--markdown", same)
     assert result.exit_code == 1
     assert not same.exists()

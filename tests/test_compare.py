@@ -221,7 +221,7 @@ def test_compute_report_needs_json_or_md(write_dump, run, tmp_path):
         "compute", write_dump(ROWS), "-o", tmp_path / "o.parquet", "--report", tmp_path / "r.txt"
     )
     assert result.exit_code == 1
-    assert "a report is .json or .md" in result.stderr
+    assert result.stderr == f"Error: {tmp_path / 'r.txt'}: a report is .json or .md\n"
     assert not (tmp_path / "o.parquet").exists()
 
 

@@ -268,7 +268,10 @@ def test_scores_too_large_for_float32_are_an_error(write_dump, run, tmp_path):
     output = tmp_path / "out.parquet"
     result = run("compute", write_dump(rows), "-o", output)
     assert result.exit_code == 1
-    assert "row 0: the score or its advantage does not fit a float32" in result.stderr
+    assert result.stderr == (
+        f"Error: {tmp_path / 'rollouts.parquet'} row 0: the score or its advantage does not fit "
+        "a float32 (the scores are too large; rescale the rewards)\n"
+    )
     assert not output.exists()
 
 
