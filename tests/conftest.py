@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,3 +50,17 @@ def run():
         return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
 
     return invoke
+
+
+def partials(output: Path) -> list[Path]:
+    """The partial files (and folders) advcli is writing, or left, for ``output``."""
+    return sorted(output.parent.glob(f".{output.name}.*advcli-partial*"))
+
+
+def wait_for_partial(process: subprocess.Popen, output: Path, timeout: float = 120) -> None:
+    """Wait until ``process`` has started writing ``output`` (its partial file exists)."""
+    deadline = time.monotonic() + timeout
+    while not partials(output):
+        assert process.poll() is None, "advcli finished before it started writing"
+        assert time.monotonic() < deadline, "no partial file appeared"
+        time.sleep(0.005)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import partials, wait_for_partial
 
 from advcli.sample import sample_table
 
@@ -162,10 +163,6 @@ def listing(folder: Path) -> set[str]:
     return {str(path.relative_to(folder)) for path in folder.rglob("*")}
 
 
-def partials(output: Path) -> list[Path]:
-    return sorted(output.parent.glob(f".{output.name}.*advcli-partial*"))
-
-
 def folders(tmp_path: Path) -> tuple[Path, Path]:
     """A fresh output folder (the child's working directory) and a fresh $TMPDIR."""
     out, tmp = tmp_path / "out", tmp_path / "tmp"
@@ -193,14 +190,6 @@ def names_standard_output(line: str) -> bool:
         any(name in line for name in ("standard output", "<stdout>", "'-'", '"-"'))
         or re.match(r"Error: -[:\s]", line) is not None
     )
-
-
-def wait_for_partial(process: subprocess.Popen, output: Path, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not partials(output):
-        assert process.poll() is None, "advcli finished before it started writing"
-        assert time.monotonic() < deadline, "no partial file appeared"
-        time.sleep(0.005)
 
 
 # ---------------------------------------------------------------------------------------------

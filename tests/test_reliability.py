@@ -8,12 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import polars as pl
 import pytest
 from bad_inputs import CASES, BadInput
+from conftest import partials, wait_for_partial
 
 from advcli.sample import sample_table
 
@@ -96,18 +96,6 @@ def start_compute(source: Path, output: Path, *options: str) -> subprocess.Popen
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def partials(output: Path) -> list[Path]:
-    return sorted(output.parent.glob(f".{output.name}.*.advcli-partial"))
-
-
-def wait_for_partial(process: subprocess.Popen, output: Path, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not partials(output):
-        assert process.poll() is None, "advcli finished before it started writing"
-        assert time.monotonic() < deadline, "no partial file appeared"
-        time.sleep(0.005)
 
 
 @pytest.mark.slow
