@@ -21,10 +21,12 @@ import contextlib
 import ctypes
 import errno
 import glob
+import hashlib
 import os
 import secrets
 import shutil
 import signal
+import socket
 import stat
 import threading
 from collections.abc import Iterator, Sequence
@@ -58,10 +60,29 @@ def check_output_path(output: Path, *, force: bool, folder_output: bool = False)
         )
     if output.is_dir() and not folder_output:
         raise AdvcliError(f"{output}: is a directory; name a file")
+    kind = _special_kind(output)
+    if kind is not None:
+        # Renaming a result over it would put a regular file where the device or pipe was.
+        raise AdvcliError(f"{output}: is {kind}, not a regular file; name a file")
     if os.path.lexists(output) and not force:
         raise AdvcliError(f"{output}: the file exists; pass --force to replace it")
     if folder_output and force and output.is_dir():
         _check_replaceable_folder(output)
+
+
+def _special_kind(path: Path) -> str | None:
+    """What ``path`` (followed through links) is when it is neither a file nor a directory."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    kinds = {
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISFIFO: "a named pipe",
+        stat.S_ISSOCK: "a socket",
+    }
+    return next((kind for test, kind in kinds.items() if test(mode)), None)
 
 
 def _check_replaceable_folder(output: Path) -> None:
@@ -118,17 +139,34 @@ def _create_partial(output: Path, folder: bool) -> Path:
     with contextlib.suppress(OSError):
         # Where the filesystem has no user extended attributes the partial stays unmarked: a run
         # killed there leaves it behind, and no later run removes it.
-        os.setxattr(partial, MARKER, f"{os.getpid()} {os.stat(partial).st_ino}".encode())
+        marker = f"{os.getpid()} {os.stat(partial).st_ino} {_machine()}"
+        os.setxattr(partial, MARKER, marker.encode())
     return partial
 
 
 def _partial_prefix(output: Path) -> str:
-    """``.NAME.``, with NAME cut so that the whole partial name fits the filesystem's limit: an
-    output name close to the limit must not fail because of its temporary name."""
-    # dot + "." + PID (up to 10 digits) + "." + 8 random hex + suffix
-    room = _name_max(output.parent) - (1 + 1 + 10 + 1 + 8 + len(PARTIAL_SUFFIX))
+    """``.NAME.HASH.``: NAME cut so that the whole partial name fits the filesystem's limit (an
+    output name close to the limit must not fail because of its temporary name), and HASH of the
+    full name, so that the partials of two outputs never share a prefix (``a`` and ``a.b``, or two
+    long names that differ only past the cut)."""
+    digest = hashlib.sha256(os.fsencode(output.name)).hexdigest()[:8]
+    # dot + "." + hash + "." + PID (up to 10 digits) + "." + 8 random hex + suffix
+    room = _name_max(output.parent) - (1 + 1 + 8 + 1 + 10 + 1 + 8 + len(PARTIAL_SUFFIX))
     name = os.fsencode(output.name)[: max(0, room)].decode("utf-8", errors="ignore")
-    return f".{name}."
+    return f".{name}.{digest}."
+
+
+def _machine() -> str:
+    """Where a PID means this process: the host, its boot and the PID namespace. A partial
+    written under another one (a container sharing the folder, another host on a network
+    filesystem) has a PID this process cannot check, so it is never taken for dead."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as boot:
+            boot_id = boot.read().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        boot_id, namespace = "unknown", 0
+    return f"{socket.gethostname()}/{boot_id}/{namespace}"
 
 
 def _name_max(folder: Path) -> int:
@@ -169,11 +207,17 @@ def _publish(partial: Path, output: Path, *, force: bool, folder: bool) -> None:
 
 def _replace_folder(partial: Path, output: Path) -> None:
     # The old folder stays whole until the new one is in place; a rename cannot replace a
-    # non-empty directory, so the old one is moved aside first.
+    # non-empty directory, so the old one is moved aside first (no signal between the two).
     retired = partial.with_name(partial.name + ".old")
-    os.rename(output, retired)
-    os.rename(partial, output)
-    shutil.rmtree(retired, ignore_errors=True)
+    with _held_signals():
+        os.rename(output, retired)
+        os.rename(partial, output)
+    # Only advcli's own part files go: anything else that appeared in the old folder meanwhile
+    # stays, in the folder moved aside.
+    for part in retired.glob("part-*.parquet"):
+        part.unlink()
+    with contextlib.suppress(OSError):
+        retired.rmdir()
 
 
 _RENAME_NOREPLACE = 1
@@ -253,12 +297,19 @@ def _is_dead_partial(path: Path) -> bool:
         info = os.lstat(path)
         if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
             return False
-        pid_text, inode_text = os.getxattr(path, MARKER, follow_symlinks=False).split()
+        marker = os.getxattr(path, MARKER, follow_symlinks=False).decode()
+        pid_text, inode_text, machine = marker.split()
         pid, inode = int(pid_text), int(inode_text)
     except (OSError, ValueError):
         return False
-    # The marker names this very file: a copy of a partial (another inode) is not advcli's.
-    return inode == info.st_ino and info.st_uid == os.getuid() and not _process_alive(pid)
+    # The marker names this very file (a copy of a partial, another inode, is not advcli's) and
+    # a process this one can see.
+    return (
+        inode == info.st_ino
+        and info.st_uid == os.getuid()
+        and machine == _machine()
+        and not _process_alive(pid)
+    )
 
 
 def _process_alive(pid: int) -> bool:

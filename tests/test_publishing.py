@@ -49,7 +49,8 @@ def dead_pid() -> int:
 def test_an_input_named_like_a_partial_is_read_and_never_deleted(run, write_dump, tmp_path):
     output = tmp_path / "out.parquet"
     # The name a killed run's partial of out.parquet would have, with a PID that is gone.
-    lookalike = tmp_path / f".out.parquet.{dead_pid()}.1a2b3c4d{PARTIAL_SUFFIX}"
+    prefix = atomic._partial_prefix(output)
+    lookalike = tmp_path / f"{prefix}{dead_pid()}.1a2b3c4d{PARTIAL_SUFFIX}"
     write_dump(ROWS, name=lookalike.name)
     before = sha256(lookalike)
 
@@ -63,25 +64,30 @@ def test_an_input_named_like_a_partial_is_read_and_never_deleted(run, write_dump
 def test_unmarked_and_copied_partials_are_left_alone(run, write_dump, tmp_path):
     source = write_dump(ROWS)
     output = tmp_path / "out.parquet"
-    pid = dead_pid()
-    unmarked = tmp_path / f".out.parquet.{pid}.00000000{PARTIAL_SUFFIX}"
+    pid, prefix, machine = dead_pid(), atomic._partial_prefix(output), atomic._machine()
+    unmarked = tmp_path / f"{prefix}{pid}.00000000{PARTIAL_SUFFIX}"
     unmarked.write_bytes(b"a user's file with an unlucky name")
     # A copy of a dead run's partial, marker and all: the marker names another inode.
-    copied = tmp_path / f".out.parquet.{pid}.11111111{PARTIAL_SUFFIX}"
+    copied = tmp_path / f"{prefix}{pid}.11111111{PARTIAL_SUFFIX}"
     copied.write_bytes(b"copied")
-    os.setxattr(copied, MARKER, f"{pid} {os.stat(unmarked).st_ino}".encode())
+    os.setxattr(copied, MARKER, f"{pid} {os.stat(unmarked).st_ino} {machine}".encode())
+    # A partial written in another PID namespace (a container sharing the folder): its PID
+    # means nothing here, so it is not taken for dead.
+    elsewhere = tmp_path / f"{prefix}{pid}.22222222{PARTIAL_SUFFIX}"
+    elsewhere.write_bytes(b"another namespace's run")
+    other = machine.rsplit("/", 1)[0] + "/1"
+    os.setxattr(elsewhere, MARKER, f"{pid} {os.stat(elsewhere).st_ino} {other}".encode())
 
     result = run("compute", source, "-o", output, "-q")
 
     assert result.exit_code == 0, result.stderr
     assert unmarked.read_bytes() == b"a user's file with an unlucky name"
     assert copied.read_bytes() == b"copied"
+    assert elsewhere.read_bytes() == b"another namespace's run"
 
 
-def test_a_killed_runs_partial_is_removed_by_the_next_run(run, write_dump, tmp_path):
-    source = write_dump(ROWS)
-    output = tmp_path / "out.parquet"
-    # A real process that starts publishing out.parquet and is killed half-way.
+def kill_while_publishing(output: Path) -> None:
+    """A real process that starts publishing ``output`` and is killed half-way."""
     killed = subprocess.run(
         [
             sys.executable,
@@ -97,6 +103,40 @@ def test_a_killed_runs_partial_is_removed_by_the_next_run(run, write_dump, tmp_p
         check=False,
     )
     assert killed.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [("a", "a.b"), ("n" * 240 + "1.parquet", "n" * 240 + "2.parquet")],
+    ids=["prefix", "long-names"],
+)
+def test_only_the_same_outputs_partials_are_cleaned(ours, theirs, run, write_dump, tmp_path):
+    kill_while_publishing(tmp_path / theirs)
+    [leftover] = partials(tmp_path)
+    result = run("compute", write_dump(ROWS), "-o", tmp_path / ours, "--format", "parquet", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert leftover.exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_pipes_and_devices_are_never_replaced(kind, run, write_dump, tmp_path):
+    output = tmp_path / "out.parquet"
+    if kind == "fifo":
+        os.mkfifo(output)
+        expected = "a named pipe"
+    else:
+        output.symlink_to("/dev/null")
+        expected = "a character device"
+    result = run("compute", write_dump(ROWS), "-o", output, "-q", "--force")
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {output}: is {expected}, not a regular file; name a file\n"
+    assert output.is_fifo() if kind == "fifo" else output.is_symlink()
+
+
+def test_a_killed_runs_partial_is_removed_by_the_next_run(run, write_dump, tmp_path):
+    source = write_dump(ROWS)
+    output = tmp_path / "out.parquet"
+    kill_while_publishing(output)
     [leftover] = partials(tmp_path)
 
     result = run("compute", source, "-o", output, "-q")
