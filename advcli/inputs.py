@@ -12,9 +12,10 @@ import bisect
 import glob
 import io
 import json
+import re
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +26,7 @@ import pyarrow as pa
 
 from advcli.errors import AdvcliError, first_line
 from advcli.process import stdin_closed
+from advcli.rules import EXACT_INTEGER_LIMIT
 from advcli.scan import open_parquet, scan_parquet
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -315,48 +317,97 @@ def _first_bad_json_line(path: Path) -> str | None:
     return None
 
 
-def check_json_ids(dataset: Dataset, names: Sequence[str]) -> None:
-    """Refuse a JSON-lines id column that holds both JSON strings and numbers (or booleans).
+def check_json_lines(dataset: Dataset, ids: Sequence[str], reward: str) -> None:
+    """What Polars' JSON reader would silently change, refused with the line that shows it.
 
-    Polars reads such a column as strings, so ``0`` and ``"0"`` would become one group. Whether a
-    column read as strings has any number in it is asked of Polars (a number read as a number);
-    only then are the file's lines parsed one by one, to name the two lines.
+    - An id column read as strings that also holds other JSON values: Polars turns ``0``,
+      ``true``, ``[1]`` or ``{"k": 1}`` into the text ``"0"``, ``"true"``…, so they would join
+      the group of that string.
+    - A float reward column holding an integer literal beyond 2^53: it is rounded when read.
+
+    Polars reads each file once more as plain lines and finds the candidates with a regular
+    expression (a key followed by something other than a string; an integer literal of 16 digits
+    or more); only those lines are parsed, to look at their top-level values.
     """
+    string_ids = [name for name in ids if dataset.schema[name] == pl.String]
+    reward_type = dataset.schema[reward]
+    float_reward = reward_type == pl.Float64 or reward_type == pl.List(pl.Float64)
     for index, path in enumerate(dataset.files):
-        for name in names:
-            if dataset.schema[name] != pl.String:
-                continue
-            mixed = any(
-                pl.scan_ndjson(path, schema={name: dtype}, ignore_errors=True)
-                .select(pl.col(name).is_not_null().any())
-                .collect()
-                .item()
-                for dtype in (pl.Float64, pl.Boolean)
-            )
-            if mixed:
-                raise AdvcliError(f"{dataset.label(index)} {_mixed_id_lines(path, name)}")
-
-
-def _mixed_id_lines(path: Path, name: str) -> str:
-    first: dict[bool, tuple[int, Any]] = {}
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if line.strip():
+        for name in string_ids:
+            for line in _lines_matching(path, _value_after_key(name)):
                 value = json.loads(line).get(name)
-                if value is not None:
-                    first.setdefault(isinstance(value, str), (number, value))
-            if len(first) == 2:
-                break
-    if len(first) < 2:
-        return f": column '{name}' mixes JSON strings and other JSON types; give the ids one type"
-    (text_line, text), (other_line, other) = first[True], first[False]
-    later = max(text_line, other_line)
-    return (
-        f"line {later}: column '{name}' mixes JSON strings with numbers or booleans (line "
-        f"{text_line} holds "
-        f"{json.dumps(text)}, line {other_line} holds {json.dumps(other)}); advcli would read "
-        "both as one id: give the ids one JSON type"
+                if value is not None and not isinstance(value, str):
+                    raise AdvcliError(f"{dataset.label(index)} {_mixed_ids(path, name, line)}")
+        if float_reward:
+            for line in _lines_matching(path, LONG_INTEGER):
+                too_large = _beyond_exact(json.loads(line).get(reward))
+                if too_large is not None:
+                    raise AdvcliError(
+                        f"{dataset.label(index)} line {_line_number(path, line)}: column "
+                        f"'{reward}' holds the integer {too_large}, beyond 2^53, which float64 "
+                        "cannot hold exactly; advcli would round it"
+                    )
+
+
+# An integer literal that may be beyond 2^53 (16 digits or more, no fraction or exponent).
+LONG_INTEGER = r"(^|[^\w.])-?\d{16,}([^\w.]|$)"
+
+
+def _value_after_key(name: str) -> str:
+    """``"name":`` followed by the first character of a value that is not a string or null."""
+    return re.escape(json.dumps(name, ensure_ascii=False)) + r"\s*:\s*[^\"\sn]"
+
+
+def _lines_matching(path: Path, pattern: str) -> Iterator[str]:
+    """The lines of a text file that match ``pattern``, found by Polars batch by batch (a NUL
+    byte, the separator, cannot occur in JSON text)."""
+    lines = pl.scan_csv(
+        path,
+        has_header=False,
+        separator="\x00",
+        quote_char=None,
+        new_columns=["line"],
+        schema={"line": pl.String},
     )
+    for batch in lines.filter(pl.col("line").str.contains(pattern)).collect_batches():
+        yield from batch["line"]
+
+
+def _line_number(path: Path, line: str) -> int:
+    """The 1-based number of the first line of ``path`` that is ``line`` (error path only)."""
+    with path.open(encoding="utf-8") as lines:
+        return next(n for n, text in enumerate(lines, start=1) if text.rstrip("\r\n") == line)
+
+
+def _beyond_exact(value: Any) -> int | None:
+    """An integer in ``value`` (a number or a list of them) that float64 cannot hold exactly."""
+    values = value if isinstance(value, list) else [value]
+    return next(
+        (
+            v
+            for v in values
+            if isinstance(v, int) and not isinstance(v, bool) and abs(v) > EXACT_INTEGER_LIMIT
+        ),
+        None,
+    )
+
+
+def _mixed_ids(path: Path, name: str, line: str) -> str:
+    """The message for an id column whose ``line`` holds a value other than a string, naming the
+    first line with a string."""
+    number, value = _line_number(path, line), json.loads(line)[name]
+    kind = {bool: "a boolean", list: "a list", dict: "an object"}.get(type(value), "a number")
+    with path.open(encoding="utf-8") as lines:
+        for text_line, text in enumerate(lines, start=1):
+            found = json.loads(text).get(name) if text.strip() else None
+            if isinstance(found, str):
+                return (
+                    f"line {number}: column '{name}' mixes JSON strings with other values (line "
+                    f"{text_line} holds {json.dumps(found)}, line {number} {kind}, "
+                    f"{json.dumps(value)}); advcli would read both as text: give the ids one "
+                    "JSON type"
+                )
+    return f"line {number}: column '{name}' mixes JSON strings with other values"
 
 
 def _check_schemas_agree(files: Sequence[str], schemas: Sequence[pl.Schema]) -> None:

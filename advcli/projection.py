@@ -14,8 +14,9 @@ import polars as pl
 
 from advcli.columns import ColumnRoles, is_enum, unused_name
 from advcli.errors import AdvcliError, first_line
-from advcli.inputs import Dataset, check_json_ids
+from advcli.inputs import Dataset, check_json_lines
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turn
+from advcli.rules import EXACT_INTEGER_LIMIT
 from advcli.scan import closing_sources
 
 
@@ -99,7 +100,7 @@ def key_projection(
     once, batch by batch, and reduced to these scalars on the way.
     """
     if dataset.input_format == "json":
-        check_json_ids(dataset, [columns.group, columns.trajectory])
+        check_json_lines(dataset, [columns.group, columns.trajectory], columns.reward)
     plan = KeyExpressions.of(dataset.schema, columns)
     row_number = unused_name(dataset.schema)
     try:
@@ -182,10 +183,6 @@ def _row_rules(
                 )
             )
     return rules
-
-
-# Integers beyond this are not all representable in float64, the type scores are summed in.
-EXACT_INTEGER_LIMIT = 2**53
 
 
 def _exactness_rules(schema: pl.Schema, columns: ColumnRoles) -> list[tuple[pl.Expr, str]]:

@@ -75,5 +75,8 @@ SINGLETON_STD = 1.0
 # advantages are exactly 0 — also with ε = 0, where 0 / 0 would otherwise be NaN.
 # Rows of one trajectory "carry the same score" when max − min ≤ 1e-6 · max(|max|, |min|).
 SCORE_TOLERANCE = 1e-6
+# Scores are float64, which holds every integer up to 2^53 and not all beyond: integer rewards
+# past it are refused, never rounded.
+EXACT_INTEGER_LIMIT = 2**53
 # REINFORCE++ whitening: the constant added to the token variance (as verl's masked_whiten).
 WHITEN_EPSILON = 1e-8

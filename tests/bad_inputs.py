@@ -462,13 +462,37 @@ CASES += [
     jsonl_case(
         "JSON ids mixing numbers and strings",
         f"{JSON_LINE}\n" + JSON_LINE.replace('"data_id": 0', '"data_id": "0"') + "\n",
-        "line 2: column 'data_id' mixes JSON strings with numbers or booleans",
-        'line 2 holds "0", line 1 holds 0',
+        "line 1: column 'data_id' mixes JSON strings with other values",
+        '(line 2 holds "0", line 1 a number, 0)',
     ),
     jsonl_case(
         "JSON trajectory ids mixing booleans and strings",
         f"{JSON_LINE}\n" + JSON_LINE.replace('"rollout_id": "a"', '"rollout_id": true') + "\n",
-        "line 2: column 'rollout_id' mixes JSON strings with numbers or booleans",
+        "line 2: column 'rollout_id' mixes JSON strings with other values",
+    ),
+    jsonl_case(
+        "JSON ids mixing lists and strings",
+        JSON_LINE.replace('"data_id": 0', '"data_id": [1]')
+        + "\n"
+        + JSON_LINE.replace('"data_id": 0', '"data_id": "[1]"')
+        + "\n",
+        "line 1: column 'data_id' mixes JSON strings with other values",
+        '(line 2 holds "[1]", line 1 a list, [1])',
+    ),
+    jsonl_case(
+        "JSON ids mixing objects and strings",
+        f"{JSON_LINE}\n".replace('"data_id": 0', '"data_id": "x"')
+        + JSON_LINE.replace('"data_id": 0', '"data_id": {"k": 1}')
+        + "\n",
+        "line 2: column 'data_id' mixes JSON strings with other values",
+        'line 2 an object, {"k": 1}',
+    ),
+    jsonl_case(
+        "JSON integer reward beyond 2^53 among floats",
+        f"{JSON_LINE}\n".replace('"score": 1.0', '"score": 0.5')
+        + JSON_LINE.replace('"score": 1.0', '"score": 9007199254740993').replace('"a"', '"b"')
+        + "\n",
+        "line 2: column 'score' holds the integer 9007199254740993, beyond 2^53",
     ),
     jsonl_case(
         "malformed JSON line",
