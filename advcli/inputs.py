@@ -226,7 +226,7 @@ def _read_header(path: Path, label: str, input_format: InputFormat) -> tuple[int
                     f"{label}: the Parquet footer counts {metadata.num_rows:,} rows but its row "
                     f"groups hold {in_groups:,}; the file is damaged"
                 )
-            _check_arrow_types(arrow_schema, label)
+            _check_arrow_types(arrow_schema, label, _UNSUPPORTED_FROM_PARQUET)
             # Not arrow_schema.empty_table(): that imports pandas (half a second) for nothing.
             empty = pa.Table.from_batches([], schema=arrow_schema)
             return metadata.num_rows, pl.DataFrame(empty).schema
@@ -266,9 +266,18 @@ _UNSUPPORTED_ARROW_TYPES = tuple(
 )
 
 
-def _check_arrow_types(schema: pa.Schema, label: str) -> None:
+# Decimals of 32 and 64 bits: Polars reads them from an Arrow IPC file, but panics on the arrays
+# Arrow's Parquet reader hands it.
+_UNSUPPORTED_FROM_PARQUET = tuple(
+    getattr(pa, name) for name in ("Decimal32Type", "Decimal64Type") if hasattr(pa, name)
+)
+
+
+def _check_arrow_types(
+    schema: pa.Schema, label: str, also: tuple[type[pa.DataType], ...] = ()
+) -> None:
     for column in schema:
-        bad = _unsupported_type(column.type)
+        bad = _unsupported_type(column.type, _UNSUPPORTED_ARROW_TYPES + also)
         if bad is not None:
             raise AdvcliError(
                 f"{label}: column '{column.name}' has the Arrow type {bad}, which advcli cannot "
@@ -276,9 +285,11 @@ def _check_arrow_types(schema: pa.Schema, label: str) -> None:
             )
 
 
-def _unsupported_type(dtype: pa.DataType) -> pa.DataType | None:
+def _unsupported_type(
+    dtype: pa.DataType, unsupported: tuple[type[pa.DataType], ...]
+) -> pa.DataType | None:
     """``dtype`` or the first type nested in it that Polars cannot hold, else None."""
-    if isinstance(dtype, _UNSUPPORTED_ARROW_TYPES) or pa.types.is_interval(dtype):
+    if isinstance(dtype, unsupported) or pa.types.is_interval(dtype):
         return dtype
     children: list[pa.DataType] = []
     if isinstance(dtype, (pa.ListType, pa.LargeListType, pa.FixedSizeListType)):
@@ -290,7 +301,7 @@ def _unsupported_type(dtype: pa.DataType) -> pa.DataType | None:
     elif isinstance(dtype, pa.DictionaryType):
         children = [dtype.value_type]
     for child in children:
-        found = _unsupported_type(child)
+        found = _unsupported_type(child, unsupported)
         if found is not None:
             return found
     return None

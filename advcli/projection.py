@@ -49,7 +49,9 @@ class KeyExpressions:
             else reward.cast(pl.Float64)
         )
         tokens = mask.list.sum() if columns.mask_kind == "mask" else mask
-        tokens = tokens.cast(pl.Int64)
+        # Not strict: a NaN or inf in a float mask becomes null here and is reported by the 0/1
+        # rule below, not as a failed cast.
+        tokens = tokens.cast(pl.Int64, strict=False)
 
         rules = _row_rules(schema, columns, score, tokens)
         # One small code per row (0 = fine, k = the k-th rule broken) instead of a column per

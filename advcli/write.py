@@ -52,6 +52,8 @@ def write_advantages(
     advantage = pl.lit(row_values["advantage"].cast(pl.Float32))
     row_number = unused_name(dataset.schema)
     arrays = output_format in ("npz", "pt")
+    if tokens and columns.mask_kind == "length" and not arrays:
+        _check_longest_row(dataset, columns, output)
     frame = output_rows(
         dataset.scan().with_row_index(row_number),
         columns,
@@ -168,6 +170,20 @@ def _write_arrays(
                 torch.save(tensors, handle)
         except RuntimeError as error:  # torch's writer reports a failed write so
             raise AdvcliError(f"{output_name}: cannot write ({first_line(error)})") from None
+
+
+def _check_longest_row(dataset: Dataset, columns: ColumnRoles, output: Path) -> None:
+    """Refuse a response length whose per-token list cannot fit in memory (it is made whole,
+    in float32, and copied on its way out), before any row is written."""
+    with closing_sources():
+        longest = dataset.scan().select(pl.col(columns.mask).max()).collect().item() or 0
+    needed, available = int(longest) * 4 * 3, available_memory()
+    if needed > available:
+        raise AdvcliError(
+            f"{output}: a row's {columns.mask} of {longest:,} tokens needs "
+            f"{needed / 2**30:,.1f} GiB of memory for its per-token advantages "
+            f"({available / 2**30:,.1f} GiB available); check the column, or pass --no-tokens"
+        )
 
 
 def _check_padding(rows: int, width: int, tokens: bool, output: Path) -> None:

@@ -9,6 +9,7 @@ case to disk, so the corpus can also be inspected by hand:
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import json
 import sys
 from collections.abc import Callable
@@ -435,6 +436,34 @@ CASES += [
         pa.array([[1], [2], [3], [4]], pa.list_view(pa.int32())),
         "list_view<element: int32>",
         parquet=True,
+    ),
+    arrow_case(
+        "decimal32 pass-through column in Parquet",
+        pa.array([decimal.Decimal("1.25")] * 4, pa.decimal32(5, 2)),
+        "decimal32(5, 2)",
+        parquet=True,
+    ),
+    frame_case(
+        "NaN in a float mask",
+        replace("response_mask", [[1.0, 1.0], [1.0, float("nan")], [1.0, 1.0], [1.0, 1.0]]),
+        "row 1",
+        "column 'response_mask' holds a value other than 0 and 1",
+    ),
+    # Only compute makes per-token lists; compare and inspect read the length as a number.
+    dataclasses.replace(
+        frame_case(
+            "response_length too long to hold in memory",
+            GOOD.drop("token_level_rewards", "response_mask").with_columns(
+                score=pl.Series([1.0, 1.0, 0.0, 0.5]),
+                response_length=pl.Series([2, 2, 2**40, 2]),
+            ),
+        ),
+        expected=(
+            "out.parquet: a row's response_length of 1,099,511,627,776 tokens needs 12,288.0 GiB "
+            "of memory for its per-token advantages (",
+            "GiB available); check the column, or pass --no-tokens",
+        ),
+        commands=("compute",),
     ),
     arrow_case(
         "run-end encoded pass-through column",
