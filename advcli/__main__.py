@@ -5,17 +5,11 @@ handler before anything heavy is imported, and a signal ends the run with one li
 128 + its number, whatever was running when it came.
 """
 
+import signal
 import sys
 
-from advcli.process import (
-    exit_status,
-    flush_stdout,
-    guard_standard_streams,
-    handle_signals,
-    received_signal,
-    signal_message,
-    tune_allocator,
-)
+from advcli.process import flush_stdout, guard_standard_streams, silence_stdout, tune_allocator
+from advcli.signals import exit_status, handle_signals, hold_signals_until_exit, signal_message
 
 
 def main() -> None:
@@ -23,6 +17,7 @@ def main() -> None:
     handle_signals()
     tune_allocator()
     code: str | int | None = 0
+    failed_write = None
     try:
         from advcli.cli import app
 
@@ -30,16 +25,27 @@ def main() -> None:
     except SystemExit as done:
         code = done.code
     except KeyboardInterrupt:  # before the command line could take it over
-        code = 130
-    failed_write = flush_stdout()
-    if failed_write is not None and code == 0:
-        sys.stderr.write(f"Error: standard output: cannot write ({failed_write})\n")
-        code = 1
-    signum = received_signal()
+        code = exit_status(signal.SIGINT)
+    except BrokenPipeError:  # help or version text into a closed pipe
+        silence_stdout()
+        code = exit_status(signal.SIGPIPE)
+    except OSError as error:  # help or version text onto a full disk
+        silence_stdout()  # what its buffer holds would fail again at exit
+        failed_write = error.strerror or type(error).__name__
+    # From here on no signal interrupts: the last flush and the interpreter's shutdown run
+    # Python code that a handler would cut short.
+    signum = hold_signals_until_exit()
+    failed_write = failed_write or flush_stdout()
+    if signum is None and code == exit_status(signal.SIGINT):
+        # A KeyboardInterrupt raised by a library (Polars has its own SIGINT handler).
+        signum = signal.SIGINT
     if signum is not None:
         # Also when a library swallowed the interrupt and the command ran on: never exit 0.
         sys.stderr.write(signal_message(signum) + "\n")
         code = exit_status(signum)
+    elif failed_write is not None and code == 0:
+        sys.stderr.write(f"Error: standard output: cannot write ({failed_write})\n")
+        code = 1
     sys.exit(code)
 
 

@@ -25,22 +25,18 @@ import hashlib
 import os
 import secrets
 import shutil
-import signal
 import socket
 import stat
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from advcli.errors import AdvcliError
+from advcli.signals import held
 
 PARTIAL_SUFFIX = ".advcli-partial"
 # The extended attribute that marks a partial as advcli's: "PID INODE".
 MARKER = "user.advcli.partial"
 STDOUT = "-"
-# Signals held back while a partial is created and named, so none can land between the two and
-# leave a partial no cleanup knows of.
-HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def check_output_path(output: Path, *, force: bool, folder_output: bool = False) -> None:
@@ -103,6 +99,10 @@ def atomic_output(
     """Yield a temporary path beside ``output`` (a new empty file, or with ``folder`` a new empty
     directory); publish it at ``output`` only if the block succeeds.
 
+    The temporary path lies inside a partial folder of advcli's own, which is removed whatever
+    happens: a writer thread that outlives an interrupted block (Polars finishes its tasks on its
+    own threads) cannot create the file again once its folder is gone.
+
     Without ``force`` an ``output`` that exists when the block ends is an error, not replaced.
     ``keep`` names files that the stale-partial cleanup must not touch (the run's inputs).
     """
@@ -110,38 +110,48 @@ def atomic_output(
     if not parent.is_dir():
         raise AdvcliError(f"{output}: the folder {parent} does not exist")
     _remove_stale_partials(output, keep)
-    with _held_signals():
-        try:
-            partial = _create_partial(output, folder)
-        except OSError as error:
-            raise AdvcliError(f"{output}: cannot write to {parent} ({_reason(error)})") from None
+    container: Path | None = None
     try:
+        # A signal held back here is delivered as the block ends, when the folder already has
+        # its name: inside this try, whose finally removes it.
+        with held():
+            try:
+                container = _create_container(output)
+            except OSError as error:
+                raise AdvcliError(
+                    f"{output}: cannot write to {parent} ({_reason(error)})"
+                ) from None
         with _as_write_error(output):
-            yield partial
-            _publish(partial, output, force=force, folder=folder)
-    finally:
-        _remove(partial)
-
-
-def _create_partial(output: Path, folder: bool) -> Path:
-    prefix = _partial_prefix(output)
-    # A name no user would pick: dot, output name, PID, random text, suffix.
-    while True:
-        partial = output.parent / f"{prefix}{os.getpid()}.{secrets.token_hex(4)}{PARTIAL_SUFFIX}"
-        try:
+            partial = container / "partial"
             if folder:
                 os.mkdir(partial)
             else:
                 os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            yield partial
+            _publish(partial, output, force=force, folder=folder)
+    finally:
+        if container is not None:
+            with held():
+                _discard(container)
+
+
+def _create_container(output: Path) -> Path:
+    """A new partial folder beside ``output``, marked as advcli's."""
+    prefix = _partial_prefix(output)
+    # A name no user would pick: dot, output name, hash, PID, random text, suffix.
+    while True:
+        container = output.parent / f"{prefix}{os.getpid()}.{secrets.token_hex(4)}{PARTIAL_SUFFIX}"
+        try:
+            os.mkdir(container)
             break
         except FileExistsError:
             continue
     with contextlib.suppress(OSError):
         # Where the filesystem has no user extended attributes the partial stays unmarked: a run
         # killed there leaves it behind, and no later run removes it.
-        marker = f"{os.getpid()} {os.stat(partial).st_ino} {_machine()}"
-        os.setxattr(partial, MARKER, marker.encode())
-    return partial
+        marker = f"{os.getpid()} {os.stat(container).st_ino} {_machine()}"
+        os.setxattr(container, MARKER, marker.encode())
+    return container
 
 
 def _partial_prefix(output: Path) -> str:
@@ -208,8 +218,9 @@ def _publish(partial: Path, output: Path, *, force: bool, folder: bool) -> None:
 def _replace_folder(partial: Path, output: Path) -> None:
     # The old folder stays whole until the new one is in place; a rename cannot replace a
     # non-empty directory, so the old one is moved aside first (no signal between the two).
-    retired = partial.with_name(partial.name + ".old")
-    with _held_signals():
+    # Beside the partial folder, not in it: that folder is removed whole at the end.
+    retired = partial.parent.with_name(partial.parent.name + ".old")
+    with held():
         os.rename(output, retired)
         os.rename(partial, output)
     # Only advcli's own part files go: anything else that appeared in the old folder meanwhile
@@ -267,6 +278,19 @@ def _libc() -> ctypes.CDLL:
     return _LIBC
 
 
+def _discard(container: Path) -> None:
+    """Remove a partial folder. It is renamed first: a writer thread that still holds its old
+    path can then create nothing in it while it is being emptied (a file appearing there would
+    leave the folder behind)."""
+    stem = container.name.removesuffix(PARTIAL_SUFFIX)
+    trash = container.with_name(f"{stem}.gone{PARTIAL_SUFFIX}")
+    try:
+        os.rename(container, trash)
+    except OSError:
+        trash = container
+    _remove(trash)
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -320,17 +344,3 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:  # alive, but another user's
         return True
     return True
-
-
-@contextlib.contextmanager
-def _held_signals() -> Iterator[None]:
-    """Hold Ctrl-C and termination signals back for the block (main thread only: signals are
-    delivered there); one that arrived meanwhile is handled when the block ends."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

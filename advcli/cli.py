@@ -23,7 +23,6 @@ import advcli
 from advcli.errors import AdvcliError, UsageError
 from advcli.process import (
     StdoutText,
-    exit_status,
     require_stdout,
     silence_stdout,
     use_threads,
@@ -40,6 +39,7 @@ from advcli.settings import (
     Singleton,
     TrajScore,
 )
+from advcli.signals import exit_status
 
 if TYPE_CHECKING:
     from advcli.pipeline import ComputeSummary
@@ -55,9 +55,17 @@ app = typer.Typer(
 stderr = Console(stderr=True, highlight=False)
 
 
+class _StdoutConsole(Console):
+    """A console whose reader going away ends the command quietly (exit 141), as ``-o -`` and
+    ``--json -`` do; rich would exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError
+
+
 def stdout() -> Console:
     """The console for reports on standard output; every byte is written or the run fails."""
-    return Console(file=StdoutText(), highlight=False)  # type: ignore[arg-type]
+    return _StdoutConsole(file=StdoutText(), highlight=False)  # type: ignore[arg-type]
 
 
 F = TypeVar("F", bound=Callable[..., Any])

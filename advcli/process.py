@@ -1,4 +1,5 @@
-"""What the process meets at its edges: closed standard streams, broken pipes, and signals.
+"""What the process meets at its edges: closed standard streams, broken pipes, threads and
+memory (signals: :mod:`advcli.signals`).
 
 A process may start with standard input, output or error closed (``advcli … >&-``). The next file
 it opens would then take that descriptor, and anything written to "standard output" — by advcli,
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -122,51 +122,6 @@ def silence_stdout() -> None:
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.close(null)
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C or a termination signal. A KeyboardInterrupt, so that every ``finally`` and context
-    manager on the way up (a partial file's removal among them) runs as it does for Ctrl-C."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-# The first signal received, even if some library swallowed the exception it raised.
-_RECEIVED: list[int] = []
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _raise_interrupted(signum: int, frame: object) -> None:
-    _RECEIVED.append(signum)
-    # Only the first signal interrupts: a second Ctrl-C must not cut the cleanup of the first.
-    if len(_RECEIVED) == 1:
-        raise Interrupted(signum)
-
-
-def handle_signals() -> None:
-    """Ctrl-C, SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread (SIGTERM would
-    otherwise end the process on the spot and leave its partial file behind)."""
-    for signum in HANDLED_SIGNALS:
-        if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's choice stands
-            signal.signal(signum, _raise_interrupted)
-
-
-def received_signal() -> int | None:
-    """The first signal :func:`handle_signals` caught, if any."""
-    return _RECEIVED[0] if _RECEIVED else None
-
-
-def signal_message(signum: int) -> str:
-    """The one line a run ended by a signal prints."""
-    what = "Interrupted" if signum == signal.SIGINT else "Terminated"
-    return f"{what}; no partial output was left behind."
-
-
-def exit_status(signum: int) -> int:
-    """128 + the signal number, as a shell reports a process the signal ended."""
-    return 128 + signum
 
 
 def available_memory() -> int:

@@ -114,13 +114,17 @@ def run_advcli(
     preexec: Preexec | None = None,
     stdin: int | None = subprocess.DEVNULL,
     stdout_file: Path | None = None,
+    stdout_fd: int | None = None,
     timeout: float = 120,
 ) -> Run:
-    """Run advcli to the end; with ``stdout_file``, its stdout is that regular file."""
+    """Run advcli to the end; with ``stdout_file``, its stdout is that regular file; with
+    ``stdout_fd``, that descriptor."""
     with contextlib.ExitStack() as stack:
         stdout = (
             stack.enter_context(stdout_file.open("wb"))
             if stdout_file is not None
+            else stdout_fd
+            if stdout_fd is not None
             else subprocess.PIPE
         )
         finished = subprocess.run(
@@ -133,7 +137,9 @@ def run_advcli(
             stderr=subprocess.PIPE,
             timeout=timeout,
         )
-    out = text(stdout_file.read_bytes()) if stdout_file is not None else text(finished.stdout)
+    out = (
+        text(stdout_file.read_bytes()) if stdout_file is not None else text(finished.stdout or b"")
+    )
     return Run([str(a) for a in args], finished.returncode, out, text(finished.stderr))
 
 
@@ -696,3 +702,80 @@ def test_sigint_is_never_swallowed(attempt, big_dump, big_run_seconds, mplconfig
     when = f"SIGINT at {moment:.3f} s of a {big_run_seconds:.2f} s run"
     assert sent, f"advcli finished before the {when}{result}"
     assert result.returncode == 130, f"exit code is not 130 after a {when}{result}"
+
+
+def ignoring_sigint() -> None:
+    """In the child: SIGINT ignored, as for a background job or under ``nohup``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+def test_a_sigint_the_parent_ignores_stays_ignored(big_dump, mplconfig, tmp_path):
+    out, tmp = folders(tmp_path)
+    args, popen = start_compute(big_dump, out, tmp, mplconfig)
+    with spawned(args, preexec_fn=ignoring_sigint, **popen) as process:
+        wait_for_partial(process, out / "out.parquet")
+        process.send_signal(signal.SIGINT)
+        result = finish(process, args)
+
+    assert result.returncode == 0, f"the ignored SIGINT stopped the run{result}"
+    assert "Interrupted" not in result.stderr, f"the run says it was interrupted{result}"
+    assert pl.read_parquet(out / "out.parquet").height == pl.read_parquet(big_dump).height
+
+
+@pytest.mark.parametrize("command", ["inspect", "compare"])
+def test_a_terminal_report_into_a_closed_pipe_ends_quietly(command, medium_dump, tmp_path):
+    out, tmp = folders(tmp_path)
+    reader, writer = os.pipe()
+    os.close(reader)  # nobody will read: the first write breaks the pipe
+    try:
+        result = run_advcli(
+            [command, medium_dump],
+            cwd=out,
+            env=child_env(tmp, tmp),
+            stdin=subprocess.DEVNULL,
+            stdout_fd=writer,
+        )
+    finally:
+        os.close(writer)
+    assert result.stderr == "", f"stderr is not empty{result}"
+    assert result.returncode in (141, -signal.SIGPIPE), f"exit code is not 141{result}"
+
+
+@pytest.mark.parametrize("option", ["--help", "--version"])
+def test_help_onto_a_full_device_is_one_error_line(option, tmp_path):
+    _, tmp = folders(tmp_path)
+    with open("/dev/full", "wb") as full:
+        finished = subprocess.run(
+            advcli_args([option]), stdout=full, stderr=subprocess.PIPE, env=child_env(tmp, tmp)
+        )
+    assert finished.returncode == 1
+    assert text(finished.stderr) == (
+        "Error: standard output: cannot write (No space left on device)\n"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_shutdown_is_one_line_or_nothing(signum, medium_dump, mplconfig, tmp_path):
+    """Signals sent as the output is published, while the process shuts down: never a
+    traceback, never a silent death by the signal; either one line and 128 + N, or (when it came
+    after advcli's last look) a plain exit 0 with the complete output."""
+    for attempt in range(5):
+        (tmp_path / str(attempt)).mkdir()
+        out, tmp = folders(tmp_path / str(attempt))
+        output = out / "out.parquet"
+        args = ["compute", medium_dump, "-o", output, "-q", "--format", "pt"]
+        popen = {"cwd": out, "env": child_env(tmp, mplconfig), "stdout": subprocess.PIPE}
+        with spawned(args, stderr=subprocess.PIPE, **popen) as process:
+            while not output.exists() and process.poll() is None:
+                time.sleep(0.0002)
+            process.send_signal(signum)
+            result = finish(process, args)
+        assert_no_crash(result)
+        assert "Exception ignored" not in result.stderr, f"a shutdown traceback{result}"
+        if result.returncode == 0:
+            assert result.stderr == "", f"exit 0 with a message{result}"
+        else:
+            assert result.returncode == 128 + signum, f"not 128 + N{result}"
+            assert len(result.stderr.splitlines()) == 1, f"not one line{result}"

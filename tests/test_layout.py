@@ -44,5 +44,5 @@ def test_imports_point_down_the_flow():
             assert "cli" not in imported, f"{name} imports the command line"
         if name in PURE:
             assert not (imported & IO), f"{name} (pure) imports I/O: {imported & IO}"
-    assert imports["atomic"] <= {"errors"}
+    assert imports["atomic"] <= {"errors", "signals"}
     assert imports["rules"] == set()

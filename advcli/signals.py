@@ -1,0 +1,100 @@
+"""Signals: Ctrl-C, SIGTERM and SIGHUP end a run the way Ctrl-C does, with one line and exit code
+128 + N, and a block of code can hold them back.
+
+Python runs a signal's handler in the main thread, but the signal itself may reach any thread
+(Polars and Arrow run their own), so masking it in the main thread alone does not hold it back.
+:func:`held` holds it in the handler instead: inside the block a signal is recorded, and raised
+when the block ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or a termination signal. A KeyboardInterrupt, so that every ``finally`` and context
+    manager on the way up (a partial file's removal among them) runs as it does for Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# The first signal received, even if some library swallowed the exception it raised.
+_RECEIVED: list[int] = []
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+# Open :func:`held` blocks; a signal received inside them waits for the outermost to end.
+_HOLDING: list[bool] = []
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    _RECEIVED.append(signum)
+    # Only the first signal interrupts: a second Ctrl-C must not cut the cleanup of the first.
+    if len(_RECEIVED) == 1 and not _HOLDING:
+        raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Hold Ctrl-C and termination signals back for the block; the first one that arrived
+    meanwhile is raised when the (outermost) block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = len(_RECEIVED)
+    _HOLDING.append(True)
+    try:
+        yield
+    finally:
+        _HOLDING.pop()
+    if not _HOLDING and before == 0 and _RECEIVED:
+        raise Interrupted(_RECEIVED[0])
+
+
+def handle_signals() -> None:
+    """Ctrl-C, SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread (SIGTERM would
+    otherwise end the process on the spot and leave its partial file behind). A signal the
+    parent ignores (``nohup``, a background job) stays ignored."""
+    ignored = [signum for signum in HANDLED_SIGNALS if signal.getsignal(signum) is signal.SIG_IGN]
+    for signum in HANDLED_SIGNALS:
+        if signum not in ignored:
+            signal.signal(signum, _raise_interrupted)
+    if signal.SIGINT in ignored:
+        # Polars catches SIGINT itself when it loads, whatever the process had chosen; load it
+        # now and ignore SIGINT again after it.
+        import polars  # noqa: F401
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def hold_signals_until_exit() -> int | None:
+    """Block the handled signals for the rest of the process (its shutdown runs Python code that
+    a handler would interrupt) and return the first one received, or pending, if any."""
+    _HOLDING.append(True)  # for good: no handler raises from here on
+    signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
+    pending = sorted(signal.sigpending() & set(HANDLED_SIGNALS))
+    if received_signal() is None and pending:
+        _RECEIVED.append(pending[0])
+    return received_signal()
+
+
+def received_signal() -> int | None:
+    """The first signal :func:`handle_signals` caught, if any."""
+    return _RECEIVED[0] if _RECEIVED else None
+
+
+def signal_message(signum: int) -> str:
+    """The one line a run ended by a signal prints."""
+    what = "Interrupted" if signum == signal.SIGINT else "Terminated"
+    return f"{what}; no partial output was left behind."
+
+
+def exit_status(signum: int) -> int:
+    """128 + the signal number, as a shell reports a process the signal ended."""
+    return 128 + signum
