@@ -14,11 +14,13 @@ from advcli.signals import exit_status, handle_signals, hold_signals_until_exit,
 
 def main() -> None:
     guard_standard_streams()
-    handle_signals()
-    tune_allocator()
     code: str | int | None = 0
     failed_write = None
     try:
+        # Inside the try: a Ctrl-C that comes once the handler is in place, while the rest of
+        # this sets up, ends like any other.
+        handle_signals()
+        tune_allocator()
         from advcli.cli import app
 
         app(prog_name="advcli")

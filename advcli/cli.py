@@ -39,7 +39,7 @@ from advcli.settings import (
     Singleton,
     TrajScore,
 )
-from advcli.signals import exit_status
+from advcli.signals import exit_status, held
 
 if TYPE_CHECKING:
     from advcli.pipeline import ComputeSummary
@@ -297,7 +297,8 @@ def compute_command(
         singleton=singleton,
     )
     use_threads(threads)
-    from advcli.pipeline import compute
+    with held():  # Polars panics when a Ctrl-C lands inside its import
+        from advcli.pipeline import compute
 
     with _stage_progress(not quiet) as on_stage:
         summary = compute(
@@ -398,7 +399,8 @@ def compare_command(
     elif not quiet:
         require_stdout("the report (pass --quiet)")
     use_threads(threads)
-    from advcli.pipeline import ReportFiles, compare
+    with held():  # Polars panics when a Ctrl-C lands inside its import
+        from advcli.pipeline import ReportFiles, compare
     from advcli.render import render_json, render_terminal
 
     report = compare(
@@ -450,7 +452,8 @@ def inspect_command(
     """
     require_stdout("the inspection")
     use_threads(threads)
-    from advcli.pipeline import inspect
+    with held():  # Polars panics when a Ctrl-C lands inside its import
+        from advcli.pipeline import inspect
 
     summary = inspect(
         inputs or [], ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col)

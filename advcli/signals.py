@@ -9,7 +9,9 @@ when the block ends.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -33,11 +35,31 @@ HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _HOLDING: list[bool] = []
 
 
+# Whether the interrupt was raised: only once, so a second Ctrl-C cannot cut the cleanup of the
+# first.
+_RAISED: list[bool] = []
+
+
 def _raise_interrupted(signum: int, frame: object) -> None:
-    _RECEIVED.append(signum)
-    # Only the first signal interrupts: a second Ctrl-C must not cut the cleanup of the first.
-    if len(_RECEIVED) == 1 and not _HOLDING:
-        raise Interrupted(signum)
+    if signum not in _RECEIVED[:1]:
+        _RECEIVED.append(signum)
+    if not _RAISED and not _HOLDING:
+        _RAISED.append(True)
+        raise Interrupted(_RECEIVED[0])
+
+
+def _forward_termination(signals: list[int], sigint_ignored: bool) -> None:
+    """Wait for SIGTERM/SIGHUP and pass each on as a SIGINT: Polars cancels a running query on
+    SIGINT only, so a termination signal would otherwise wait until the query ends (seconds).
+    The signal received first still names the exit (143 for SIGTERM)."""
+    while True:
+        signum = signal.sigwait(signals)
+        if not _RECEIVED:
+            _RECEIVED.append(signum)
+        if sigint_ignored:
+            _thread.interrupt_main(signal.Signals(signum))
+        else:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 @contextlib.contextmanager
@@ -47,13 +69,13 @@ def held() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = len(_RECEIVED)
     _HOLDING.append(True)
     try:
         yield
     finally:
         _HOLDING.pop()
-    if not _HOLDING and before == 0 and _RECEIVED:
+    if not _HOLDING and _RECEIVED and not _RAISED:
+        _RAISED.append(True)
         raise Interrupted(_RECEIVED[0])
 
 
@@ -65,6 +87,17 @@ def handle_signals() -> None:
     for signum in HANDLED_SIGNALS:
         if signum not in ignored:
             signal.signal(signum, _raise_interrupted)
+    termination = [s for s in (signal.SIGTERM, signal.SIGHUP) if s not in ignored]
+    if termination:
+        # Blocked here, before Polars and Arrow start their threads (which inherit the mask), so
+        # that only the forwarding thread receives them.
+        signal.pthread_sigmask(signal.SIG_BLOCK, termination)
+        threading.Thread(
+            target=_forward_termination,
+            args=(termination, signal.SIGINT in ignored),
+            name="advcli-signals",
+            daemon=True,
+        ).start()
     if signal.SIGINT in ignored:
         # Polars catches SIGINT itself when it loads, whatever the process had chosen; load it
         # now and ignore SIGINT again after it.

@@ -23,6 +23,7 @@ from advcli.keys import ROW, SCORE
 from advcli.process import available_memory, require_stdout
 from advcli.scan import closing_sources
 from advcli.settings import OutputFormat
+from advcli.signals import held
 
 
 def write_advantages(
@@ -160,7 +161,8 @@ def _write_arrays(
         with partial.open("wb") as handle:
             np.savez(handle, **arrays)
     else:
-        import torch
+        with held():  # a Ctrl-C inside torch's import would fail it half-way
+            import torch
 
         tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
         try:
