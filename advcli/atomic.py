@@ -262,8 +262,9 @@ def _rename_no_replace(source: Path, target: Path, folder: bool) -> None:
     except OSError:
         # No hard links here either (FAT, some network filesystems): claim the name with an
         # exclusive create first, then move the result over our own placeholder.
-        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        os.replace(source, target)
+        with held():  # not between the two: the placeholder would be left empty
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            os.replace(source, target)
         return
     source.unlink()
 

@@ -125,15 +125,47 @@ def silence_stdout() -> None:
 
 
 def available_memory() -> int:
-    """Bytes of memory this machine has free now (MemAvailable where Linux tells it)."""
+    """Bytes of memory this process can still use: what the machine has free (MemAvailable where
+    Linux tells it), or less under a cgroup's limit (a container's)."""
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    free = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return min(free, _cgroup_room())
+
+
+def _cgroup_room() -> int:
+    """What the process's memory cgroup limit leaves (limit − usage; v2 and v1), unbounded
+    without one."""
+    unbounded = 1 << 62
+    try:
+        with open("/proc/self/cgroup", encoding="ascii") as cgroups:
+            lines = [line.strip().split(":", 2) for line in cgroups if line.strip()]
+    except OSError:
+        return unbounded
+    candidates = []
+    for _, controllers, path in lines:
+        if controllers == "":  # v2: one unified hierarchy
+            candidates.append((f"/sys/fs/cgroup{path}", "memory.max", "memory.current"))
+        elif "memory" in controllers.split(","):
+            folder = f"/sys/fs/cgroup/memory{path}"
+            candidates.append((folder, "memory.limit_in_bytes", "memory.usage_in_bytes"))
+    room = unbounded
+    for folder, limit_name, usage_name in candidates:
+        try:
+            with open(f"{folder}/{limit_name}", encoding="ascii") as limit:
+                text = limit.read().strip()
+            with open(f"{folder}/{usage_name}", encoding="ascii") as usage:
+                used = int(usage.read())
+            if text != "max":
+                room = min(room, max(0, int(text) - used))
+        except (OSError, ValueError):
+            continue
+    return room
 
 
 def flush_stdout() -> str | None:

@@ -78,9 +78,7 @@ def write_advantages(
                 else:
                     _write_arrow_stream(frame, partial)
         except pl.exceptions.PolarsError as error:
-            raise AdvcliError(
-                f"{dataset.describe()}: cannot write {output} ({first_line(error)})"
-            ) from None
+            raise AdvcliError(f"{output}: cannot write ({first_line(error)})") from None
 
 
 Rows = TypeVar("Rows", pl.DataFrame, pl.LazyFrame)
