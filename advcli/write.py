@@ -147,8 +147,9 @@ def _write_arrays(
     collected = frame.select(mask.alias("response_mask"), pl.col("advantage")).collect(
         engine="streaming"
     )
-    width = collected["response_mask"].list.len().max()
-    _check_padding(collected.height, int(width or 0), tokens, output_name)  # type: ignore[arg-type]
+    if columns.mask_kind == "mask":  # a length column was checked above
+        width = collected["response_mask"].list.len().max()
+        _check_padding(collected.height, int(width or 0), tokens, output_name)  # type: ignore[arg-type]
     response_mask = padded(collected["response_mask"])
     # Writable: torch refuses (with a warning) to wrap memory it may not write.
     advantage = collected["advantage"].to_numpy(writable=True)
