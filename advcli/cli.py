@@ -127,31 +127,38 @@ Inputs = Annotated[
         show_default=False,
     ),
 ]
+DIALECT_DEFAULT = "[default: the trainer's name for it: see the README's 'Trainers' table]"
 GroupCol = Annotated[
-    str | None, typer.Option("--group-col", help="Group column [default: data_id, else uid].")
+    str | None, typer.Option("--group-col", help=f"Group column {DIALECT_DEFAULT}.")
+]
+GroupSize = Annotated[
+    int | None,
+    typer.Option(
+        "--group-size",
+        min=1,
+        help="For dumps with no group id (TRL, OpenRLHF): each block of this many consecutive "
+        "rows is a group.",
+    ),
 ]
 TrajCol = Annotated[
-    str | None,
-    typer.Option("--traj-col", help="Trajectory column [default: rollout_id, else traj_uid]."),
+    str | None, typer.Option("--traj-col", help=f"Trajectory column {DIALECT_DEFAULT}.")
 ]
 TurnCol = Annotated[
     str | None,
-    typer.Option("--turn-col", help="Turn-order column [default: turn_index if present]."),
+    typer.Option("--turn-col", help=f"Turn-order column {DIALECT_DEFAULT}."),
 ]
 RewardCol = Annotated[
     str | None,
     typer.Option(
         "--reward-col",
-        help="Reward column: a list of token rewards (summed) or a scalar "
-        "[default: token_level_rewards, else score, else reward].",
+        help=f"Reward column: a list of token rewards (summed) or a scalar {DIALECT_DEFAULT}.",
     ),
 ]
 MaskCol = Annotated[
     str | None,
     typer.Option(
         "--mask-col",
-        help="Response mask (list of 0/1) or response length (int) "
-        "[default: response_mask, else response_length].",
+        help=f"Response mask (list of 0/1) or response length (int) {DIALECT_DEFAULT}.",
     ),
 ]
 LevelOpt = Annotated[
@@ -260,6 +267,7 @@ def compute_command(
     scale: ScaleOpt = None,
     singleton: SingletonOpt = DEFAULTS.singleton,
     group_col: GroupCol = None,
+    group_size: GroupSize = None,
     traj_col: TrajCol = None,
     turn_col: TurnCol = None,
     reward_col: RewardCol = None,
@@ -305,7 +313,7 @@ def compute_command(
             inputs or [],
             output,
             config,
-            names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),
+            names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col, group_size),
             output_format=output_format,
             tokens=not no_tokens,
             force=force,
@@ -353,6 +361,7 @@ def compare_command(
     scale: ScaleOpt = None,
     singleton: SingletonOpt = DEFAULTS.singleton,
     group_col: GroupCol = None,
+    group_size: GroupSize = None,
     traj_col: TrajCol = None,
     turn_col: TurnCol = None,
     reward_col: RewardCol = None,
@@ -406,7 +415,7 @@ def compare_command(
     report = compare(
         inputs or [],
         config,
-        names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col),
+        names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col, group_size),
         top=top,
         files=ReportFiles(
             json=None if json_path is None or json_to_stdout else Path(json_path),
@@ -437,6 +446,7 @@ def compare_command(
 def inspect_command(
     inputs: Inputs = None,
     group_col: GroupCol = None,
+    group_size: GroupSize = None,
     traj_col: TrajCol = None,
     turn_col: TurnCol = None,
     reward_col: RewardCol = None,
@@ -456,7 +466,7 @@ def inspect_command(
         from advcli.pipeline import inspect
 
     summary = inspect(
-        inputs or [], ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col)
+        inputs or [], ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col, group_size)
     )
     if json_output:
         write_stdout_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", "the JSON")

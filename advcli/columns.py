@@ -3,40 +3,145 @@ mask), by the names trainers use, and the columns ``compute`` adds to its output
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import polars as pl
 from polars.datatypes import DataTypeClass
 
-from advcli.errors import AdvcliError
+from advcli.errors import AdvcliError, UsageError
 
 # ColumnRoles that compute adds to its output.
 OUTPUT_COLUMNS = ("score", "advantage", "advantages")
 
-# Default column names, in order of preference (verl / verl-agent names as fallbacks).
-GROUP_CANDIDATES = ("data_id", "uid")
-TRAJECTORY_CANDIDATES = ("rollout_id", "traj_uid")
-TURN_CANDIDATES = ("turn_index",)
-REWARD_CANDIDATES = ("token_level_rewards", "score", "reward")
-MASK_CANDIDATES = ("response_mask", "response_length")
+VERL_REWARDS = ("token_level_rewards", "token_level_scores")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One trainer's names for the roles, as its batch holds them.
+
+    A dump speaks a dialect when it has every column of ``signature``. Each role lists the
+    trainer's names for it; an empty ``trajectory`` means each row is a whole trajectory (the
+    trainer keeps a multi-turn episode in one row), an empty ``group`` that the groups are
+    contiguous blocks of rows (``--group-size``).
+    """
+
+    trainer: str
+    signature: tuple[str, ...]
+    group: tuple[str, ...]
+    trajectory: tuple[str, ...]
+    turn: tuple[str, ...] = ()
+    reward: tuple[str, ...] = VERL_REWARDS
+    mask: tuple[str, ...] = ("response_mask",)
+    # advcli's names that mean something else in this trainer's batch, never read for a role.
+    not_read: tuple[str, ...] = ()
+
+    def names(self, role: Role) -> tuple[str, ...]:
+        return tuple(getattr(self, role))
+
+
+# The trainers' dialects, in the README's order. The most specific dialect a dump speaks (the
+# one whose signature holds every other matching signature) decides; two that neither contains
+# are an error, so no order here is ever a tie-break.
+ADVCLI = Dialect(
+    "advcli",
+    ("data_id", "rollout_id"),
+    group=("data_id",),
+    trajectory=("rollout_id",),
+    turn=("turn_index",),
+    reward=("token_level_rewards", "score", "reward"),
+    mask=("response_mask", "response_length"),
+)
+DIALECTS = (
+    ADVCLI,
+    Dialect(
+        "agent-lightning",
+        ("data_id_list", "rollout_id_list"),
+        group=("data_id_list",),
+        trajectory=("rollout_id_list",),
+        turn=("turn_index_list",),
+    ),
+    Dialect("verl-agent", ("uid", "traj_uid"), group=("uid",), trajectory=("traj_uid",)),
+    Dialect("verl (v1 multi-trajectory)", ("uid", "session_id"), ("uid",), ("session_id",)),
+    Dialect("verl", ("uid",), group=("uid",), trajectory=()),
+    Dialect(
+        "SkyRL",
+        ("uids", "trajectory_ids"),
+        group=("uids",),
+        trajectory=("trajectory_ids",),
+        reward=("rewards",),
+        mask=("loss_mask",),
+        # SkyRL's response_mask covers every response token; its loss mask is loss_mask.
+        not_read=("response_mask",),
+    ),
+    Dialect(
+        "rLLM",
+        ("episode_ids", "trajectory_ids"),
+        group=("trajectory_ids",),
+        trajectory=("episode_ids",),
+        reward=("traj_rewards",),
+    ),
+    Dialect("rLLM (AgentPPOTrainer)", ("uid", "idxs"), group=("uid",), trajectory=("idxs",)),
+    Dialect(
+        "OpenRLHF",
+        ("action_mask",),
+        group=(),
+        trajectory=(),
+        reward=("rewards",),
+        mask=("action_mask",),
+    ),
+    Dialect(
+        "TRL",
+        ("completion_mask",),
+        group=(),
+        trajectory=(),
+        reward=("rewards",),
+        mask=("completion_mask",),
+    ),
+)
+
+# Where a trainer makes one column from another, both may be in its batch; the derived one is
+# what its estimators read. verl: token_level_rewards = token_level_scores - the KL penalty.
+DERIVED_FROM = {"token_level_rewards": "token_level_scores"}
 
 RewardKind = Literal["token_rewards", "scalar"]
 MaskKind = Literal["mask", "length"]
+Role = Literal["group", "trajectory", "turn", "reward", "mask"]
+ROLES: tuple[Role, ...] = ("group", "trajectory", "turn", "reward", "mask")
+
+OPTIONS: dict[Role, str] = {
+    "group": "--group-col",
+    "trajectory": "--traj-col",
+    "turn": "--turn-col",
+    "reward": "--reward-col",
+    "mask": "--mask-col",
+}
 
 
 @dataclass(frozen=True)
 class ColumnRoles:
-    """Which input column plays which role."""
+    """Which input column plays which role.
 
-    group: str
-    trajectory: str
+    ``group`` is None when the groups are blocks of ``group_size`` consecutive rows, and
+    ``trajectory`` None when each row is a whole trajectory; the row number stands in for it.
+    ``mask`` is None for a dump without a mask column, read where no per-token output is made;
+    the token counts are then unknown. ``reward_width`` / ``mask_width`` are the widths of
+    fixed-size array columns (a padded ``(batch, length)`` tensor), None for lists and scalars.
+    """
+
+    group: str | None
+    trajectory: str | None
     turn: str | None
     reward: str
     reward_kind: RewardKind
-    mask: str
-    mask_kind: MaskKind
+    mask: str | None
+    mask_kind: MaskKind | None
+    reward_width: int | None = None
+    mask_width: int | None = None
+    group_size: int | None = None
     # Why each role went to its column, for `advcli inspect`.
     reasons: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -50,6 +155,20 @@ class ColumnRoles:
             "mask": self.mask,
         }
 
+    def reward_list(self) -> pl.Expr:
+        """The token rewards as a list expression (a fixed-size array read as a list)."""
+        return _as_list(self.reward, self.reward_width)
+
+    def mask_list(self) -> pl.Expr:
+        """The 0/1 mask as a list expression (a fixed-size array read as a list)."""
+        if self.mask is None or self.mask_kind != "mask":
+            raise ValueError("the dump has no 0/1 mask column")
+        return _as_list(self.mask, self.mask_width)
+
+
+def _as_list(name: str, width: int | None) -> pl.Expr:
+    return pl.col(name).arr.to_list() if width is not None else pl.col(name)
+
 
 def resolve_columns(
     schema: pl.Schema,
@@ -60,32 +179,47 @@ def resolve_columns(
     turn: str | None = None,
     reward: str | None = None,
     mask: str | None = None,
+    group_size: int | None = None,
+    mask_needed_for: str | None = "the per-token output needs one",
 ) -> ColumnRoles:
-    """Pick the column for each role (the option's name, else the first default that exists)
-    and check its type."""
+    """Pick the column for each role and check its type.
+
+    A role goes to the column its option names, else to the one name of :data:`VOCABULARY`
+    that the file has; two such names are an error naming both (never a silent pick). The mask
+    may be missing when ``mask_needed_for`` is None (nothing asks for token counts); otherwise
+    that phrase says, in the error, what needs it ("… needs one").
+    """
     reasons: dict[str, str] = {}
-    group_col = _pick(schema, where, "group", group, GROUP_CANDIDATES, "--group-col", reasons)
-    trajectory_col = _pick(
-        schema, where, "trajectory", trajectory, TRAJECTORY_CANDIDATES, "--traj-col", reasons
-    )
-    if turn is not None and turn not in schema:
-        raise AdvcliError(f"{where}: column '{turn}' (--turn-col) not found")
-    turn_col = turn if turn is not None else next((c for c in TURN_CANDIDATES if c in schema), None)
-    reasons["turn"] = (
-        "named by --turn-col"
-        if turn is not None
-        else "the default name"
-        if turn_col is not None
-        else "no 'turn_index' column: turns are ordered by input order"
-    )
-    # In an advcli output (a re-run) 'score' is advcli's own column, so it is tried last.
-    reward_candidates = (
-        ("token_level_rewards", "reward", "score") if "advantage" in schema else REWARD_CANDIDATES
-    )
-    reward_col = _pick(schema, where, "reward", reward, reward_candidates, "--reward-col", reasons)
-    mask_col = _pick(schema, where, "mask", mask, MASK_CANDIDATES, "--mask-col", reasons)
+    pick = _Picker(schema, where, reasons)
+    if group_size is not None:
+        if group is not None:
+            raise UsageError("--group-size and --group-col exclude each other: give one")
+        group_col = None
+        reasons["group"] = f"--group-size {group_size}: each block of {group_size} rows is a group"
+    else:
+        group_col = pick("group", group)
+        if group_col is None:
+            trainer = pick.dialect.trainer if pick.dialect is not None else "the"
+            raise AdvcliError(
+                f"{where}: {trainer}'s dumps hold no group id: a prompt's rollouts are "
+                "consecutive rows; pass --group-size N (the rollouts per prompt)"
+            )
+    trajectory_col = pick("trajectory", trajectory)
+    if trajectory_col is None:
+        trainer = pick.dialect.trainer if pick.dialect is not None else "the"
+        reasons["trajectory"] = (
+            f"{trainer}'s dumps keep a whole trajectory in one row: each row is a trajectory"
+        )
+    turn_col = pick("turn", turn, required=None)
+    reward_col = pick("reward", reward)
+    mask_col = pick("mask", mask, required=mask_needed_for)
+    assert reward_col is not None
+    if turn_col is None:
+        reasons["turn"] = "no turn index column: turns are ordered by input order"
 
     for role, name in (("group", group_col), ("trajectory", trajectory_col)):
+        if name is None:
+            continue
         dtype = schema[name]
         if not (dtype.is_integer() or dtype in (pl.String, pl.Categorical) or is_enum(dtype)):
             raise AdvcliError(
@@ -100,29 +234,31 @@ def resolve_columns(
 
     reward_dtype = schema[reward_col]
     reward_kind: RewardKind
+    reward_inner, reward_width = sequence_of(reward_dtype)
     if _is_numeric(reward_dtype):
         reward_kind = "scalar"
-    elif isinstance(reward_dtype, pl.List) and _is_numeric(reward_dtype.inner):
+    elif reward_inner is not None and _is_numeric(reward_inner):
         reward_kind = "token_rewards"
     else:
         raise AdvcliError(
             f"{where}: column '{reward_col}' (reward) has type {reward_dtype}; expected a number "
-            "or a list of numbers"
+            "or a list (or one-dimensional array) of numbers"
         )
 
-    mask_dtype = schema[mask_col]
-    mask_kind: MaskKind
-    if mask_dtype.is_integer():
-        mask_kind = "length"
-    elif isinstance(mask_dtype, pl.List) and (
-        _is_numeric(mask_dtype.inner) or mask_dtype.inner == pl.Boolean
-    ):
-        mask_kind = "mask"
-    else:
-        raise AdvcliError(
-            f"{where}: column '{mask_col}' (response mask) has type {mask_dtype}; expected a list "
-            "of 0/1 values or an integer response length"
-        )
+    mask_kind: MaskKind | None = None
+    mask_width = None
+    if mask_col is not None:
+        mask_dtype = schema[mask_col]
+        mask_inner, mask_width = sequence_of(mask_dtype)
+        if mask_dtype.is_integer():
+            mask_kind = "length"
+        elif mask_inner is not None and (_is_numeric(mask_inner) or mask_inner == pl.Boolean):
+            mask_kind = "mask"
+        else:
+            raise AdvcliError(
+                f"{where}: column '{mask_col}' (response mask) has type {mask_dtype}; expected a "
+                "list (or one-dimensional array) of 0/1 values or an integer response length"
+            )
 
     taken = {reward_col} & {"advantage", "advantages"}
     if taken:
@@ -135,42 +271,177 @@ def resolve_columns(
         if reward_kind == "token_rewards"
         else ", one number per row"
     )
-    reasons["mask"] += ", a list of 0/1" if mask_kind == "mask" else ", a response length"
+    if mask_kind is None:
+        reasons["mask"] = "no mask column: token counts are unknown"
+    else:
+        reasons["mask"] += ", a list of 0/1" if mask_kind == "mask" else ", a response length"
     return ColumnRoles(
         group=group_col,
         trajectory=trajectory_col,
+        group_size=group_size,
         turn=turn_col,
         reward=reward_col,
         reward_kind=reward_kind,
         mask=mask_col,
         mask_kind=mask_kind,
+        reward_width=reward_width,
+        mask_width=mask_width,
         reasons=reasons,
     )
 
 
-def _pick(
-    schema: pl.Schema,
-    where: str,
-    role: str,
-    chosen: str | None,
-    candidates: Sequence[str],
-    option: str,
-    reasons: dict[str, str],
-) -> str:
-    if chosen is not None:
-        if chosen not in schema:
-            raise AdvcliError(f"{where}: column '{chosen}' ({option}) not found")
-        reasons[role] = f"named by {option}"
-        return chosen
-    for index, name in enumerate(candidates):
-        if name in schema:
-            absent = ", ".join(f"'{c}'" for c in candidates[:index])
-            reasons[role] = (
-                "the default name" if index == 0 else f"the first default present ({absent} absent)"
+def sequence_of(dtype: pl.DataType | DataTypeClass) -> tuple[Any, int | None]:
+    """(element type, fixed width) of a list (width None) or a one-dimensional array; (None,
+    None) for anything else."""
+    if isinstance(dtype, pl.List):
+        return dtype.inner, None
+    if isinstance(dtype, pl.Array) and len(dtype.shape) == 1:
+        return dtype.inner, dtype.size
+    return None, None
+
+
+class _Picker:
+    """Finds each role's column in one schema, in the dump's dialect, recording why for
+    ``inspect``."""
+
+    def __init__(self, schema: pl.Schema, where: str, reasons: dict[str, str]) -> None:
+        self.schema, self.where, self.reasons = schema, where, reasons
+        self.dialect, self.tie = _dialect_of(schema)
+
+    def __call__(
+        self, role: Role, chosen: str | None, required: Literal[True] | str | None = True
+    ) -> str | None:
+        """The column for ``role``, or None where the dialect has no such column (each row a
+        trajectory, groups as blocks of rows, no turn index). ``required``: True, a phrase
+        saying what needs the role, or None when the role may be missing."""
+        option = OPTIONS[role]
+        if chosen is not None:
+            if chosen not in self.schema:
+                raise AdvcliError(
+                    f"{self.where}: column '{chosen}' ({option}) not found{self._hint([chosen])}"
+                )
+            self.reasons[role] = f"named by {option}"
+            return chosen
+        if self.tie and role in ("group", "trajectory"):
+            first, second = self.tie
+            raise AdvcliError(
+                f"{self.where}: the columns fit two trainers' dumps, {_signed(first)} and "
+                f"{_signed(second)}; name the {role} column with {option}"
             )
+        dialect = self.dialect
+        names = dialect.names(role) if dialect is not None else _all_names(role)
+        present = _present(self.schema, role, names)
+        if not present and dialect is not None and role in ("turn", "reward", "mask"):
+            # A dialect's own names first, then advcli's (a scalar 'score', a
+            # 'response_length'), less any the trainer uses for something else.
+            names += tuple(
+                name
+                for name in ADVCLI.names(role)
+                if name not in names and name not in dialect.not_read
+            )
+            present = _present(self.schema, role, names)
+        if len(present) > 1:
+            raise AdvcliError(
+                f"{self.where}: two columns could be the {role}: '{present[0]}' and "
+                f"'{present[1]}'; pick one with {option} NAME"
+            )
+        if present:
+            name = present[0]
+            whose = (
+                dialect.trainer
+                if dialect is not None and name in dialect.names(role)
+                else _whose(name)
+            )
+            self.reasons[role] = f"'{name}' is the {role} column of {whose}'s dumps"
             return name
-    names = " or ".join(f"'{c}'" for c in candidates)
-    raise AdvcliError(f"{where}: no {role} column: expected {names}, or name one with {option}")
+        if dialect is not None and not names and role in ("group", "trajectory"):
+            return None  # the dialect's rows are trajectories, or its groups blocks of rows
+        if required is None:
+            return None
+        needed = f" ({required})" if isinstance(required, str) else ""
+        expected = ", ".join(f"'{name}'" for name in names)
+        source = f"{dialect.trainer}'s dumps name it" if dialect is not None else "expected"
+        raise AdvcliError(
+            f"{self.where}: no {role} column{needed}: {source} {expected}, or name one with "
+            f"{option}{self._hint(names)}{_known_dump(self.schema, role)}"
+        )
+
+    def _hint(self, wanted: Sequence[str]) -> str:
+        """The file's columns, with the nearest names to ``wanted`` as a suggestion."""
+        names = self.schema.names()
+        nearest: list[str] = []
+        for name in wanted:
+            nearest += difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+        nearest = list(dict.fromkeys(nearest))[:3]
+        shown = ", ".join(f"'{name}'" for name in names[:COLUMNS_SHOWN])
+        more = f" and {len(names) - COLUMNS_SHOWN} more" if len(names) > COLUMNS_SHOWN else ""
+        suggestion = (
+            f"; did you mean {' or '.join(repr(name) for name in nearest)}?" if nearest else ""
+        )
+        return f". The file has {shown}{more}{suggestion}"
+
+
+# How many of a file's columns an error lists.
+COLUMNS_SHOWN = 20
+
+
+def _dialect_of(schema: pl.Schema) -> tuple[Dialect | None, tuple[Dialect, Dialect] | None]:
+    """The dialect with the widest signature the schema has (and None), or, when two tie,
+    (None, the two)."""
+    columns = set(schema.names())
+    matching = [d for d in DIALECTS if set(d.signature) <= columns]
+    if not matching:
+        return None, None
+    widest = max(len(d.signature) for d in matching)
+    top = [d for d in matching if len(d.signature) == widest]
+    if len(top) > 1:
+        return None, (top[0], top[1])
+    return top[0], None
+
+
+def _signed(dialect: Dialect) -> str:
+    return f"{dialect.trainer}'s ({', '.join(dialect.signature)})"
+
+
+def _all_names(role: Role) -> tuple[str, ...]:
+    """Every dialect's names for ``role``, for a dump that speaks none of them; a name that
+    another dialect gives another role (rLLM's group ``trajectory_ids`` is SkyRL's trajectory)
+    is left out, since without the dialect it says nothing."""
+    elsewhere = {
+        name for d in DIALECTS for other in ROLES if other != role for name in d.names(other)
+    }
+    return tuple(
+        dict.fromkeys(name for d in DIALECTS for name in d.names(role) if name not in elsewhere)
+    )
+
+
+def _whose(name: str) -> str:
+    return next(d.trainer for d in DIALECTS if any(name in d.names(role) for role in ROLES))
+
+
+def _present(schema: pl.Schema, role: Role, names: Sequence[str]) -> list[str]:
+    """The names of ``names`` that ``schema`` has, less those a derived column present
+    supersedes and, in an advcli output read again, advcli's own ``score``."""
+    present = [name for name in names if name in schema]
+    for derived, source in DERIVED_FROM.items():
+        if derived in present and source in present:
+            present.remove(source)
+    if role == "reward" and "advantage" in schema and "score" in present and len(present) > 1:
+        # An advcli output read again: its 'score' is advcli's own column, the per-row sum of
+        # the reward it was computed from, so that reward column is the one to read.
+        present.remove("score")
+    return present
+
+
+def _known_dump(schema: pl.Schema, role: Role) -> str:
+    """A pointer for files that are known not to hold the role at all."""
+    if role in ("group", "trajectory") and {"input", "output", "score"} <= set(schema.names()):
+        return (
+            ". This looks like verl's trainer.rollout_data_dir dump, which holds no group or "
+            "trajectory ids; write the batch with advcli.dump.write_batch instead (README: "
+            "'Getting a dump out of a trainer')"
+        )
+    return ""
 
 
 def _is_numeric(dtype: pl.DataType | DataTypeClass) -> bool:

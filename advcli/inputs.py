@@ -35,6 +35,11 @@ ARROW_SUFFIXES = (".arrow", ".ipc", ".feather")
 DIRECTORY_JSON_SUFFIXES = (".jsonl", ".ndjson")
 GLOB_CHARS = frozenset("*?[")
 STDIN = "-"
+# What may come before the first '{' of JSON lines: white space and a UTF-8 byte-order mark.
+UTF8_BOM = b"\xef\xbb\xbf"
+JSON_BLANK = b" \t\r\n" + UTF8_BOM
+# How far into standard input to look for that '{'.
+SNIFF_LIMIT = 1 << 16
 InputFormat = Literal["parquet", "json", "arrow"]
 
 
@@ -128,9 +133,9 @@ def input_format_of(path: Path) -> InputFormat:
 def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
     """Resolve the inputs, read each file's schema and row count, and check that they agree.
 
-    ``-`` reads standard input (Parquet or an Arrow IPC stream, told apart by their bytes); it is
-    copied to a file in ``spool`` (a temporary folder the caller removes), since the data flow reads
-    its input twice.
+    ``-`` reads standard input (Parquet, an Arrow IPC stream or JSON lines, told apart by their
+    first bytes); it is copied to a file in ``spool`` (a temporary folder the caller removes),
+    since the data flow reads its input twice.
     """
     if STDIN in specs:
         if list(specs) != [STDIN]:
@@ -161,22 +166,42 @@ def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
 
 
 def spool_stdin(folder: Path) -> Path:
-    """Copy standard input to a file in ``folder``: Parquet and Arrow IPC files as they are, an
-    Arrow IPC stream rewritten as an IPC file (which Polars can scan)."""
+    """Copy standard input to a file in ``folder``: Parquet, Arrow IPC files and JSON lines as
+    they are, an Arrow IPC stream rewritten as an IPC file (which Polars can scan). The format is
+    told by the first bytes: ``PAR1``, ``ARROW1``, an IPC stream's continuation marker, or a
+    ``{`` after any blank space (a JSON object)."""
     if stdin_closed():
         raise AdvcliError("<stdin>: standard input is closed")
     source = sys.stdin.buffer
     head = source.read(8)
     if not head:
         raise AdvcliError("<stdin>: standard input is empty")
-    if head.startswith((b"PAR1", b"ARROW1")):
-        path = folder / ("stdin.parquet" if head.startswith(b"PAR1") else "stdin.arrow")
+    # JSON lines may start with blank lines or a byte-order mark: read on to the first other byte.
+    while not head.lstrip(JSON_BLANK) and len(head) < SNIFF_LIMIT:
+        more = source.read(8)
+        if not more:
+            break
+        head += more
+    name = (
+        "stdin.parquet"
+        if head.startswith(b"PAR1")
+        else "stdin.arrow"
+        if head.startswith(b"ARROW1")
+        else "stdin.jsonl"
+        if head.lstrip(JSON_BLANK).startswith(b"{")
+        else None
+    )
+    if name is not None:
+        path = folder / name
         with path.open("wb") as sink:
-            sink.write(head)
+            # Polars' JSON reader takes no byte-order mark.
+            sink.write(head.removeprefix(UTF8_BOM) if name == "stdin.jsonl" else head)
             shutil.copyfileobj(source, sink)
         return path
     if not head.startswith(b"\xff\xff\xff\xff"):
-        raise AdvcliError("<stdin>: not Parquet or an Arrow IPC stream (checked the first bytes)")
+        raise AdvcliError(
+            "<stdin>: not Parquet, an Arrow IPC stream or JSON lines (checked the first bytes)"
+        )
     path = folder / "stdin.arrow"
     try:
         reader = pa.ipc.open_stream(_Prefixed(head, source))

@@ -89,6 +89,7 @@ def inspect_dump(
         }
 
     turns = per_trajectory["turns"]
+    tokens_known = columns.mask is not None
     return {
         "inputs": {
             "files": inputs,
@@ -102,8 +103,9 @@ def inspect_dump(
             "rows": projection.height,
             "groups": per_group.height,
             "trajectories": per_trajectory.height,
-            "tokens": int(projection[TOKENS].sum()),
-            "empty_responses": int((projection[TOKENS] == 0).sum()),
+            # Unknown (null) without a mask column, rather than 0.
+            "tokens": int(projection[TOKENS].sum()) if tokens_known else None,
+            "empty_responses": int((projection[TOKENS] == 0).sum()) if tokens_known else None,
         },
         "turns_per_trajectory": {
             "min": int(turns.min()),  # type: ignore[arg-type]

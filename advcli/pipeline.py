@@ -33,6 +33,7 @@ from advcli.process import copy_to_stdout
 from advcli.projection import key_projection
 from advcli.render import render_json, render_markdown, write_plot, write_text
 from advcli.report import BiasReport, bias_report
+from advcli.rules import RULES
 from advcli.settings import ColumnNames, Engine, OutputFormat
 from advcli.write import check_output, replaced_columns, write_advantages
 
@@ -55,7 +56,11 @@ class LoadedDump:
     projection: pl.DataFrame
 
     def advantages(self, config: AdvantageConfig) -> Advantages:
-        naming = Naming(self.columns.group, self.columns.trajectory, self.dataset.locate)
+        naming = Naming(
+            self.columns.group or "group",
+            self.columns.trajectory or "row",
+            self.dataset.locate,
+        )
         return compute_advantages(self.projection, config, naming)
 
     def report(
@@ -91,9 +96,11 @@ def load_dump(
     *,
     unique_turns: bool = True,
     engine: Engine = Engine.LOCAL,
+    mask_needed_for: str | None = None,
 ) -> LoadedDump:
     """Stage 1: pick the columns, read and check the key projection (on Ray Data with
-    ``engine="ray"``, after :func:`start_engine`)."""
+    ``engine="ray"``, after :func:`start_engine`). ``mask_needed_for`` says what needs the
+    token counts, if anything does: without it a dump with no mask column is read too."""
     columns = resolve_columns(
         dataset.schema,
         dataset.describe(),
@@ -102,7 +109,19 @@ def load_dump(
         turn=names.turn,
         reward=names.reward,
         mask=names.mask,
+        group_size=names.group_size,
+        mask_needed_for=mask_needed_for,
     )
+    if columns.group_size is not None and dataset.num_rows % columns.group_size:
+        raise AdvcliError(
+            f"{dataset.describe()}: {dataset.num_rows:,} rows are not whole groups of "
+            f"--group-size {columns.group_size}"
+        )
+    if engine == Engine.RAY and (columns.group is None or columns.trajectory is None):
+        raise AdvcliError(
+            f"{dataset.describe()}: --engine ray needs group and trajectory id columns (its "
+            "blocks do not know their rows' numbers); use the local engine"
+        )
     project = _ray_engine().key_projection if engine == Engine.RAY else key_projection
     return LoadedDump(dataset, columns, project(dataset, columns, unique_turns=unique_turns))
 
@@ -197,7 +216,9 @@ def compute(
         check_outputs([output, report_path], dataset, force=force, engine=engine)
         start_engine(engine, address)
         stage("reading keys")
-        dump = load_dump(dataset, names, engine=engine)
+        dump = load_dump(
+            dataset, names, engine=engine, mask_needed_for=_mask_needed_for(config, fmt, tokens)
+        )
         stage("computing statistics")
         advantages = dump.advantages(config)
         report = None
@@ -250,6 +271,21 @@ def compute(
         except AdvcliError as error:
             raise AdvcliError(f"{error}; the output {output} was written") from None
     return replace(summary, seconds=time.perf_counter() - started)
+
+
+def _mask_needed_for(config: AdvantageConfig, fmt: OutputFormat, tokens: bool) -> str | None:
+    """What in a compute run needs each row's token count, if anything."""
+    if fmt in (OutputFormat.NPZ, OutputFormat.PT):
+        return f"the .{fmt.value} output's response_mask array needs one"
+    if tokens:
+        return "the per-token output needs one; pass --no-tokens for one advantage per row"
+    return _estimator_needs_mask(config)
+
+
+def _estimator_needs_mask(config: AdvantageConfig) -> str | None:
+    if RULES[config.estimator].counts_tokens:
+        return f"{config.estimator.value} weighs rows by their tokens and needs one"
+    return None
 
 
 def _write_local(
@@ -343,7 +379,9 @@ def compare(
     with opened(inputs) as dataset:
         check_outputs([files.json, files.markdown, files.plot], dataset, force=force)
         start_engine(engine, address)
-        dump = load_dump(dataset, names, engine=engine)
+        dump = load_dump(
+            dataset, names, engine=engine, mask_needed_for=_estimator_needs_mask(config)
+        )
         turn = dump.advantages(replace(config, level=Level.TURN))
         trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
         report = dump.report(config, turn, trajectory, top=top)

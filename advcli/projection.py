@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from advcli.columns import ColumnRoles, is_enum, unused_name
+from advcli.columns import ColumnRoles, is_enum, sequence_of, unused_name
 from advcli.errors import AdvcliError, first_line
 from advcli.inputs import Dataset, check_json_lines
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turn
@@ -33,25 +33,42 @@ class KeyExpressions:
     messages: list[str]
 
     @classmethod
-    def of(cls, schema: pl.Schema, columns: ColumnRoles) -> KeyExpressions:
-        reward, mask = pl.col(columns.reward), pl.col(columns.mask)
-        keys = [
-            _as_key(columns.group, schema).alias(GROUP),
-            _as_key(columns.trajectory, schema).alias(TRAJECTORY),
-        ]
+    def of(
+        cls, schema: pl.Schema, columns: ColumnRoles, row_number: str | None = None
+    ) -> KeyExpressions:
+        """``row_number`` names a column of global row numbers, which stand in for the group
+        (blocks of ``group_size`` rows) or the trajectory (each row one) where the dump has no
+        such column."""
+        if (columns.group is None or columns.trajectory is None) and row_number is None:
+            raise ValueError("groups or trajectories made from rows need the row number")
+        row = pl.col(row_number) if row_number is not None else pl.lit(None)
+        group = (
+            _as_key(columns.group, schema)
+            if columns.group is not None
+            else row // pl.lit(columns.group_size, dtype=pl.UInt32)
+        )
+        trajectory = _as_key(columns.trajectory, schema) if columns.trajectory is not None else row
+        keys = [group.alias(GROUP), trajectory.alias(TRAJECTORY)]
         if columns.turn is not None:
             keys.append(pl.col(columns.turn).alias(TURN))
         # Summed in float64 whatever the list's type: float16 and float32 lose the small terms
         # of long lists (3000 float16 ones sum to 2048), and integers wrap around.
         score = (
-            reward.cast(pl.List(pl.Float64)).list.sum()
+            columns.reward_list().cast(pl.List(pl.Float64)).list.sum()
             if columns.reward_kind == "token_rewards"
-            else reward.cast(pl.Float64)
+            else pl.col(columns.reward).cast(pl.Float64)
         )
-        tokens = mask.list.sum() if columns.mask_kind == "mask" else mask
-        # Not strict: a NaN or inf in a float mask becomes null here and is reported by the 0/1
-        # rule below, not as a failed cast.
-        tokens = tokens.cast(pl.Int64, strict=False)
+        if columns.mask is None:
+            tokens = pl.lit(None, dtype=pl.Int64)  # unknown without a mask column
+        else:
+            tokens = (
+                columns.mask_list().list.sum()
+                if columns.mask_kind == "mask"
+                else pl.col(columns.mask)
+            )
+            # Not strict: a NaN or inf in a float mask becomes null here and is reported by the
+            # 0/1 rule below, not as a failed cast.
+            tokens = tokens.cast(pl.Int64, strict=False)
 
         rules = _row_rules(schema, columns, score, tokens)
         # One small code per row (0 = fine, k = the k-th rule broken) instead of a column per
@@ -102,9 +119,10 @@ def key_projection(
     once, batch by batch, and reduced to these scalars on the way.
     """
     if dataset.input_format == "json":
-        check_json_lines(dataset, [columns.group, columns.trajectory], columns.reward)
-    plan = KeyExpressions.of(dataset.schema, columns)
+        ids = [name for name in (columns.group, columns.trajectory) if name is not None]
+        check_json_lines(dataset, ids, columns.reward)
     row_number = unused_name(dataset.schema)
+    plan = KeyExpressions.of(dataset.schema, columns, row_number)
     try:
         with closing_sources():
             projection = (
@@ -126,11 +144,9 @@ def _row_rules(
     """(broken, message) for every per-row rule, in the order they are reported for one row."""
     reward, mask = columns.reward, columns.mask
     rules: list[tuple[pl.Expr, str]] = [
-        (pl.col(columns.group).is_null(), f"column '{columns.group}' (group id) is null"),
-        (
-            pl.col(columns.trajectory).is_null(),
-            f"column '{columns.trajectory}' (trajectory id) is null",
-        ),
+        (pl.col(name).is_null(), f"column '{name}' ({role} id) is null")
+        for role, name in (("group", columns.group), ("trajectory", columns.trajectory))
+        if name is not None
     ]
     if columns.turn is not None:
         rules.append(
@@ -140,7 +156,7 @@ def _row_rules(
     if columns.reward_kind == "token_rewards":
         rules.append(
             (
-                pl.col(reward).list.eval(pl.element().null_count()).list.first() > 0,
+                columns.reward_list().list.eval(pl.element().null_count()).list.first() > 0,
                 f"column '{reward}' has a null element",
             )
         )
@@ -149,28 +165,31 @@ def _row_rules(
         (score.is_nan(), f"column '{reward}': the score is NaN"),
         (score == float("inf"), f"column '{reward}': the score is +inf"),
         (score == float("-inf"), f"column '{reward}': the score is -inf"),
-        (pl.col(mask).is_null(), f"column '{mask}' (response mask) is null"),
     ]
+    if mask is None:
+        return rules
+    rules.append((pl.col(mask).is_null(), f"column '{mask}' (response mask) is null"))
     if columns.mask_kind == "mask":
+        mask_list = columns.mask_list()
         rules.append(
             (
-                pl.col(mask).list.eval(pl.element().null_count()).list.first() > 0,
+                mask_list.list.eval(pl.element().null_count()).list.first() > 0,
                 f"column '{mask}' has a null element",
             )
         )
-        if schema[mask].inner != pl.Boolean:  # type: ignore[attr-defined]
+        if sequence_of(schema[mask])[0] != pl.Boolean:
             # Compared, not looked up: a float mask (0.0/1.0) is as good as an integer one.
             zero_or_one = (pl.element() == 0) | (pl.element() == 1)
             rules.append(
                 (
-                    pl.col(mask).list.eval(~zero_or_one).list.any(),
+                    mask_list.list.eval(~zero_or_one).list.any(),
                     f"column '{mask}' holds a value other than 0 and 1",
                 )
             )
         if columns.reward_kind == "token_rewards":
             rules.append(
                 (
-                    pl.col(mask).list.len() != pl.col(reward).list.len(),
+                    mask_list.list.len() != columns.reward_list().list.len(),
                     f"column '{mask}' and column '{reward}' have different lengths",
                 )
             )
@@ -179,7 +198,7 @@ def _row_rules(
         if columns.reward_kind == "token_rewards":
             rules.append(
                 (
-                    tokens > pl.col(reward).list.len(),
+                    tokens > columns.reward_list().list.len(),
                     f"column '{mask}' (response length) is longer than the row's list in "
                     f"column '{reward}'",
                 )
@@ -191,13 +210,13 @@ def _exactness_rules(schema: pl.Schema, columns: ColumnRoles) -> list[tuple[pl.E
     """Integer rewards whose score float64 cannot hold exactly: refused, never rounded."""
     reward = columns.reward
     dtype = schema[reward]
-    inner = dtype.inner if columns.reward_kind == "token_rewards" else dtype  # type: ignore[attr-defined]
+    inner = sequence_of(dtype)[0] if columns.reward_kind == "token_rewards" else dtype
     if not inner.is_integer():
         return []
     if columns.reward_kind == "token_rewards":
         # While the sum of |reward| stays below 2**53 every partial sum is an exact integer; the
         # float64 sum of |reward| reaches 2**53 as soon as the exact one does.
-        magnitude = pl.col(reward).cast(pl.List(pl.Float64)).list.eval(pl.element().abs())
+        magnitude = columns.reward_list().cast(pl.List(pl.Float64)).list.eval(pl.element().abs())
         return [
             (
                 magnitude.list.sum() >= EXACT_INTEGER_LIMIT,

@@ -300,7 +300,7 @@ def render_inspection(summary: dict[str, Any], console: Console) -> None:
     inputs = summary["inputs"]
     facts.add_row("files", f"{len(inputs['files']):,} ({inputs['format']})")
     for name in ("rows", "groups", "trajectories", "tokens", "empty_responses"):
-        facts.add_row(name.replace("_", " "), f"{counts[name]:,}")
+        facts.add_row(name.replace("_", " "), _fmt(counts[name]))
     facts.add_row(
         "turns per trajectory (min / median / max)",
         f"{spread['min']} / {spread['median']:g} / {spread['max']}",

@@ -96,6 +96,14 @@ def bias_report(
         .sort("turns")
     )
 
+    # Without a mask column the token counts are unknown (null): the token figures say so
+    # rather than sum to 0.
+    tokens_known = turn.units[TOKENS].null_count() == 0
+    if not tokens_known:
+        by_turns = by_turns.with_columns(
+            pl.lit(None, dtype=pl.Float64).alias(name)
+            for name in ("token_mass_turn", "token_mass_trajectory")
+        )
     top_groups = per_group.sort(["baseline_shift", "first_row"], descending=[True, False]).head(top)
     abs_diff = per_trajectory["diff"].abs()
     turns = per_trajectory["turns"]
@@ -104,7 +112,7 @@ def bias_report(
             "rows": turn.units.height,
             "groups": per_group.height,
             "trajectories": per_trajectory.height,
-            "tokens": int(turn.units[TOKENS].sum()),
+            "tokens": int(turn.units[TOKENS].sum()) if tokens_known else None,
             "singleton_groups": int((per_group["trajectories"] == 1).sum()),
             "zero_std_groups_turn": turn.zero_std_groups,
             "zero_std_groups_trajectory": trajectory.zero_std_groups,

@@ -43,6 +43,11 @@ class EstimatorRule:
     singleton_keeps_score: bool
     whitens: bool
 
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether the numbers depend on each row's response token count (its mask)."""
+        return self.baseline is Baseline.TOKEN_WEIGHTED_MEAN or self.whitens
+
 
 # Keyed by the estimator's name (``advcli.settings.Estimator`` members are those strings).
 RULES: dict[str, EstimatorRule] = {

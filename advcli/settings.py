@@ -134,3 +134,9 @@ class ColumnNames:
     turn: str | None = None
     reward: str | None = None
     mask: str | None = None
+    # Groups as blocks of this many consecutive rows, for dumps with no group id (TRL, OpenRLHF).
+    group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.group_size is not None and self.group_size < 1:
+            raise UsageError(f"--group-size must be at least 1, got {self.group_size}")

@@ -105,11 +105,15 @@ def replaced_columns(names: Iterable[str]) -> list[str]:
 
 
 def per_token_advantages(columns: ColumnRoles) -> pl.Expr:
-    """``advantages``: the row's ``advantage`` times each element of its mask (float32), or that
-    many copies of it for a ``response_length`` column."""
-    if columns.mask_kind == "mask":
-        return pl.col(columns.mask).cast(pl.List(pl.Float32)) * pl.col("advantage")
-    return pl.col("advantage").repeat_by(pl.col(columns.mask))
+    """``advantages``: the row's ``advantage`` times each element of its mask (float32, in the
+    mask's shape: a fixed-size array stays one, padding included), or that many copies of it for
+    a ``response_length`` column."""
+    if columns.mask is None:
+        raise ValueError("the per-token advantages need a mask column")
+    if columns.mask_kind == "length":
+        return pl.col("advantage").repeat_by(pl.col(columns.mask))
+    values = columns.mask_list().cast(pl.List(pl.Float32)) * pl.col("advantage")
+    return values.list.to_array(columns.mask_width) if columns.mask_width is not None else values
 
 
 def _write_arrow_stream(frame: pl.LazyFrame, path: Path) -> None:
@@ -136,8 +140,10 @@ def _write_arrays(
 ) -> None:
     """Padded arrays: ``advantage`` (N,), ``response_mask`` (N, Lmax) and, unless ``tokens`` is
     off, ``advantages`` (N, Lmax)."""
+    if columns.mask is None:
+        raise ValueError("padded arrays need a mask column")
     if columns.mask_kind == "mask":
-        mask = pl.col(columns.mask).cast(pl.List(pl.Float32))
+        mask = columns.mask_list().cast(pl.List(pl.Float32))
     else:
         # A length column is checked before its mask rows are made: one huge length would
         # otherwise be materialized first.
@@ -176,6 +182,7 @@ def _write_arrays(
 def _check_longest_row(dataset: Dataset, columns: ColumnRoles, output: Path) -> None:
     """Refuse a response length whose per-token list cannot fit in memory (it is made whole,
     in float32, and copied on its way out), before any row is written."""
+    assert columns.mask is not None
     with closing_sources():
         longest = dataset.scan().select(pl.col(columns.mask).max()).collect().item() or 0
     needed, available = int(longest) * 4 * 3, available_memory()

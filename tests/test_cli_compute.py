@@ -211,7 +211,11 @@ def with_column(name, values, dtype=None):
 
 
 BAD_FRAMES = {
-    "missing group": (BASE.drop("data_id"), [], "no group column: expected 'data_id' or 'uid'"),
+    "missing group": (
+        BASE.drop("data_id"),
+        [],
+        "no group column: expected 'data_id', 'data_id_list', 'uid', 'uids'",
+    ),
     "missing trajectory": (BASE.drop("rollout_id"), [], "no trajectory column"),
     "missing reward": (BASE.drop("token_level_rewards"), [], "no reward column"),
     "missing mask": (BASE.drop("response_mask"), [], "no mask column"),

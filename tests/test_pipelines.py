@@ -85,7 +85,7 @@ def test_stdout_parquet_and_stdin_arrow_stream(tmp_path):
         (b"", "<stdin>: standard input is empty"),
         (
             b"data_id,rollout_id\n1,2\n",
-            "<stdin>: not Parquet or an Arrow IPC stream (checked the first bytes)",
+            "<stdin>: not Parquet, an Arrow IPC stream or JSON lines (checked the first bytes)",
         ),
     ],
 )
@@ -184,13 +184,16 @@ def test_inspect_reports_every_item(run, tmp_path):
     result = run("inspect", source, "--json")
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["columns"]["group"] == {"column": "data_id", "why": "the default name"}
+    assert report["columns"]["group"] == {
+        "column": "data_id",
+        "why": "'data_id' is the group column of advcli's dumps",
+    }
     assert report["columns"]["reward"]["column"] == "score"
     assert report["columns"]["reward"]["why"] == (
-        "the first default present ('token_level_rewards' absent), one number per row"
+        "'score' is the reward column of advcli's dumps, one number per row"
     )
     assert report["columns"]["mask"]["why"] == (
-        "the first default present ('response_mask' absent), a response length"
+        "'response_length' is the mask column of advcli's dumps, a response length"
     )
     assert report["counts"] == {
         "rows": 8,
