@@ -1,0 +1,235 @@
+"""Getting a dump out of a trainer: :func:`write_batch` writes one training batch in advcli's
+schema, one Parquet file per call in a dump folder.
+
+It takes a verl ``DataProto`` (``.batch`` tensors, ``.non_tensor_batch`` numpy arrays) or a plain
+mapping of tensors, numpy arrays and lists, and finds the group, trajectory, turn, reward and mask
+among its keys with the command line's vocabulary (:data:`advcli.columns.DIALECTS`), so a batch
+of any trainer advcli knows is written with no arguments. Only those roles (and ``keys``) are
+converted and written, never the prompts or the logits.
+
+torch is not imported: tensors are recognised by their methods and moved to numpy.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from advcli.atomic import atomic_output
+from advcli.columns import ColumnRoles, resolve_columns
+from advcli.errors import AdvcliError
+
+# What the written file's columns are called: advcli's own names, so the dump is read with no
+# flags whatever trainer it came from.
+GROUP, TRAJECTORY, TURN, STEP = "data_id", "rollout_id", "turn_index", "step"
+TOKEN_REWARDS, SCORE, MASK, LENGTH = (
+    "token_level_rewards",
+    "score",
+    "response_mask",
+    "response_length",
+)
+
+# A role given as values rather than a key is stored under this name while the roles are found.
+_GIVEN = "__advcli_given_{}"
+
+
+def write_batch(
+    batch: Any,
+    folder: str | Path,
+    *,
+    step: int | None = None,
+    group: str | Sequence[Any] | None = None,
+    trajectory: str | Sequence[Any] | None = None,
+    turn: str | Sequence[Any] | None = None,
+    reward: str | None = None,
+    mask: str | None = None,
+    keys: Sequence[str] = (),
+) -> Path:
+    """Write ``batch`` as a new Parquet file in ``folder`` (created if missing) and return its
+    path: ``step-00000042.parquet`` with ``step``, else ``batch-000000.parquet``,
+    ``batch-000001.parquet``, … An existing file is never replaced.
+
+    ``batch``: a verl ``DataProto`` or a mapping of key → tensor, numpy array or list, one entry
+    per row. The roles are found among the keys by the trainers' names, as on the command line;
+    ``group``/``trajectory``/``turn`` may also be given as one value per row (verl's v1 path
+    keeps the turn only in its row keys ``{uid}_{session}_{index}``), and every role by key name.
+    A batch with no trajectory key has one row per trajectory (verl's agent loop concatenates a
+    conversation into one response): its row numbers become the trajectory ids.
+
+    The file holds ``data_id``, ``rollout_id``, ``turn_index`` (if any), the reward
+    (``token_level_rewards`` per token, bfloat16 widened to float32 exactly; or ``score``), the
+    mask (``response_mask`` or ``response_length``), ``step`` (if given) and the ``keys`` asked
+    for.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> batch = {
+    ...     "uid": np.array(["p0", "p0", "p1"], dtype=object),
+    ...     "traj_uid": np.array(["t0", "t1", "t2"], dtype=object),
+    ...     "token_level_rewards": np.array([[0, 1.0], [0, 0], [0.5, 0]], dtype=np.float32),
+    ...     "response_mask": np.array([[1, 1], [1, 0], [1, 1]]),
+    ... }
+    >>> path = write_batch(batch, folder, step=7)
+    >>> path.name
+    'step-00000007.parquet'
+    >>> pl.read_parquet(path).columns
+    ['data_id', 'rollout_id', 'token_level_rewards', 'response_mask', 'step']
+    """
+    entries = _entries(batch)
+    given: dict[str, str | None] = {}
+    for role, value in (("group", group), ("trajectory", trajectory), ("turn", turn)):
+        if value is None or isinstance(value, str):
+            given[role] = value
+        else:
+            name = _GIVEN.format(role)
+            entries[name] = value
+            given[role] = name
+    rows = _row_count(entries)
+    roles = resolve_columns(
+        _schema(entries),
+        "the batch",
+        group=given["group"],
+        trajectory=given["trajectory"],
+        turn=given["turn"],
+        reward=reward,
+        mask=mask,
+        mask_needed_for=None,
+    )
+    frame = _frame(entries, roles, rows, keys)
+    if step is not None:
+        frame = frame.with_columns(pl.lit(step, dtype=pl.Int64).alias(STEP))
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / (f"step-{step:08d}.parquet" if step is not None else _next_name(folder))
+    with atomic_output(path) as partial:
+        frame.write_parquet(partial)
+    return path
+
+
+def _entries(batch: Any) -> dict[str, Any]:
+    """The batch's columns by key: a DataProto's tensors and non-tensor arrays, or a mapping."""
+    if hasattr(batch, "batch") and hasattr(batch, "non_tensor_batch"):
+        tensors = batch.batch
+        # keys(), not iteration: a TensorDict iterates over its rows.
+        names = tensors.keys() if tensors is not None else ()
+        entries = {key: tensors[key] for key in names}
+        entries.update(batch.non_tensor_batch)
+        return entries
+    if isinstance(batch, Mapping):
+        return dict(batch)
+    raise TypeError(
+        f"write_batch takes a verl DataProto or a mapping of arrays, not {type(batch).__name__}"
+    )
+
+
+def _numpy(value: Any) -> np.ndarray:
+    """A tensor, array or list as numpy; bfloat16 (which numpy lacks) widened to float32, which
+    holds every bfloat16 value exactly."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()
+        return np.asarray(value.numpy())
+    return np.asarray(value)
+
+
+def _row_count(entries: Mapping[str, Any]) -> int:
+    lengths = {key: len(value) for key, value in entries.items()}
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{key} {length}" for key, length in lengths.items())
+        raise AdvcliError(f"the batch's entries have different lengths: {listed}")
+    return next(iter(lengths.values()), 0)
+
+
+def _schema(entries: Mapping[str, Any]) -> pl.Schema:
+    """The Polars types the entries would be written as, from their dtype and shape alone (no
+    tensor is converted to find the roles)."""
+    return pl.Schema({key: _dtype(value) for key, value in entries.items()})
+
+
+def _dtype(value: Any) -> pl.DataType:
+    shape = tuple(value.shape) if hasattr(value, "shape") else (len(value),)
+    kind = _kind(value)
+    element: pl.DataType = (
+        pl.Float32()
+        if kind == "f"
+        else pl.Int64()
+        if kind in "iu"
+        else pl.Boolean()
+        if kind == "b"
+        else pl.String()
+    )
+    if len(shape) == 2:
+        return pl.Array(element, shape[1])
+    if len(shape) == 1:
+        return element
+    return pl.Object()
+
+
+def _kind(value: Any) -> str:
+    """numpy's dtype kind letter (``f``, ``i``, ``u``, ``b``, ``U``, ``O``…) of a tensor, array
+    or list; an object array or list by its first element."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and str(dtype).startswith("torch."):
+        name = str(dtype)
+        return "b" if name == "torch.bool" else "f" if "float" in name else "i"
+    array = np.asarray(value) if dtype is None else value
+    if array.dtype.kind == "O" and len(array):
+        return np.asarray([array[0]]).dtype.kind
+    return str(array.dtype.kind)
+
+
+def _frame(
+    entries: Mapping[str, Any], roles: ColumnRoles, rows: int, keys: Sequence[str]
+) -> pl.DataFrame:
+    columns: dict[str, pl.Series] = {}
+    if roles.group is None:
+        raise AdvcliError("the batch has no group ids: pass group= (a key, or one id per row)")
+    columns[GROUP] = _series(GROUP, entries[roles.group])
+    columns[TRAJECTORY] = (
+        _series(TRAJECTORY, entries[roles.trajectory])
+        if roles.trajectory is not None
+        else pl.Series(TRAJECTORY, np.arange(rows, dtype=np.int64))
+    )
+    if roles.turn is not None:
+        columns[TURN] = _series(TURN, entries[roles.turn])
+    reward_name = TOKEN_REWARDS if roles.reward_kind == "token_rewards" else SCORE
+    columns[reward_name] = _series(reward_name, entries[roles.reward])
+    if roles.mask is not None:
+        mask_name = MASK if roles.mask_kind == "mask" else LENGTH
+        columns[mask_name] = _series(mask_name, entries[roles.mask])
+    for key in keys:
+        if key not in entries:
+            raise AdvcliError(f"the batch has no key '{key}' (keys=)")
+        if key in columns:
+            raise AdvcliError(f"keys= names '{key}', which the dump already writes")
+        columns[key] = _series(key, entries[key])
+    return pl.DataFrame(columns)
+
+
+def _series(name: str, value: Any) -> pl.Series:
+    array = _numpy(value)
+    if array.dtype.kind == "O":
+        return pl.Series(name, array.tolist())
+    if array.dtype.kind == "U":
+        return pl.Series(name, array.astype(object).tolist(), dtype=pl.String)
+    return pl.Series(name, array)
+
+
+_NUMBERED = re.compile(r"batch-(\d+)\.parquet")
+
+
+def _next_name(folder: Path) -> str:
+    numbers = [
+        int(match.group(1))
+        for match in map(_NUMBERED.fullmatch, (p.name for p in folder.iterdir()))
+        if match
+    ]
+    return f"batch-{max(numbers, default=-1) + 1:06d}.parquet"

@@ -1,0 +1,180 @@
+"""advcli.dump.write_batch on real verl DataProto batches (verl 0.9.1), and the dumps it writes
+read by compute, compare and inspect with no flags."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from reference import reference_advantages
+from verl import DataProto
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+from advcli.dump import write_batch
+from advcli.errors import AdvcliError
+
+LENGTH = 6
+
+
+def _padded(lengths: list[int], rewards: list[float], dtype: torch.dtype):
+    """Right-padded (B, LENGTH) rewards and mask: each row's reward on its last valid token."""
+    mask = torch.zeros(len(lengths), LENGTH, dtype=torch.int64)
+    scores = torch.zeros(len(lengths), LENGTH, dtype=dtype)
+    for row, (length, reward) in enumerate(zip(lengths, rewards, strict=True)):
+        mask[row, :length] = 1
+        scores[row, length - 1] = reward
+    return scores, mask
+
+
+def _agent_lightning_batch() -> tuple[DataProto, list[tuple]]:
+    """As agent-lightning 1.0.2 builds it (agentlightning/verl/daemon.py): ids in numpy unicode
+    arrays with `_list` keys, `uid` a copy of the group ids, bf16 `token_level_scores` with the
+    rollout's final reward on every row's last valid token; and the rows as reference tuples."""
+    groups = ["p0", "p0", "p0", "p0", "p1", "p1", "p2"]
+    rollouts = ["r0", "r0", "r0", "r1", "r2", "r3", "r4"]
+    turns = [0, 1, 2, 0, 0, 0, 0]
+    rewards = [0.1, 0.1, 0.1, 0.7, 1.0, 0.0, 0.3]
+    lengths = [3, 6, 2, 4, 5, 1, 6]
+    scores, mask = _padded(lengths, rewards, torch.bfloat16)
+    batch = DataProto.from_dict(
+        tensors={"token_level_scores": scores, "response_mask": mask},
+        non_tensors={
+            "data_id_list": np.array(groups),
+            "rollout_id_list": np.array(rollouts),
+            "turn_index_list": np.array(turns),
+            "uid": np.array(groups),
+        },
+    )
+    # The reference reads the bf16 values as the trainer holds them.
+    held = scores.float().sum(-1).tolist()
+    rows = [
+        (g, r, t, float(s), n)
+        for g, r, t, s, n in zip(groups, rollouts, turns, held, lengths, strict=True)
+    ]
+    return batch, rows
+
+
+def test_agent_lightning_batch_needs_no_flags(tmp_path, run):
+    batch, rows = _agent_lightning_batch()
+    path = write_batch(batch, tmp_path / "dumps", step=3)
+    assert path.name == "step-00000003.parquet"
+    written = pl.read_parquet(path)
+    assert written.columns == [
+        "data_id",
+        "rollout_id",
+        "turn_index",
+        "token_level_rewards",
+        "response_mask",
+        "step",
+    ]
+    # bf16 widened to float32 exactly: 0.1 is held as 0.10009765625.
+    assert written["token_level_rewards"].dtype == pl.Array(pl.Float32, LENGTH)
+    assert written["token_level_rewards"].arr.sum()[0] == pytest.approx(0.10009765625, abs=0)
+
+    output = tmp_path / "out.parquet"
+    result = run("compute", tmp_path / "dumps", "-o", output)
+    assert result.exit_code == 0, result.output
+    got = pl.read_parquet(output)
+    expected = reference_advantages(rows, level="trajectory", estimator="grpo")
+    np.testing.assert_allclose(got["advantage"].to_numpy(), expected, atol=1e-5)
+    # The per-token column keeps the (B, LENGTH) shape, 0 on padding.
+    assert got["advantages"].dtype == pl.Array(pl.Float32, LENGTH)
+    per_token = np.stack(got["advantages"].to_numpy())
+    np.testing.assert_array_equal(per_token[batch.batch["response_mask"].numpy() == 0], 0)
+
+    report = tmp_path / "report.json"
+    assert run("compare", tmp_path / "dumps", "--json", report).exit_code == 0
+    assert json.loads(report.read_text())["counts"]["trajectories"] == 5
+    inspected = run("inspect", tmp_path / "dumps", "--json")
+    assert inspected.exit_code == 0, inspected.output
+    assert json.loads(inspected.stdout)["counts"]["tokens"] == sum(r[4] for r in rows)
+
+
+def test_verl_batch_rows_are_trajectories_as_verls_own_grpo(tmp_path, run):
+    """A classic verl batch has only `uid` (verl/trainer/ppo/ray_trainer.py): each row is a whole
+    trajectory, and advcli's numbers are verl's own compute_grpo_outcome_advantage's."""
+    uids = np.array(["a", "a", "a", "b", "b", "c", "a", "b"], dtype=object)
+    rewards = [1.0, 0.0, 0.5, 0.2, 0.9, 0.4, 0.0, 0.2]
+    scores, mask = _padded([2, 3, 6, 1, 4, 5, 2, 3], rewards, torch.float32)
+    batch = DataProto.from_dict(
+        tensors={"token_level_rewards": scores, "response_mask": mask},
+        non_tensors={"uid": uids},
+    )
+    write_batch(batch, tmp_path / "dumps")
+    output = tmp_path / "out.parquet"
+    result = run("compute", tmp_path / "dumps", "-o", output)
+    assert result.exit_code == 0, result.output
+
+    verl_advantages, _ = compute_grpo_outcome_advantage(scores, mask, uids)
+    got = pl.read_parquet(output)
+    np.testing.assert_allclose(got["advantage"].to_numpy(), verl_advantages[:, 0], atol=1e-6)
+    inspected = json.loads(run("inspect", tmp_path / "dumps", "--json").stdout)
+    assert inspected["counts"]["trajectories"] == len(uids)
+
+
+def test_verl_v1_turns_from_row_keys(tmp_path):
+    """verl's v1 path keeps a row's turn only in its key `{uid}_{session}_{index}`
+    (verl/trainer/ppo/v1/utils.py): the turn is passed as values."""
+    keys = ["u0_0_0", "u0_0_1", "u0_1_0", "u1_0_0"]
+    scores, mask = _padded([1, 2, 3, 4], [1.0, 1.0, 0.0, 0.5], torch.float32)
+    batch = DataProto.from_dict(
+        tensors={"token_level_rewards": scores, "response_mask": mask},
+        non_tensors={
+            "uid": np.array([k.split("_")[0] for k in keys], dtype=object),
+            "session_id": np.array([int(k.split("_")[1]) for k in keys]),
+        },
+    )
+    path = write_batch(batch, tmp_path, turn=[int(k.rsplit("_", 1)[1]) for k in keys])
+    written = pl.read_parquet(path)
+    assert written["data_id"].to_list() == ["u0", "u0", "u0", "u1"]
+    assert written["rollout_id"].to_list() == [0, 0, 1, 0]
+    assert written["turn_index"].to_list() == [0, 1, 0, 0]
+
+
+def test_files_are_numbered_and_never_replaced(tmp_path):
+    batch = {
+        "data_id": [0, 0],
+        "rollout_id": [0, 1],
+        "score": [1.0, 0.0],
+    }
+    names = [write_batch(batch, tmp_path).name for _ in range(3)]
+    assert names == ["batch-000000.parquet", "batch-000001.parquet", "batch-000002.parquet"]
+    assert pl.read_parquet(tmp_path / names[0]).columns == ["data_id", "rollout_id", "score"]
+
+    write_batch(batch, tmp_path, step=1)
+    before = (tmp_path / "step-00000001.parquet").read_bytes()
+    with pytest.raises(AdvcliError, match=r"step-00000001\.parquet"):
+        write_batch({**batch, "score": [5.0, 5.0]}, tmp_path, step=1)
+    assert (tmp_path / "step-00000001.parquet").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [*names, "step-00000001.parquet"]
+
+
+def test_keys_and_errors(tmp_path):
+    batch = {
+        "uid": np.array(["a", "b"], dtype=object),
+        "traj_uid": np.array(["x", "y"], dtype=object),
+        "token_level_rewards": np.zeros((2, 3), dtype=np.float32),
+        "response_mask": np.ones((2, 3), dtype=np.int64),
+        "data_source": ["gsm8k", "math"],
+    }
+    path = write_batch(batch, tmp_path, keys=["data_source"])
+    assert pl.read_parquet(path)["data_source"].to_list() == ["gsm8k", "math"]
+    with pytest.raises(AdvcliError, match="no key 'nope'"):
+        write_batch(batch, tmp_path, keys=["nope"])
+    with pytest.raises(AdvcliError, match="different lengths"):
+        write_batch({**batch, "traj_uid": np.array(["x"], dtype=object)}, tmp_path)
+    with pytest.raises(AdvcliError, match="no group column"):
+        write_batch({k: v for k, v in batch.items() if k != "uid"}, tmp_path)
+    with pytest.raises(TypeError, match="DataProto or a mapping"):
+        write_batch([1, 2], tmp_path)
+
+
+def test_importing_dump_does_not_import_torch():
+    code = "import sys, advcli.dump; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr
