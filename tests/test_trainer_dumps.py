@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import polars as pl
 import torch
-
 from reference import reference_advantages
 
 SEED = 1234
@@ -27,6 +26,11 @@ WIDTH = 32  # the padded response length L
 GROUP_SIZES = (4, 3, 1, 5, 2)  # group 1 scores all alike (zero std), group 2 is a singleton
 ADVCLI = [sys.executable, "-m", "advcli"]
 ROLES = ("group", "trajectory", "turn", "reward", "mask")
+
+
+def role_map(*columns: str | None) -> dict[str, str | None]:
+    """The column inspect should report for each role, in ROLES order."""
+    return dict(zip(ROLES, columns, strict=True))
 
 
 def write_batch(path: Path, batch: dict[str, Any]) -> Path:
@@ -107,7 +111,9 @@ def ids(values: list[Any]) -> np.ndarray:
 class Case:
     batch: dict[str, Any]
     roles: dict[str, str | None]
-    rows: list[tuple[Any, Any, int, float, int]]  # the reference's (group, traj, turn, score, tokens)
+    rows: list[
+        tuple[Any, Any, int, float, int]
+    ]  # the reference's (group, traj, turn, score, tokens)
     mask: np.ndarray  # the trainable mask, (B, L)
     flags: tuple[str, ...] = ()
     traj_score: str | None = None
@@ -120,7 +126,8 @@ def check_trainer(case: Case, run: Callable, tmp_path: Path) -> None:
     result = run("compute", dump, "-o", out, *case.flags)
     assert result.exit_code == 0, result.stderr
 
-    inspected = run("inspect", dump, "--json", *case.flags)
+    # inspect reads every trajectory by its first row: it takes no --traj-score.
+    inspected = run("inspect", dump, "--json", *(case.flags if case.traj_score is None else ()))
     assert inspected.exit_code == 0, inspected.stderr
     columns = json.loads(inspected.stdout)["columns"]
     assert {role: columns[role]["column"] for role in ROLES} == case.roles
@@ -163,7 +170,7 @@ def agent_lightning(level: str) -> Case:
             if level == "transition":
                 mask, last = mask_of([(segs[0][0], 0)])  # verl's compute_response_mask
             else:
-                mask, last = mask_of(segs[:-1] + [(segs[-1][0], 0)])
+                mask, last = mask_of([*segs[:-1], (segs[-1][0], 0)])
             cols["data"].append(data_ids[traj.group])
             cols["rollout"].append(rollout_id)
             cols["turn"].append(turn)
@@ -183,8 +190,8 @@ def agent_lightning(level: str) -> Case:
     if level == "transition":
         batch["turn_index_list"] = np.array(cols["turn"], dtype=np.int64)
         turn_col = "turn_index_list"
-    roles = dict(
-        zip(ROLES, ("data_id_list", "rollout_id_list", turn_col, "token_level_scores", "response_mask"))
+    roles = role_map(
+        "data_id_list", "rollout_id_list", turn_col, "token_level_scores", "response_mask"
     )
     return Case(batch, roles, rows, batch["response_mask"].numpy())
 
@@ -250,7 +257,7 @@ def per_step_case(rng: np.random.Generator, trainer: str) -> Case:
         }
         trajectory, reward = "idxs", "token_level_scores"
     batch["response_mask"] = torch.stack(cols["mask"])
-    roles = dict(zip(ROLES, ("uid", trajectory, None, reward, "response_mask")))
+    roles = role_map("uid", trajectory, None, reward, "response_mask")
     return Case(batch, roles, rows, batch["response_mask"].numpy())
 
 
@@ -271,6 +278,7 @@ def test_rllm_agent_ppo_trainer_stepwise(run, tmp_path):
 def one_row_case(rng: np.random.Generator, trainer: str) -> Case:
     """verl classic, rLLM's newest transform, OpenRLHF, TRL: a whole multi-turn trajectory in
     one right-padded row, tool tokens masked out."""
+    torch.manual_seed(SEED)
     sizes = GROUP_SIZES if trainer in ("verl", "rllm") else (4, 4, 4)
     trajs = plan(rng, sizes)
     group_ids = [str(new_uuid(rng)) for _ in sizes]
@@ -318,8 +326,7 @@ def one_row_case(rng: np.random.Generator, trainer: str) -> Case:
         roles = (None, None, None, "rewards", "action_mask")
         keys = [(i // 4, i) for i in range(B)]
     else:  # TRL: the completion mask is right padding only; tool_mask zeroes the tool results
-        completion_mask = (mask.cumsum(-1) < mask.sum(-1, keepdim=True)).long()
-        completion_mask[torch.arange(B), torch.tensor(lasts)] = 1
+        completion_mask = (torch.arange(WIDTH) <= torch.tensor(lasts)[:, None]).long()
         batch = {
             "prompt_ids": torch.randint(0, 32000, (B, 8)),
             "completion_ids": torch.randint(0, 32000, (B, WIDTH)) * completion_mask,
@@ -336,4 +343,203 @@ def one_row_case(rng: np.random.Generator, trainer: str) -> Case:
         for (g, tr), t, m in zip(keys, trajs, mask, strict=True)
     ]
     flags = ("--group-size", "4") if trainer in ("openrlhf", "trl") else ()
-    return Case(batch, dict(zip(ROLES, roles)), rows, mask.numpy(), flags)
+    return Case(batch, role_map(*roles), rows, mask.numpy(), flags)
+
+
+def test_verl_classic(run, tmp_path):
+    """verl 0.9.1 classic agent loop (verl/experimental/agent_loop/agent_loop.py,
+    verl/trainer/ppo/ray_trainer.py): one row per whole trajectory, uid an object array of uuid4
+    strings shared by a prompt's rollouts, the reward on the last valid token of
+    token_level_scores/_rewards, response_mask 0 on tool tokens."""
+    check_trainer(one_row_case(np.random.default_rng(SEED), "verl"), run, tmp_path)
+
+
+def test_rllm_newest_transform(run, tmp_path):
+    """rLLM (rllm/trainer/verl/transform.py @0515808): one prefix-merged row per trajectory;
+    trajectory_ids "{task_id}_{role}" is the GRPO group, episode_ids "{task_id}:{rollout_idx}"
+    the trajectory (shared by a task's roles), the reward in traj_rewards."""
+    check_trainer(one_row_case(np.random.default_rng(SEED), "rllm"), run, tmp_path)
+
+
+def test_openrlhf(run, tmp_path):
+    """OpenRLHF 0.11.2 (openrlhf/trainer/ppo_utils/experience.py, experience_maker.py): one row
+    per episode, no group id (contiguous blocks of n_samples_per_prompt), a scalar `rewards`
+    beside `scores`, action_mask (B, A) int64 with 0 between action spans."""
+    check_trainer(one_row_case(np.random.default_rng(SEED), "openrlhf"), run, tmp_path)
+
+
+def test_trl(run, tmp_path):
+    """TRL 1.16.0 (trl/trainer/grpo_trainer.py): one row per completion in blocks of
+    num_generations, completion_mask right-padded int64, scalar rewards, and TRL's own scalar
+    `advantages` column, which the per-token output replaces."""
+    check_trainer(one_row_case(np.random.default_rng(SEED), "trl"), run, tmp_path)
+
+
+def test_skyrl_stepwise(run, tmp_path):
+    """skyrl-train 0.3.1 (skyrl_train/generators/base.py, the trainer's step-wise batch): uids
+    str(dataset index), trajectory_ids "{instance_id}_{repetition_id}", per-step `rewards`
+    (only the last step's is the outcome), loss_mask float32 the trainable mask while
+    response_mask covers every response token, is_last_step; rows contiguous in step order."""
+    rng = np.random.default_rng(SEED)
+    cols: dict[str, list] = {}
+    rows = []
+    for traj in plan(rng):
+        uid = str(100 + traj.group)
+        traj_id = f"{uid}_{traj.rollout}"
+        for turn, (llm, tool) in enumerate(traj.segments):
+            last_step = turn == traj.turns - 1
+            reward = traj.reward if last_step else float(rng.choice([0.0, 0.2]))
+            loss_mask = torch.zeros(WIDTH)
+            loss_mask[:llm] = 1
+            response_mask = torch.zeros(WIDTH, dtype=torch.int64)
+            response_mask[: llm + tool] = 1  # the observation tokens too
+            values = {
+                "uids": uid,
+                "trajectory_ids": traj_id,
+                "rewards": at(reward, llm - 1),
+                "loss_mask": loss_mask,
+                "response_mask": response_mask,
+                "is_last_step": last_step,
+            }
+            for key, value in values.items():
+                cols.setdefault(key, []).append(value)
+            rows.append((traj.group, traj_id, turn, stored(reward), llm))
+    batch = {
+        key: torch.stack(value) if isinstance(value[0], torch.Tensor) else np.array(value)
+        for key, value in cols.items()
+    }
+    batch["is_last_step"] = torch.tensor(cols["is_last_step"])
+    roles = role_map("uids", "trajectory_ids", None, "rewards", "loss_mask")
+    case = Case(batch, roles, rows, batch["loss_mask"].numpy(), ("--traj-score", "last"), "last")
+    check_trainer(case, run, tmp_path)
+
+
+def test_verl_v1_multi_trajectory(run, tmp_path):
+    """verl 0.9.1 v1 (verl/trainer/ppo/v1/agent_loop_tq.py, trainer_base.py): rows with the
+    prompt's `uid` and an int `session_id` (0..n-1), one row per turn, the session's final reward
+    copied onto every row's last token of rm_scores -> token_level_scores/_rewards; loss_mask =
+    response_mask. Rows come back in no particular order (shuffled here)."""
+    rng = np.random.default_rng(SEED)
+    group_ids = [str(new_uuid(rng)) for _ in GROUP_SIZES]
+    cols: dict[str, list] = {}
+    rows = []
+    for traj in plan(rng):
+        for turn, (llm, _) in enumerate(traj.segments):
+            mask, last = mask_of([(llm, 0)])
+            cols.setdefault("uid", []).append(group_ids[traj.group])
+            cols.setdefault("session_id", []).append(traj.rollout)
+            cols.setdefault("num_turns", []).append(traj.turns)
+            cols.setdefault("rm_scores", []).append(at(traj.reward, last))
+            cols.setdefault("response_mask", []).append(mask)
+            rows.append((traj.group, traj.rollout, turn, stored(traj.reward), llm))
+    order = rng.permutation(len(rows))
+    batch: dict[str, Any] = {
+        "uid": ids([cols["uid"][i] for i in order]),
+        "session_id": np.array(cols["session_id"])[order],
+        "num_turns": np.array(cols["num_turns"])[order],
+    }
+    for name in ("rm_scores", "token_level_scores", "token_level_rewards"):
+        batch[name] = torch.stack(cols["rm_scores"])[order]
+    batch["response_mask"] = torch.stack(cols["response_mask"])[order]
+    batch["loss_mask"] = batch["response_mask"].clone()
+    rows = [rows[i] for i in order]
+    roles = role_map("uid", "session_id", None, "token_level_rewards", "response_mask")
+    check_trainer(Case(batch, roles, rows, batch["response_mask"].numpy()), run, tmp_path)
+
+
+def error_line(result) -> str:
+    """The one `Error:` line of a failed run."""
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    return lines[0]
+
+
+def scalar_dump(tmp_path: Path, **extra: list) -> Path:
+    columns = {"data_id": ["p", "p", "q"], "rollout_id": ["a", "b", "a"], **extra}
+    return write_batch(tmp_path / "dump.parquet", {k: np.array(v) for k, v in columns.items()})
+
+
+def test_two_trainers_at_once_is_an_error(run, tmp_path):
+    """verl-agent's `traj_uid` and verl v1's `session_id` (trainers.md sections 1b and 2) each
+    complete `uid` into a dialect of the same width: advcli must not pick one."""
+    dump = write_batch(
+        tmp_path / "dump.parquet",
+        {
+            "uid": ids(["u", "u"]),
+            "traj_uid": ids(["t1", "t2"]),
+            "session_id": np.array([0, 1]),
+            "token_level_rewards": torch.tensor([[1.0, 0.0], [0.0, 0.0]]),
+            "response_mask": torch.ones(2, 2, dtype=torch.int64),
+        },
+    )
+    line = error_line(run("compute", dump, "-o", tmp_path / "out.parquet"))
+    assert "verl-agent" in line and "verl (v1 multi-trajectory)" in line
+
+
+def test_two_reward_candidates_is_an_error(run, tmp_path):
+    """advcli's own dialect (data_id / rollout_id) reads `score` or `reward`: both present is
+    ambiguous."""
+    dump = scalar_dump(tmp_path, score=[1.0, 0.0, 1.0], reward=[0.0, 1.0, 1.0])
+    line = error_line(run("compute", dump, "-o", tmp_path / "out.parquet", "--no-tokens"))
+    assert "'score'" in line and "'reward'" in line and "--reward-col" in line
+
+
+def test_missing_trajectory_column_suggests_the_near_name(run, tmp_path):
+    """A typo'd trajectory column gets a suggestion, not a silent row-per-trajectory reading."""
+    dump = write_batch(
+        tmp_path / "dump.parquet",
+        {
+            "data_id": np.array(["p", "p"]),
+            "rollout_ids": np.array(["a", "b"]),
+            "score": np.array([1.0, 0.0]),
+        },
+    )
+    line = error_line(run("inspect", dump))
+    assert "did you mean 'rollout_ids'" in line
+
+
+def test_verl_rollout_data_dir_jsonl_is_explained(run, tmp_path):
+    """verl 0.9.1 `_write_generations` (verl/trainer/ppo/ray_trainer.py): the
+    trainer.rollout_data_dir JSONL has input, output, gts, score, step and no ids."""
+    dump = tmp_path / "7.jsonl"
+    lines = [
+        {"input": "q1", "output": f"answer {i}", "gts": "4", "score": float(i % 2), "step": 7}
+        for i in range(4)
+    ]
+    dump.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    line = error_line(run("compute", dump, "-o", tmp_path / "out.parquet"))
+    assert "rollout_data_dir" in line and "advcli.dump.write_batch" in line
+
+
+def test_scalar_scores_without_a_mask(run, tmp_path):
+    """OpenRLHF-like scalar rewards (trainers.md section 6) with no mask column: one advantage
+    per row works, the per-token output cannot."""
+    scores = [1.0, 0.0, 0.5]
+    dump = scalar_dump(tmp_path, score=scores)
+    out = tmp_path / "out.parquet"
+    result = run("compute", dump, "-o", out, "--no-tokens")
+    assert result.exit_code == 0, result.stderr
+    rows = [("p", "a", 0, 1.0, 0), ("p", "b", 0, 0.0, 0), ("q", "a", 0, 0.5, 0)]
+    expected = reference_advantages(rows, level="trajectory", estimator="grpo")
+    np.testing.assert_allclose(pl.read_parquet(out)["advantage"], expected, rtol=0, atol=1e-5)
+    line = error_line(run("compute", dump, "-o", tmp_path / "tokens.parquet"))
+    assert "pass --no-tokens" in line
+
+
+def test_json_lines_on_stdin(tmp_path):
+    """verl-agent rows (trainers.md section 2) as JSON lines piped into `compare -`."""
+    records = [
+        {"uid": g, "traj_uid": t, "token_level_rewards": [0.0, s], "response_mask": [1, 1]}
+        for g, t, s in [("p", "a", 1.0), ("p", "a", 1.0), ("p", "b", 0.0), ("q", "c", 0.5)]
+    ]
+    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    result = subprocess.run(
+        [*ADVCLI, "compare", "-", "--json", "-", "-q"],
+        input=data,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    counts = json.loads(result.stdout)["counts"]
+    assert (counts["rows"], counts["groups"], counts["trajectories"]) == (4, 2, 3)

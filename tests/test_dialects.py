@@ -1,0 +1,224 @@
+"""Finding each role's column: the trainers' dialects, ties, suggestions and the README table."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from advcli.columns import DIALECTS, resolve_columns
+from advcli.errors import AdvcliError, UsageError
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+TOKENS = pl.Array(pl.Float32, 4)
+MASK = pl.Array(pl.Int64, 4)
+
+
+def _schema(**columns: pl.DataType) -> pl.Schema:
+    return pl.Schema(columns)
+
+
+def _table_rows() -> dict[str, list[str]]:
+    """The README's trainers table: trainer → its cells."""
+    start = README.index("| trainer | signature |")
+    rows = {}
+    for line in README[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def _names(cell: str) -> tuple[str, ...]:
+    return tuple(re.findall(r"`([^`]+)`", cell))
+
+
+def test_readme_table_states_the_dialects():
+    table = _table_rows()
+    assert list(table) == [dialect.trainer for dialect in DIALECTS]
+    for dialect in DIALECTS:
+        signature, group, trajectory, turn, reward, mask, _ = table[dialect.trainer]
+        assert _names(signature) == dialect.signature
+        assert _names(group) == dialect.group
+        if not dialect.group:
+            assert group == "blocks of rows"
+        assert _names(trajectory) == dialect.trajectory
+        if not dialect.trajectory:
+            assert trajectory == "each row"
+        assert _names(turn) == dialect.turn
+        assert _names(reward) == dialect.reward
+        assert _names(mask) == dialect.mask
+
+
+@pytest.mark.parametrize(
+    ("schema", "expected"),
+    [
+        (
+            _schema(
+                data_id_list=pl.String(),
+                rollout_id_list=pl.String(),
+                turn_index_list=pl.Int64(),
+                uid=pl.String(),  # agent-lightning copies the group ids here
+                token_level_scores=TOKENS,
+                response_mask=MASK,
+            ),
+            ("data_id_list", "rollout_id_list", "turn_index_list", "token_level_scores"),
+        ),
+        (
+            _schema(
+                uid=pl.String(),
+                traj_uid=pl.String(),
+                rewards=pl.Float64(),  # verl-agent's per-step env reward: not the reward read
+                token_level_scores=TOKENS,
+                token_level_rewards=TOKENS,
+                response_mask=MASK,
+            ),
+            ("uid", "traj_uid", None, "token_level_rewards"),
+        ),
+        (
+            _schema(
+                uids=pl.String(),
+                trajectory_ids=pl.String(),
+                rewards=TOKENS,
+                loss_mask=pl.Array(pl.Float32, 4),
+                response_mask=MASK,
+                is_last_step=pl.Boolean(),
+            ),
+            ("uids", "trajectory_ids", None, "rewards"),
+        ),
+        (
+            _schema(
+                episode_ids=pl.String(),
+                trajectory_ids=pl.String(),
+                step_ids=pl.String(),
+                traj_rewards=TOKENS,
+                step_rewards=TOKENS,
+                response_mask=MASK,
+            ),
+            ("trajectory_ids", "episode_ids", None, "traj_rewards"),
+        ),
+        (
+            _schema(uid=pl.String(), token_level_rewards=TOKENS, response_mask=MASK),
+            ("uid", None, None, "token_level_rewards"),
+        ),
+    ],
+    ids=["agent-lightning", "verl-agent", "SkyRL", "rLLM", "verl"],
+)
+def test_dialects_resolve_without_flags(schema, expected):
+    roles = resolve_columns(schema, "dump")
+    assert (roles.group, roles.trajectory, roles.turn, roles.reward) == expected
+
+
+def test_skyrl_mask_is_its_loss_mask_and_never_its_response_mask():
+    schema = _schema(
+        uids=pl.String(), trajectory_ids=pl.String(), rewards=TOKENS, response_mask=MASK
+    )
+    with pytest.raises(AdvcliError, match=r"no mask column .*SkyRL's dumps name it 'loss_mask'"):
+        resolve_columns(schema, "dump")
+    assert resolve_columns(schema, "dump", mask_needed_for=None).mask is None
+
+
+def test_dialects_of_equal_width_are_an_error_naming_both():
+    schema = _schema(
+        uid=pl.String(),
+        traj_uid=pl.String(),
+        session_id=pl.Int64(),
+        token_level_rewards=TOKENS,
+        response_mask=MASK,
+    )
+    with pytest.raises(AdvcliError) as error:
+        resolve_columns(schema, "dump")
+    assert "verl-agent's (uid, traj_uid)" in str(error.value)
+    assert "verl (v1 multi-trajectory)'s (uid, session_id)" in str(error.value)
+    assert "--group-col" in str(error.value)
+    # Naming the columns settles it.
+    roles = resolve_columns(schema, "dump", group="uid", trajectory="traj_uid")
+    assert (roles.group, roles.trajectory) == ("uid", "traj_uid")
+
+
+def test_two_candidates_for_a_role_are_an_error_naming_both():
+    schema = _schema(
+        data_id=pl.Int64(), rollout_id=pl.Int64(), score=pl.Float64(), reward=pl.Float64()
+    )
+    with pytest.raises(
+        AdvcliError,
+        match="two columns could be the reward: 'score' and 'reward'; pick one with --reward-col",
+    ):
+        resolve_columns(schema, "dump", mask_needed_for=None)
+    assert resolve_columns(schema, "dump", reward="reward", mask_needed_for=None).reward == "reward"
+
+
+def test_an_advcli_output_read_again_takes_its_reward_not_its_score():
+    schema = _schema(
+        data_id=pl.Int64(),
+        rollout_id=pl.Int64(),
+        token_level_rewards=TOKENS,
+        response_mask=MASK,
+        score=pl.Float32(),
+        advantage=pl.Float32(),
+    )
+    assert resolve_columns(schema, "dump").reward == "token_level_rewards"
+
+
+def test_a_missing_role_lists_the_columns_and_the_nearest_names():
+    schema = _schema(
+        data_id=pl.Int64(), rollout_ids=pl.Int64(), score=pl.Float64(), response_length=pl.Int64()
+    )
+    with pytest.raises(AdvcliError) as error:
+        resolve_columns(schema, "dump")
+    message = str(error.value)
+    assert message.startswith("dump: no trajectory column: expected 'rollout_id',")
+    assert "The file has 'data_id', 'rollout_ids', 'score', 'response_length'" in message
+    assert message.endswith("did you mean 'rollout_ids'?")
+
+
+def test_a_mistyped_option_suggests_the_nearest_column():
+    schema = _schema(data_id=pl.Int64(), rollout_id=pl.Int64(), score=pl.Float64())
+    with pytest.raises(
+        AdvcliError, match=r"column 'scroe' .--reward-col. not found.*did you mean 'score'"
+    ):
+        resolve_columns(schema, "dump", reward="scroe", mask_needed_for=None)
+
+
+def test_long_column_lists_are_cut():
+    schema = pl.Schema({f"feature_{i}": pl.Int64() for i in range(30)})
+    with pytest.raises(AdvcliError, match="'feature_19' and 10 more"):
+        resolve_columns(schema, "dump")
+
+
+def test_verls_rollout_data_dir_dump_is_recognised():
+    schema = _schema(
+        input=pl.String(), output=pl.String(), gts=pl.String(), score=pl.Float64(), step=pl.Int64()
+    )
+    with pytest.raises(AdvcliError, match=r"rollout_data_dir dump.*advcli.dump.write_batch"):
+        resolve_columns(schema, "dump", mask_needed_for=None)
+
+
+def test_group_size_stands_in_for_the_group():
+    schema = _schema(rewards=pl.Float64(), completion_mask=MASK)
+    with pytest.raises(AdvcliError, match=r"TRL's dumps hold no group id.*--group-size"):
+        resolve_columns(schema, "dump")
+    roles = resolve_columns(schema, "dump", group_size=4)
+    assert (roles.group, roles.group_size, roles.trajectory, roles.mask) == (
+        None,
+        4,
+        None,
+        "completion_mask",
+    )
+    with pytest.raises(UsageError, match="--group-size and --group-col"):
+        resolve_columns(schema, "dump", group_size=4, group="rewards")
+
+
+def test_multidimensional_arrays_are_refused():
+    schema = _schema(
+        data_id=pl.Int64(),
+        rollout_id=pl.Int64(),
+        token_level_rewards=pl.Array(pl.Float32, (2, 3)),
+        response_mask=MASK,
+    )
+    with pytest.raises(AdvcliError, match="one-dimensional"):
+        resolve_columns(schema, "dump")
