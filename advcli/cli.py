@@ -122,8 +122,8 @@ def main(
 Inputs = Annotated[
     list[str] | None,
     typer.Argument(
-        help="Parquet or JSON-lines files, globs or directories, read as one dataset; '-' reads "
-        "Parquet or an Arrow IPC stream from stdin.",
+        help="Parquet, JSON-lines or Arrow files, globs or directories, read as one dataset; '-' "
+        "reads Parquet, an Arrow IPC stream or JSON lines from stdin.",
         show_default=False,
     ),
 ]

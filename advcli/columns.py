@@ -324,6 +324,14 @@ class _Picker:
             return chosen
         if self.tie and role in ("group", "trajectory"):
             first, second = self.tie
+            agreed = set(first.names(role)) & set(second.names(role)) & set(self.schema.names())
+            if len(agreed) == 1:
+                name = agreed.pop()
+                self.reasons[role] = (
+                    f"'{name}' is the {role} column of {first.trainer}'s and {second.trainer}'s "
+                    "dumps"
+                )
+                return name
             raise AdvcliError(
                 f"{self.where}: the columns fit two trainers' dumps, {_signed(first)} and "
                 f"{_signed(second)}; name the {role} column with {option}"

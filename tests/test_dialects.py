@@ -134,9 +134,9 @@ def test_dialects_of_equal_width_are_an_error_naming_both():
         resolve_columns(schema, "dump")
     assert "verl-agent's (uid, traj_uid)" in str(error.value)
     assert "verl (v1 multi-trajectory)'s (uid, session_id)" in str(error.value)
-    assert "--group-col" in str(error.value)
-    # Naming the columns settles it.
-    roles = resolve_columns(schema, "dump", group="uid", trajectory="traj_uid")
+    # Both take 'uid' for the group: only the trajectory is in question.
+    assert "name the trajectory column with --traj-col" in str(error.value)
+    roles = resolve_columns(schema, "dump", trajectory="traj_uid")
     assert (roles.group, roles.trajectory) == ("uid", "traj_uid")
 
 

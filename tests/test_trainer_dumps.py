@@ -1,7 +1,7 @@
 """Each trainer's batch, built with torch the way the trainer fills it and written to Parquet the
 natural way, read by `compute`, `compare` and `inspect` with no column options.
 
-The facts come from /work/research/trainers.md (the source file each test names is the one read
+The facts come from docs/trainers.md (the source file each test names is the one read
 there). Expected advantages come from tests/reference.py, never from advcli.
 """
 
@@ -100,6 +100,12 @@ def stored(value: float, dtype: torch.dtype = torch.float32) -> float:
     return torch.tensor(value, dtype=dtype).item()
 
 
+def append(cols: dict[str, list], **values: Any) -> None:
+    """Add one row's values to the per-column lists."""
+    for key, value in values.items():
+        cols.setdefault(key, []).append(value)
+
+
 def ids(values: list[Any]) -> np.ndarray:
     """A numpy object array, as verl's collate_fn makes non-tensor fields."""
     out = np.empty(len(values), dtype=object)
@@ -111,9 +117,7 @@ def ids(values: list[Any]) -> np.ndarray:
 class Case:
     batch: dict[str, Any]
     roles: dict[str, str | None]
-    rows: list[
-        tuple[Any, Any, int, float, int]
-    ]  # the reference's (group, traj, turn, score, tokens)
+    rows: list[tuple[Any, Any, int, float, int]]  # reference rows: group, traj, turn, score, tokens
     mask: np.ndarray  # the trainable mask, (B, L)
     flags: tuple[str, ...] = ()
     traj_score: str | None = None
@@ -158,7 +162,7 @@ def check_trainer(case: Case, run: Callable, tmp_path: Path) -> None:
 def agent_lightning(level: str) -> Case:
     rng = np.random.default_rng(SEED)
     data_ids = [str(new_uuid(rng)) for _ in GROUP_SIZES]
-    cols: dict[str, list] = {k: [] for k in ("data", "rollout", "turn", "scores", "mask")}
+    cols: dict[str, list] = {}
     rows = []
     for traj in plan(rng):
         rollout_id = new_uuid(rng).hex
@@ -171,11 +175,9 @@ def agent_lightning(level: str) -> Case:
                 mask, last = mask_of([(segs[0][0], 0)])  # verl's compute_response_mask
             else:
                 mask, last = mask_of([*segs[:-1], (segs[-1][0], 0)])
-            cols["data"].append(data_ids[traj.group])
-            cols["rollout"].append(rollout_id)
-            cols["turn"].append(turn)
-            cols["scores"].append(at(traj.reward, last, torch.bfloat16))
-            cols["mask"].append(mask)
+            scores = at(traj.reward, last, torch.bfloat16)
+            append(cols, data=data_ids[traj.group], rollout=rollout_id, turn=turn, mask=mask)
+            append(cols, scores=scores)
             rows.append((traj.group, rollout_id, turn, score, int(mask.sum())))
     batch = {
         "data_id_list": np.array(cols["data"]),  # <U36
@@ -222,18 +224,9 @@ def per_step_case(rng: np.random.Generator, trainer: str) -> Case:
         for turn, (llm, _) in enumerate(traj.segments):
             mask, last = mask_of([(llm, 0)])
             uid = group_ids[traj.group]
-            values = {
-                "uid": uid,
-                "traj": traj_id,
-                "scores": at(traj.reward, last),
-                "mask": mask,
-                "rewards": float(steps[turn]),
-                "episode_rewards": np.float32(traj.reward),
-                "step_ids": f"{uid}_step{turn}",
-                "is_last_step": turn == traj.turns - 1,
-            }
-            for key, value in values.items():
-                cols.setdefault(key, []).append(value)
+            append(cols, uid=uid, traj=traj_id, scores=at(traj.reward, last), mask=mask)
+            append(cols, rewards=float(steps[turn]), episode_rewards=np.float32(traj.reward))
+            append(cols, step_ids=f"{uid}_step{turn}", is_last_step=turn == traj.turns - 1)
             rows.append((traj.group, traj_id, turn, stored(traj.reward), llm))
     scores = torch.stack(cols["scores"])
     batch: dict[str, Any] = {"uid": ids(cols["uid"])}
@@ -393,16 +386,8 @@ def test_skyrl_stepwise(run, tmp_path):
             loss_mask[:llm] = 1
             response_mask = torch.zeros(WIDTH, dtype=torch.int64)
             response_mask[: llm + tool] = 1  # the observation tokens too
-            values = {
-                "uids": uid,
-                "trajectory_ids": traj_id,
-                "rewards": at(reward, llm - 1),
-                "loss_mask": loss_mask,
-                "response_mask": response_mask,
-                "is_last_step": last_step,
-            }
-            for key, value in values.items():
-                cols.setdefault(key, []).append(value)
+            append(cols, uids=uid, trajectory_ids=traj_id, rewards=at(reward, llm - 1))
+            append(cols, loss_mask=loss_mask, response_mask=response_mask, is_last_step=last_step)
             rows.append((traj.group, traj_id, turn, stored(reward), llm))
     batch = {
         key: torch.stack(value) if isinstance(value[0], torch.Tensor) else np.array(value)
@@ -426,11 +411,8 @@ def test_verl_v1_multi_trajectory(run, tmp_path):
     for traj in plan(rng):
         for turn, (llm, _) in enumerate(traj.segments):
             mask, last = mask_of([(llm, 0)])
-            cols.setdefault("uid", []).append(group_ids[traj.group])
-            cols.setdefault("session_id", []).append(traj.rollout)
-            cols.setdefault("num_turns", []).append(traj.turns)
-            cols.setdefault("rm_scores", []).append(at(traj.reward, last))
-            cols.setdefault("response_mask", []).append(mask)
+            append(cols, uid=group_ids[traj.group], session_id=traj.rollout, num_turns=traj.turns)
+            append(cols, rm_scores=at(traj.reward, last), response_mask=mask)
             rows.append((traj.group, traj.rollout, turn, stored(traj.reward), llm))
     order = rng.permutation(len(rows))
     batch: dict[str, Any] = {
@@ -541,5 +523,14 @@ def test_json_lines_on_stdin(tmp_path):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr.decode()
-    counts = json.loads(result.stdout)["counts"]
+    report = json.loads(result.stdout)
+    counts = report["counts"]
     assert (counts["rows"], counts["groups"], counts["trajectories"]) == (4, 2, 3)
+    # diff(τ) = a_traj(τ) - mean of τ's turn-level row advantages; 'a' has two rows.
+    rows = [
+        (r["uid"], r["traj_uid"], i, r["token_level_rewards"][1], 2) for i, r in enumerate(records)
+    ]
+    turn = reference_advantages(rows, level="turn", estimator="grpo")
+    traj = reference_advantages(rows, level="trajectory", estimator="grpo")
+    diffs = [traj[0] - (turn[0] + turn[1]) / 2, traj[2] - turn[2], traj[3] - turn[3]]
+    assert abs(report["trajectories"]["advantage_diff_max"] - max(map(abs, diffs))) < 1e-9
