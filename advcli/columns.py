@@ -322,6 +322,10 @@ class _Picker:
                 )
             self.reasons[role] = f"named by {option}"
             return chosen
+        if role == "group" and _is_rollout_data_dir(self.schema):
+            # verl v1 writes a 'uid' there, but it is the row's own key, one per row: read as
+            # a group id it would make every row a group of its own.
+            raise AdvcliError(f"{self.where}: {ROLLOUT_DATA_DIR}")
         if self.tie and role in ("group", "trajectory"):
             first, second = self.tie
             agreed = set(first.names(role)) & set(second.names(role)) & set(self.schema.names())
@@ -371,7 +375,7 @@ class _Picker:
         source = f"{dialect.trainer}'s dumps name it" if dialect is not None else "expected"
         raise AdvcliError(
             f"{self.where}: no {role} column{needed}: {source} {expected}, or name one with "
-            f"{option}{self._hint(names)}{_known_dump(self.schema, role)}"
+            f"{option}{self._hint(names)}"
         )
 
     def _hint(self, wanted: Sequence[str]) -> str:
@@ -441,15 +445,16 @@ def _present(schema: pl.Schema, role: Role, names: Sequence[str]) -> list[str]:
     return present
 
 
-def _known_dump(schema: pl.Schema, role: Role) -> str:
-    """A pointer for files that are known not to hold the role at all."""
-    if role in ("group", "trajectory") and {"input", "output", "score"} <= set(schema.names()):
-        return (
-            ". This looks like verl's trainer.rollout_data_dir dump, which holds no group or "
-            "trajectory ids; write the batch with advcli.dump.write_batch instead (README: "
-            "'Getting a dump out of a trainer')"
-        )
-    return ""
+ROLLOUT_DATA_DIR = (
+    "this looks like verl's trainer.rollout_data_dir dump (input, output, score), which holds no "
+    "group or trajectory ids (its 'uid', where present, is each row's own key); write the batch "
+    "with advcli.dump.write_batch instead (README: 'Getting a dump out of a trainer'), or name "
+    "the group column with --group-col"
+)
+
+
+def _is_rollout_data_dir(schema: pl.Schema) -> bool:
+    return {"input", "output", "score"} <= set(schema.names())
 
 
 def _is_numeric(dtype: pl.DataType | DataTypeClass) -> bool:
