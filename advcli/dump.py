@@ -82,7 +82,7 @@ def write_batch(
     >>> pl.read_parquet(path).columns
     ['data_id', 'rollout_id', 'token_level_rewards', 'response_mask', 'step']
     """
-    entries = _entries(batch)
+    entries = batch_entries(batch)
     given: dict[str, str | None] = {}
     for role, value in (("group", group), ("trajectory", trajectory), ("turn", turn)):
         if value is None or isinstance(value, str):
@@ -92,15 +92,13 @@ def write_batch(
             entries[name] = value
             given[role] = name
     rows = _row_count(entries)
-    roles = resolve_columns(
-        _schema(entries),
-        "the batch",
+    roles = batch_roles(
+        entries,
         group=given["group"],
         trajectory=given["trajectory"],
         turn=given["turn"],
         reward=reward,
         mask=mask,
-        mask_needed_for=None,
     )
     frame = _frame(entries, roles, rows, keys)
     if step is not None:
@@ -113,7 +111,31 @@ def write_batch(
     return path
 
 
-def _entries(batch: Any) -> dict[str, Any]:
+def batch_roles(
+    entries: Mapping[str, Any],
+    *,
+    group: str | None = None,
+    trajectory: str | None = None,
+    turn: str | None = None,
+    reward: str | None = None,
+    mask: str | None = None,
+    mask_needed_for: str | None = None,
+) -> ColumnRoles:
+    """The roles of a batch's keys, found as the command line finds columns (the trainers'
+    dialects), from the entries' types and shapes alone."""
+    return resolve_columns(
+        _schema(entries),
+        "the batch",
+        group=group,
+        trajectory=trajectory,
+        turn=turn,
+        reward=reward,
+        mask=mask,
+        mask_needed_for=mask_needed_for,
+    )
+
+
+def batch_entries(batch: Any) -> dict[str, Any]:
     """The batch's columns by key: a DataProto's tensors and non-tensor arrays, or a mapping."""
     if hasattr(batch, "batch") and hasattr(batch, "non_tensor_batch"):
         tensors = batch.batch

@@ -24,6 +24,7 @@ Semantics (``s`` is a row's score, the sum of its token-level rewards):
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,14 +39,23 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 
 from advcli.rules import (
     RULES,
+    SCORE_TOLERANCE,
     SINGLETON_MEAN,
     SINGLETON_STD,
     STD_DDOF,
+    WHITEN_EPSILON,
     Baseline,
     EstimatorRule,
 )
 
-__all__ = ["compute_grpo_outcome_advantage", "compute_rloo_outcome_advantage"]
+__all__ = [
+    "AdvantageMetrics",
+    "AdvantageResult",
+    "compute_advantage",
+    "compute_advantage_with_metrics",
+    "compute_grpo_outcome_advantage",
+    "compute_rloo_outcome_advantage",
+]
 
 #: Row ids: a numpy array (object/str/int), a 1-D torch tensor, or a sequence of hashable values.
 Ids: TypeAlias = "np.ndarray | torch.Tensor | Sequence[Any]"
@@ -436,15 +446,25 @@ def _direct_limit(n: int) -> int:
 def _compact(codes: _Codes, n: int) -> _Codes:
     """Codes usable as indices into per-group buffers: dense, or kept when their range is small."""
     if codes.first_rows:
-        # Number the first rows 0, 1, ... in batch order (a cumulative sum, no sort), so the
-        # group buffers have one slot per group rather than one per row.
-        is_first = codes.values == torch.arange(n, device=codes.values.device)
-        rank = torch.cumsum(is_first, dim=0) - 1
-        count = int(rank[-1]) + 1 if n else 0
-        return _Codes(rank.index_select(0, codes.values), count)
+        # Number the first rows 0, 1, ... in batch order (no sort), so the group buffers have
+        # one slot per group rather than one per row.
+        of_row, first_rows = _number_by_first_row(codes.values)
+        return _Codes(of_row, first_rows.numel())
     if codes.bound <= _direct_limit(n):
         return _Codes(codes.codes, codes.bound)
     return _dense(codes)
+
+
+def _number_by_first_row(first_of_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Given each row's first row with the same key, number the keys 0, 1, … in the order of
+    their first rows: (each row's number, each number's first row). No sort, and no cumulative
+    sum (slow on CPU for a bool tensor)."""
+    n = first_of_row.numel()
+    positions = torch.arange(n, device=first_of_row.device)
+    first_rows = torch.nonzero(first_of_row == positions).squeeze(1)
+    number_at = torch.empty(n, dtype=torch.int64, device=first_of_row.device)
+    number_at.index_copy_(0, first_rows, torch.arange(first_rows.numel(), device=positions.device))
+    return number_at.index_select(0, first_of_row), first_rows
 
 
 def _dense(codes: _Codes) -> _Codes:
@@ -462,3 +482,483 @@ def _unique(codes: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.Tensor
         codes = codes.to(torch.int32)
     unique, inverse = torch.unique(codes, return_inverse=True)
     return unique.to(torch.int64), inverse.to(torch.int64)
+
+
+def compute_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Ids,
+    traj_index: Ids | None = None,
+    *,
+    estimator: str = "grpo",
+    level: str = "trajectory",
+    scale: str | None = None,
+    singleton: str = "raw",
+    traj_score: str | None = None,
+    turn_index: Ids | None = None,
+    epsilon: float = 1e-6,
+    unit_tokens: str = "sum",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Any of advcli's estimators on one batch, with the numbers of ``advcli compute``.
+
+    The same settings and rules as the command line (README: "Estimators" and "Formulas and
+    edge-case rules"), read from the same table (:data:`advcli.rules.RULES`).
+
+    Parameters
+    ----------
+    token_level_rewards, response_mask
+        ``(bs, response_length)``; a row's score is the sum of its rewards (in float64), its
+        token count the sum of its mask.
+    index
+        ``bs`` group ids (verl's ``uid``).
+    traj_index
+        ``bs`` trajectory ids, unique within a group; ``None``: each row is a trajectory.
+    estimator
+        ``grpo``, ``drgrpo``, ``rloo``, ``opo``, ``grpo_passk`` or ``reinforce_pp_baseline``.
+    level
+        ``trajectory``: each trajectory is one unit of its group, its advantage broadcast to its
+        rows; ``turn``: every row is a unit with its own score.
+    scale, singleton, epsilon
+        As ``--scale`` (grpo and grpo_passk: ``group``, ``batch`` or ``none``), ``--singleton``
+        (``raw`` or ``zero``) and ``--epsilon``.
+    traj_score
+        The trajectory's score when its rows disagree: ``first``, ``last``, ``mean``, ``max``,
+        ``sum``; ``None`` refuses such a trajectory (``ValueError``), as the command line does.
+        verl's v1 path takes the final turn's: ``"last"`` with ``turn_index``.
+    turn_index
+        ``bs`` turn numbers that order ``first`` and ``last``; ``None``: the batch order.
+    unit_tokens
+        A trajectory's token count for opo's weights and REINFORCE++'s whitening: ``"sum"`` of its
+        rows' (advcli), or ``"first_row"``, its first row's, whitening over one row per
+        trajectory (agent-lightning's rollout-level path, which runs verl's estimator on each
+        rollout's first row).
+
+    Returns
+    -------
+    advantages, returns
+        The same float32 ``(bs, response_length)`` tensor twice, on the rewards' device.
+
+    Examples
+    --------
+    >>> import torch
+    >>> rewards = torch.tensor([[1.0], [1.0], [1.0], [0.0]])
+    >>> uid, traj = ["q"] * 4, ["a", "a", "a", "b"]  # a: a 3-turn success, b: a failure
+    >>> compute_advantage(rewards, torch.ones(4, 1), uid, traj, estimator="rloo")[0][:, 0]
+    tensor([ 1.,  1.,  1., -1.])
+    >>> compute_advantage(rewards, torch.ones(4, 1), uid, traj, level="turn")[0][:, 0]
+    tensor([ 0.5000,  0.5000,  0.5000, -1.5000])
+    """
+    result = compute_advantage_with_metrics(
+        token_level_rewards,
+        response_mask,
+        index,
+        traj_index,
+        estimator=estimator,
+        level=level,
+        scale=scale,
+        singleton=singleton,
+        traj_score=traj_score,
+        turn_index=turn_index,
+        epsilon=epsilon,
+        unit_tokens=unit_tokens,
+    )
+    return result.advantages, result.advantages
+
+
+@dataclass(frozen=True)
+class AdvantageMetrics:
+    """What a trainer logs about a batch: its rows, trajectories (and how many have more than one
+    row, and the most rows one has), groups, and the groups of one unit and of equal scores at
+    the level used."""
+
+    rows: int
+    trajectories: int
+    multi_row_trajectories: int
+    max_rows_per_trajectory: int
+    groups: int
+    singleton_groups: int
+    zero_std_groups: int
+
+    def as_dict(self, prefix: str = "advcli/") -> dict[str, int]:
+        """The metrics keyed ``advcli/rows``, ``advcli/trajectories``, … for a logger."""
+        return {f"{prefix}{name}": getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class AdvantageResult:
+    advantages: torch.Tensor
+    metrics: AdvantageMetrics
+
+
+def compute_advantage_with_metrics(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Ids,
+    traj_index: Ids | None = None,
+    *,
+    estimator: str = "grpo",
+    level: str = "trajectory",
+    scale: str | None = None,
+    singleton: str = "raw",
+    traj_score: str | None = None,
+    turn_index: Ids | None = None,
+    epsilon: float = 1e-6,
+    unit_tokens: str = "sum",
+) -> AdvantageResult:
+    """:func:`compute_advantage`'s tensor (once) and the batch's :class:`AdvantageMetrics`."""
+    config = _config(estimator, level, scale, singleton, traj_score, epsilon)
+    if unit_tokens not in ("sum", "first_row"):
+        raise ValueError(f"unit_tokens is 'sum' or 'first_row', got {unit_tokens!r}")
+    with torch.no_grad():
+        scores = _scores(token_level_rewards, response_mask)
+        # Token counts only where the rule weighs by them (opo, REINFORCE++).
+        tokens = (
+            response_mask.detach().to(torch.float64).sum(dim=-1)
+            if RULES[config.estimator].counts_tokens
+            else None
+        )
+        units, trajectories = _build_units(
+            scores, tokens, index, traj_index, turn_index, config, unit_tokens
+        )
+        unit_advantage, stats = _unit_advantages(units, config)
+        if RULES[config.estimator].whitens and unit_tokens == "first_row":
+            # agent-lightning whitens its representative rows, one per trajectory.
+            assert units.tokens is not None
+            unit_advantage = _whiten(unit_advantage, units.tokens)
+        _check_finite(scores, unit_advantage)
+        advantage = unit_advantage.index_select(0, units.of_row)
+        if RULES[config.estimator].whitens and unit_tokens == "sum":
+            assert tokens is not None
+            advantage = _whiten(advantage, tokens)
+        out = _broadcast(advantage, response_mask)
+        rows_per = torch.bincount(trajectories.of_row, minlength=trajectories.count)
+        metrics = AdvantageMetrics(
+            rows=scores.shape[0],
+            trajectories=trajectories.count,
+            multi_row_trajectories=int((rows_per > 1).sum()),
+            max_rows_per_trajectory=int(rows_per.max()) if trajectories.count else 0,
+            groups=stats.groups,
+            singleton_groups=stats.singleton_groups,
+            zero_std_groups=stats.zero_std_groups,
+        )
+    return AdvantageResult(out, metrics)
+
+
+def _config(
+    estimator: str,
+    level: str,
+    scale: str | None,
+    singleton: str,
+    traj_score: str | None,
+    epsilon: float,
+) -> Any:
+    """The settings checked by the command line's own :class:`AdvantageConfig` (a bad value is a
+    ``ValueError`` here)."""
+    from advcli.errors import UsageError
+    from advcli.settings import AdvantageConfig, Estimator, Level, Scale, Singleton, TrajScore
+
+    try:
+        return AdvantageConfig(
+            level=Level(level),
+            estimator=Estimator(estimator),
+            epsilon=epsilon,
+            traj_score=TrajScore(traj_score) if traj_score is not None else None,
+            scale=Scale(scale) if scale is not None else None,
+            singleton=Singleton(singleton),
+        )
+    except UsageError as error:
+        raise ValueError(str(error)) from None
+
+
+@dataclass(frozen=True)
+class _Trajectories:
+    """Each row's trajectory (``of_row``, numbered in the order of their first rows), each
+    trajectory's ``first_row``, and their ``count``."""
+
+    of_row: torch.Tensor
+    first_row: torch.Tensor
+    count: int
+
+
+@dataclass(frozen=True)
+class _Units:
+    """The units of a batch (rows at turn level, trajectories at trajectory level), in the order
+    of their first rows: ``score``, ``tokens`` (None where the rule does not weigh by them),
+    ``group`` (dense codes, ``groups`` of them); ``of_row`` maps each row to its unit."""
+
+    score: torch.Tensor
+    tokens: torch.Tensor | None
+    group: torch.Tensor
+    groups: int
+    of_row: torch.Tensor
+
+
+def _build_units(
+    scores: torch.Tensor,
+    tokens: torch.Tensor | None,
+    index: Ids,
+    traj_index: Ids | None,
+    turn_index: Ids | None,
+    config: Any,
+    unit_tokens: str,
+) -> tuple[_Units, _Trajectories]:
+    from advcli.settings import Level
+
+    n = scores.shape[0]
+    device = scores.device
+    positions = torch.arange(n, device=device)
+    group = _compact(_raw_codes(index, n, device, "index"), n)
+    if traj_index is None:
+        trajectories = _Trajectories(positions, positions, n)
+    else:
+        traj = _raw_codes(traj_index, n, device, "traj_index")
+        pair, first = _pairs(group, traj, n)
+        of_row, first_row = _number_by_first_row(first.index_select(0, pair))
+        trajectories = _Trajectories(of_row, first_row, first_row.numel())
+    if config.level is Level.TURN or traj_index is None:
+        return _Units(scores, tokens, group.values, group.bound, positions), trajectories
+
+    of_row, first_row, count = trajectories.of_row, trajectories.first_row, trajectories.count
+    turn = None
+    if turn_index is not None:
+        turn = _raw_codes(turn_index, n, device, "turn_index").codes
+    score = _trajectory_scores(scores, of_row, count, first_row, turn, config.traj_score)
+    if config.traj_score is None:
+        _check_consistent(scores, score, of_row, count, index, traj_index)
+    if tokens is None:
+        trajectory_tokens = None
+    elif unit_tokens == "first_row":
+        trajectory_tokens = tokens.index_select(0, first_row)
+    else:
+        trajectory_tokens = tokens.new_zeros(count).scatter_add_(0, of_row, tokens)
+    group_of = group.values.index_select(0, first_row)
+    return _Units(score, trajectory_tokens, group_of, group.bound, of_row), trajectories
+
+
+def _pairs(group: _Codes, traj: _Codes, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's (group, trajectory) pair code and, per code, the pair's first row."""
+    device = group.values.device
+    positions = torch.arange(n, device=device)
+    if traj.bound <= _direct_limit(n) and not traj.first_rows:
+        # Trajectory ids that each belong to one group (a global rollout counter, verl-agent's
+        # uuids) identify the pair alone: no key to combine and sort.
+        codes = traj.codes
+        group_of = torch.full((traj.bound,), -1, dtype=torch.int64, device=device)
+        group_of.scatter_(0, codes, group.values)
+        if torch.equal(group_of.index_select(0, codes), group.values):
+            return codes, _first_rows(codes, traj.bound, positions)
+    if traj.first_rows and torch.equal(group.values.index_select(0, traj.values), group.values):
+        return traj.values, traj.values.clone().scatter_(0, traj.values, traj.values)
+    group_codes, traj_codes = group, traj
+    if group_codes.bound * traj_codes.bound >= _KEY_LIMIT:
+        traj_codes = _dense(traj_codes)
+    key = group_codes.codes * traj_codes.bound + traj_codes.codes
+    key_bound = group_codes.bound * traj_codes.bound
+    if key_bound > _direct_limit(n):
+        unique_keys, key = _unique(key, key_bound)
+        key_bound = unique_keys.numel()
+    return key, _first_rows(key, key_bound, positions)
+
+
+def _first_rows(codes: torch.Tensor, bound: int, positions: torch.Tensor) -> torch.Tensor:
+    first = torch.full((bound,), positions.numel(), dtype=torch.int64, device=positions.device)
+    return first.scatter_reduce_(0, codes, positions, reduce="amin")
+
+
+def _trajectory_scores(
+    scores: torch.Tensor,
+    of_row: torch.Tensor,
+    count: int,
+    first_row: torch.Tensor,
+    turn: torch.Tensor | None,
+    rule: Any,
+) -> torch.Tensor:
+    """Each trajectory's score under the ``--traj-score`` rule (None: its first row's, by turn,
+    as the rows agree)."""
+    from advcli.settings import TrajScore
+
+    if rule in (TrajScore.MEAN, TrajScore.SUM):
+        total = scores.new_zeros(count).scatter_add_(0, of_row, scores)
+        if rule is TrajScore.SUM:
+            return total
+        return total / torch.bincount(of_row, minlength=count).to(scores.dtype)
+    if rule is TrajScore.MAX:
+        return scores.new_full((count,), -math.inf).scatter_reduce_(0, of_row, scores, "amax")
+    last = rule is TrajScore.LAST
+    positions = torch.arange(scores.shape[0], device=scores.device)
+    if turn is None:
+        if not last:
+            return scores.index_select(0, first_row)
+        candidates = torch.ones_like(positions, dtype=torch.bool)
+    else:
+        # The smallest (largest) turn of each trajectory; ties on the turn go to the earliest
+        # (latest) of its rows, as a stable sort by turn would.
+        extreme = torch.full((count,), 0, dtype=turn.dtype, device=turn.device)
+        extreme.scatter_reduce_(0, of_row, turn, "amax" if last else "amin", include_self=False)
+        candidates = turn == extreme.index_select(0, of_row)
+    chosen = torch.full((count,), -1 if last else scores.shape[0], device=scores.device)
+    chosen.scatter_reduce_(0, of_row[candidates], positions[candidates], "amax" if last else "amin")
+    return scores.index_select(0, chosen)
+
+
+def _check_consistent(
+    scores: torch.Tensor,
+    unit_score: torch.Tensor,
+    of_row: torch.Tensor,
+    count: int,
+    index: Ids,
+    traj_index: Ids,
+) -> None:
+    """Refuse a trajectory whose rows carry different scores (the command line's tolerance)."""
+    if torch.equal(unit_score.index_select(0, of_row), scores):
+        return  # every row carries exactly its trajectory's score: the usual case, one pass
+    low = scores.new_full((count,), math.inf).scatter_reduce_(0, of_row, scores, "amin")
+    high = scores.new_full((count,), -math.inf).scatter_reduce_(0, of_row, scores, "amax")
+    disagree = (high - low) > SCORE_TOLERANCE * torch.maximum(high.abs(), low.abs())
+    if not bool(disagree.any()):
+        return
+    rows = torch.nonzero(disagree.index_select(0, of_row)).squeeze(1)
+    row = int(rows[0])
+    unit = int(of_row[row])
+    values = scores[of_row == unit].unique().tolist()
+    raise ValueError(
+        f"row {row}: trajectory (index={_id_at(index, row)!r}, traj_index="
+        f"{_id_at(traj_index, row)!r}) has rows with different scores {values}; pass traj_score "
+        "('first', 'last', 'mean', 'max' or 'sum')"
+    )
+
+
+def _id_at(ids: Ids, row: int) -> Any:
+    value = ids[row]
+    return value.item() if hasattr(value, "item") else value
+
+
+@dataclass(frozen=True)
+class _GroupCounts:
+    groups: int
+    singleton_groups: int
+    zero_std_groups: int
+
+
+def _unit_advantages(units: _Units, config: Any) -> tuple[torch.Tensor, _GroupCounts]:
+    """Each unit's advantage under its estimator's rule (advcli.rules), as
+    :func:`advcli.estimators.compute_advantages` computes it."""
+    from advcli.settings import Scale, Singleton
+
+    rule = RULES[config.estimator]
+    x, group, bound = units.score, units.group, units.groups
+    count = torch.bincount(group, minlength=bound).to(torch.float64)
+    high = x.new_full((bound,), -math.inf).scatter_reduce_(0, group, x, "amax")
+    low = x.new_full((bound,), math.inf).scatter_reduce_(0, group, x, "amin")
+    all_equal = high == low
+    # The mean from values shifted by one of the group's own: equal units give their score
+    # exactly, and Σ(x − mean)² exactly 0.
+    mean = high + x.new_zeros(bound).scatter_add_(0, group, x - high.index_select(0, group)) / count
+    mean = torch.where(all_equal, high, mean)
+    deviation = x - mean.index_select(0, group)
+    m2 = x.new_zeros(bound).scatter_add_(0, group, deviation * deviation)
+    std = torch.where(all_equal, 0.0, torch.sqrt(m2 / (count - STD_DDOF)))
+
+    if rule.baseline is Baseline.TOKEN_WEIGHTED_MEAN:
+        assert units.tokens is not None
+        weight = x.new_zeros(bound).scatter_add_(0, group, units.tokens)
+        weighted = x.new_zeros(bound).scatter_add_(0, group, units.tokens * x)
+        baseline = torch.where(all_equal, mean, torch.where(weight > 0, weighted / weight, 0.0))
+    elif rule.baseline is Baseline.SECOND_BEST:
+        is_top = _top_units(x, group, bound, high)
+        second = x.masked_fill(is_top, -math.inf)
+        second = x.new_full((bound,), -math.inf).scatter_reduce_(0, group, second, "amax")
+        baseline = torch.where(count > 1, second, high)
+    else:
+        baseline = mean
+    scale = config.effective_scale
+    if scale is Scale.BATCH:
+        divisor = torch.full_like(std, _batch_std(x))
+    elif scale is Scale.GROUP:
+        divisor = std
+    else:
+        divisor = torch.ones_like(std)
+
+    centred = x - baseline.index_select(0, group)
+    if rule.baseline is Baseline.LEAVE_ONE_OUT:
+        n = count.index_select(0, group)
+        advantage = n / (n - 1) * centred
+    else:
+        if rule.baseline is Baseline.SECOND_BEST:
+            centred = torch.where(is_top, centred, 0.0)
+        advantage = centred
+        if scale is not Scale.NONE:
+            quotient = centred / (divisor.index_select(0, group) + config.epsilon)
+            advantage = torch.where(centred == 0, 0.0, quotient)
+
+    alone = count.index_select(0, group) == 1
+    if config.singleton is Singleton.ZERO or not rule.singleton_keeps_score:
+        lone = torch.zeros_like(x)
+    else:
+        lone = x - SINGLETON_MEAN
+        if scale is not Scale.NONE:
+            lone = lone / (SINGLETON_STD + config.epsilon)
+    present = count > 0  # group codes may leave gaps
+    counts = _GroupCounts(
+        groups=int(present.sum()),
+        singleton_groups=int((count == 1).sum()),
+        zero_std_groups=int((all_equal & (count > 1)).sum()),
+    )
+    return torch.where(alone, lone, advantage), counts
+
+
+def _top_units(
+    x: torch.Tensor, group: torch.Tensor, bound: int, high: torch.Tensor
+) -> torch.Tensor:
+    """The first unit (in order) of each group with the group's highest score."""
+    order = torch.arange(x.shape[0], device=x.device)
+    at_top = x == high.index_select(0, group)
+    first = torch.full((bound,), x.shape[0], device=x.device)
+    first.scatter_reduce_(0, group[at_top], order[at_top], "amin")
+    return first.index_select(0, group) == order
+
+
+def _batch_std(x: torch.Tensor) -> float:
+    """The std (ddof=1) of every unit's score: 1 for a single unit, 0 when all are equal."""
+    if x.numel() == 1:
+        return SINGLETON_STD
+    if bool(x.min() == x.max()):
+        return 0.0
+    return float(x.std(correction=STD_DDOF))
+
+
+def _whiten(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++'s whitening over every response token: each row counts its tokens' times;
+    a row without tokens gets 0 (verl multiplies by the mask)."""
+    total = float(tokens.sum())
+    if total < 2:
+        raise ValueError(
+            "reinforce_pp_baseline whitens over response tokens and needs at least 2; the batch "
+            f"has {total:g}"
+        )
+    mean = float((tokens * values).sum()) / total
+    variance = float((tokens * (values - mean) ** 2).sum()) / (total - 1)
+    whitened = (values - mean) / math.sqrt(variance + WHITEN_EPSILON)
+    return torch.where(tokens > 0, whitened, 0.0)
+
+
+# The largest float32: the result is float32.
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _check_finite(scores: torch.Tensor, advantage: torch.Tensor) -> None:
+    """Refuse scores or advantages that do not fit a float32 (the result's type), as the
+    command line does, never a silent inf or NaN. ``advantage`` may be per unit: every row's
+    is one of them."""
+    low, high = torch.aminmax(scores)
+    too_large = max(-float(low), float(high)) > _FLOAT32_MAX
+    if too_large or not bool(torch.isfinite(advantage).all()):
+        too_large = True
+    elif advantage.numel():
+        low, high = torch.aminmax(advantage)
+        too_large = max(-float(low), float(high)) > _FLOAT32_MAX
+    if too_large:
+        raise ValueError(
+            "the scores or their advantages do not fit a float32 (the scores are too large; "
+            "rescale the rewards)"
+        )
