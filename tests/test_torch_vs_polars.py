@@ -12,10 +12,20 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+from advcli.errors import AdvcliError  # noqa: E402
 from advcli.estimators import compute_advantages  # noqa: E402
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN  # noqa: E402
-from advcli.settings import AdvantageConfig, Estimator, Level  # noqa: E402
+from advcli.settings import (  # noqa: E402
+    SCALED,
+    AdvantageConfig,
+    Estimator,
+    Level,
+    Scale,
+    Singleton,
+    TrajScore,
+)
 from advcli.torch import (  # noqa: E402
+    compute_advantage,
     compute_grpo_outcome_advantage,
     compute_rloo_outcome_advantage,
 )
@@ -98,3 +108,106 @@ def test_torch_and_polars_give_the_same_advantages(batch, estimator, level):
     np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
     # Exact zeros (zero-std groups) are exact in both.
     assert (actual[expected == 0] == 0).all()
+
+
+@st.composite
+def any_batches(draw):
+    """Rows in any order whose trajectories may carry different scores (a trajectory-score rule
+    then decides), with turn numbers in any order, and rows without response tokens."""
+    n = draw(st.integers(1, 30))
+    groups = draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
+    trajectories = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    consistent = draw(st.booleans())
+    keys = sorted(set(zip(groups, trajectories, strict=True)))
+    score_of = {key: draw(st.sampled_from(SCORES)) for key in keys}
+    scores = [
+        score_of[key] if consistent else draw(st.sampled_from(SCORES))
+        for key in zip(groups, trajectories, strict=True)
+    ]
+    tokens = draw(st.lists(st.integers(0, WIDTH), min_size=n, max_size=n))
+    # Distinct turns within a trajectory, in a drawn order.
+    turns = draw(st.permutations(range(n)))
+    return groups, trajectories, scores, tokens, list(turns), consistent
+
+
+SETTINGS = [
+    (estimator, scale)
+    for estimator in Estimator
+    for scale in ([None, "group", "batch", "none"] if estimator in SCALED else [None])
+]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    batch=any_batches(),
+    setting=st.sampled_from(SETTINGS),
+    level=st.sampled_from(list(Level)),
+    singleton=st.sampled_from(list(Singleton)),
+    traj_score=st.sampled_from([None, *TrajScore]),
+    epsilon=st.sampled_from([1e-6, 0.1]),
+)
+def test_compute_advantage_gives_the_command_lines_numbers(
+    batch, setting, level, singleton, traj_score, epsilon
+):
+    """advcli.torch.compute_advantage against stage 2 of `advcli compute` (the Polars path) on
+    the same rows: every estimator × scale × level × singleton × trajectory-score rule."""
+    groups, trajectories, scores, tokens, turns, consistent = batch
+    estimator, scale = setting
+    if traj_score is None and not consistent:
+        traj_score = TrajScore.MEAN
+    config = AdvantageConfig(
+        level=level,
+        estimator=estimator,
+        epsilon=epsilon,
+        traj_score=traj_score,
+        scale=Scale(scale) if scale else None,
+        singleton=singleton,
+    )
+    n = len(groups)
+    projection = pl.DataFrame(
+        {
+            ROW: pl.Series(range(n), dtype=pl.UInt32),
+            GROUP: groups,
+            TRAJECTORY: trajectories,
+            TURN: turns,
+            SCORE: pl.Series(scores, dtype=pl.Float64),
+            TOKENS: tokens,
+        }
+    )
+    try:
+        expected = compute_advantages(projection, config).rows["advantage"].to_numpy()
+    except AdvcliError as error:
+        # Fewer than 2 response tokens for REINFORCE++: both refuse.
+        with pytest.raises(ValueError, match="at least 2"):
+            _compute(batch, config, scale)
+        assert "at least 2" in str(error)
+        return
+    actual = _compute(batch, config, scale)
+    with_tokens = np.array(tokens) > 0
+    np.testing.assert_allclose(actual[with_tokens], expected[with_tokens], rtol=1e-5, atol=1e-6)
+    assert (actual[with_tokens][expected[with_tokens] == 0] == 0).all()
+
+
+def _compute(batch, config, scale) -> np.ndarray:
+    groups, trajectories, scores, tokens, turns, _ = batch
+    n = len(groups)
+    rewards = torch.zeros(n, WIDTH, dtype=torch.float64)
+    mask = torch.zeros(n, WIDTH)
+    for i, (score, count) in enumerate(zip(scores, tokens, strict=True)):
+        rewards[i, 0] = score
+        mask[i, :count] = 1
+    advantages, _ = compute_advantage(
+        rewards,
+        mask,
+        np.array(groups),
+        np.array(trajectories),
+        estimator=config.estimator.value,
+        level=config.level.value,
+        scale=scale,
+        singleton=config.singleton.value,
+        traj_score=config.traj_score.value if config.traj_score else None,
+        turn_index=np.array(turns),
+        epsilon=config.epsilon,
+    )
+    # Each row's scalar sits on its first token (0 for a row without tokens).
+    return advantages[:, 0].numpy()
