@@ -24,6 +24,7 @@ Semantics (``s`` is a row's score, the sum of its token-level rewards):
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("advcli.torch needs torch: pip install 'advcli[torch]'") from error
 
+from advcli.errors import UsageError
 from advcli.rules import (
     RULES,
     SCORE_TOLERANCE,
@@ -46,6 +48,14 @@ from advcli.rules import (
     WHITEN_EPSILON,
     Baseline,
     EstimatorRule,
+)
+from advcli.settings import (
+    AdvantageConfig,
+    Estimator,
+    Level,
+    Scale,
+    Singleton,
+    TrajScore,
 )
 
 __all__ = [
@@ -584,10 +594,34 @@ class AdvantageMetrics:
         return {f"{prefix}{name}": getattr(self, name) for name in self.__dataclass_fields__}
 
 
-@dataclass(frozen=True)
 class AdvantageResult:
-    advantages: torch.Tensor
-    metrics: AdvantageMetrics
+    """``advantages``, and the batch's ``metrics``, counted when first asked for (they cost a
+    pass over the rows that the advantages alone do not need)."""
+
+    def __init__(
+        self,
+        advantages: torch.Tensor,
+        rows: int,
+        trajectories: _Trajectories | None,
+        groups: _GroupCounts,
+    ) -> None:
+        self.advantages = advantages
+        self._rows, self._trajectories, self._groups = rows, trajectories, groups
+
+    @functools.cached_property
+    def metrics(self) -> AdvantageMetrics:
+        rows = self._trajectories.rows() if self._trajectories is not None else None
+        return AdvantageMetrics(
+            rows=self._rows,
+            trajectories=rows.numel() if rows is not None else self._rows,
+            multi_row_trajectories=int((rows > 1).sum()) if rows is not None else 0,
+            max_rows_per_trajectory=(
+                int(rows.max()) if rows is not None and rows.numel() else min(self._rows, 1)
+            ),
+            groups=self._groups.groups,
+            singleton_groups=self._groups.singleton_groups,
+            zero_std_groups=self._groups.zero_std_groups,
+        )
 
 
 def compute_advantage_with_metrics(
@@ -609,39 +643,48 @@ def compute_advantage_with_metrics(
     config = _config(estimator, level, scale, singleton, traj_score, epsilon)
     if unit_tokens not in ("sum", "first_row"):
         raise ValueError(f"unit_tokens is 'sum' or 'first_row', got {unit_tokens!r}")
+    rule = RULES[config.estimator]
     with torch.no_grad():
         scores = _scores(token_level_rewards, response_mask)
         # Token counts only where the rule weighs by them (opo, REINFORCE++).
         tokens = (
-            response_mask.detach().to(torch.float64).sum(dim=-1)
-            if RULES[config.estimator].counts_tokens
-            else None
+            response_mask.detach().to(torch.float64).sum(dim=-1) if rule.counts_tokens else None
         )
-        units, trajectories = _build_units(
-            scores, tokens, index, traj_index, turn_index, config, unit_tokens
-        )
+        n = scores.shape[0]
+        device = scores.device
+        traj = _raw_codes(traj_index, n, device, "traj_index") if traj_index is not None else None
+        trajectories: _Trajectories | None = None
+        if config.level is Level.TRAJECTORY and traj is not None:
+            assert traj_index is not None
+            trajectories, unit_group = _trajectories_and_groups(index, traj, n, device)
+            turn = None
+            if turn_index is not None:
+                turn = _raw_codes(turn_index, n, device, "turn_index").codes
+            units = _trajectory_units(
+                scores, tokens, unit_group, trajectories, turn, config, unit_tokens
+            )
+            if config.traj_score is None:
+                _check_consistent(scores, units.score, trajectories, index, traj_index)
+        else:
+            group = _compact(_raw_codes(index, n, device, "index"), n)
+            if traj is not None:
+                trajectories = _Trajectories.of(group, traj, n)
+            units = _Units(scores, tokens, group.values, group.bound, None)
         unit_advantage, stats = _unit_advantages(units, config)
-        if RULES[config.estimator].whitens and unit_tokens == "first_row":
+        if rule.whitens and unit_tokens == "first_row":
             # agent-lightning whitens its representative rows, one per trajectory.
             assert units.tokens is not None
             unit_advantage = _whiten(unit_advantage, units.tokens)
         _check_finite(scores, unit_advantage)
-        advantage = unit_advantage.index_select(0, units.of_row)
-        if RULES[config.estimator].whitens and unit_tokens == "sum":
+        advantage = unit_advantage
+        if units.first_row is not None:  # trajectories: each row takes its trajectory's
+            assert trajectories is not None
+            advantage = trajectories.to_rows(unit_advantage)
+        if rule.whitens and unit_tokens == "sum":
             assert tokens is not None
             advantage = _whiten(advantage, tokens)
         out = _broadcast(advantage, response_mask)
-        rows_per = torch.bincount(trajectories.of_row, minlength=trajectories.count)
-        metrics = AdvantageMetrics(
-            rows=scores.shape[0],
-            trajectories=trajectories.count,
-            multi_row_trajectories=int((rows_per > 1).sum()),
-            max_rows_per_trajectory=int(rows_per.max()) if trajectories.count else 0,
-            groups=stats.groups,
-            singleton_groups=stats.singleton_groups,
-            zero_std_groups=stats.zero_std_groups,
-        )
-    return AdvantageResult(out, metrics)
+    return AdvantageResult(out, n, trajectories, stats)
 
 
 def _config(
@@ -651,12 +694,9 @@ def _config(
     singleton: str,
     traj_score: str | None,
     epsilon: float,
-) -> Any:
+) -> AdvantageConfig:
     """The settings checked by the command line's own :class:`AdvantageConfig` (a bad value is a
     ``ValueError`` here)."""
-    from advcli.errors import UsageError
-    from advcli.settings import AdvantageConfig, Estimator, Level, Scale, Singleton, TrajScore
-
     try:
         return AdvantageConfig(
             level=Level(level),
@@ -672,155 +712,173 @@ def _config(
 
 @dataclass(frozen=True)
 class _Trajectories:
-    """Each row's trajectory (``of_row``, numbered in the order of their first rows), each
-    trajectory's ``first_row``, and their ``count``."""
+    """The trajectories of a batch, by *slot*: each row's ``slot`` in ``[0, bound)`` (slots may be
+    left unused), each slot's ``first`` row (``n`` where unused), and ``used``, the used slots in
+    increasing order: trajectory k of the units is slot ``used[k]``.
 
-    of_row: torch.Tensor
-    first_row: torch.Tensor
-    count: int
+    Working in slot space keeps the per-row passes to gathers and scatters by ``slot``: no
+    per-row numbering of the trajectories is ever made.
+    """
+
+    slot: torch.Tensor
+    bound: int
+    first: torch.Tensor
+    used: torch.Tensor
+
+    @classmethod
+    def of(cls, group: _Codes, traj: _Codes, n: int) -> _Trajectories:
+        """The (group, trajectory) pairs of the rows."""
+        if traj.first_rows or traj.bound <= _direct_limit(n):
+            # Trajectory ids that each lie in one group (a global rollout counter, verl-agent's
+            # uuids) are the pairs already: no key to combine, and no sort. Checked after the
+            # fact: every row's group is its trajectory's first row's.
+            slot = traj.values if traj.first_rows else traj.codes
+            trajectories = cls.from_slots(slot, n if traj.first_rows else traj.bound, n)
+            first_group = group.values.index_select(0, trajectories.first.clamp(max=n - 1))
+            if torch.equal(first_group.index_select(0, slot), group.values):
+                return trajectories
+        if group.bound * traj.bound >= _KEY_LIMIT:
+            traj = _dense(traj)
+        key = group.codes * traj.bound + traj.codes
+        key_bound = group.bound * traj.bound
+        if key_bound > _direct_limit(n):
+            unique_keys, key = _unique(key, key_bound)
+            key_bound = unique_keys.numel()
+        return cls.from_slots(key, key_bound, n)
+
+    @classmethod
+    def from_slots(cls, slot: torch.Tensor, bound: int, n: int) -> _Trajectories:
+        positions = torch.arange(n, device=slot.device)
+        first = torch.full((bound,), n, dtype=torch.int64, device=slot.device)
+        first.scatter_reduce_(0, slot, positions, reduce="amin")
+        used = torch.nonzero(first < n).squeeze(1)
+        return cls(slot, bound, first, used)
+
+    @property
+    def count(self) -> int:
+        return self.used.numel()
+
+    def rows(self) -> torch.Tensor:
+        """Each trajectory's number of rows, in unit order."""
+        return torch.bincount(self.slot, minlength=self.bound).index_select(0, self.used)
+
+    def first_rows(self) -> torch.Tensor:
+        """Each trajectory's first row, in unit order."""
+        return self.first.index_select(0, self.used)
+
+    def per_slot(self, per_row: torch.Tensor, reduce: str, fill: float) -> torch.Tensor:
+        """A per-row value reduced per trajectory (``sum``, ``amin``, ``amax``), in unit order."""
+        out = per_row.new_full((self.bound,), fill)
+        if reduce == "sum":
+            out.scatter_add_(0, self.slot, per_row)
+        else:
+            out.scatter_reduce_(0, self.slot, per_row, reduce)
+        return out.index_select(0, self.used)
+
+    def to_rows(self, per_unit: torch.Tensor) -> torch.Tensor:
+        """A per-trajectory value (unit order) at each of its rows."""
+        by_slot = per_unit.new_zeros(self.bound).index_copy_(0, self.used, per_unit)
+        return by_slot.index_select(0, self.slot)
 
 
 @dataclass(frozen=True)
 class _Units:
-    """The units of a batch (rows at turn level, trajectories at trajectory level), in the order
-    of their first rows: ``score``, ``tokens`` (None where the rule does not weigh by them),
-    ``group`` (dense codes, ``groups`` of them); ``of_row`` maps each row to its unit."""
+    """The units of a batch (rows at turn level, trajectories at trajectory level): ``score``,
+    ``tokens`` (None where the rule does not weigh by them), ``group`` (codes in ``[0,
+    groups)``) and, for trajectories, each one's ``first_row`` (rows are their own)."""
 
     score: torch.Tensor
     tokens: torch.Tensor | None
     group: torch.Tensor
     groups: int
-    of_row: torch.Tensor
+    first_row: torch.Tensor | None
 
 
-def _build_units(
+def _trajectory_units(
     scores: torch.Tensor,
     tokens: torch.Tensor | None,
-    index: Ids,
-    traj_index: Ids | None,
-    turn_index: Ids | None,
-    config: Any,
+    group: _Codes,
+    trajectories: _Trajectories,
+    turn: torch.Tensor | None,
+    config: AdvantageConfig,
     unit_tokens: str,
-) -> tuple[_Units, _Trajectories]:
-    from advcli.settings import Level
-
-    n = scores.shape[0]
-    device = scores.device
-    positions = torch.arange(n, device=device)
-    group = _compact(_raw_codes(index, n, device, "index"), n)
-    if traj_index is None:
-        trajectories = _Trajectories(positions, positions, n)
-    else:
-        traj = _raw_codes(traj_index, n, device, "traj_index")
-        pair, first = _pairs(group, traj, n)
-        of_row, first_row = _number_by_first_row(first.index_select(0, pair))
-        trajectories = _Trajectories(of_row, first_row, first_row.numel())
-    if config.level is Level.TURN or traj_index is None:
-        return _Units(scores, tokens, group.values, group.bound, positions), trajectories
-
-    of_row, first_row, count = trajectories.of_row, trajectories.first_row, trajectories.count
-    turn = None
-    if turn_index is not None:
-        turn = _raw_codes(turn_index, n, device, "turn_index").codes
-    score = _trajectory_scores(scores, of_row, count, first_row, turn, config.traj_score)
-    if config.traj_score is None:
-        _check_consistent(scores, score, of_row, count, index, traj_index)
+) -> _Units:
+    first_row = trajectories.first_rows()
+    score = _trajectory_scores(scores, trajectories, first_row, turn, config.traj_score)
     if tokens is None:
-        trajectory_tokens = None
+        unit_tokens_of = None
     elif unit_tokens == "first_row":
-        trajectory_tokens = tokens.index_select(0, first_row)
+        unit_tokens_of = tokens.index_select(0, first_row)
     else:
-        trajectory_tokens = tokens.new_zeros(count).scatter_add_(0, of_row, tokens)
-    group_of = group.values.index_select(0, first_row)
-    return _Units(score, trajectory_tokens, group_of, group.bound, of_row), trajectories
+        unit_tokens_of = trajectories.per_slot(tokens, "sum", 0.0)
+    return _Units(score, unit_tokens_of, group.values, group.bound, first_row)
 
 
-def _pairs(group: _Codes, traj: _Codes, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's (group, trajectory) pair code and, per code, the pair's first row."""
-    device = group.values.device
-    positions = torch.arange(n, device=device)
-    if traj.bound <= _direct_limit(n) and not traj.first_rows:
-        # Trajectory ids that each belong to one group (a global rollout counter, verl-agent's
-        # uuids) identify the pair alone: no key to combine and sort.
-        codes = traj.codes
-        group_of = torch.full((traj.bound,), -1, dtype=torch.int64, device=device)
-        group_of.scatter_(0, codes, group.values)
-        if torch.equal(group_of.index_select(0, codes), group.values):
-            return codes, _first_rows(codes, traj.bound, positions)
-    if traj.first_rows and torch.equal(group.values.index_select(0, traj.values), group.values):
-        return traj.values, traj.values.clone().scatter_(0, traj.values, traj.values)
-    group_codes, traj_codes = group, traj
-    if group_codes.bound * traj_codes.bound >= _KEY_LIMIT:
-        traj_codes = _dense(traj_codes)
-    key = group_codes.codes * traj_codes.bound + traj_codes.codes
-    key_bound = group_codes.bound * traj_codes.bound
-    if key_bound > _direct_limit(n):
-        unique_keys, key = _unique(key, key_bound)
-        key_bound = unique_keys.numel()
-    return key, _first_rows(key, key_bound, positions)
-
-
-def _first_rows(codes: torch.Tensor, bound: int, positions: torch.Tensor) -> torch.Tensor:
-    first = torch.full((bound,), positions.numel(), dtype=torch.int64, device=positions.device)
-    return first.scatter_reduce_(0, codes, positions, reduce="amin")
+def _trajectories_and_groups(
+    index: Ids, traj: _Codes, n: int, device: torch.device
+) -> tuple[_Trajectories, _Codes]:
+    """The trajectories and each one's group (codes in unit order)."""
+    group = _compact(_raw_codes(index, n, device, "index"), n)
+    trajectories = _Trajectories.of(group, traj, n)
+    return trajectories, _Codes(
+        group.values.index_select(0, trajectories.first_rows()), group.bound
+    )
 
 
 def _trajectory_scores(
     scores: torch.Tensor,
-    of_row: torch.Tensor,
-    count: int,
+    trajectories: _Trajectories,
     first_row: torch.Tensor,
     turn: torch.Tensor | None,
-    rule: Any,
+    rule: TrajScore | None,
 ) -> torch.Tensor:
     """Each trajectory's score under the ``--traj-score`` rule (None: its first row's, by turn,
     as the rows agree)."""
-    from advcli.settings import TrajScore
-
     if rule in (TrajScore.MEAN, TrajScore.SUM):
-        total = scores.new_zeros(count).scatter_add_(0, of_row, scores)
+        total = trajectories.per_slot(scores, "sum", 0.0)
         if rule is TrajScore.SUM:
             return total
-        return total / torch.bincount(of_row, minlength=count).to(scores.dtype)
+        return total / trajectories.rows().to(scores.dtype)
     if rule is TrajScore.MAX:
-        return scores.new_full((count,), -math.inf).scatter_reduce_(0, of_row, scores, "amax")
+        return trajectories.per_slot(scores, "amax", -math.inf)
     last = rule is TrajScore.LAST
+    if turn is None and not last:
+        return scores.index_select(0, first_row)
     positions = torch.arange(scores.shape[0], device=scores.device)
+    slot = trajectories.slot
     if turn is None:
-        if not last:
-            return scores.index_select(0, first_row)
         candidates = torch.ones_like(positions, dtype=torch.bool)
     else:
         # The smallest (largest) turn of each trajectory; ties on the turn go to the earliest
         # (latest) of its rows, as a stable sort by turn would.
-        extreme = torch.full((count,), 0, dtype=turn.dtype, device=turn.device)
-        extreme.scatter_reduce_(0, of_row, turn, "amax" if last else "amin", include_self=False)
-        candidates = turn == extreme.index_select(0, of_row)
-    chosen = torch.full((count,), -1 if last else scores.shape[0], device=scores.device)
-    chosen.scatter_reduce_(0, of_row[candidates], positions[candidates], "amax" if last else "amin")
-    return scores.index_select(0, chosen)
+        extreme = torch.zeros(trajectories.bound, dtype=turn.dtype, device=turn.device)
+        extreme.scatter_reduce_(0, slot, turn, "amax" if last else "amin", include_self=False)
+        candidates = turn == extreme.index_select(0, slot)
+    chosen = torch.full(
+        (trajectories.bound,), -1 if last else scores.shape[0], device=scores.device
+    )
+    chosen.scatter_reduce_(0, slot[candidates], positions[candidates], "amax" if last else "amin")
+    return scores.index_select(0, chosen.index_select(0, trajectories.used))
 
 
 def _check_consistent(
     scores: torch.Tensor,
     unit_score: torch.Tensor,
-    of_row: torch.Tensor,
-    count: int,
+    trajectories: _Trajectories,
     index: Ids,
     traj_index: Ids,
 ) -> None:
     """Refuse a trajectory whose rows carry different scores (the command line's tolerance)."""
-    if torch.equal(unit_score.index_select(0, of_row), scores):
+    if torch.equal(trajectories.to_rows(unit_score), scores):
         return  # every row carries exactly its trajectory's score: the usual case, one pass
-    low = scores.new_full((count,), math.inf).scatter_reduce_(0, of_row, scores, "amin")
-    high = scores.new_full((count,), -math.inf).scatter_reduce_(0, of_row, scores, "amax")
+    low = trajectories.per_slot(scores, "amin", math.inf)
+    high = trajectories.per_slot(scores, "amax", -math.inf)
     disagree = (high - low) > SCORE_TOLERANCE * torch.maximum(high.abs(), low.abs())
     if not bool(disagree.any()):
         return
-    rows = torch.nonzero(disagree.index_select(0, of_row)).squeeze(1)
+    rows = torch.nonzero(trajectories.to_rows(disagree.to(torch.float64)) > 0).squeeze(1)
     row = int(rows[0])
-    unit = int(of_row[row])
-    values = scores[of_row == unit].unique().tolist()
+    values = scores[trajectories.slot == trajectories.slot[row]].unique().tolist()
     raise ValueError(
         f"row {row}: trajectory (index={_id_at(index, row)!r}, traj_index="
         f"{_id_at(traj_index, row)!r}) has rows with different scores {values}; pass traj_score "
@@ -840,11 +898,9 @@ class _GroupCounts:
     zero_std_groups: int
 
 
-def _unit_advantages(units: _Units, config: Any) -> tuple[torch.Tensor, _GroupCounts]:
+def _unit_advantages(units: _Units, config: AdvantageConfig) -> tuple[torch.Tensor, _GroupCounts]:
     """Each unit's advantage under its estimator's rule (advcli.rules), as
     :func:`advcli.estimators.compute_advantages` computes it."""
-    from advcli.settings import Scale, Singleton
-
     rule = RULES[config.estimator]
     x, group, bound = units.score, units.group, units.groups
     count = torch.bincount(group, minlength=bound).to(torch.float64)
@@ -865,7 +921,8 @@ def _unit_advantages(units: _Units, config: Any) -> tuple[torch.Tensor, _GroupCo
         weighted = x.new_zeros(bound).scatter_add_(0, group, units.tokens * x)
         baseline = torch.where(all_equal, mean, torch.where(weight > 0, weighted / weight, 0.0))
     elif rule.baseline is Baseline.SECOND_BEST:
-        is_top = _top_units(x, group, bound, high)
+        order = units.first_row if units.first_row is not None else torch.arange(x.shape[0])
+        is_top = _top_units(x, group, bound, high, order.to(x.device))
         second = x.masked_fill(is_top, -math.inf)
         second = x.new_full((bound,), -math.inf).scatter_reduce_(0, group, second, "amax")
         baseline = torch.where(count > 1, second, high)
@@ -908,12 +965,12 @@ def _unit_advantages(units: _Units, config: Any) -> tuple[torch.Tensor, _GroupCo
 
 
 def _top_units(
-    x: torch.Tensor, group: torch.Tensor, bound: int, high: torch.Tensor
+    x: torch.Tensor, group: torch.Tensor, bound: int, high: torch.Tensor, order: torch.Tensor
 ) -> torch.Tensor:
-    """The first unit (in order) of each group with the group's highest score."""
-    order = torch.arange(x.shape[0], device=x.device)
+    """The first unit (by ``order``, its first row) of each group with the group's highest
+    score."""
     at_top = x == high.index_select(0, group)
-    first = torch.full((bound,), x.shape[0], device=x.device)
+    first = torch.full((bound,), torch.iinfo(torch.int64).max, device=x.device)
     first.scatter_reduce_(0, group[at_top], order[at_top], "amin")
     return first.index_select(0, group) == order
 

@@ -1,0 +1,154 @@
+"""Benchmark the estimators inside a training step (a script, not a test): advcli.torch's
+compute_advantage at trajectory level, against verl's own GRPO and a per-row Python loop.
+
+1. bs = 1,000,000 rows with int64 ids, where each trajectory id belongs to one group (a global
+   rollout counter): trajectory-level GRPO against verl 0.9.1's
+   ``compute_grpo_vectorized_outcome_advantage`` (every row counts; verl has no trajectory level),
+   at response_length 1 (the statistics alone) and 32. Target: within 2x.
+2. bs = 20,000 rows with uuid-string ids: against the per-row Python loop of the same semantics
+   (bench_torch.loop_grpo), and advcli.verl.compute_advantage on the same rows as a verl
+   DataProto. Target: >= 50x.
+3. The same as 1 on CUDA, when a device is present.
+
+Each figure is the median of interleaved runs. Run from the repository root::
+
+    python bench/bench_trainer.py [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import uuid
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_torch import loop_grpo, make_batch, median_times
+
+from advcli.torch import compute_advantage
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # verl's imports warn (Ray's state API, no megatron)
+    from verl import DataProto
+    from verl.trainer.ppo.core_algos import compute_grpo_vectorized_outcome_advantage
+
+from advcli.verl import compute_advantage as verl_batch_advantage
+
+
+def bench_vectorized(repeats: int, device: str) -> list[dict[str, float]]:
+    rows = []
+    for response_length in (1, 32):
+        bs = 1_000_000
+        rewards, mask, group, rollout = make_batch(bs, response_length, seed=1)
+        # A global rollout counter: each trajectory id belongs to one group.
+        trajectory = group * 8 + rollout
+        rewards, mask = rewards.to(device), mask.to(device)
+        index = torch.from_numpy(group).to(device)
+        traj = torch.from_numpy(trajectory).to(device)
+
+        def verl(rewards=rewards, mask=mask, index=index) -> object:  # type: ignore[no-untyped-def]
+            return compute_grpo_vectorized_outcome_advantage(rewards, mask, index)
+
+        def ours(rewards=rewards, mask=mask, index=index, traj=traj) -> object:  # type: ignore[no-untyped-def]
+            return compute_advantage(rewards, mask, index, traj)
+
+        times = median_times({"verl": verl, "ours": ours}, repeats)
+        rows.append(
+            {
+                "response_length": response_length,
+                "verl_ms": times["verl"] * 1e3,
+                "ours_ms": times["ours"] * 1e3,
+                "ratio": times["ours"] / times["verl"],
+            }
+        )
+    return rows
+
+
+def bench_loop(repeats: int) -> dict[str, float]:
+    bs, response_length = 20_000, 32
+    rewards, mask, group, rollout = make_batch(bs, response_length, seed=0)
+    uid = np.array([str(uuid.UUID(int=int(g) + 1)) for g in group], dtype=object)
+    traj_uid = np.array(
+        [
+            str(uuid.uuid5(uuid.NAMESPACE_OID, f"{g}/{r}"))
+            for g, r in zip(group, rollout, strict=True)
+        ],
+        dtype=object,
+    )
+    batch = DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": mask},
+        non_tensors={"uid": uid, "traj_uid": traj_uid},
+    )
+
+    def loop() -> object:
+        return loop_grpo(rewards, mask, uid, traj_uid, compute_mean_std_cross_all_data=False)
+
+    def ours() -> object:
+        return compute_advantage(rewards, mask, uid, traj_uid)
+
+    def on_batch() -> object:
+        return verl_batch_advantage(batch)
+
+    expected = loop()[0]  # type: ignore[index]
+    difference = float((ours()[0] - expected).abs().max())
+    times = median_times({"loop": loop, "ours": ours, "batch": on_batch}, repeats)
+    return {
+        "loop_ms": times["loop"] * 1e3,
+        "ours_ms": times["ours"] * 1e3,
+        "batch_ms": times["batch"] * 1e3,
+        "speedup": times["loop"] / times["ours"],
+        "batch_speedup": times["loop"] / times["batch"],
+        "max_abs_diff": difference,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=11, help="runs per measurement (median)")
+    args = parser.parse_args()
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
+        f"threads, python {platform.python_version()}; median of interleaved runs\n"
+    )
+    print(
+        "(1) trajectory-level GRPO vs verl's compute_grpo_vectorized_outcome_advantage, "
+        "bs=1,000,000, int64 ids, trajectory ids a global counter (target: <= 2x)"
+    )
+    print(f"{'response_length':>16}{'verl ms':>10}{'advcli ms':>11}{'ratio':>8}")
+    for row in bench_vectorized(args.repeats, "cpu"):
+        print(
+            f"{row['response_length']:>16}{row['verl_ms']:>10.1f}{row['ours_ms']:>11.1f}"
+            f"{row['ratio']:>7.2f}x"
+        )
+
+    loop = bench_loop(args.repeats)
+    print(
+        "\n(2) trajectory-level GRPO vs a per-row Python loop, bs=20,000, uuid-string ids, "
+        "response_length 32 (target: >= 50x)"
+    )
+    print(
+        f"loop {loop['loop_ms']:.1f} ms; advcli.torch {loop['ours_ms']:.2f} ms "
+        f"({loop['speedup']:.0f}x); advcli.verl on a DataProto {loop['batch_ms']:.2f} ms "
+        f"({loop['batch_speedup']:.0f}x); max |diff| {loop['max_abs_diff']:.1e}"
+    )
+
+    if torch.cuda.is_available():
+        print("\n(3) as (1), on CUDA")
+        for row in bench_vectorized(args.repeats, "cuda"):
+            print(
+                f"{row['response_length']:>16}{row['verl_ms']:>10.2f}{row['ours_ms']:>11.2f}"
+                f"{row['ratio']:>7.2f}x"
+            )
+    else:
+        print("\n(3) CUDA: no device on this machine, not measured")
+
+
+if __name__ == "__main__":
+    main()
