@@ -17,6 +17,7 @@ from reference import reference_own_score
 torch = pytest.importorskip("torch")
 
 from advcli.torch import (  # noqa: E402
+    compute_advantage,
     compute_grpo_outcome_advantage,
     compute_rloo_outcome_advantage,
 )
@@ -501,3 +502,26 @@ def test_cuda_matches_cpu(cross):
         )
         assert gpu.device.type == "cuda" and gpu.dtype == torch.float32 and gpu is gpu_returns
         np.testing.assert_allclose(gpu.cpu().numpy(), cpu.numpy(), rtol=TOL, atol=TOL)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "estimator", ["grpo", "rloo", "opo", "grpo_passk", "reinforce_pp_baseline"]
+)
+@pytest.mark.parametrize("level", ["turn", "trajectory"])
+def test_compute_advantage_on_cuda_matches_cpu(estimator, level):
+    generator = torch.Generator().manual_seed(1)
+    n = 5000
+    traj = torch.randint(0, 2000, (n,), generator=generator)
+    group = traj // 8
+    scores = torch.randint(0, 3, (2000,), generator=generator).float() / 2
+    rewards = torch.zeros(n, 8)
+    rewards[:, -1] = scores[traj]
+    mask = (torch.rand(n, 8, generator=generator) > 0.2).float()
+    mask[:, -1] = 1
+    cpu, _ = compute_advantage(rewards, mask, group, traj, estimator=estimator, level=level)
+    gpu, _ = compute_advantage(
+        rewards.cuda(), mask.cuda(), group.cuda(), traj.cuda(), estimator=estimator, level=level
+    )
+    assert gpu.device.type == "cuda"
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-5, atol=1e-5)
