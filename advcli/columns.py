@@ -322,9 +322,14 @@ class _Picker:
                 )
             self.reasons[role] = f"named by {option}"
             return chosen
-        if role == "group" and _is_rollout_data_dir(self.schema):
+        if (
+            role == "group"
+            and _is_rollout_data_dir(self.schema)
+            and (self.dialect is None or not self.dialect.trajectory)
+        ):
             # verl v1 writes a 'uid' there, but it is the row's own key, one per row: read as
-            # a group id it would make every row a group of its own.
+            # a group id (with each row a trajectory) it would make every row a group of its own.
+            # A dump that also names its trajectories is some trainer's own, read as such.
             raise AdvcliError(f"{self.where}: {ROLLOUT_DATA_DIR}")
         if self.tie and role in ("group", "trajectory"):
             first, second = self.tie
