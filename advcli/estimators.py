@@ -260,17 +260,19 @@ def _unit_advantage(rule: EstimatorRule, config: AdvantageConfig) -> pl.Expr:
     return pl.when(centred == 0).then(0.0).otherwise(centred / (pl.col("divisor") + config.epsilon))
 
 
-def _singleton_advantage(rule: EstimatorRule, config: AdvantageConfig) -> pl.Expr:
+def _singleton_advantage(rule: EstimatorRule, config: AdvantageConfig, batch_std: float) -> pl.Expr:
     """A single-unit group's advantage: with ``--singleton raw`` the unit keeps its score, as
-    (s − SINGLETON_MEAN) / (SINGLETON_STD + ε) when the estimator divides (whatever the scale's
-    source: a lone unit keeps its raw score even when the batch std is 0); 0 with ``zero`` or
-    where the rule says so."""
+    (s − SINGLETON_MEAN) / (std + ε) when the estimator divides, the std being SINGLETON_STD
+    with the group scale and the batch std, which every other unit shares, with ``--scale
+    batch`` (SINGLETON_STD when the batch std is 0: no other unit is divided then, each being
+    exactly 0); 0 with ``zero`` or where the rule says so."""
     if config.singleton is Singleton.ZERO or not rule.singleton_keeps_score:
         return pl.lit(0.0)
     centred = pl.col(SCORE) - SINGLETON_MEAN
     if config.effective_scale is Scale.NONE:
         return centred
-    return centred / (SINGLETON_STD + config.epsilon)
+    std = batch_std if config.effective_scale is Scale.BATCH and batch_std else SINGLETON_STD
+    return centred / (std + config.epsilon)
 
 
 def compute_advantages(
@@ -304,7 +306,7 @@ def compute_advantages(
         )
         .with_columns(
             pl.when(singleton)
-            .then(_singleton_advantage(rule, config))
+            .then(_singleton_advantage(rule, config, batch_std))
             .otherwise(_unit_advantage(rule, config))
             .alias("advantage")
         )

@@ -929,8 +929,9 @@ def _unit_advantages(units: _Units, config: AdvantageConfig) -> tuple[torch.Tens
     else:
         baseline = mean
     scale = config.effective_scale
+    batch = _batch_std(x) if scale is Scale.BATCH else 0.0
     if scale is Scale.BATCH:
-        divisor = torch.full_like(std, _batch_std(x))
+        divisor = torch.full_like(std, batch)
     elif scale is Scale.GROUP:
         divisor = std
     else:
@@ -952,9 +953,12 @@ def _unit_advantages(units: _Units, config: AdvantageConfig) -> tuple[torch.Tens
     if config.singleton is Singleton.ZERO or not rule.singleton_keeps_score:
         lone = torch.zeros_like(x)
     else:
+        # The batch divisor, with --scale batch, as every other unit (1 when it is 0: no other
+        # unit is divided then); the singleton std 1 with the group scale.
         lone = x - SINGLETON_MEAN
         if scale is not Scale.NONE:
-            lone = lone / (SINGLETON_STD + config.epsilon)
+            std = batch if scale is Scale.BATCH and batch else SINGLETON_STD
+            lone = lone / (std + config.epsilon)
     present = count > 0  # group codes may leave gaps
     counts = _GroupCounts(
         groups=int(present.sum()),

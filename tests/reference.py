@@ -62,7 +62,8 @@ Estimators (``s`` is the unit's score)
 Singleton groups (``n == 1``)
 -----------------------------
 ``singleton="raw"`` (default): grpo, drgrpo and reinforce_pp_baseline use mean 0 and std 1, so
-grpo gives ``s / (1 + epsilon)`` (``s`` with ``scale="none"``), drgrpo ``s`` and
+grpo gives ``s / (1 + epsilon)`` (``s`` with ``scale="none"``; with ``scale="batch"`` the batch
+std replaces the 1 unless the batch std is 0), drgrpo ``s`` and
 reinforce_pp_baseline ``s`` before whitening; rloo gives ``s``; opo gives ``s`` (baseline 0);
 grpo_passk gives 0. ``singleton="zero"``: every estimator gives 0 to a singleton group's unit
 (before whitening for reinforce_pp_baseline).
@@ -175,6 +176,10 @@ def _group_advantages(
         s = scores[0]
         if singleton == "zero" or estimator == "grpo_passk":
             return [0.0]
+        if estimator == "grpo" and scale == "batch" and batch_std:
+            # The batch divisor every other unit shares (1 when it is 0: no other unit is then
+            # divided, each being exactly 0).
+            return [s / (batch_std + epsilon)]
         if estimator == "grpo" and scale != "none":
             return [s / (1.0 + epsilon)]
         # drgrpo, grpo with scale "none", rloo, opo (baseline 0), reinforce_pp_baseline

@@ -144,9 +144,22 @@ def test_scale_batch(write_dump, run, tmp_path):
     got = advantages(write_dump, run, tmp_path, "--scale", "batch")
     centred = EXPECTED[("trajectory", "drgrpo")]
     expected = [c / (batch_std + EPS) for c in centred]
-    # S is a singleton at trajectory level: it keeps 2 / (1 + eps) whatever the scale.
-    expected[2] = expected[6] = 2 / (1 + EPS)
+    # S is a singleton at trajectory level: mean 0 (verl's rule), and the batch divisor every
+    # other unit shares: 2 / (batch std + eps), not 2 / (1 + eps).
+    expected[2] = expected[6] = 2 / (batch_std + EPS)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_scale_batch_singleton_when_every_score_is_equal(write_dump, run, tmp_path):
+    # Every unit scores 1: the batch std is 0, no other unit is divided (each is exactly 0), and
+    # the singleton S keeps the singleton std 1: 1 / (1 + eps), not 1 / eps.
+    rows = [("G", "a", 0, 1.0, 1), ("G", "b", 0, 1.0, 1), ("S", "s", 0, 1.0, 1)]
+    source = write_dump(rows)
+    output = tmp_path / "flat.parquet"
+    result = run("compute", source, "-o", output, "--scale", "batch")
+    assert result.exit_code == 0, result.output
+    got = pl.read_parquet(output)["advantage"].to_list()
+    np.testing.assert_allclose(got, [0.0, 0.0, 1 / (1 + EPS)], rtol=1e-6)
 
 
 def test_scale_none_is_drgrpo(write_dump, run, tmp_path):

@@ -509,8 +509,9 @@ def test_equal_scores_give_zero_even_with_zero_epsilon(level: Level) -> None:
 
 @pytest.mark.parametrize("level", LEVELS, ids=lambda v: v.value)
 def test_batch_scale_raw_singleton(level: Level) -> None:
-    # Two singleton groups, scores 0 and 0.5: a raw singleton keeps s / (1 + eps) whatever the
-    # scale, so the advantages are [0, 0.5 / (1 + eps)], not divided by the batch std.
+    # Two singleton groups, scores 0 and 0.5: with --scale batch a raw singleton is divided by
+    # the batch std, as every other unit: stdev([0, 0.5]) = 0.5 / sqrt(2), so the advantages are
+    # [0, 0.5 / (0.5 / sqrt(2) + eps)] = [0, ~sqrt(2)].
     rows = [(0, 0, 0, 0.0, 1), (1, 0, 0, 0.5, 1)]
     dump = Dump(rows=rows, rewards=[[0.0], [0.5]], masks=[[1], [1]], mask_type=pa.int64())
     config = AdvantageConfig(
@@ -521,7 +522,7 @@ def test_batch_scale_raw_singleton(level: Level) -> None:
         singleton=Singleton.RAW,
     )
     advantage = _check_against_reference(dump, config, _run(dump, config))
-    assert advantage[1] == pytest.approx(0.5 / (1 + 1e-6))
+    assert advantage[1] == pytest.approx(0.5 / (0.5 / math.sqrt(2) + 1e-6))
 
 
 @pytest.mark.parametrize("level", LEVELS, ids=lambda v: v.value)

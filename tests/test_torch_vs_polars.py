@@ -185,7 +185,10 @@ def test_compute_advantage_gives_the_command_lines_numbers(
     actual = _compute(batch, config, scale)
     with_tokens = np.array(tokens) > 0
     np.testing.assert_allclose(actual[with_tokens], expected[with_tokens], rtol=1e-5, atol=1e-6)
-    assert (actual[with_tokens][expected[with_tokens] == 0] == 0).all()
+    if config.level is Level.TURN or traj_score not in (TrajScore.MEAN, TrajScore.SUM):
+        # Exact zeros are exact in both where no float sum decides the scores (the mean and sum
+        # rules add a trajectory's row scores, in another order on each side).
+        assert (actual[with_tokens][expected[with_tokens] == 0] == 0).all()
 
 
 def _compute(batch, config, scale) -> np.ndarray:
