@@ -957,8 +957,8 @@ def _unit_advantages(units: _Units, config: AdvantageConfig) -> tuple[torch.Tens
         # unit is divided then); the singleton std 1 with the group scale.
         lone = x - SINGLETON_MEAN
         if scale is not Scale.NONE:
-            std = batch if scale is Scale.BATCH and batch else SINGLETON_STD
-            lone = lone / (std + config.epsilon)
+            lone_std = batch if scale is Scale.BATCH and batch else SINGLETON_STD
+            lone = lone / (lone_std + config.epsilon)
     present = count > 0  # group codes may leave gaps
     counts = _GroupCounts(
         groups=int(present.sum()),
