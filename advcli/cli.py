@@ -34,6 +34,7 @@ from advcli.settings import (
     Engine,
     Estimator,
     Level,
+    LossMode,
     OutputFormat,
     Scale,
     Singleton,
@@ -51,6 +52,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    # Help text is plain: with Rich markup on, "[default: error]" and "advcli[ray]" read as
+    # markup tags and vanish.
+    rich_markup_mode=None,
 )
 stderr = Console(stderr=True, highlight=False)
 
@@ -276,6 +280,22 @@ def compute_command(
         OutputFormat | None,
         typer.Option("--format", help="Output format [default: from the output's extension]."),
     ] = None,
+    loss_weight: Annotated[
+        LossMode | None,
+        typer.Option(
+            "--loss-weight",
+            help="Also write each row's loss_weight under this loss aggregation: a plain sum of "
+            "loss_weight x per-token loss over the batch is that mode's loss.",
+        ),
+    ] = None,
+    loss_scale_factor: Annotated[
+        float | None,
+        typer.Option(
+            "--loss-scale-factor",
+            help="verl's loss_scale_factor H for seq-mean-token-sum-norm [default: the width of "
+            "a fixed-size mask].",
+        ),
+    ] = None,
     no_tokens: Annotated[
         bool, typer.Option("--no-tokens", help="Leave out the per-token 'advantages' column.")
     ] = False,
@@ -321,6 +341,8 @@ def compute_command(
             on_stage=on_stage,
             engine=engine,
             address=address,
+            loss_weight=loss_weight,
+            loss_scale_factor=loss_scale_factor,
         )
     if not quiet:
         stderr.print(_summary_table(summary))

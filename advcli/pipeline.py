@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,12 +30,13 @@ from advcli.estimators import (
 from advcli.inputs import STDIN, Dataset, open_dataset
 from advcli.inspection import inspect_dump
 from advcli.keys import ROW, SCORE
+from advcli.loss import token_weight
 from advcli.process import copy_to_stdout
 from advcli.projection import key_projection
 from advcli.render import render_json, render_markdown, write_plot, write_text
 from advcli.report import BiasReport, bias_report
 from advcli.rules import RULES
-from advcli.settings import ColumnNames, Engine, OutputFormat
+from advcli.settings import ColumnNames, Engine, LossMode, OutputFormat
 from advcli.write import check_output, replaced_columns, write_advantages
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
@@ -185,8 +187,15 @@ def compute(
     on_stage: Callable[[str], None] | None = None,
     engine: Engine = Engine.LOCAL,
     address: str | None = None,
+    loss_weight: LossMode | None = None,
+    loss_scale_factor: float | None = None,
 ) -> ComputeSummary:
     """Compute advantages for every row of the inputs and write them to ``output``.
+
+    With ``loss_weight`` each row also gets ``loss_weight``, its per-token weight under that
+    loss aggregation (:mod:`advcli.loss`): a plain sum of ``loss_weight × per-token loss`` over
+    the masked tokens of the batch is that mode's loss. ``loss_scale_factor`` is verl's H for
+    ``seq-mean-token-sum-norm`` (by default the width of a fixed-size mask column).
 
     With ``report_path`` (``.json`` or ``.md``) the other level is computed from the same key
     projection and the bias report is written there too, so the input is read once for the
@@ -209,6 +218,12 @@ def compute(
             "--engine ray writes a Parquet dataset folder: no '-o -', no --format other than "
             "parquet"
         )
+    if loss_weight is not None and engine == Engine.RAY:
+        raise UsageError("--loss-weight runs on the local engine only")
+    if loss_scale_factor is not None and loss_weight is not LossMode.SEQ_MEAN_TOKEN_SUM_NORM:
+        raise UsageError("--loss-scale-factor goes with --loss-weight seq-mean-token-sum-norm")
+    if loss_scale_factor is not None and not 0 < loss_scale_factor < math.inf:
+        raise UsageError(f"--loss-scale-factor must be a positive number, got {loss_scale_factor}")
     fmt = OutputFormat.PARQUET if engine == Engine.RAY else output_format_for(output, output_format)
     report_kind = report_format_for(report_path) if report_path is not None else None
     stage = on_stage or (lambda name: None)
@@ -216,9 +231,10 @@ def compute(
         check_outputs([output, report_path], dataset, force=force, engine=engine)
         start_engine(engine, address)
         stage("reading keys")
-        dump = load_dump(
-            dataset, names, engine=engine, mask_needed_for=_mask_needed_for(config, fmt, tokens)
+        needs_mask = (
+            "--loss-weight needs one" if loss_weight else _mask_needed_for(config, fmt, tokens)
         )
+        dump = load_dump(dataset, names, engine=engine, mask_needed_for=needs_mask)
         stage("computing statistics")
         advantages = dump.advantages(config)
         report = None
@@ -262,6 +278,13 @@ def compute(
             # are written as: let the key projection, the unit frames and the float64 values go
             # first, so their memory is reused for the streaming write's buffers.
             row_values = advantages.rows.select(ROW, pl.col(SCORE, "advantage").cast(pl.Float32))
+            if loss_weight is not None:
+                row_values = row_values.join(
+                    _loss_weights(dump, loss_weight, loss_scale_factor),
+                    on=ROW,
+                    how="left",
+                    maintain_order="left",
+                )
             del dump, advantages
             _write_local(dataset, summary.columns, row_values, output, fmt, tokens, force)
     if report is not None and report_path is not None:
@@ -271,6 +294,21 @@ def compute(
         except AdvcliError as error:
             raise AdvcliError(f"{error}; the output {output} was written") from None
     return replace(summary, seconds=time.perf_counter() - started)
+
+
+def _loss_weights(dump: LoadedDump, mode: LossMode, scale_factor: float | None) -> pl.DataFrame:
+    """Each row's ``loss_weight`` under ``mode``."""
+    if mode is LossMode.SEQ_MEAN_TOKEN_SUM_NORM and scale_factor is None:
+        scale_factor = dump.columns.mask_width
+        if scale_factor is None:
+            raise UsageError(
+                "--loss-weight seq-mean-token-sum-norm divides by verl's loss_scale_factor (by "
+                "default the padded response length, which a list mask does not state): pass "
+                "--loss-scale-factor N"
+            )
+    return dump.projection.select(
+        ROW, token_weight(mode.value, scale_factor or 1.0).alias("loss_weight")
+    )
 
 
 def _mask_needed_for(config: AdvantageConfig, fmt: OutputFormat, tokens: bool) -> str | None:

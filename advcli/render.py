@@ -40,6 +40,17 @@ TOP_GROUP_HEADERS = (
 )
 
 
+TOP_TRAJECTORY_HEADERS = (
+    "group",
+    "trajectory",
+    "turns",
+    "score",
+    "adv turn",
+    "adv traj",
+    "diff",
+)
+
+
 def _fmt(value: Any, digits: int = 4) -> str:
     if value is None:
         return "n/a"
@@ -79,6 +90,51 @@ def _top_group_rows(report: BiasReport) -> list[list[str]]:
         ]
         for group in report.summary["top_groups"]
     ]
+
+
+def _top_trajectory_rows(report: BiasReport) -> list[list[str]]:
+    return [
+        [
+            _fmt(entry["group"]),
+            _fmt(entry["trajectory"]),
+            _fmt(entry["turns"]),
+            _fmt(entry["score"]),
+            _fmt(entry["advantage_turn"]),
+            _fmt(entry["advantage_trajectory"]),
+            _fmt(entry["diff"]),
+        ]
+        for entry in report.summary["top_trajectories"]
+    ]
+
+
+def _loss_weight_table(report: BiasReport) -> tuple[list[str], list[list[str]]] | None:
+    """Turn counts down, loss modes across: each cell a trajectory's mean weight relative to
+    equal weight per trajectory (1.00 = a fair share)."""
+    weights = report.summary.get("loss_weights")
+    if weights is None:
+        return None
+    modes = list(weights)
+    turns = [entry["turns"] for entry in weights[modes[0]]["by_turns"]]
+    rows = []
+    for index, turn in enumerate(turns):
+        rows.append(
+            [_fmt(turn)]
+            + [_fmt(weights[mode]["by_turns"][index]["relative_weight"], 2) for mode in modes]
+        )
+    return ["turns", *modes], rows
+
+
+def _assessment_line(report: BiasReport) -> str:
+    assessment = report.summary["assessment"]
+    severe = assessment["thresholds"]["severe"]
+    material = assessment["thresholds"]["material"]
+    return (
+        f"bias: {assessment['level']} (mean |advantage diff| "
+        f"{assessment['advantage_diff_mean']:.4f}, "
+        f"sign flips {100 * assessment['sign_flip_share']:.2f}%; material from "
+        f"{material['advantage_diff_mean']} or any flip, severe from "
+        f"{severe['advantage_diff_mean']} or {100 * severe['sign_flip_share']:.0f}% flips)"
+    )
 
 
 def _headline_rows(report: BiasReport) -> list[tuple[str, str]]:
@@ -156,29 +212,46 @@ def render_terminal(report: BiasReport, console: Console) -> None:
         title="Most affected groups (baseline shift)", title_justify="left", show_edge=False
     )
     for header in TOP_GROUP_HEADERS:
-        top.add_column(header, justify="right")
+        # Ids are never cut: two uuids that share a prefix must stay apart.
+        top.add_column(header, justify="right", overflow="fold")
     for row in _top_group_rows(report):
         top.add_row(*row)
 
-    console.print(
-        Group(
-            headline,
-            "",
-            histogram,
-            "",
-            by_turns,
-            "",
-            top,
-            "",
-            Panel(report.summary["verdict"], title="Verdict", title_align="left"),
-        )
+    worst = Table(
+        title="Most affected trajectories (|diff|)", title_justify="left", show_edge=False
     )
+    for header in TOP_TRAJECTORY_HEADERS:
+        worst.add_column(header, justify="right", overflow="fold")
+    for row in _top_trajectory_rows(report):
+        worst.add_row(*row)
+
+    parts: list[Any] = [headline, "", histogram, "", by_turns, "", top, "", worst, ""]
+    loss = _loss_weight_table(report)
+    if loss is not None:
+        weights = Table(
+            title="Loss weight by turn count (a trajectory's weight ÷ an equal share)",
+            title_justify="left",
+            show_edge=False,
+        )
+        for header in loss[0]:
+            weights.add_column(header, justify="right")
+        for row in loss[1]:
+            weights.add_row(*row)
+        parts += [weights, ""]
+    verdict = report.summary["verdict"] + "\n\n" + _assessment_line(report)
+    parts.append(Panel(verdict, title="Verdict", title_align="left"))
+    console.print(Group(*parts))
 
 
 def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines = ["| " + " | ".join(map(_cell, headers)) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """A Markdown table cell: a '|' in the text (as in |advantage diff|) would end the cell."""
+    return str(text).replace("|", "\\|")
 
 
 def render_markdown(report: BiasReport) -> str:
@@ -203,10 +276,27 @@ def render_markdown(report: BiasReport) -> str:
                 _markdown_table(BY_TURNS_HEADERS, _by_turns_rows(report)),
                 "## Most affected groups",
                 _markdown_table(TOP_GROUP_HEADERS, _top_group_rows(report)),
+                "## Most affected trajectories",
+                _markdown_table(TOP_TRAJECTORY_HEADERS, _top_trajectory_rows(report)),
+                *_markdown_loss_weights(report),
+                "## Verdict",
+                _assessment_line(report),
             ]
         )
         + "\n"
     )
+
+
+def _markdown_loss_weights(report: BiasReport) -> list[str]:
+    loss = _loss_weight_table(report)
+    if loss is None:
+        return []
+    return [
+        "## Loss weight by turn count",
+        "A trajectory's weight in the loss under each aggregation mode, relative to equal weight "
+        "per trajectory (1.00 = a fair share).",
+        _markdown_table(*loss),
+    ]
 
 
 def render_json(report: BiasReport) -> str:

@@ -16,7 +16,8 @@ import polars as pl
 
 from advcli import __version__
 from advcli.estimators import AdvantageConfig, Advantages
-from advcli.keys import GROUP, TOKENS, TRAJECTORY
+from advcli.keys import GROUP, SCORE, TOKENS, TRAJECTORY
+from advcli.loss import LOSS_MODES, MODE_SOURCES, token_weight
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ def bias_report(
             TRAJECTORY,
             "turns",
             pl.col(TOKENS).alias("tokens"),
+            pl.col(SCORE).alias("score"),
             "first_row",
             pl.col("advantage").alias("advantage_trajectory"),
         )
@@ -183,8 +185,126 @@ def bias_report(
             "advcli_version": __version__,
         },
     }
+    summary["top_trajectories"] = [
+        {
+            "group": row[GROUP],
+            "trajectory": row[TRAJECTORY],
+            "turns": row["turns"],
+            "score": number(row["score"]),
+            "advantage_turn": number(row["advantage_turn"]),
+            "advantage_trajectory": number(row["advantage_trajectory"]),
+            "diff": number(row["diff"]),
+        }
+        for row in per_trajectory.sort(
+            [pl.col("diff").abs(), pl.col("first_row")], descending=[True, False]
+        )
+        .head(top)
+        .iter_rows(named=True)
+    ]
+    summary["loss_weights"] = loss_weights(turn.units, per_trajectory) if tokens_known else None
+    summary["assessment"] = assess(summary)
     summary["verdict"] = verdict(summary, per_trajectory)
     return BiasReport(summary=summary, trajectories=per_trajectory, groups=per_group)
+
+
+def loss_weights(rows: pl.DataFrame, per_trajectory: pl.DataFrame) -> dict[str, Any]:
+    """For each loss aggregation mode (:data:`advcli.loss.LOSS_MODES`): by turn count, the
+    trajectories' mean weight relative to equal weight per trajectory (1 = a fair share), their
+    share of the batch's weight, and the signed gradient mass Σ weight × advantage under each
+    level. ``rows``: the turn-level units (one per row, with tokens and turn-level advantage)."""
+    frame = rows.select(
+        GROUP, TRAJECTORY, TOKENS, pl.col("advantage").alias("advantage_turn")
+    ).join(
+        per_trajectory.select(GROUP, TRAJECTORY, "turns", "advantage_trajectory"),
+        on=[GROUP, TRAJECTORY],
+        how="left",
+    )
+    modes: dict[str, Any] = {}
+    for mode in LOSS_MODES:
+        per_trajectory_weight = (
+            frame.with_columns((token_weight(mode) * pl.col(TOKENS)).alias("weight"))
+            .group_by(GROUP, TRAJECTORY)
+            .agg(
+                pl.col("turns").first(),
+                pl.col("weight").sum(),
+                (pl.col("weight") * pl.col("advantage_turn")).sum().alias("mass_turn"),
+                (pl.col("weight") * pl.col("advantage_trajectory")).sum().alias("mass_trajectory"),
+            )
+        )
+        total = per_trajectory_weight["weight"].sum()
+        count = per_trajectory_weight.height
+        by_turns = (
+            per_trajectory_weight.group_by("turns")
+            .agg(
+                pl.len().alias("trajectories"),
+                (pl.col("weight") / total * count).mean().alias("relative_weight"),
+                (pl.col("weight").sum() / total).alias("weight_share"),
+                pl.col("mass_turn").sum(),
+                pl.col("mass_trajectory").sum(),
+            )
+            .sort("turns")
+        )
+        relative = by_turns["relative_weight"]
+        modes[mode] = {
+            "source": MODE_SOURCES[mode],
+            # How much more weight a trajectory of the most turns gets than one of the fewest.
+            "longest_vs_shortest": number(relative[-1] / relative[0]) if relative[0] else None,
+            "by_turns": [
+                {key: _plain(value) for key, value in entry.items()}
+                for entry in by_turns.iter_rows(named=True)
+            ],
+        }
+    return modes
+
+
+# Where the bias stops being negligible and becomes severe, in the advantage's own units (the
+# group std for grpo): the mean |trajectory − turn level advantage| over trajectories, and the
+# share of trajectories whose advantage changes sign. README: "Reading the verdict".
+THRESHOLDS = {
+    "material": {"advantage_diff_mean": 0.01, "sign_flip_share": 0.0},
+    "severe": {"advantage_diff_mean": 0.1, "sign_flip_share": 0.01},
+}
+# A loss mode is called lopsided when a trajectory of the most turns gets this many times the
+# weight of one of the fewest.
+LOPSIDED_LOSS = 2.0
+
+
+def assess(summary: dict[str, Any]) -> dict[str, Any]:
+    """The bias's level (negligible, material, severe) by :data:`THRESHOLDS`, the figures it was
+    judged on, and the remedy for each trainer."""
+    trajectories = summary["trajectories"]
+    diff = trajectories["advantage_diff_mean"] or 0.0
+    flips = trajectories["sign_flips"] / max(summary["counts"]["trajectories"], 1)
+
+    def beyond(level: str) -> bool:
+        limits = THRESHOLDS[level]
+        return diff >= limits["advantage_diff_mean"] or flips > limits["sign_flip_share"]
+
+    level = "severe" if beyond("severe") else "material" if beyond("material") else "negligible"
+    lopsided = [
+        mode
+        for mode, entry in (summary.get("loss_weights") or {}).items()
+        if (entry["longest_vs_shortest"] or 0.0) >= LOPSIDED_LOSS
+    ]
+    return {
+        "level": level,
+        "advantage_diff_mean": diff,
+        "sign_flip_share": flips,
+        "thresholds": THRESHOLDS,
+        "lopsided_loss_modes": lopsided,
+        "remedy": REMEDY if level != "negligible" else None,
+    }
+
+
+REMEDY = {
+    "advcli": "advcli compute --level trajectory (the default) writes trajectory-level "
+    "advantages; advcli.verl.compute_advantage(batch) applies them in the training step",
+    "verl-agent": "algorithm.compute_mean_std_cross_steps=False (each (uid, traj_uid) counts once)",
+    "agent-lightning": "algorithm.enable_rollout_level_advantage=true (its default), and "
+    "actor.policy_loss.loss_mode=per_rollout_mean for equal loss weight per rollout",
+    "verl v1": "the v1 trainer's compute_advantage_for_multi_trajectories does it for GRPO "
+    "(final turn's score); other estimators run per row there",
+}
 
 
 def _level_columns(groups: pl.DataFrame, level: str) -> pl.DataFrame:
@@ -248,6 +368,26 @@ def verdict(summary: dict[str, Any], per_trajectory: pl.DataFrame) -> str:
     sentences.append(
         f"{100 * flips / counts['trajectories']:.1f}% of trajectories ({flips:,}) change sign."
     )
+    weights = summary.get("loss_weights")
+    if weights is not None and spread["min"] != spread["max"]:
+        token_mean = weights["token-mean"]["longest_vs_shortest"]
+        if token_mean is not None:
+            sentences.append(
+                f"In the loss, verl's default token-mean gives a {spread['max']}-turn trajectory "
+                f"{token_mean:.1f}× the weight of a {spread['min']}-turn one "
+                "(agent-lightning's per-rollout mean: 1×)."
+            )
+    assessment = summary["assessment"]
+    level = assessment["level"]
+    if level == "negligible":
+        sentences.append("The bias is negligible here: either level gives about the same numbers.")
+    else:
+        sentences.append(
+            f"The bias is {level}: use trajectory-level advantages (advcli compute --level "
+            "trajectory, or advcli.verl in the training step; verl-agent: "
+            "algorithm.compute_mean_std_cross_steps=False; agent-lightning: "
+            "enable_rollout_level_advantage)."
+        )
     return " ".join(sentences)
 
 

@@ -57,6 +57,17 @@ class TrajScore(str, Enum):
     SUM = "sum"
 
 
+class LossMode(str, Enum):
+    """How a trainer aggregates the policy loss over tokens and rows: verl's ``loss_agg_mode``
+    values and agent-lightning's per-rollout mean (:mod:`advcli.loss` gives each weight)."""
+
+    TOKEN_MEAN = "token-mean"
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
+    PER_ROLLOUT_MEAN = "per-rollout-mean"
+
+
 class OutputFormat(str, Enum):
     """What ``compute`` writes: Parquet, an Arrow IPC file (``arrow``) or stream (``arrows``, what
     a pipe reader expects), or padded arrays (``npz``, ``pt``)."""

@@ -55,6 +55,11 @@ def write_advantages(
     arrays = output_format in ("npz", "pt")
     if tokens and columns.mask_kind == "length" and not arrays:
         _check_longest_row(dataset, columns, output)
+    extra = {
+        name: pl.lit(row_values[name]).gather(pl.col(row_number))
+        for name in row_values.columns
+        if name in EXTRA_COLUMNS
+    }
     frame = output_rows(
         dataset.scan().with_row_index(row_number),
         columns,
@@ -62,6 +67,7 @@ def write_advantages(
         advantage=advantage.gather(pl.col(row_number)),
         # The padded arrays make their own per-token array.
         tokens=tokens and not arrays,
+        extra=extra,
     ).drop(row_number)
     with (
         atomic_output(output, force=force, keep=dataset.files) as partial,
@@ -85,23 +91,38 @@ Rows = TypeVar("Rows", pl.DataFrame, pl.LazyFrame)
 
 
 def output_rows(
-    rows: Rows, columns: ColumnRoles, *, score: pl.Expr, advantage: pl.Expr, tokens: bool
+    rows: Rows,
+    columns: ColumnRoles,
+    *,
+    score: pl.Expr,
+    advantage: pl.Expr,
+    tokens: bool,
+    extra: dict[str, pl.Expr] | None = None,
 ) -> Rows:
     """The output's rows, for both engines: every input column but those the output replaces,
-    then ``score`` and ``advantage`` as float32 and, with ``tokens``, the per-token
-    ``advantages``."""
-    out = rows.drop(replaced_columns(rows.collect_schema().names())).with_columns(
-        score.cast(pl.Float32).alias("score"), advantage.cast(pl.Float32).alias("advantage")
+    then ``score`` and ``advantage`` as float32, any ``extra`` columns (``loss_weight``) and,
+    with ``tokens``, the per-token ``advantages``."""
+    extra = extra or {}
+    replaced = replaced_columns(rows.collect_schema().names(), extra)
+    out = rows.drop(replaced).with_columns(
+        score.cast(pl.Float32).alias("score"),
+        advantage.cast(pl.Float32).alias("advantage"),
+        *(value.alias(name) for name, value in extra.items()),
     )
     if tokens:
         out = out.with_columns(per_token_advantages(columns).alias("advantages"))
     return out
 
 
-def replaced_columns(names: Iterable[str]) -> list[str]:
-    """The input columns that the output's ``score``, ``advantage``, ``advantages`` replace."""
+def replaced_columns(names: Iterable[str], extra: Iterable[str] = ()) -> list[str]:
+    """The input columns that the output's ``score``, ``advantage``, ``advantages`` (and any
+    ``extra`` output column) replace."""
     present = set(names)
-    return [name for name in OUTPUT_COLUMNS if name in present]
+    return [name for name in (*OUTPUT_COLUMNS, *extra) if name in present]
+
+
+# Per-row output columns a run may add: ``compute --loss-weight``'s.
+EXTRA_COLUMNS = ("loss_weight",)
 
 
 def per_token_advantages(columns: ColumnRoles) -> pl.Expr:
@@ -150,7 +171,8 @@ def _write_arrays(
         rows, width = frame.select(pl.len(), pl.col(columns.mask).max()).collect().row(0)
         _check_padding(rows, int(width or 0), tokens, output_name)
         mask = pl.lit(1.0, dtype=pl.Float32).repeat_by(pl.col(columns.mask))
-    collected = frame.select(mask.alias("response_mask"), pl.col("advantage")).collect(
+    extra = [name for name in EXTRA_COLUMNS if name in frame.collect_schema().names()]
+    collected = frame.select(mask.alias("response_mask"), pl.col("advantage", *extra)).collect(
         engine="streaming"
     )
     if columns.mask_kind == "mask":  # a length column was checked above
@@ -160,6 +182,8 @@ def _write_arrays(
     # Writable: torch refuses (with a warning) to wrap memory it may not write.
     advantage = collected["advantage"].to_numpy(writable=True)
     arrays: dict[str, Any] = {"response_mask": response_mask, "advantage": advantage}
+    for name in extra:
+        arrays[name] = collected[name].to_numpy(writable=True)
     if tokens:
         arrays["advantages"] = response_mask * advantage[:, None]
     if output_format == "npz":

@@ -1,0 +1,67 @@
+"""How a trainer's loss aggregation weighs each row: the other half of the length bias.
+
+Even with trajectory-level baselines every turn row enters the policy loss, and how the loss
+aggregates tokens and rows decides how much gradient a long trajectory gets. Each mode below is a
+per-token weight ``w`` of a row such that the mode's loss is ``Σ_rows Σ_tokens w · loss_t · mask_t``
+over one batch (verl's ``agg_loss`` with one data-parallel rank; agent-lightning's
+``normalize_advantages_by_rollout``):
+
+============================  =============================  =================================
+mode                          ``w`` of a row with T tokens   a trajectory's total weight
+============================  =============================  =================================
+``token-mean``                1 / T_batch                    its tokens / T_batch
+``seq-mean-token-sum``        1 / B                          its tokens / B
+``seq-mean-token-mean``       1 / (B · (T + 1e-8))           its rows / B
+``seq-mean-token-sum-norm``   1 / (B · H)                    its tokens / (B · H)
+``per-rollout-mean``          1 / (T_traj · N)               1 / N, the same for every one
+============================  =============================  =================================
+
+T_batch is the batch's response tokens, B its rows with at least one token, N all its rows, H
+verl's ``loss_scale_factor`` (by default the padded response length), T_traj the trajectory's
+tokens. A row without tokens weighs nothing.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from advcli.keys import GROUP, TOKENS, TRAJECTORY
+from advcli.settings import LossMode
+
+# verl's loss_agg_mode values, then agent-lightning's per-rollout mean (its loss_mode).
+LOSS_MODES = tuple(mode.value for mode in LossMode)
+# What verl's seq-mean-token-mean adds to a row's token count before dividing.
+SEQ_MEAN_EPSILON = 1e-8
+# Whose each mode is, for the report.
+MODE_SOURCES = {
+    "token-mean": "verl's default loss_agg_mode",
+    "seq-mean-token-sum": "verl loss_agg_mode",
+    "seq-mean-token-mean": "verl loss_agg_mode",
+    "seq-mean-token-sum-norm": "verl loss_agg_mode",
+    "per-rollout-mean": "agent-lightning's loss_mode per_rollout_mean",
+}
+
+
+def token_weight(mode: str, scale_factor: float = 1.0) -> pl.Expr:
+    """The per-token weight ``w`` of each row, over a frame with ``group``, ``trajectory`` and
+    ``tokens`` (one row per row of the batch). ``scale_factor`` is H, for
+    ``seq-mean-token-sum-norm`` only."""
+    tokens = pl.col(TOKENS).cast(pl.Float64)
+    has_tokens = pl.col(TOKENS) > 0
+    nonempty_rows = has_tokens.sum().cast(pl.Float64)
+    if mode == "token-mean":
+        weight = 1.0 / tokens.sum()
+    elif mode == "seq-mean-token-sum":
+        weight = 1.0 / nonempty_rows
+    elif mode == "seq-mean-token-mean":
+        # verl divides a row's token sum by its tokens + 1e-8.
+        weight = 1.0 / (nonempty_rows * (tokens + SEQ_MEAN_EPSILON))
+    elif mode == "seq-mean-token-sum-norm":
+        weight = 1.0 / (nonempty_rows * scale_factor)
+    elif mode == "per-rollout-mean":
+        trajectory_tokens = tokens.sum().over(GROUP, TRAJECTORY)
+        # agent-lightning clamps the divisor at 1.
+        weight = 1.0 / pl.max_horizontal(trajectory_tokens * pl.len().cast(pl.Float64), 1.0)
+    else:
+        raise ValueError(f"unknown loss mode {mode!r}; one of {', '.join(LOSS_MODES)}")
+    return pl.when(has_tokens).then(weight).otherwise(0.0)
