@@ -388,7 +388,9 @@ def compare_command(
     turn_col: TurnCol = None,
     reward_col: RewardCol = None,
     mask_col: MaskCol = None,
-    top: Annotated[int, typer.Option("--top", min=1, help="How many groups to list.")] = 10,
+    top: Annotated[
+        int, typer.Option("--top", min=1, help="How many groups and trajectories to list.")
+    ] = 10,
     json_path: Annotated[
         str | None, typer.Option("--json", help="Write the report as JSON ('-' for stdout).")
     ] = None,
@@ -397,6 +399,22 @@ def compare_command(
     ] = None,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Write a PNG figure (needs advcli[plot]).")
+    ] = None,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            help="Write the report as one self-contained HTML page (figure embedded with "
+            "advcli[plot]).",
+        ),
+    ] = None,
+    by: Annotated[
+        str | None,
+        typer.Option(
+            "--by",
+            help="Also report each input file ('file') or each value of a column (e.g. step) "
+            "on its own, as a series over training steps.",
+        ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace existing report files.")] = False,
     engine: EngineOpt = Engine.LOCAL,
@@ -443,10 +461,12 @@ def compare_command(
             json=None if json_path is None or json_to_stdout else Path(json_path),
             markdown=markdown,
             plot=plot,
+            html=html,
         ),
         force=force,
         engine=engine,
         address=address,
+        by=by,
     )
     if json_to_stdout:
         write_stdout_text(render_json(report), "the JSON report")

@@ -69,24 +69,10 @@ def inspect_dump(
             ],
         }
 
-    scores = projection[SCORE]
-    distinct = scores.n_unique()
-    score_summary: dict[str, Any] = {
-        "min": number(scores.min()),
-        "max": number(scores.max()),
-        "mean": number(scores.mean()),
-        "std": number(scores.std()),
-        "distinct": distinct,
-    }
-    if distinct <= DISTINCT_SCORES_LISTED:
-        counts = scores.value_counts(sort=True)
-        score_summary["values"] = {
-            f"{value:g}": count for value, count in counts.sort(SCORE).iter_rows()
-        }
-    else:
-        score_summary["quantiles"] = {
-            f"p{q}": number(scores.quantile(q / 100)) for q in (10, 25, 50, 75, 90)
-        }
+    score_summary = _score_summary(projection[SCORE])
+    # Each trajectory counted once (its first turn's score, as compute reads a trajectory whose
+    # rows agree): a success rate over rows overweights long trajectories.
+    trajectory_scores = _score_summary(per_trajectory[SCORE])
 
     turns = per_trajectory["turns"]
     tokens_known = columns.mask is not None
@@ -114,6 +100,7 @@ def inspect_dump(
             "histogram": histogram(turns),
         },
         "scores": score_summary,
+        "trajectory_scores": trajectory_scores,
         "singleton_groups": {
             "count": singleton.height,
             "examples": singleton[GROUP].head(EXAMPLES).to_list(),
@@ -131,3 +118,26 @@ def inspect_dump(
         },
         "duplicate_turns": duplicates,
     }
+
+
+def _score_summary(scores: pl.Series) -> dict[str, Any]:
+    """min, max, mean, std and the distinct count of ``scores``, with each value's count when
+    they are few, else quantiles."""
+    distinct = scores.n_unique()
+    summary: dict[str, Any] = {
+        "min": number(scores.min()),
+        "max": number(scores.max()),
+        "mean": number(scores.mean()),
+        "std": number(scores.std()),
+        "distinct": distinct,
+    }
+    if distinct <= DISTINCT_SCORES_LISTED:
+        counts = scores.value_counts(sort=True)
+        summary["values"] = {
+            f"{value:g}": count for value, count in counts.sort(scores.name).iter_rows()
+        }
+    else:
+        summary["quantiles"] = {
+            f"p{q}": number(scores.quantile(q / 100)) for q in (10, 25, 50, 75, 90)
+        }
+    return summary

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from advcli.columns import ColumnRoles, resolve_columns
@@ -33,9 +34,10 @@ from advcli.keys import ROW, SCORE
 from advcli.loss import token_weight
 from advcli.process import copy_to_stdout
 from advcli.projection import key_projection
-from advcli.render import render_json, render_markdown, write_plot, write_text
-from advcli.report import BiasReport, bias_report
+from advcli.render import render_html, render_json, render_markdown, write_plot, write_text
+from advcli.report import BiasReport, bias_report, step_figures
 from advcli.rules import RULES
+from advcli.scan import closing_sources
 from advcli.settings import ColumnNames, Engine, LossMode, OutputFormat
 from advcli.write import check_output, replaced_columns, write_advantages
 
@@ -386,6 +388,7 @@ class ReportFiles:
     json: Path | None = None
     markdown: Path | None = None
     plot: Path | None = None
+    html: Path | None = None
 
 
 def compare(
@@ -398,9 +401,13 @@ def compare(
     force: bool = False,
     engine: Engine = Engine.LOCAL,
     address: str | None = None,
+    by: str | None = None,
 ) -> BiasReport:
     """The bias report of ``config.estimator``: turn level against trajectory level, written to
     ``files`` and returned.
+
+    ``by="file"`` (or a column name, e.g. ``step``) also reports each input file (each value of
+    the column) on its own, as a series over training steps in ``summary["by_step"]``.
 
     The report files are checked (not an input, not existing unless ``force``) before any work
     is done.
@@ -415,7 +422,7 @@ def compare(
     if files.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise AdvcliError(f"{files.plot}: --plot needs matplotlib: pip install 'advcli[plot]'")
     with opened(inputs) as dataset:
-        check_outputs([files.json, files.markdown, files.plot], dataset, force=force)
+        check_outputs([files.json, files.markdown, files.plot, files.html], dataset, force=force)
         start_engine(engine, address)
         dump = load_dump(
             dataset, names, engine=engine, mask_needed_for=_estimator_needs_mask(config)
@@ -423,10 +430,13 @@ def compare(
         turn = dump.advantages(replace(config, level=Level.TURN))
         trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
         report = dump.report(config, turn, trajectory, top=top)
+        if by is not None:
+            report.summary["by_step"] = {"by": by, "steps": _by_step(dump, config, by, top)}
     writers: list[tuple[Path | None, Callable[[Path], None]]] = [
         (files.json, lambda path: write_text(path, render_json(report), force=force)),
         (files.markdown, lambda path: write_text(path, render_markdown(report), force=force)),
         (files.plot, lambda path: write_plot(report, path, force=force)),
+        (files.html, lambda path: write_text(path, render_html(report), force=force)),
     ]
     written: list[Path] = []
     for path, write in writers:
@@ -439,6 +449,48 @@ def compare(
             raise AdvcliError(f"{error}{done}") from None
         written.append(path)
     return report
+
+
+def _by_step(dump: LoadedDump, config: AdvantageConfig, by: str, top: int) -> list[dict[str, Any]]:
+    """The report's headline figures for each input file, or each value of column ``by``, in
+    order (files as given, values sorted)."""
+    dataset = dump.dataset
+    projection = dump.projection
+    if by == "file":
+        labels = pl.Series(
+            "step",
+            np.repeat(np.arange(len(dataset.files)), dataset.row_counts),
+        )
+        names = {i: dataset.label(i) for i in range(len(dataset.files))}
+    else:
+        if by not in dataset.schema:
+            raise AdvcliError(
+                f"{dataset.describe()}: column '{by}' (--by) not found; --by takes 'file' or a "
+                "column such as 'step'"
+            )
+        dtype = dataset.schema[by]
+        if not (dtype.is_integer() or dtype == pl.String):
+            raise AdvcliError(
+                f"{dataset.describe()}: column '{by}' (--by) has type {dtype}; steps are "
+                "integers or strings"
+            )
+        with closing_sources():
+            labels = dataset.scan().select(pl.col(by).alias("step")).collect().to_series()
+        if labels.null_count():
+            row = int(labels.is_null().arg_max() or 0)
+            raise AdvcliError(f"{dataset.locate(row)}: column '{by}' (--by) is null")
+        names = None
+    steps = projection.with_columns(labels.gather(projection[ROW]).alias("__step"))
+    series = []
+    for value in sorted(steps["__step"].unique().to_list()):
+        part = LoadedDump(
+            dataset, dump.columns, steps.filter(pl.col("__step") == value).drop("__step")
+        )
+        turn = part.advantages(replace(config, level=Level.TURN))
+        trajectory = part.advantages(replace(config, level=Level.TRAJECTORY))
+        step_report = part.report(config, turn, trajectory, top=top)
+        series.append(step_figures(names[value] if names else value, step_report.summary))
+    return series
 
 
 def inspect(inputs: Sequence[str], names: ColumnNames = ColumnNames()) -> dict[str, Any]:

@@ -5,8 +5,11 @@ Everything here reads a :class:`~advcli.report.BiasReport`; nothing computes a m
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from collections.abc import Sequence
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +82,7 @@ def _by_turns_rows(report: BiasReport) -> list[list[str]]:
 def _top_group_rows(report: BiasReport) -> list[list[str]]:
     return [
         [
-            _fmt(group["group"]),
+            str(group["group"]),
             _fmt(group["rows"]),
             _fmt(group["trajectories"]),
             _fmt(group["baseline_turn"]),
@@ -95,8 +98,8 @@ def _top_group_rows(report: BiasReport) -> list[list[str]]:
 def _top_trajectory_rows(report: BiasReport) -> list[list[str]]:
     return [
         [
-            _fmt(entry["group"]),
-            _fmt(entry["trajectory"]),
+            str(entry["group"]),
+            str(entry["trajectory"]),
             _fmt(entry["turns"]),
             _fmt(entry["score"]),
             _fmt(entry["advantage_turn"]),
@@ -234,10 +237,20 @@ def render_terminal(report: BiasReport, console: Console) -> None:
             show_edge=False,
         )
         for header in loss[0]:
-            weights.add_column(header, justify="right")
+            weights.add_column(header, justify="right", overflow="fold")
         for row in loss[1]:
             weights.add_row(*row)
         parts += [weights, ""]
+    step_rows = _step_rows(report)
+    if step_rows:
+        steps = Table(
+            title=f"By {report.summary['by_step']['by']}", title_justify="left", show_edge=False
+        )
+        for header in STEP_HEADERS:
+            steps.add_column(header, justify="right", overflow="fold")
+        for row in step_rows:
+            steps.add_row(*row)
+        parts += [steps, ""]
     verdict = report.summary["verdict"] + "\n\n" + _assessment_line(report)
     parts.append(Panel(verdict, title="Verdict", title_align="left"))
     console.print(Group(*parts))
@@ -279,6 +292,11 @@ def render_markdown(report: BiasReport) -> str:
                 "## Most affected trajectories",
                 _markdown_table(TOP_TRAJECTORY_HEADERS, _top_trajectory_rows(report)),
                 *_markdown_loss_weights(report),
+                *(
+                    ["## By step", _markdown_table(STEP_HEADERS, _step_rows(report))]
+                    if _step_rows(report)
+                    else []
+                ),
                 "## Verdict",
                 _assessment_line(report),
             ]
@@ -310,20 +328,29 @@ def write_text(path: Path, text: str, *, force: bool = False) -> None:
 
 
 def write_plot(report: BiasReport, path: Path, *, force: bool = False) -> None:
-    """One PNG with three panels: mean advantage by turn count under both levels, the histogram of
-    per-trajectory differences, and each group's baseline shift against the share of its rows held
-    by its longest trajectory."""
+    """The report's figure as a PNG file (see :func:`figure_png`)."""
+    png = figure_png(report, path)
+    with atomic_output(path, force=force) as partial:
+        partial.write_bytes(png)
+
+
+def figure_png(report: BiasReport, where: Path | str = "the figure") -> bytes:
+    """One PNG: (a) mean advantage by turn count under both levels, (b) the histogram of
+    per-trajectory differences, (c) each group's baseline shift against the share of its rows
+    held by its longest trajectory, (d) each loss mode's weight by turn count, and with
+    ``--by`` (e) the headline figures over the steps."""
     try:
         import matplotlib
     except ImportError:
-        raise AdvcliError(f"{path}: --plot needs matplotlib: pip install 'advcli[plot]'") from None
+        raise AdvcliError(f"{where}: a plot needs matplotlib: pip install 'advcli[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     summary = report.summary
     by_turns = summary["by_turns"]
     turns = [entry["turns"] for entry in by_turns]
-    figure, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.8), constrained_layout=True)
+    figure, axes = plt.subplots(2, 3, figsize=(16, 9), constrained_layout=True)
+    (left, middle, right), (loss, steps, spare) = axes
     width = 0.38
     left.bar(
         [t - width / 2 for t in turns],
@@ -363,16 +390,135 @@ def write_plot(report: BiasReport, path: Path, *, force: bool = False) -> None:
     right.set_ylabel("|baseline shift|")
     right.set_title("(c) Group baseline shift")
 
+    weights = summary.get("loss_weights")
+    if weights:
+        for mode, entry in weights.items():
+            loss.plot(
+                [e["turns"] for e in entry["by_turns"]],
+                [e["relative_weight"] for e in entry["by_turns"]],
+                marker="o",
+                label=mode,
+            )
+        loss.axhline(1, color="black", linewidth=0.8)
+        loss.legend(fontsize="small")
+    else:
+        loss.text(0.5, 0.5, "no mask column: token counts unknown", ha="center", va="center")
+    loss.set_xlabel("turns in the trajectory")
+    loss.set_ylabel("weight ÷ an equal share per trajectory")
+    loss.set_title("(d) Loss weight by turn count")
+
+    series = (summary.get("by_step") or {}).get("steps")
+    if series:
+        positions = list(range(len(series)))
+        steps.plot(
+            positions,
+            [e["advantage_diff_mean"] for e in series],
+            marker="o",
+            label="mean |advantage diff|",
+        )
+        steps.plot(
+            positions,
+            [e["baseline_shift_mean"] for e in series],
+            marker="s",
+            label="mean |baseline shift|",
+        )
+        steps.set_xticks(positions, [str(e["step"]) for e in series], rotation=30, fontsize="small")
+        steps.set_xlabel(f"{summary['by_step']['by']}")
+        steps.legend(fontsize="small")
+        steps.set_title("(e) Over training steps")
+    else:
+        steps.axis("off")
+    spare.axis("off")
+
     counts = summary["counts"]
     figure.suptitle(
         f"advcli compare — {summary['settings']['estimator']}: turn level vs trajectory level "
-        f"({counts['trajectories']:,} trajectories, {counts['groups']:,} groups)"
+        f"({counts['trajectories']:,} trajectories, {counts['groups']:,} groups; bias "
+        f"{summary['assessment']['level']})"
     )
+    buffer = io.BytesIO()
     try:
-        with atomic_output(path, force=force) as partial:
-            figure.savefig(partial, format="png", dpi=110)
+        figure.savefig(buffer, format="png", dpi=100)
     finally:
         plt.close(figure)
+    return buffer.getvalue()
+
+
+def render_html(report: BiasReport) -> str:
+    """One self-contained page: the verdict, every table and the figure (an embedded PNG, when
+    matplotlib is installed); no script, stylesheet or image is fetched."""
+    summary = report.summary
+    sections = [
+        "<h1>advcli compare: turn level vs trajectory level</h1>",
+        f'<p class="verdict"><strong>Verdict.</strong> {escape(summary["verdict"])}</p>',
+        f"<p>{escape(_assessment_line(report))}</p>",
+        _html_table(("metric", "value"), _headline_rows(report)),
+    ]
+    try:
+        png = base64.b64encode(figure_png(report)).decode("ascii")
+        sections.append(f'<img alt="advcli compare figure" src="data:image/png;base64,{png}">')
+    except AdvcliError:
+        sections.append("<p>(No figure: matplotlib is not installed.)</p>")
+    sections += [
+        "<h2>By turn count</h2>",
+        _html_table(BY_TURNS_HEADERS, _by_turns_rows(report)),
+    ]
+    loss = _loss_weight_table(report)
+    if loss is not None:
+        sections += [
+            "<h2>Loss weight by turn count</h2>",
+            "<p>A trajectory's weight in the loss under each aggregation mode, relative to equal "
+            "weight per trajectory (1.00 = a fair share).</p>",
+            _html_table(*loss),
+        ]
+    step_rows = _step_rows(report)
+    if step_rows:
+        sections += ["<h2>By step</h2>", _html_table(STEP_HEADERS, step_rows)]
+    sections += [
+        "<h2>Most affected trajectories</h2>",
+        _html_table(TOP_TRAJECTORY_HEADERS, _top_trajectory_rows(report)),
+        "<h2>Most affected groups</h2>",
+        _html_table(TOP_GROUP_HEADERS, _top_group_rows(report)),
+        f"<p>Inputs: {escape(', '.join(summary['settings']['inputs']))}. advcli "
+        f"{escape(summary['settings']['advcli_version'])}.</p>",
+    ]
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        "<title>advcli compare</title><style>"
+        "body{font-family:sans-serif;margin:2em;max-width:72em;color:#222}"
+        "table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #bbb;padding:.25em .6em;text-align:right}"
+        "img{max-width:100%}.verdict{font-size:1.1em;background:#f3f3f3;padding:1em}"
+        "</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n"
+    )
+
+
+def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{escape(str(h))}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+STEP_HEADERS = ("step", "rows", "trajs", "mean |diff|", "max |diff|", "shift", "flips", "bias")
+
+
+def _step_rows(report: BiasReport) -> list[list[str]]:
+    series = (report.summary.get("by_step") or {}).get("steps") or []
+    return [
+        [
+            _fmt(entry["step"]),
+            _fmt(entry["rows"]),
+            _fmt(entry["trajectories"]),
+            _fmt(entry["advantage_diff_mean"]),
+            _fmt(entry["advantage_diff_max"]),
+            _fmt(entry["baseline_shift_mean"]),
+            _fmt(entry["sign_flips"]),
+            entry["level"],
+        ]
+        for entry in series
+    ]
 
 
 def render_inspection(summary: dict[str, Any], console: Console) -> None:
@@ -395,15 +541,16 @@ def render_inspection(summary: dict[str, Any], console: Console) -> None:
         "turns per trajectory (min / median / max)",
         f"{spread['min']} / {spread['median']:g} / {spread['max']}",
     )
-    facts.add_row(
-        "score (min / mean / max)",
-        f"{_fmt(scores['min'])} / {_fmt(scores['mean'])} / {_fmt(scores['max'])}",
-    )
-    distribution = scores.get("values") or scores.get("quantiles", {})
-    facts.add_row(
-        "score values" if "values" in scores else "score quantiles",
-        ", ".join(f"{key}: {_fmt(value)}" for key, value in distribution.items()),
-    )
+    for label, entry in (("row", scores), ("trajectory", summary["trajectory_scores"])):
+        facts.add_row(
+            f"{label} score (min / mean / max)",
+            f"{_fmt(entry['min'])} / {_fmt(entry['mean'])} / {_fmt(entry['max'])}",
+        )
+        distribution = entry.get("values") or entry.get("quantiles", {})
+        facts.add_row(
+            f"{label} score {'values' if 'values' in entry else 'quantiles'}",
+            ", ".join(f"{key}: {_fmt(value)}" for key, value in distribution.items()),
+        )
 
     histogram = Table(title="Turns per trajectory", title_justify="left", show_edge=False)
     histogram.add_column("turns", justify="right")

@@ -207,6 +207,24 @@ def bias_report(
     return BiasReport(summary=summary, trajectories=per_trajectory, groups=per_group)
 
 
+def step_figures(step: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    """One step's headline figures, for the series ``compare --by`` reports."""
+    weights = summary.get("loss_weights")
+    return {
+        "step": step,
+        "rows": summary["counts"]["rows"],
+        "trajectories": summary["counts"]["trajectories"],
+        "baseline_shift_mean": summary["groups"]["baseline_shift_mean"],
+        "advantage_diff_mean": summary["trajectories"]["advantage_diff_mean"],
+        "advantage_diff_max": summary["trajectories"]["advantage_diff_max"],
+        "sign_flips": summary["trajectories"]["sign_flips"],
+        "token_mean_longest_vs_shortest": (
+            weights["token-mean"]["longest_vs_shortest"] if weights else None
+        ),
+        "level": summary["assessment"]["level"],
+    }
+
+
 def loss_weights(rows: pl.DataFrame, per_trajectory: pl.DataFrame) -> dict[str, Any]:
     """For each loss aggregation mode (:data:`advcli.loss.LOSS_MODES`): by turn count, the
     trajectories' mean weight relative to equal weight per trajectory (1 = a fair share), their

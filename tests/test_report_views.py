@@ -1,0 +1,202 @@
+"""The bias report's views and the defects found trying it as a new user: the HTML page in a
+real headless browser, --by steps, the worst trajectories, the verdict's thresholds, Markdown
+cells, --help text, uuid ids in terminal tables, trajectory-level scores in inspect."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from advcli.cli import app
+from advcli.report import THRESHOLDS, assess
+
+SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _steps(tmp_path: Path) -> Path:
+    """Three step files of the sample with distinct group ids and a `step` column; step 2 keeps
+    single-turn trajectories only (no bias there)."""
+    folder = tmp_path / "steps"
+    folder.mkdir(parents=True)
+    sample = pl.read_parquet(SAMPLE)
+    for step in range(3):
+        frame = sample.with_columns(
+            (pl.col("data_id") + 1000 * step).alias("data_id"), pl.lit(10 * step).alias("step")
+        )
+        if step == 2:
+            frame = frame.filter(pl.col("turn_index") == 0)
+        frame.write_parquet(folder / f"step-{step}.parquet")
+    return folder
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (.ci/run installs it)")
+def test_html_page_renders_in_a_headless_browser(run, tmp_path):
+    page = tmp_path / "report.html"
+    result = run("compare", _steps(tmp_path), "--by", "step", "--html", page, "-q")
+    assert result.exit_code == 0, result.output
+    html = page.read_text()
+    # Self-contained: nothing is fetched.
+    assert not re.search(r"""(src|href)=["']?(https?:|//)""", html)
+    assert 'src="data:image/png;base64,' in html
+
+    browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    dom = subprocess.run(
+        [*browser, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    ).stdout
+    text = re.sub(r"<[^>]+>", " ", dom)
+    summary = json.loads(run("compare", _steps(tmp_path / "again"), "--json", "-", "-q").stdout)
+    assert summary["verdict"].split(".")[0] in text
+    for heading in ("By turn count", "Loss weight by turn count", "By step", "Most affected"):
+        assert heading in text
+    assert "<img" in dom
+
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [*browser, f"--screenshot={shot}", "--window-size=1280,2000", page.as_uri()],
+        capture_output=True,
+        timeout=120,
+    )
+    pixels = np.asarray(Image.open(shot).convert("L"))
+    # Not blank: dark text and the figure's colours on a light page.
+    assert pixels.min() < 60 and (pixels < 200).mean() > 0.02
+
+
+def test_by_step_gives_each_steps_own_report(run, tmp_path):
+    folder = _steps(tmp_path)
+    combined = json.loads(run("compare", folder, "--by", "file", "--json", "-", "-q").stdout)
+    steps = combined["by_step"]["steps"]
+    assert combined["by_step"]["by"] == "file"
+    assert [Path(s["step"]).name for s in steps] == [f"step-{i}.parquet" for i in range(3)]
+    # Each step's figures are those of a compare on that file alone.
+    for entry, path in zip(steps, sorted(folder.iterdir()), strict=True):
+        alone = json.loads(run("compare", path, "--json", "-", "-q").stdout)
+        assert entry["advantage_diff_mean"] == alone["trajectories"]["advantage_diff_mean"]
+        assert entry["rows"] == alone["counts"]["rows"]
+    # Single-turn trajectories only: no bias at step 2.
+    assert steps[2]["advantage_diff_mean"] == 0 and steps[2]["level"] == "negligible"
+    by_column = json.loads(run("compare", folder, "--by", "step", "--json", "-", "-q").stdout)
+    assert [s["step"] for s in by_column["by_step"]["steps"]] == [0, 10, 20]
+    missing = run("compare", folder, "--by", "epoch", "-q")
+    assert missing.exit_code == 1 and "column 'epoch' (--by) not found" in missing.stderr
+
+
+def test_worst_trajectories_are_sorted_by_the_difference(run):
+    summary = json.loads(run("compare", SAMPLE, "--json", "-", "-q", "--top", "5").stdout)
+    worst = summary["top_trajectories"]
+    assert len(worst) == 5
+    diffs = [abs(entry["diff"]) for entry in worst]
+    assert diffs == sorted(diffs, reverse=True)
+    assert diffs[0] == pytest.approx(summary["trajectories"]["advantage_diff_max"])
+    first = worst[0]
+    assert first["diff"] == pytest.approx(first["advantage_trajectory"] - first["advantage_turn"])
+
+
+def _summary(diff_mean: float, flips: int, trajectories: int = 1000) -> dict:
+    return {
+        "trajectories": {"advantage_diff_mean": diff_mean, "sign_flips": flips},
+        "counts": {"trajectories": trajectories},
+        "loss_weights": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("diff_mean", "flips", "level"),
+    [
+        (0.0, 0, "negligible"),
+        (0.009, 0, "negligible"),
+        (0.01, 0, "material"),  # the material threshold itself
+        (0.0, 1, "material"),  # any sign flip
+        (0.099, 10, "material"),  # 1 % of 1000 trajectories is not beyond 1 %
+        (0.1, 0, "severe"),
+        (0.0, 11, "severe"),  # 1.1 % flips
+    ],
+)
+def test_verdict_thresholds(diff_mean, flips, level):
+    assessment = assess(_summary(diff_mean, flips))
+    assert assessment["level"] == level
+    assert assessment["thresholds"] == THRESHOLDS
+    assert (assessment["remedy"] is None) == (level == "negligible")
+
+
+def test_verdict_names_the_remedy(run):
+    summary = json.loads(run("compare", SAMPLE, "--json", "-", "-q").stdout)
+    assert summary["assessment"]["level"] == "severe"
+    assert "compute_mean_std_cross_steps=False" in summary["verdict"]
+    assert set(summary["assessment"]["remedy"]) == {
+        "advcli",
+        "verl-agent",
+        "agent-lightning",
+        "verl v1",
+    }
+
+
+def test_markdown_cells_escape_pipes(run, tmp_path):
+    report = tmp_path / "r.md"
+    assert run("compare", SAMPLE, "--markdown", report, "-q").exit_code == 0
+    text = report.read_text()
+    assert r"\|advantage diff\|" in text
+    for table in re.findall(r"(?:^\|.*\|\n)+", text, flags=re.M):
+        widths = {len(re.findall(r"(?<!\\)\|", line)) for line in table.splitlines()}
+        assert len(widths) == 1, table
+
+
+def test_help_keeps_brackets_and_defaults(run):
+    text = run("compare", "--help").stdout
+    assert "advcli[plot]" in text and "advcli[ray]" in text
+    assert "[default: error]" in text and "[default: group]" in text
+    assert not re.search(r"\s\.\s*$", text, flags=re.M)
+
+
+def test_uuid_ids_are_never_cut(run, tmp_path):
+    ids = [str(uuid.UUID(int=i + 1)) for i in range(4)]
+    rows = [
+        (ids[g], f"{ids[g]}-r{r}", t, float((g + r + t) % 2), 2)
+        for g in range(4)
+        for r in range(2)
+        for t in range(r + 1)
+    ]
+    frame = pl.DataFrame(
+        {
+            "data_id": [r[0] for r in rows],
+            "rollout_id": [r[1] for r in rows],
+            "turn_index": [r[2] for r in rows],
+            "score": [r[3] for r in rows],
+            "response_length": [r[4] for r in rows],
+        }
+    )
+    path = tmp_path / "uuids.parquet"
+    frame.write_parquet(path)
+    # An 80-column terminal, where a table of uuids is narrower than its ids.
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(
+        app, ["compare", str(path), "--traj-score", "last"], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout
+    # Folded, an id continues on the next lines of its cell: the group column of the groups
+    # table, read top to bottom, holds every id whole.
+    table = result.stdout.split("Most affected groups")[1].split("\n\n")[0]
+    first_column = "".join(line.split("│")[0].strip() for line in table.splitlines() if "│" in line)
+    assert all(i in first_column for i in ids)
+
+
+def test_inspect_shows_trajectory_level_scores(run, tmp_path):
+    # One 3-turn failure and one 1-turn success: rows succeed 25 %, trajectories 50 %.
+    path = tmp_path / "rate.parquet"
+    pl.DataFrame(
+        {"data_id": [0] * 4, "rollout_id": [0, 0, 0, 1], "score": [0.0, 0.0, 0.0, 1.0]}
+    ).write_parquet(path)
+    report = json.loads(run("inspect", path, "--json").stdout)
+    assert report["scores"]["mean"] == 0.25
+    assert report["trajectory_scores"]["mean"] == 0.5
+    assert report["trajectory_scores"]["values"] == {"0": 1, "1": 1}
