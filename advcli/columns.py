@@ -372,6 +372,8 @@ class _Picker:
             self.reasons[role] = f"'{name}' is the {role} column of {whose}'s dumps"
             return name
         if dialect is not None and not names and role in ("group", "trajectory"):
+            if role == "trajectory":
+                self._check_rows_are_trajectories(dialect)
             return None  # the dialect's rows are trajectories, or its groups blocks of rows
         if required is None:
             return None
@@ -382,6 +384,21 @@ class _Picker:
             f"{self.where}: no {role} column{needed}: {source} {expected}, or name one with "
             f"{option}{self._hint(names)}"
         )
+
+    def _check_rows_are_trajectories(self, dialect: Dialect) -> None:
+        """A dialect whose rows are trajectories, in a dump that names trajectories or turns
+        anyway (a 'uid' dump with 'rollout_id' and 'turn_index'), is not that dialect: refuse
+        rather than read each turn as a trajectory."""
+        columns = set(self.schema.names())
+        found = [
+            name for name in (*_all_names("trajectory"), *_all_names("turn")) if name in columns
+        ]
+        if found:
+            raise AdvcliError(
+                f"{self.where}: {dialect.trainer}'s dumps keep a trajectory in one row, but the "
+                f"file has {', '.join(repr(name) for name in found)}; name the trajectory "
+                "column with --traj-col"
+            )
 
     def _hint(self, wanted: Sequence[str]) -> str:
         """The file's columns, with the nearest names to ``wanted`` as a suggestion."""

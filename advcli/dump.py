@@ -22,7 +22,7 @@ import polars as pl
 
 from advcli.atomic import atomic_output
 from advcli.columns import ColumnRoles, resolve_columns
-from advcli.errors import AdvcliError
+from advcli.errors import AdvcliError, first_line
 
 # What the written file's columns are called: advcli's own names, so the dump is read with no
 # flags whatever trainer it came from.
@@ -238,11 +238,23 @@ def _frame(
 
 def _series(name: str, value: Any) -> pl.Series:
     array = _numpy(value)
-    if array.dtype.kind == "O":
-        return pl.Series(name, array.tolist())
-    if array.dtype.kind == "U":
-        return pl.Series(name, array.astype(object).tolist(), dtype=pl.String)
-    return pl.Series(name, array)
+    try:
+        if array.dtype.kind == "O":
+            series = pl.Series(name, array.tolist(), strict=True)
+        elif array.dtype.kind == "U":
+            series = pl.Series(name, array.astype(object).tolist(), dtype=pl.String)
+        else:
+            series = pl.Series(name, array)
+    except (TypeError, ValueError, pl.exceptions.PolarsError) as error:
+        raise AdvcliError(
+            f"the batch's '{name}' cannot be written as one column ({first_line(error)}); give "
+            "its values one type"
+        ) from None
+    if series.null_count():
+        raise AdvcliError(
+            f"the batch's '{name}' holds a null (None) at row {series.is_null().arg_max()}"
+        )
+    return series
 
 
 _NUMBERED = re.compile(r"batch-(\d+)\.parquet")

@@ -10,6 +10,7 @@ over one batch (verl's ``agg_loss`` with one data-parallel rank; agent-lightning
 mode                          ``w`` of a row with T tokens   a trajectory's total weight
 ============================  =============================  =================================
 ``token-mean``                1 / T_batch                    its tokens / T_batch
+``token-sum``                 1                              its tokens
 ``seq-mean-token-sum``        1 / B                          its tokens / B
 ``seq-mean-token-mean``       1 / (B · (T + 1e-8))           its rows / B
 ``seq-mean-token-sum-norm``   1 / (B · H)                    its tokens / (B · H)
@@ -35,6 +36,7 @@ SEQ_MEAN_EPSILON = 1e-8
 # Whose each mode is, for the report.
 MODE_SOURCES = {
     "token-mean": "verl's default loss_agg_mode",
+    "token-sum": "verl loss_agg_mode",
     "seq-mean-token-sum": "verl loss_agg_mode",
     "seq-mean-token-mean": "verl loss_agg_mode",
     "seq-mean-token-sum-norm": "verl loss_agg_mode",
@@ -51,6 +53,8 @@ def token_weight(mode: str, scale_factor: float = 1.0) -> pl.Expr:
     nonempty_rows = has_tokens.sum().cast(pl.Float64)
     if mode == "token-mean":
         weight = 1.0 / tokens.sum()
+    elif mode == "token-sum":
+        weight = pl.lit(1.0)
     elif mode == "seq-mean-token-sum":
         weight = 1.0 / nonempty_rows
     elif mode == "seq-mean-token-mean":

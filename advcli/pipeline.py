@@ -35,7 +35,7 @@ from advcli.loss import token_weight
 from advcli.process import copy_to_stdout
 from advcli.projection import key_projection
 from advcli.render import render_html, render_json, render_markdown, write_plot, write_text
-from advcli.report import BiasReport, bias_report, step_figures
+from advcli.report import BiasReport, bias_report, empty_step, step_figures
 from advcli.rules import RULES
 from advcli.scan import closing_sources
 from advcli.settings import ColumnNames, Engine, LossMode, OutputFormat
@@ -481,8 +481,15 @@ def _by_step(dump: LoadedDump, config: AdvantageConfig, by: str, top: int) -> li
             raise AdvcliError(f"{dataset.locate(row)}: column '{by}' (--by) is null")
         names = None
     steps = projection.with_columns(labels.gather(projection[ROW]).alias("__step"))
+    values = sorted(steps["__step"].unique().to_list())
+    if names is not None:
+        # Every file has its place in the series, one without rows too.
+        values = list(names)
     series = []
-    for value in sorted(steps["__step"].unique().to_list()):
+    for value in values:
+        if by == "file" and dataset.row_counts[value] == 0:
+            series.append(empty_step(names[value] if names else value))
+            continue
         part = LoadedDump(
             dataset, dump.columns, steps.filter(pl.col("__step") == value).drop("__step")
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
@@ -412,13 +413,13 @@ def figure_png(report: BiasReport, where: Path | str = "the figure") -> bytes:
         positions = list(range(len(series)))
         steps.plot(
             positions,
-            [e["advantage_diff_mean"] for e in series],
+            [e["advantage_diff_mean"] if e["rows"] else math.nan for e in series],
             marker="o",
             label="mean |advantage diff|",
         )
         steps.plot(
             positions,
-            [e["baseline_shift_mean"] for e in series],
+            [e["baseline_shift_mean"] if e["rows"] else math.nan for e in series],
             marker="s",
             label="mean |baseline shift|",
         )
@@ -515,7 +516,7 @@ def _step_rows(report: BiasReport) -> list[list[str]]:
             _fmt(entry["advantage_diff_max"]),
             _fmt(entry["baseline_shift_mean"]),
             _fmt(entry["sign_flips"]),
-            entry["level"],
+            entry["level"] or "no rows",
         ]
         for entry in series
     ]

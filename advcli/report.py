@@ -225,17 +225,39 @@ def step_figures(step: Any, summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def empty_step(step: Any) -> dict[str, Any]:
+    """A step (an input file) without rows: its place in the series, with no figures."""
+    return {
+        "step": step,
+        "rows": 0,
+        "trajectories": 0,
+        "baseline_shift_mean": None,
+        "advantage_diff_mean": None,
+        "advantage_diff_max": None,
+        "sign_flips": 0,
+        "token_mean_longest_vs_shortest": None,
+        "level": None,
+    }
+
+
 def loss_weights(rows: pl.DataFrame, per_trajectory: pl.DataFrame) -> dict[str, Any]:
     """For each loss aggregation mode (:data:`advcli.loss.LOSS_MODES`): by turn count, the
     trajectories' mean weight relative to equal weight per trajectory (1 = a fair share), their
     share of the batch's weight, and the signed gradient mass Σ weight × advantage under each
     level. ``rows``: the turn-level units (one per row, with tokens and turn-level advantage)."""
-    frame = rows.select(
-        GROUP, TRAJECTORY, TOKENS, pl.col("advantage").alias("advantage_turn")
-    ).join(
-        per_trajectory.select(GROUP, TRAJECTORY, "turns", "advantage_trajectory"),
-        on=[GROUP, TRAJECTORY],
-        how="left",
+    # Rows in input order, and per-trajectory figures sorted by value before each sum: the
+    # floats are added in one order whatever the engine or thread count, so the report is the
+    # same bits on every run.
+    frame = (
+        rows.select(
+            "first_row", GROUP, TRAJECTORY, TOKENS, pl.col("advantage").alias("advantage_turn")
+        )
+        .join(
+            per_trajectory.select(GROUP, TRAJECTORY, "turns", "advantage_trajectory"),
+            on=[GROUP, TRAJECTORY],
+            how="left",
+        )
+        .sort("first_row")
     )
     modes: dict[str, Any] = {}
     for mode in LOSS_MODES:
@@ -248,11 +270,12 @@ def loss_weights(rows: pl.DataFrame, per_trajectory: pl.DataFrame) -> dict[str, 
                 (pl.col("weight") * pl.col("advantage_turn")).sum().alias("mass_turn"),
                 (pl.col("weight") * pl.col("advantage_trajectory")).sum().alias("mass_trajectory"),
             )
+            .sort("turns", "weight", "mass_turn", "mass_trajectory")
         )
         total = per_trajectory_weight["weight"].sum()
         count = per_trajectory_weight.height
         by_turns = (
-            per_trajectory_weight.group_by("turns")
+            per_trajectory_weight.group_by("turns", maintain_order=True)
             .agg(
                 pl.len().alias("trajectories"),
                 (pl.col("weight") / total * count).mean().alias("relative_weight"),

@@ -62,6 +62,7 @@ class LossMode(str, Enum):
     values and agent-lightning's per-rollout mean (:mod:`advcli.loss` gives each weight)."""
 
     TOKEN_MEAN = "token-mean"
+    TOKEN_SUM = "token-sum"
     SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
     SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
     SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"

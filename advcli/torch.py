@@ -657,9 +657,7 @@ def compute_advantage_with_metrics(
         if config.level is Level.TRAJECTORY and traj is not None:
             assert traj_index is not None
             trajectories, unit_group = _trajectories_and_groups(index, traj, n, device)
-            turn = None
-            if turn_index is not None:
-                turn = _raw_codes(turn_index, n, device, "turn_index").codes
+            turn = _turn_numbers(turn_index, n, device) if turn_index is not None else None
             units = _trajectory_units(
                 scores, tokens, unit_group, trajectories, turn, config, unit_tokens
             )
@@ -812,6 +810,27 @@ def _trajectory_units(
     else:
         unit_tokens_of = trajectories.per_slot(tokens, "sum", 0.0)
     return _Units(score, unit_tokens_of, group.values, group.bound, first_row)
+
+
+def _turn_numbers(turn_index: Ids, n: int, device: torch.device) -> torch.Tensor:
+    """The turn numbers as int64, in their own order (never hash-coded, which would order them
+    by first appearance); anything but integers is refused."""
+    if isinstance(turn_index, torch.Tensor):
+        turns = turn_index.detach()
+    else:
+        array = np.asarray(turn_index)
+        if array.dtype == object:
+            try:
+                array = array.astype(np.int64)
+            except (TypeError, ValueError, OverflowError):
+                raise ValueError("turn_index must hold integers") from None
+        if array.dtype.kind not in "iu":
+            raise ValueError(f"turn_index must hold integers, got {array.dtype}")
+        turns = _numpy_to_tensor(array)
+    if turns.dim() != 1 or turns.is_floating_point() or turns.is_complex():
+        raise ValueError("turn_index must be a 1-D sequence of integers")
+    _check_length(turns, n, "turn_index")
+    return turns.to(device=device, dtype=torch.int64)
 
 
 def _trajectories_and_groups(

@@ -172,10 +172,10 @@ def test_markdown_and_plot(write_dump, run, tmp_path):
     assert text.startswith("# advcli compare")
     assert "| turns | trajs | adv turn | adv traj | diff | mass turn | mass traj |" in text
     assert "**Verdict.**" in text
-    # A real PNG of the figure's size (16 × 4.8 inches at 110 dpi), with something drawn on it:
+    # A real PNG of the figure's size (16 × 9 inches at 100 dpi), with something drawn on it:
     # a fair share of its pixels are not the white background.
     pixels = matplotlib.image.imread(plot)
-    assert pixels.shape[:2] == (528, 1760)
+    assert pixels.shape[:2] == (900, 1600)
     drawn = (pixels[..., :3] < 0.95).any(axis=-1).mean()
     assert drawn > 0.05, f"only {drawn:.1%} of the pixels are drawn"
 

@@ -232,3 +232,16 @@ def test_multidimensional_arrays_are_refused():
     )
     with pytest.raises(AdvcliError, match="one-dimensional"):
         resolve_columns(schema, "dump")
+
+
+def test_a_uid_dump_that_names_trajectories_is_not_read_row_by_row():
+    """verl's dialect (uid only) reads each row as a trajectory: a dump that also has advcli's
+    'rollout_id' and 'turn_index' is not one, and must say so rather than compute turn-level
+    numbers as trajectory-level ones."""
+    schema = _schema(
+        uid=pl.String(), rollout_id=pl.Int64(), turn_index=pl.Int64(), score=pl.Float64()
+    )
+    with pytest.raises(AdvcliError, match=r"'rollout_id', 'turn_index'; name the trajectory"):
+        resolve_columns(schema, "dump", mask_needed_for=None)
+    roles = resolve_columns(schema, "dump", trajectory="rollout_id", mask_needed_for=None)
+    assert (roles.group, roles.trajectory, roles.turn) == ("uid", "rollout_id", "turn_index")

@@ -172,6 +172,10 @@ def test_keys_and_errors(tmp_path):
         write_batch({k: v for k, v in batch.items() if k != "uid"}, tmp_path)
     with pytest.raises(TypeError, match="DataProto or a mapping"):
         write_batch([1, 2], tmp_path)
+    with pytest.raises(AdvcliError, match="cannot be written as one column"):
+        write_batch({**batch, "uid": np.array([1, "x"], dtype=object)}, tmp_path)
+    with pytest.raises(AdvcliError, match=r"holds a null \(None\) at row 1"):
+        write_batch({**batch, "uid": np.array(["a", None], dtype=object)}, tmp_path)
 
 
 def test_importing_dump_does_not_import_torch():

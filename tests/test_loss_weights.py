@@ -29,6 +29,7 @@ ROWS = [
 # Per-token weight of each row, by the formulas (README: "Loss weights").
 EXPECTED = {
     "token-mean": [1 / 12] * 5 + [0.0],
+    "token-sum": [1.0] * 5 + [0.0],
     "seq-mean-token-sum": [1 / 5] * 5 + [0.0],
     "seq-mean-token-mean": [1 / 10, 1 / 20, 1 / 15, 1 / 5, 1 / 10, 0.0],
     # H = 4.
@@ -69,7 +70,14 @@ def test_loss_weight_column_by_hand(mode, run, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+    "mode",
+    [
+        "token-mean",
+        "token-sum",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    ],
 )
 def test_a_plain_sum_gives_verls_agg_loss(mode, run, tmp_path):
     """Σ loss_weight × per-token loss over the masked tokens equals verl's agg_loss of the same

@@ -200,3 +200,13 @@ def test_inspect_shows_trajectory_level_scores(run, tmp_path):
     assert report["scores"]["mean"] == 0.25
     assert report["trajectory_scores"]["mean"] == 0.5
     assert report["trajectory_scores"]["values"] == {"0": 1, "1": 1}
+
+
+def test_by_file_keeps_a_file_without_rows(run, tmp_path):
+    folder = _steps(tmp_path)
+    empty = folder / "step-1.parquet"
+    pl.read_parquet(empty).head(0).write_parquet(empty)
+    summary = json.loads(run("compare", folder, "--by", "file", "--json", "-", "-q").stdout)
+    steps = summary["by_step"]["steps"]
+    assert [s["rows"] for s in steps][1] == 0 and len(steps) == 3
+    assert steps[1]["level"] is None and steps[1]["advantage_diff_mean"] is None

@@ -214,3 +214,37 @@ def _compute(batch, config, scale) -> np.ndarray:
     )
     # Each row's scalar sits on its first token (0 for a row without tokens).
     return advantages[:, 0].numpy()
+
+
+def test_turn_numbers_keep_their_order_whatever_their_container():
+    """Turns 1, 0 for trajectory a: 'first' is the row of turn 0, whether the turns come as a
+    list, an object array (agent-lightning's turn_index_list in non_tensor_batch), an int array
+    or a tensor."""
+    rewards = torch.tensor([[0.0], [1.0], [0.5]])
+    mask = torch.ones(3, 1)
+    expected = [0.25, 0.25, -0.25]  # a's score is its turn-0 row's, 1.0; b 0.5; mean 0.75
+    for turns in (
+        [1, 0, 0],
+        np.array([1, 0, 0], dtype=object),
+        np.array([1, 0, 0]),
+        torch.tensor([1, 0, 0]),
+    ):
+        advantages, _ = compute_advantage(
+            rewards,
+            mask,
+            ["q"] * 3,
+            ["a", "a", "b"],
+            estimator="drgrpo",
+            traj_score="first",
+            turn_index=turns,
+        )
+        np.testing.assert_allclose(advantages[:, 0].numpy(), expected)
+    with pytest.raises(ValueError, match="turn_index must hold integers"):
+        compute_advantage(
+            rewards,
+            mask,
+            ["q"] * 3,
+            ["a", "a", "b"],
+            traj_score="first",
+            turn_index=["1", "0", "0"],
+        )
