@@ -210,3 +210,15 @@ def test_by_file_keeps_a_file_without_rows(run, tmp_path):
     steps = summary["by_step"]["steps"]
     assert [s["rows"] for s in steps][1] == 0 and len(steps) == 3
     assert steps[1]["level"] is None and steps[1]["advantage_diff_mean"] is None
+
+
+def test_terminal_view_holds_every_section(run):
+    text = run("compare", SAMPLE).stdout
+    for heading in (
+        "Most affected groups",
+        "Most affected trajectories (|diff|)",
+        "Loss weight by turn count",
+        "bias: severe",
+        "compute_mean_std_cross_steps=False",
+    ):
+        assert heading in " ".join(text.split()) or heading in text, heading
