@@ -23,6 +23,7 @@ import errno
 import glob
 import hashlib
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -56,6 +57,10 @@ def check_output_path(output: Path, *, force: bool, folder_output: bool = False)
         )
     if output.is_dir() and not folder_output:
         raise AdvcliError(f"{output}: is a directory; name a file")
+    if writes_in_place(output):
+        if folder_output:
+            raise AdvcliError(f"{output}: a dataset folder cannot go to a device or a pipe")
+        return
     kind = _special_kind(output)
     if kind is not None:
         # Renaming a result over it would put a regular file where the device or pipe was.
@@ -64,6 +69,25 @@ def check_output_path(output: Path, *, force: bool, folder_output: bool = False)
         raise AdvcliError(f"{output}: the file exists; pass --force to replace it")
     if folder_output and force and output.is_dir():
         _check_replaceable_folder(output)
+
+
+# Paths that name a file the process already holds open: written through, never renamed over
+# (that would replace the link in /dev or /proc).
+_OPEN_FILE_PATHS = re.compile(r"/dev/(stdout|stderr|fd/\d+)|/proc/(self|\d+)/fd/\d+")
+
+
+def writes_in_place(path: Path) -> bool:
+    """Whether an output is written straight into ``path``: a character device (``/dev/null``),
+    a named pipe, or a file the process holds open (``/dev/stdout``, ``/dev/fd/N``). A
+    temporary file renamed into place only makes sense for a regular file; for these the bytes
+    go through as they are written, as on standard output."""
+    if _OPEN_FILE_PATHS.fullmatch(os.path.abspath(path)):
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
 def _special_kind(path: Path) -> str | None:
@@ -97,7 +121,8 @@ def atomic_output(
     output: Path, *, force: bool = False, folder: bool = False, keep: Sequence[Path] = ()
 ) -> Iterator[Path]:
     """Yield a temporary path beside ``output`` (a new empty file, or with ``folder`` a new empty
-    directory); publish it at ``output`` only if the block succeeds.
+    directory); publish it at ``output`` only if the block succeeds. A device, a pipe or an
+    open file's path (:func:`writes_in_place`) is yielded itself.
 
     The temporary path lies inside a partial folder of advcli's own, which is removed whatever
     happens: a writer thread that outlives an interrupted block (Polars finishes its tasks on its
@@ -106,6 +131,10 @@ def atomic_output(
     Without ``force`` an ``output`` that exists when the block ends is an error, not replaced.
     ``keep`` names files that the stale-partial cleanup must not touch (the run's inputs).
     """
+    if not folder and writes_in_place(output):
+        with _as_write_error(output):
+            yield output
+        return
     parent = output.parent
     if not parent.is_dir():
         raise AdvcliError(f"{output}: the folder {parent} does not exist")

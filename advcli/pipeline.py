@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from advcli.atomic import writes_in_place
 from advcli.columns import ColumnRoles, resolve_columns
 from advcli.errors import AdvcliError, UsageError
 from advcli.estimators import (
@@ -369,6 +370,10 @@ def check_outputs(
     seen: set[Path] = set()
     for position, output in enumerate(outputs):
         if output is None or str(output) == STDIN:
+            continue
+        if writes_in_place(output) and not (engine == Engine.RAY and position == 0):
+            # /dev/null twice is fine: a device or pipe takes each output as it comes.
+            check_output(output, dataset, force=force)
             continue
         if output.resolve() in seen:
             raise AdvcliError(f"{output}: named for two outputs; give each its own path")

@@ -7,10 +7,12 @@ cleanup removes only what advcli provably made, and names close to the filesyste
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import polars as pl
@@ -118,19 +120,61 @@ def test_only_the_same_outputs_partials_are_cleaned(ours, theirs, run, write_dum
     assert leftover.exists()
 
 
-@pytest.mark.parametrize("kind", ["fifo", "device"])
-def test_pipes_and_devices_are_never_replaced(kind, run, write_dump, tmp_path):
+def test_devices_are_written_directly_and_never_replaced(run, write_dump, tmp_path):
+    """/dev/null (here through a link), with or without --force: written into, not renamed
+    over, and named twice in one run."""
     output = tmp_path / "out.parquet"
-    if kind == "fifo":
-        os.mkfifo(output)
-        expected = "a named pipe"
-    else:
-        output.symlink_to("/dev/null")
-        expected = "a character device"
-    result = run("compute", write_dump(ROWS), "-o", output, "-q", "--force")
-    assert result.exit_code == 1
-    assert result.stderr == f"Error: {output}: is {expected}, not a regular file; name a file\n"
-    assert output.is_fifo() if kind == "fifo" else output.is_symlink()
+    output.symlink_to("/dev/null")
+    for force in ([], ["--force"]):
+        result = run("compute", write_dump(ROWS), "-o", output, "-q", *force)
+        assert result.exit_code == 0, result.stderr
+        assert output.is_symlink() and os.readlink(output) == "/dev/null"
+    result = run("compare", write_dump(ROWS), "--json", "/dev/null", "--markdown", "/dev/null")
+    assert result.exit_code == 0, result.stderr
+    assert partials(tmp_path) == []
+
+
+def test_a_named_pipe_gets_the_output_as_it_is_written(run, write_dump, tmp_path):
+    source = write_dump(ROWS)
+    regular = tmp_path / "regular.parquet"
+    assert run("compute", source, "-o", regular, "-q").exit_code == 0
+    fifo = tmp_path / "out.parquet"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    result = run("compute", source, "-o", fifo, "--format", "parquet", "-q")
+    reader.join(timeout=60)
+    assert result.exit_code == 0, result.stderr
+    assert fifo.is_fifo()
+    assert pl.read_parquet(io.BytesIO(received[0])).equals(pl.read_parquet(regular))
+
+
+def test_dev_stdout_writes_to_the_file_standard_output_holds(write_dump, tmp_path):
+    """/dev/stdout is a link into /proc: renamed over, it would replace the link; written into,
+    it fills the file the shell redirected standard output to."""
+    source = write_dump(ROWS)
+    target = tmp_path / "via-stdout.parquet"
+    with target.open("wb") as handle:
+        finished = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "advcli",
+                "compute",
+                str(source),
+                "-o",
+                "/dev/stdout",
+                "--format",
+                "parquet",
+                "-q",
+            ],
+            stdout=handle,
+            stderr=subprocess.PIPE,
+        )
+    assert finished.returncode == 0, finished.stderr
+    assert pl.read_parquet(target).height == len(ROWS)
+    assert os.path.islink("/dev/stdout")
 
 
 def test_a_killed_runs_partial_is_removed_by_the_next_run(run, write_dump, tmp_path):
