@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +55,18 @@ from advcli.settings import (
     Singleton,
     TrajScore,
 )
+from advcli.tensor_ids import (
+    KEY_LIMIT,
+    Codes,
+    Ids,
+    check_length,
+    compact,
+    dense,
+    direct_limit,
+    numpy_to_tensor,
+    raw_codes,
+    unique_codes,
+)
 
 __all__ = [
     "AdvantageMetrics",
@@ -67,39 +77,8 @@ __all__ = [
     "compute_rloo_outcome_advantage",
 ]
 
-#: Row ids: a numpy array (object/str/int), a 1-D torch tensor, or a sequence of hashable values.
-Ids: TypeAlias = "np.ndarray | torch.Tensor | Sequence[Any]"
-
-# Integer codes whose range is at most this many times the batch size are used as scatter
-# indices directly (no sort); wider ranges are factorized with torch.unique.
-_DIRECT_RANGE_FACTOR = 4
-_DIRECT_RANGE_MIN = 1 << 16
-# Combined (group, trajectory) keys must stay below this to be formed without overflow.
-_KEY_LIMIT = 1 << 62
-_INT32_LIMIT = 1 << 31
-# Python ints kept for the hash factorization of object ids (about 9 MB at most).
-_POSITIONS_CACHED = 1 << 18
 # Rewards are summed in float64 by blocks of about this many values (see _scores).
 _SUM_BLOCK = 1 << 20
-
-
-@dataclass(frozen=True)
-class _Codes:
-    """int64 codes of row ids, ``values - offset`` in ``[0, bound)``; equal ids, equal codes.
-
-    ``first_rows``: each value is the position of the first row with the same id (offset 0).
-    The offset is subtracted only when the codes are used (:attr:`codes`), so ids that go
-    straight to :func:`_dense` skip that pass.
-    """
-
-    values: torch.Tensor
-    bound: int
-    offset: int = 0
-    first_rows: bool = False
-
-    @property
-    def codes(self) -> torch.Tensor:
-        return self.values - self.offset if self.offset else self.values
 
 
 def compute_grpo_outcome_advantage(
@@ -248,54 +227,52 @@ def _group_statistics(
     """The statistics shared by every estimator: which rows are units, and their group moments."""
     n = scores.shape[0]
     device = scores.device
-    group = _raw_codes(index, n, device, "index")
+    group = raw_codes(index, n, device, "index")
     if traj_index is None or cross_all_data:
         if traj_index is not None:
-            _check_length(traj_index, n, "traj_index")
-        group = _compact(group, n)
+            check_length(traj_index, n, "traj_index")
+        group = compact(group, n)
         count, _, m2, deviation = _moments(scores, group.values, group.bound)
         # Every row is a unit: its deviation from the baseline is its centred score.
         return _GroupStatistics(group.values, count, m2, deviation)
 
-    traj = _raw_codes(traj_index, n, device, "traj_index")
+    traj = raw_codes(traj_index, n, device, "traj_index")
     positions = torch.arange(n, device=device)
     if traj.first_rows and torch.equal(group.values.index_select(0, traj.values), group.values):
         # Each trajectory id occurs in one group only (verl-agent's uuid traj_uid): the
         # trajectory's first row is the pair's first row, no key to sort.
-        group = _compact(group, n)
+        group = compact(group, n)
         return _unit_statistics(scores, traj.values == positions, group)
     # Combine (group, trajectory) into one integer key; factorize a side first if the product
     # of the ranges would overflow (dense codes are < n, so it then fits).
-    if group.bound * traj.bound >= _KEY_LIMIT:
-        group = _dense(group)
-    if group.bound * traj.bound >= _KEY_LIMIT:
-        traj = _dense(traj)
+    if group.bound * traj.bound >= KEY_LIMIT:
+        group = dense(group)
+    if group.bound * traj.bound >= KEY_LIMIT:
+        traj = dense(traj)
     key = group.codes * traj.bound + traj.codes
     key_bound = group.bound * traj.bound
-    if key_bound <= _direct_limit(n):
+    if key_bound <= direct_limit(n):
         pair = key
         pair_bound = key_bound
-        group = _compact(group, n)
+        group = compact(group, n)
     else:
-        unique_keys, pair = _unique(key, key_bound)
+        unique_keys, pair = unique_codes(key, key_bound)
         pair_bound = unique_keys.numel()
-        if group.bound > _direct_limit(n):
+        if group.bound > direct_limit(n):
             # unique_keys is sorted, so the group part of each key is non-decreasing: a
             # consecutive-unique pass (no sort) numbers the groups densely.
             groups_of_pairs, pair_group = torch.unique_consecutive(
                 torch.div(unique_keys, traj.bound, rounding_mode="floor"), return_inverse=True
             )
-            group = _Codes(pair_group.index_select(0, pair), groups_of_pairs.numel())
+            group = Codes(pair_group.index_select(0, pair), groups_of_pairs.numel())
         else:
-            group = _compact(group, n)
+            group = compact(group, n)
     first = torch.full((pair_bound,), n, dtype=torch.int64, device=device)
     first.scatter_reduce_(0, pair, positions, reduce="amin")
     return _unit_statistics(scores, first.index_select(0, pair) == positions, group)
 
 
-def _unit_statistics(
-    scores: torch.Tensor, is_unit: torch.Tensor, group: _Codes
-) -> _GroupStatistics:
+def _unit_statistics(scores: torch.Tensor, is_unit: torch.Tensor, group: Codes) -> _GroupStatistics:
     """Group statistics over the rows flagged ``is_unit``; every row centred on its baseline."""
     units = torch.nonzero(is_unit).squeeze(1)
     count, baseline, m2, _ = _moments(
@@ -366,132 +343,6 @@ def _broadcast(advantage: torch.Tensor, response_mask: torch.Tensor) -> torch.Te
     # Cast first: a float64 x float32 multiply into a float32 output is much slower on CPU.
     out = advantage.to(torch.float32).unsqueeze(-1) * response_mask.detach()
     return out if out.dtype == torch.float32 else out.to(torch.float32)
-
-
-def _check_length(ids: Ids, n: int, name: str) -> None:
-    length = ids.shape[0] if isinstance(ids, torch.Tensor | np.ndarray) and ids.ndim else None
-    if length is None:
-        length = len(ids)
-    if length != n:
-        raise ValueError(f"{name} has {length} ids for {n} rows")
-
-
-def _raw_codes(ids: Ids, n: int, device: torch.device, name: str) -> _Codes:
-    """Integer codes for the ids, on ``device``; not necessarily dense (see :func:`_compact`)."""
-    if isinstance(ids, torch.Tensor) or (isinstance(ids, np.ndarray) and ids.dtype.kind in "biuf"):
-        tensor = ids if isinstance(ids, torch.Tensor) else _numpy_to_tensor(ids)
-        if tensor.dim() != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
-        _check_length(tensor, n, name)
-        tensor = tensor.detach().to(device)
-        if tensor.is_floating_point() or tensor.is_complex():
-            return _dense(_Codes(tensor, 0))
-        if tensor.dtype == torch.uint64:
-            # Reinterpret as int64: a bijection, so equal ids keep equal codes.
-            tensor = tensor.view(torch.int64)
-        tensor = tensor.to(torch.int64)
-        if n == 0:
-            return _Codes(tensor, 0)
-        low, high = (int(value) for value in torch.aminmax(tensor))
-        if high - low >= _KEY_LIMIT:
-            return _dense(_Codes(tensor, 0))
-        return _Codes(tensor, high - low + 1, offset=low)
-    values: Sequence[Any] | np.ndarray
-    if isinstance(ids, np.ndarray):
-        if ids.ndim != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {ids.shape}")
-        # Iterating an object array yields its elements as they are; other dtypes (str_, ...)
-        # convert faster in one tolist().
-        values = ids if ids.dtype == object else ids.tolist()
-    elif isinstance(ids, str | bytes):
-        raise TypeError(f"{name} must be a sequence of ids, not a single {type(ids).__name__}")
-    else:
-        values = ids
-    _check_length(values, n, name)
-    # Hash-based factorization in C (map over dict.setdefault): each row's code is the position
-    # of the first row with an equal id, so codes are < n.
-    first_row_of: dict[Any, int] = {}
-    try:
-        first_rows = np.fromiter(
-            map(first_row_of.setdefault, values, _python_positions(n)), dtype=np.int64, count=n
-        )
-    except TypeError as error:
-        raise TypeError(f"{name}: ids must be hashable ({error})") from None
-    return _Codes(torch.from_numpy(first_rows).to(device), n, first_rows=True)
-
-
-_positions_cache: list[int] = []
-
-
-def _python_positions(n: int) -> Sequence[int]:
-    """0, 1, ... n - 1 as Python ints, reused across calls up to ``_POSITIONS_CACHED`` (making
-    those int objects is a good part of the cost of the hash factorization); map() stops at the
-    shortest input, so a longer list is fine."""
-    global _positions_cache
-    if n > _POSITIONS_CACHED:
-        return range(n)
-    cache = _positions_cache
-    if len(cache) < n:
-        # Rebinding (not extending) keeps a concurrent reader's list intact.
-        cache = list(range(min(max(n, 2 * len(cache)), _POSITIONS_CACHED)))
-        _positions_cache = cache
-    return cache
-
-
-def _numpy_to_tensor(array: np.ndarray) -> torch.Tensor:
-    """A numeric numpy array as a tensor, sharing memory when it can (it is only read)."""
-    array = np.ascontiguousarray(array)  # torch.from_numpy refuses negative strides
-    if not array.dtype.isnative:
-        array = array.astype(array.dtype.newbyteorder("="))
-    with warnings.catch_warnings():
-        # A read-only array is fine: the tensor is never written to.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array)
-
-
-def _direct_limit(n: int) -> int:
-    return max(_DIRECT_RANGE_FACTOR * n, _DIRECT_RANGE_MIN)
-
-
-def _compact(codes: _Codes, n: int) -> _Codes:
-    """Codes usable as indices into per-group buffers: dense, or kept when their range is small."""
-    if codes.first_rows:
-        # Number the first rows 0, 1, ... in batch order (no sort), so the group buffers have
-        # one slot per group rather than one per row.
-        of_row, first_rows = _number_by_first_row(codes.values)
-        return _Codes(of_row, first_rows.numel())
-    if codes.bound <= _direct_limit(n):
-        return _Codes(codes.codes, codes.bound)
-    return _dense(codes)
-
-
-def _number_by_first_row(first_of_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Given each row's first row with the same key, number the keys 0, 1, … in the order of
-    their first rows: (each row's number, each number's first row). No sort, and no cumulative
-    sum (slow on CPU for a bool tensor)."""
-    n = first_of_row.numel()
-    positions = torch.arange(n, device=first_of_row.device)
-    first_rows = torch.nonzero(first_of_row == positions).squeeze(1)
-    number_at = torch.empty(n, dtype=torch.int64, device=first_of_row.device)
-    number_at.index_copy_(0, first_rows, torch.arange(first_rows.numel(), device=positions.device))
-    return number_at.index_select(0, first_of_row), first_rows
-
-
-def _dense(codes: _Codes) -> _Codes:
-    """Factorize to ``0 .. k-1`` with one sort (torch.unique)."""
-    if 0 < codes.bound <= _INT32_LIMIT:
-        unique, inverse = _unique(codes.codes, codes.bound)
-    else:  # floating ids, or a range too wide to shift (bound 0): factorize the values as they are
-        unique, inverse = torch.unique(codes.values, return_inverse=True)
-    return _Codes(inverse.to(torch.int64), unique.numel())
-
-
-def _unique(codes: torch.Tensor, bound: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch.unique of codes in ``[0, bound)``, sorted as int32 when they fit (a faster sort)."""
-    if bound <= _INT32_LIMIT:
-        codes = codes.to(torch.int32)
-    unique, inverse = torch.unique(codes, return_inverse=True)
-    return unique.to(torch.int64), inverse.to(torch.int64)
 
 
 def compute_advantage(
@@ -652,7 +503,7 @@ def compute_advantage_with_metrics(
         )
         n = scores.shape[0]
         device = scores.device
-        traj = _raw_codes(traj_index, n, device, "traj_index") if traj_index is not None else None
+        traj = raw_codes(traj_index, n, device, "traj_index") if traj_index is not None else None
         trajectories: _Trajectories | None = None
         if config.level is Level.TRAJECTORY and traj is not None:
             assert traj_index is not None
@@ -664,7 +515,7 @@ def compute_advantage_with_metrics(
             if config.traj_score is None:
                 _check_consistent(scores, units.score, trajectories, index, traj_index)
         else:
-            group = _compact(_raw_codes(index, n, device, "index"), n)
+            group = compact(raw_codes(index, n, device, "index"), n)
             if traj is not None:
                 trajectories = _Trajectories.of(group, traj, n)
             units = _Units(scores, tokens, group.values, group.bound, None)
@@ -724,9 +575,9 @@ class _Trajectories:
     used: torch.Tensor
 
     @classmethod
-    def of(cls, group: _Codes, traj: _Codes, n: int) -> _Trajectories:
+    def of(cls, group: Codes, traj: Codes, n: int) -> _Trajectories:
         """The (group, trajectory) pairs of the rows."""
-        if traj.first_rows or traj.bound <= _direct_limit(n):
+        if traj.first_rows or traj.bound <= direct_limit(n):
             # Trajectory ids that each lie in one group (a global rollout counter, verl-agent's
             # uuids) are the pairs already: no key to combine, and no sort. Checked after the
             # fact: every row's group is its trajectory's first row's.
@@ -735,12 +586,12 @@ class _Trajectories:
             first_group = group.values.index_select(0, trajectories.first.clamp(max=n - 1))
             if torch.equal(first_group.index_select(0, slot), group.values):
                 return trajectories
-        if group.bound * traj.bound >= _KEY_LIMIT:
-            traj = _dense(traj)
+        if group.bound * traj.bound >= KEY_LIMIT:
+            traj = dense(traj)
         key = group.codes * traj.bound + traj.codes
         key_bound = group.bound * traj.bound
-        if key_bound > _direct_limit(n):
-            unique_keys, key = _unique(key, key_bound)
+        if key_bound > direct_limit(n):
+            unique_keys, key = unique_codes(key, key_bound)
             key_bound = unique_keys.numel()
         return cls.from_slots(key, key_bound, n)
 
@@ -795,7 +646,7 @@ class _Units:
 def _trajectory_units(
     scores: torch.Tensor,
     tokens: torch.Tensor | None,
-    group: _Codes,
+    group: Codes,
     trajectories: _Trajectories,
     turn: torch.Tensor | None,
     config: AdvantageConfig,
@@ -826,22 +677,20 @@ def _turn_numbers(turn_index: Ids, n: int, device: torch.device) -> torch.Tensor
                 raise ValueError("turn_index must hold integers") from None
         if array.dtype.kind not in "iu":
             raise ValueError(f"turn_index must hold integers, got {array.dtype}")
-        turns = _numpy_to_tensor(array)
+        turns = numpy_to_tensor(array)
     if turns.dim() != 1 or turns.is_floating_point() or turns.is_complex():
         raise ValueError("turn_index must be a 1-D sequence of integers")
-    _check_length(turns, n, "turn_index")
+    check_length(turns, n, "turn_index")
     return turns.to(device=device, dtype=torch.int64)
 
 
 def _trajectories_and_groups(
-    index: Ids, traj: _Codes, n: int, device: torch.device
-) -> tuple[_Trajectories, _Codes]:
+    index: Ids, traj: Codes, n: int, device: torch.device
+) -> tuple[_Trajectories, Codes]:
     """The trajectories and each one's group (codes in unit order)."""
-    group = _compact(_raw_codes(index, n, device, "index"), n)
+    group = compact(raw_codes(index, n, device, "index"), n)
     trajectories = _Trajectories.of(group, traj, n)
-    return trajectories, _Codes(
-        group.values.index_select(0, trajectories.first_rows()), group.bound
-    )
+    return trajectories, Codes(group.values.index_select(0, trajectories.first_rows()), group.bound)
 
 
 def _trajectory_scores(
