@@ -428,6 +428,8 @@ def compare(
         raise AdvcliError(f"{files.plot}: --plot needs matplotlib: pip install 'advcli[plot]'")
     with opened(inputs) as dataset:
         check_outputs([files.json, files.markdown, files.plot, files.html], dataset, force=force)
+        if by is not None:
+            _check_by(dataset, by)
         start_engine(engine, address)
         dump = load_dump(
             dataset, names, engine=engine, mask_needed_for=_estimator_needs_mask(config)
@@ -456,6 +458,23 @@ def compare(
     return report
 
 
+def _check_by(dataset: Dataset, by: str) -> None:
+    """Refuse a ``--by`` column that is missing or not integers or strings, before any work."""
+    if by == "file":
+        return
+    if by not in dataset.schema:
+        raise AdvcliError(
+            f"{dataset.describe()}: column '{by}' (--by) not found; --by takes 'file' or a "
+            "column such as 'step'"
+        )
+    dtype = dataset.schema[by]
+    if not (dtype.is_integer() or dtype == pl.String):
+        raise AdvcliError(
+            f"{dataset.describe()}: column '{by}' (--by) has type {dtype}; steps are integers "
+            "or strings"
+        )
+
+
 def _by_step(dump: LoadedDump, config: AdvantageConfig, by: str, top: int) -> list[dict[str, Any]]:
     """The report's headline figures for each input file, or each value of column ``by``, in
     order (files as given, values sorted)."""
@@ -468,17 +487,6 @@ def _by_step(dump: LoadedDump, config: AdvantageConfig, by: str, top: int) -> li
         )
         names = {i: dataset.label(i) for i in range(len(dataset.files))}
     else:
-        if by not in dataset.schema:
-            raise AdvcliError(
-                f"{dataset.describe()}: column '{by}' (--by) not found; --by takes 'file' or a "
-                "column such as 'step'"
-            )
-        dtype = dataset.schema[by]
-        if not (dtype.is_integer() or dtype == pl.String):
-            raise AdvcliError(
-                f"{dataset.describe()}: column '{by}' (--by) has type {dtype}; steps are "
-                "integers or strings"
-            )
         with closing_sources():
             labels = dataset.scan().select(pl.col(by).alias("step")).collect().to_series()
         if labels.null_count():
