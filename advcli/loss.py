@@ -69,3 +69,41 @@ def token_weight(mode: str, scale_factor: float = 1.0) -> pl.Expr:
     else:
         raise ValueError(f"unknown loss mode {mode!r}; one of {', '.join(LOSS_MODES)}")
     return pl.when(has_tokens).then(weight).otherwise(0.0)
+
+
+def trajectory_sums(advantage: str) -> list[pl.Expr]:
+    """What every mode's weight of a trajectory follows from, summed over its rows in one
+    group-by (``advantage``: the rows' turn-level advantage column): its tokens, and its rows
+    counted as seq-mean-token-mean counts them (T / (T + 1e-8)), each also times the advantage."""
+    tokens = pl.col(TOKENS).cast(pl.Float64)
+    counted = pl.when(pl.col(TOKENS) > 0).then(tokens / (tokens + SEQ_MEAN_EPSILON)).otherwise(0.0)
+    return [
+        tokens.sum().alias("loss_tokens"),
+        (tokens * pl.col(advantage)).sum().alias("loss_tokens_advantage"),
+        counted.sum().alias("loss_counted"),
+        (counted * pl.col(advantage)).sum().alias("loss_counted_advantage"),
+    ]
+
+
+def trajectory_weight(
+    mode: str, *, batch_tokens: float, nonempty_rows: int, rows: int, scale_factor: float = 1.0
+) -> tuple[pl.Expr, pl.Expr]:
+    """A trajectory's total weight under ``mode`` and its weight × turn-level advantage, over
+    the :func:`trajectory_sums` columns: the sum over its rows of :func:`token_weight` × tokens
+    (× advantage), without a per-row pass per mode."""
+    tokens, tokens_advantage = pl.col("loss_tokens"), pl.col("loss_tokens_advantage")
+    if mode == "seq-mean-token-mean":
+        counted, counted_advantage = pl.col("loss_counted"), pl.col("loss_counted_advantage")
+        return counted / nonempty_rows, counted_advantage / nonempty_rows
+    if mode == "per-rollout-mean":
+        divisor = pl.max_horizontal(tokens * rows, 1.0)
+        return tokens / divisor, tokens_advantage / divisor
+    constant = {
+        "token-mean": batch_tokens,
+        "token-sum": 1.0,
+        "seq-mean-token-sum": float(nonempty_rows),
+        "seq-mean-token-sum-norm": nonempty_rows * scale_factor,
+    }.get(mode)
+    if constant is None:
+        raise ValueError(f"unknown loss mode {mode!r}; one of {', '.join(LOSS_MODES)}")
+    return tokens / constant, tokens_advantage / constant

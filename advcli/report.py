@@ -17,7 +17,7 @@ import polars as pl
 from advcli import __version__
 from advcli.estimators import AdvantageConfig, Advantages
 from advcli.keys import GROUP, SCORE, TOKENS, TRAJECTORY
-from advcli.loss import LOSS_MODES, MODE_SOURCES, token_weight
+from advcli.loss import LOSS_MODES, MODE_SOURCES, trajectory_sums, trajectory_weight
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,8 @@ def bias_report(
     turn_level = turn.units.group_by(GROUP, TRAJECTORY).agg(
         pl.col("advantage").mean().alias("advantage_turn"),
         (pl.col("advantage") * pl.col(TOKENS)).sum().alias("mass_turn"),
+        # What the loss weights of every mode follow from (advcli.loss.trajectory_sums).
+        *trajectory_sums("advantage"),
     )
     per_trajectory = (
         trajectory.units.select(
@@ -245,32 +247,22 @@ def loss_weights(rows: pl.DataFrame, per_trajectory: pl.DataFrame) -> dict[str, 
     trajectories' mean weight relative to equal weight per trajectory (1 = a fair share), their
     share of the batch's weight, and the signed gradient mass Σ weight × advantage under each
     level. ``rows``: the turn-level units (one per row, with tokens and turn-level advantage)."""
-    # Rows in input order, and per-trajectory figures sorted by value before each sum: the
-    # floats are added in one order whatever the engine or thread count, so the report is the
-    # same bits on every run.
-    frame = (
-        rows.select(
-            "first_row", GROUP, TRAJECTORY, TOKENS, pl.col("advantage").alias("advantage_turn")
-        )
-        .join(
-            per_trajectory.select(GROUP, TRAJECTORY, "turns", "advantage_trajectory"),
-            on=[GROUP, TRAJECTORY],
-            how="left",
-        )
-        .sort("first_row")
-    )
+    # The trajectories' sums (advcli.loss.trajectory_sums) come with the turn level's own
+    # per-trajectory figures: every mode's weight follows from them, with no pass over the rows.
+    # ``per_trajectory`` is in input order (its first rows'), and each turn count's figures are
+    # summed in that order, whatever the engine or thread count.
+    tokens = rows[TOKENS]
+    batch_tokens, nonempty_rows = float(tokens.sum()), int((tokens > 0).sum())
     modes: dict[str, Any] = {}
     for mode in LOSS_MODES:
-        per_trajectory_weight = (
-            frame.with_columns((token_weight(mode) * pl.col(TOKENS)).alias("weight"))
-            .group_by(GROUP, TRAJECTORY)
-            .agg(
-                pl.col("turns").first(),
-                pl.col("weight").sum(),
-                (pl.col("weight") * pl.col("advantage_turn")).sum().alias("mass_turn"),
-                (pl.col("weight") * pl.col("advantage_trajectory")).sum().alias("mass_trajectory"),
-            )
-            .sort("turns", "weight", "mass_turn", "mass_trajectory")
+        weight, mass_turn = trajectory_weight(
+            mode, batch_tokens=batch_tokens, nonempty_rows=nonempty_rows, rows=rows.height
+        )
+        per_trajectory_weight = per_trajectory.select(
+            "turns",
+            weight.alias("weight"),
+            mass_turn.alias("mass_turn"),
+            (weight * pl.col("advantage_trajectory")).alias("mass_trajectory"),
         )
         total = per_trajectory_weight["weight"].sum()
         count = per_trajectory_weight.height
