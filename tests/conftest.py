@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Sequence
@@ -9,6 +10,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+from advcli.atomic import MARKER
 from advcli.cli import app
 
 
@@ -58,9 +60,19 @@ def partials(output: Path) -> list[Path]:
 
 
 def wait_for_partial(process: subprocess.Popen, output: Path, timeout: float = 120) -> None:
-    """Wait until ``process`` has started writing ``output`` (its partial file exists)."""
+    """Wait until ``process`` has started writing ``output``: its partial folder exists and is
+    marked as advcli's. (Between the folder's creation and its mark, a kill leaves an unmarked
+    folder that, by design, no later run removes: not the moment these tests aim at.)"""
     deadline = time.monotonic() + timeout
-    while not partials(output):
+    while not any(_marked(path) for path in partials(output)):
         assert process.poll() is None, "advcli finished before it started writing"
         assert time.monotonic() < deadline, "no partial file appeared"
         time.sleep(0.005)
+
+
+def _marked(path: Path) -> bool:
+    try:
+        os.getxattr(path, MARKER)
+    except OSError:
+        return False
+    return True
