@@ -485,31 +485,28 @@ def _by_step(dump: LoadedDump, config: AdvantageConfig, by: str, top: int) -> li
             "step",
             np.repeat(np.arange(len(dataset.files)), dataset.row_counts),
         )
-        names = {i: dataset.label(i) for i in range(len(dataset.files))}
+        # Every file has its place in the series, one without rows too, named by its label.
+        steps: dict[Any, Any] = {i: dataset.label(i) for i in range(len(dataset.files))}
     else:
         with closing_sources():
             labels = dataset.scan().select(pl.col(by).alias("step")).collect().to_series()
         if labels.null_count():
             row = int(labels.is_null().arg_max() or 0)
             raise AdvcliError(f"{dataset.locate(row)}: column '{by}' (--by) is null")
-        names = None
-    steps = projection.with_columns(labels.gather(projection[ROW]).alias("__step"))
-    values = sorted(steps["__step"].unique().to_list())
-    if names is not None:
-        # Every file has its place in the series, one without rows too.
-        values = list(names)
+        steps = {value: value for value in sorted(labels.unique().to_list())}
+    rows = projection.with_columns(labels.gather(projection[ROW]).alias("__step"))
     series = []
-    for value in values:
-        if by == "file" and dataset.row_counts[value] == 0:
-            series.append(empty_step(names[value] if names else value))
-            continue
+    for value, name in steps.items():
         part = LoadedDump(
-            dataset, dump.columns, steps.filter(pl.col("__step") == value).drop("__step")
+            dataset, dump.columns, rows.filter(pl.col("__step") == value).drop("__step")
         )
+        if part.projection.is_empty():
+            series.append(empty_step(name))
+            continue
         turn = part.advantages(replace(config, level=Level.TURN))
         trajectory = part.advantages(replace(config, level=Level.TRAJECTORY))
         step_report = part.report(config, turn, trajectory, top=top)
-        series.append(step_figures(names[value] if names else value, step_report.summary))
+        series.append(step_figures(name, step_report.summary))
     return series
 
 

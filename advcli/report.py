@@ -47,11 +47,15 @@ def bias_report(
     trajectory's turn-level advantage ``a_turn`` is the mean of its turn-level units' (its rows')
     advantages, equal when its rows carry the same score; ``diff = a_traj - a_turn``.
     """
-    turn_level = turn.units.group_by(GROUP, TRAJECTORY).agg(
-        pl.col("advantage").mean().alias("advantage_turn"),
-        (pl.col("advantage") * pl.col(TOKENS)).sum().alias("mass_turn"),
-        # What the loss weights of every mode follow from (advcli.loss.trajectory_sums).
-        *trajectory_sums("advantage"),
+    turn_level = (
+        turn.units.group_by(GROUP, TRAJECTORY)
+        .agg(
+            pl.col("advantage").mean().alias("advantage_turn"),
+            # Σ advantage × tokens (the turn level's token mass) and what the loss weights of every
+            # mode follow from (advcli.loss.trajectory_sums).
+            *trajectory_sums("advantage"),
+        )
+        .with_columns(pl.col("loss_tokens_advantage").alias("mass_turn"))
     )
     per_trajectory = (
         trajectory.units.select(
