@@ -36,6 +36,7 @@ from advcli.settings import (
     Singleton,
     TrajScore,
 )
+from advcli.units import Trajectories, index_trajectories, sorted_sum
 
 
 def _row_number(row: int) -> str:
@@ -59,13 +60,17 @@ class Advantages:
     ``units``: one row per unit (``group``, ``trajectory``, ``score``, ``tokens``, ``turns``,
     ``first_row``, ``advantage``). ``groups``: one row per group (``group``, ``units``,
     ``baseline``, ``std`` — the value subtracted and the divisor before epsilon, after the singleton
-    rule — and ``zero_std``). ``rows``: one row per input row in input order (``row``, ``score``,
-    ``advantage``).
+    rule — and ``zero_std``). At trajectory level ``trajectories`` says which unit each row is.
+    No table of the rows is kept: :meth:`rows` makes one when a caller needs it.
     """
 
     units: pl.DataFrame
     groups: pl.DataFrame
-    rows: pl.DataFrame
+    trajectories: Trajectories | None
+    row_numbers: pl.Series
+    row_tokens: pl.Series
+    # REINFORCE++ at trajectory level: a row without response tokens gets 0, as verl's mask does.
+    empty_rows_zero: bool = False
 
     @property
     def singleton_groups(self) -> int:
@@ -75,12 +80,30 @@ class Advantages:
     def zero_std_groups(self) -> int:
         return int(self.groups["zero_std"].sum())
 
+    def rows(self) -> pl.DataFrame:
+        """One row per input row, in input order: ``row``, ``score``, ``advantage``."""
+        if self.trajectories is None:  # turn level: the units are the rows
+            return self.units.select(pl.col("first_row").alias(ROW), SCORE, "advantage")
+        unit = pl.Series(self.trajectories.of_row)
+        advantage = self.units["advantage"].gather(unit)
+        if self.empty_rows_zero:
+            advantage = pl.select(
+                pl.when(self.row_tokens > 0).then(advantage).otherwise(0.0).alias("advantage")
+            ).to_series()
+        return pl.DataFrame([self.row_numbers, self.units[SCORE].gather(unit), advantage])
 
-def build_units(projection: pl.DataFrame, config: AdvantageConfig, naming: Naming) -> pl.DataFrame:
+
+def build_units(
+    projection: pl.DataFrame,
+    config: AdvantageConfig,
+    naming: Naming,
+    trajectories: Trajectories | None = None,
+) -> pl.DataFrame:
     """One row per unit with ``group``, ``trajectory``, ``score``, ``tokens``, ``turns`` and
     ``first_row`` (the unit's first input row, which fixes the units' order).
 
-    ``naming`` says how error messages name the key columns and rows.
+    ``naming`` says how error messages name the key columns and rows. At trajectory level the
+    units come from ``trajectories`` (the projection's index, made here if not given).
     """
     if config.level is Level.TURN:
         return projection.select(
@@ -92,53 +115,25 @@ def build_units(projection: pl.DataFrame, config: AdvantageConfig, naming: Namin
             pl.col(ROW).alias("first_row"),
         )
 
+    trajectories = trajectories or index_trajectories(projection)
     # "first" and "last" follow turn_index when the dump has one, else the input row order.
-    order = [TURN, ROW] if TURN in projection.columns else [ROW]
-    score = pl.col(SCORE).sort_by(order)
+    order = projection[TURN].to_numpy() if TURN in projection.columns else None
     rule = config.traj_score
-    trajectory_score = {
-        None: score.first(),
-        TrajScore.FIRST: score.first(),
-        TrajScore.LAST: score.last(),
-        TrajScore.MEAN: pl.col(SCORE).mean(),
-        TrajScore.MAX: pl.col(SCORE).max(),
-        TrajScore.SUM: pl.col(SCORE).sum(),
-    }[rule]
-    # The mean and sum rules add floats: a (group, trajectory, score) sort fixes their order, so
-    # the result does not depend on the input's row order. The streaming engine groups millions of
-    # rows in two thirds of the memory, but it may add a unit's floats in any order, so only the
-    # rules that add no floats use it.
-    summed = rule in (TrajScore.MEAN, TrajScore.SUM)
-    units = (
-        (projection.lazy().sort(GROUP, TRAJECTORY, SCORE) if summed else projection.lazy())
-        .group_by(GROUP, TRAJECTORY)
-        .agg(
-            trajectory_score.alias(SCORE),
-            pl.col(TOKENS).sum(),
-            pl.len().alias("turns"),
-            pl.col(ROW).min().alias("first_row"),
-            pl.col(SCORE).min().alias("score_min"),
-            pl.col(SCORE).max().alias("score_max"),
-        )
-        .sort("first_row")
-        .collect(engine="in-memory" if summed else "streaming")
-    )
+    table = trajectories.table
+    if rule is TrajScore.LAST:
+        score = projection[SCORE].gather(trajectories.last_position(order))
+    elif rule is TrajScore.MAX:
+        score = table["score_max"]
+    elif rule in (TrajScore.MEAN, TrajScore.SUM):
+        # Added over the sorted scores: the result does not depend on the row order.
+        total = sorted_sum(projection, trajectories)
+        score = pl.Series(total / table["turns"].to_numpy() if rule is TrajScore.MEAN else total)
+    else:  # the first turn's score: rule "first", or rows that agree (checked below)
+        score = projection[SCORE].gather(trajectories.first_position(order))
+    units = table.with_columns(score.alias(SCORE))
     if rule is None:
         _check_consistent_scores(projection, units, naming)
-    return units.drop("score_min", "score_max")
-
-
-def count_trajectories(projection: pl.DataFrame) -> int:
-    """How many distinct ``(group, trajectory)`` keys the projection holds (a streaming group-by:
-    half the memory of ``n_unique`` on millions of rows)."""
-    return (
-        projection.lazy()
-        .group_by(GROUP, TRAJECTORY)
-        .len()
-        .select(pl.len())
-        .collect(engine="streaming")
-        .item()
-    )
+    return units.select(GROUP, TRAJECTORY, SCORE, TOKENS, "turns", "first_row")
 
 
 def scores_disagree(low: pl.Expr, high: pl.Expr) -> pl.Expr:
@@ -178,9 +173,10 @@ def group_statistics(units: pl.DataFrame) -> pl.DataFrame:
     all_equal = pl.col("score_max") == pl.col("score_min")
     # Sorting by (group, score, tokens) first fixes the order in which each group's floats are
     # summed, so the statistics are bit-identical whatever the input files' order or the thread
-    # count.
+    # count. Only the columns the statistics read are sorted.
     return (
-        units.sort(GROUP, SCORE, TOKENS)
+        units.select(GROUP, SCORE, TOKENS, "first_row")
+        .sort(GROUP, SCORE, TOKENS)
         .group_by(GROUP)
         .agg(
             pl.len().alias("units"),
@@ -276,11 +272,19 @@ def _singleton_advantage(rule: EstimatorRule, config: AdvantageConfig, batch_std
 
 
 def compute_advantages(
-    projection: pl.DataFrame, config: AdvantageConfig, naming: Naming | None = None
+    projection: pl.DataFrame,
+    config: AdvantageConfig,
+    naming: Naming | None = None,
+    trajectories: Trajectories | None = None,
 ) -> Advantages:
-    """Stage 2: the key projection in, per-unit, per-group and per-row advantages out."""
+    """Stage 2: the key projection in, per-unit and per-group advantages out (and each row's,
+    through :meth:`Advantages.rows`). ``trajectories``: the projection's index, if already made."""
     naming = naming or Naming()
-    units = build_units(projection, config, naming)
+    if config.level is Level.TRAJECTORY:
+        trajectories = trajectories or index_trajectories(projection)
+    else:
+        trajectories = None
+    units = build_units(projection, config, naming, trajectories)
     stats = group_statistics(units)
     batch_std = _batch_std(units) if config.effective_scale is Scale.BATCH else 1.0
 
@@ -297,64 +301,65 @@ def compute_advantages(
         .alias("divisor"),
         pl.col("zero_std"),
     )
-    units = (
-        units.join(
-            groups.select(GROUP, "units", "top_row", "baseline", "divisor"),
+    # Streaming, and only the advantage comes out: the group columns are never copied out to
+    # every unit (at turn level, every row).
+    advantage = (
+        units.lazy()
+        .select(GROUP, SCORE, "first_row")
+        .join(
+            groups.lazy().select(GROUP, "units", "top_row", "baseline", "divisor"),
             on=GROUP,
             how="left",
             maintain_order="left",
         )
-        .with_columns(
+        .select(
             pl.when(singleton)
             .then(_singleton_advantage(rule, config, batch_std))
             .otherwise(_unit_advantage(rule, config))
             .alias("advantage")
         )
-        .drop("units", "top_row", "baseline", "divisor")
+        .collect(engine="streaming")
+        .to_series()
     )
-
-    if config.level is Level.TURN:
-        rows = units.select(
-            pl.col("first_row").alias(ROW), pl.col(SCORE), pl.col(TOKENS), pl.col("advantage")
-        )
-    else:
-        # Streaming: a third of the memory of an in-memory join of every row.
-        rows = (
-            projection.lazy()
-            .select(ROW, GROUP, TRAJECTORY, TOKENS)
-            .join(
-                units.lazy().select(GROUP, TRAJECTORY, SCORE, "advantage"),
-                on=[GROUP, TRAJECTORY],
-                how="left",
-                maintain_order="left",
-            )
-            .select(ROW, SCORE, TOKENS, "advantage")
-            .collect(engine="streaming")
-        )
+    units = units.with_columns(advantage)
     if rule.whitens:
+        if trajectories is None:  # turn level: the units are the rows
+            rows = units.select("advantage", TOKENS)
+        else:
+            rows = pl.DataFrame(
+                [units["advantage"].gather(pl.Series(trajectories.of_row)), projection[TOKENS]]
+            )
         mean, scale = _token_whitening(rows)
+        del rows
         whitened = (pl.col("advantage") - mean) / scale
-        # verl multiplies the whitened values by the mask: a row without response tokens gets 0.
-        # At turn level the units are the rows, and get the same values.
-        row_value = pl.when(pl.col(TOKENS) > 0).then(whitened).otherwise(0.0)
-        unit_value = row_value if config.level is Level.TURN else whitened
-        units = units.with_columns(unit_value.alias("advantage"))
-        rows = rows.with_columns(row_value.alias("advantage"))
-    _check_finite(rows, naming)
+        # verl multiplies the whitened values by the mask: a row without response tokens gets 0
+        # (at turn level the units are the rows; at trajectory level Advantages.rows does it).
+        if trajectories is None:
+            whitened = pl.when(pl.col(TOKENS) > 0).then(whitened).otherwise(0.0)
+        units = units.with_columns(whitened.alias("advantage"))
+    _check_finite(units, naming)
     groups = groups.rename({"divisor": "std"}).drop("top_row")
-    return Advantages(units=units, groups=groups, rows=rows.drop(TOKENS))
+    return Advantages(
+        units=units,
+        groups=groups,
+        trajectories=trajectories,
+        row_numbers=projection[ROW],
+        row_tokens=projection[TOKENS],
+        empty_rows_zero=rule.whitens and trajectories is not None,
+    )
 
 
 # The largest float32: the output columns are float32.
 FLOAT32_MAX = 3.4028234663852886e38
 
 
-def _check_finite(rows: pl.DataFrame, naming: Naming) -> None:
+def _check_finite(units: pl.DataFrame, naming: Naming) -> None:
     """Scores near the float64 limit overflow the statistics; beyond the float32 limit they
-    overflow the output. Either is an error naming the first row, never a silent inf or NaN."""
+    overflow the output. Either is an error naming the first row of the first such unit, never a
+    silent inf or NaN."""
     too_large = ~pl.col("advantage").is_finite() | (pl.col("advantage").abs() > FLOAT32_MAX)
     too_large = too_large | (pl.col(SCORE).abs() > FLOAT32_MAX)
-    row = rows.select(pl.col(ROW).filter(too_large).min()).item()
+    row = units.select(pl.col("first_row").filter(too_large).min()).item()
     if row is not None:
         raise AdvcliError(
             f"{naming.locate(row)}: the score or its advantage does not fit a float32 (the "

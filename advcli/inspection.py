@@ -14,9 +14,10 @@ import polars as pl
 
 from advcli.columns import ColumnRoles
 from advcli.estimators import Naming, build_units, group_statistics, scores_disagree
-from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turn
+from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turns
 from advcli.report import histogram, number
 from advcli.settings import AdvantageConfig, Level, TrajScore
+from advcli.units import index_trajectories
 
 # How many offending trajectories or turns are listed by key.
 EXAMPLES = 5
@@ -36,26 +37,27 @@ def inspect_dump(
     # The trajectories and groups as stage 2 sees them at trajectory level (score of the first
     # turn, turns, tokens; each group's units, singleton and zero-std rules) ...
     config = AdvantageConfig(level=Level.TRAJECTORY, traj_score=TrajScore.FIRST)
-    per_trajectory = build_units(projection, config, Naming())
+    trajectories = index_trajectories(projection)
+    per_trajectory = build_units(projection, config, Naming(), trajectories)
     per_group = group_statistics(per_trajectory)
     singleton = per_group.filter(pl.col("units") == 1)
     zero_std = per_group.filter(pl.col("zero_std"))
-    # ... and the rows of a trajectory whose scores disagree, which only the rows can show.
-    inconsistent = (
-        projection.group_by(GROUP, TRAJECTORY)
-        .agg(
-            pl.col(SCORE).min().alias("score_min"),
-            pl.col(SCORE).max().alias("score_max"),
-            pl.col(SCORE).unique(maintain_order=True).alias("scores"),
-            pl.col(ROW).min().alias("first_row"),
-        )
-        .filter(scores_disagree(pl.col("score_min"), pl.col("score_max")))
-        .sort("first_row")
+    # ... and the trajectories whose rows' scores disagree, each listed with its rows' distinct
+    # scores in input order (only for the few examples shown).
+    disagree = scores_disagree(pl.col("score_min"), pl.col("score_max"))
+    inconsistent = trajectories.table.with_row_index("position").filter(disagree)
+    examples = inconsistent.head(EXAMPLES)
+    scores = (
+        projection.select(pl.Series("position", trajectories.of_row), SCORE)
+        .filter(pl.col("position").is_in(examples["position"].implode()))
+        .group_by("position", maintain_order=True)
+        .agg(pl.col(SCORE).unique(maintain_order=True).alias("scores"))
     )
+    examples = examples.join(scores, on="position", how="left", maintain_order="left")
 
     duplicates: dict[str, Any] = {"count": 0, "examples": []}
     if TURN in projection.columns:
-        repeated = projection.filter(repeated_turn())
+        repeated = repeated_turns(projection)
         duplicates = {
             "count": repeated.height,
             "examples": [
@@ -113,7 +115,7 @@ def inspect_dump(
             "count": inconsistent.height,
             "examples": [
                 {"group": r[GROUP], "trajectory": r[TRAJECTORY], "scores": r["scores"]}
-                for r in inconsistent.head(EXAMPLES).iter_rows(named=True)
+                for r in examples.iter_rows(named=True)
             ],
         },
         "duplicate_turns": duplicates,

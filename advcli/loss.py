@@ -71,25 +71,25 @@ def token_weight(mode: str, scale_factor: float = 1.0) -> pl.Expr:
     return pl.when(has_tokens).then(weight).otherwise(0.0)
 
 
-def trajectory_sums(advantage: str) -> list[pl.Expr]:
-    """What every mode's weight of a trajectory follows from, summed over its rows in one
-    group-by (``advantage``: the rows' turn-level advantage column): its tokens, and its rows
-    counted as seq-mean-token-mean counts them (T / (T + 1e-8)), each also times the advantage."""
+def trajectory_terms(advantage: str) -> dict[str, pl.Expr]:
+    """What every mode's weight of a trajectory follows from, as per-row terms to sum over its
+    rows (``advantage``: the rows' turn-level advantage column): its tokens, and its rows counted
+    as seq-mean-token-mean counts them (T / (T + 1e-8)), each also times the advantage."""
     tokens = pl.col(TOKENS).cast(pl.Float64)
     counted = pl.when(pl.col(TOKENS) > 0).then(tokens / (tokens + SEQ_MEAN_EPSILON)).otherwise(0.0)
-    return [
-        tokens.sum().alias("loss_tokens"),
-        (tokens * pl.col(advantage)).sum().alias("loss_tokens_advantage"),
-        counted.sum().alias("loss_counted"),
-        (counted * pl.col(advantage)).sum().alias("loss_counted_advantage"),
-    ]
+    return {
+        "loss_tokens": tokens,
+        "loss_tokens_advantage": tokens * pl.col(advantage),
+        "loss_counted": counted,
+        "loss_counted_advantage": counted * pl.col(advantage),
+    }
 
 
 def trajectory_weight(
     mode: str, *, batch_tokens: float, nonempty_rows: int, rows: int, scale_factor: float = 1.0
 ) -> tuple[pl.Expr, pl.Expr]:
     """A trajectory's total weight under ``mode`` and its weight × turn-level advantage, over
-    the :func:`trajectory_sums` columns: the sum over its rows of :func:`token_weight` × tokens
+    the :func:`trajectory_terms` sums: the sum over its rows of :func:`token_weight` × tokens
     (× advantage), without a per-row pass per mode."""
     tokens, tokens_advantage = pl.col("loss_tokens"), pl.col("loss_tokens_advantage")
     if mode == "seq-mean-token-mean":

@@ -6,6 +6,7 @@ These functions know nothing of Typer; they raise :class:`~advcli.errors.AdvcliE
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import math
 import tempfile
@@ -27,7 +28,6 @@ from advcli.estimators import (
     Level,
     Naming,
     compute_advantages,
-    count_trajectories,
 )
 from advcli.inputs import STDIN, Dataset, open_dataset
 from advcli.inspection import inspect_dump
@@ -40,6 +40,7 @@ from advcli.report import BiasReport, bias_report, empty_step, step_figures
 from advcli.rules import RULES
 from advcli.scan import closing_sources
 from advcli.settings import ColumnNames, Engine, LossMode, OutputFormat
+from advcli.units import Trajectories, index_trajectories
 from advcli.write import check_output, replaced_columns, write_advantages
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
@@ -60,13 +61,19 @@ class LoadedDump:
     columns: ColumnRoles
     projection: pl.DataFrame
 
+    @functools.cached_property
+    def trajectories(self) -> Trajectories:
+        """Each row's trajectory, found once for every use (both levels, the report)."""
+        return index_trajectories(self.projection)
+
     def advantages(self, config: AdvantageConfig) -> Advantages:
         naming = Naming(
             self.columns.group or "group",
             self.columns.trajectory or "row",
             self.dataset.locate,
         )
-        return compute_advantages(self.projection, config, naming)
+        trajectories = self.trajectories if config.level is Level.TRAJECTORY else None
+        return compute_advantages(self.projection, config, naming, trajectories)
 
     def report(
         self, config: AdvantageConfig, turn: Advantages, trajectory: Advantages, top: int = 10
@@ -249,10 +256,7 @@ def compute(
         summary = ComputeSummary(
             rows=dataset.num_rows,
             groups=advantages.groups.height,
-            # At trajectory level the units are the trajectories: no need to count them again.
-            trajectories=advantages.units.height
-            if config.level is Level.TRAJECTORY
-            else count_trajectories(dump.projection),
+            trajectories=dump.trajectories.count,
             singleton_groups=advantages.singleton_groups,
             zero_std_groups=advantages.zero_std_groups,
             config=config,
@@ -280,7 +284,7 @@ def compute(
             # Only the per-row (score, advantage) pairs go on to the write, as the float32 they
             # are written as: let the key projection, the unit frames and the float64 values go
             # first, so their memory is reused for the streaming write's buffers.
-            row_values = advantages.rows.select(ROW, pl.col(SCORE, "advantage").cast(pl.Float32))
+            row_values = advantages.rows().select(ROW, pl.col(SCORE, "advantage").cast(pl.Float32))
             if loss_weight is not None:
                 row_values = row_values.join(
                     _loss_weights(dump, loss_weight, loss_scale_factor),

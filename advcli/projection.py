@@ -15,7 +15,7 @@ import polars as pl
 from advcli.columns import ColumnRoles, is_enum, sequence_of, unused_name
 from advcli.errors import AdvcliError, first_line
 from advcli.inputs import Dataset, check_json_lines
-from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turn
+from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turns
 from advcli.rules import EXACT_INTEGER_LIMIT
 from advcli.scan import closing_sources
 
@@ -247,18 +247,12 @@ def _as_key(name: str, schema: pl.Schema) -> pl.Expr:
 
 
 def _check_unique_turns(projection: pl.DataFrame, dataset: Dataset, columns: ColumnRoles) -> None:
-    # Whether any turn repeats, from sorted 64-bit hashes of the keys: half the memory of a
-    # group-by on millions of rows. Equal keys hash alike, so no repeat is missed; a collision of
-    # different keys only sends the check on to the exact search below, which then finds nothing.
-    hashes = projection.select(pl.struct(GROUP, TRAJECTORY, TURN).hash().sort()).to_series()
-    repeats = bool((hashes == hashes.shift(1)).any())  # not diff(): it is null above 2**63
-    if not repeats:
+    repeated = repeated_turns(projection)
+    if repeated.is_empty():
         return
-    duplicated = projection.select(pl.col(ROW).filter(repeated_turn()).first()).item()
-    if duplicated is not None:
-        key = projection.row(duplicated, named=True)
-        raise AdvcliError(
-            f"{dataset.locate(duplicated)}: duplicate turn: ({columns.group}={key[GROUP]!r}, "
-            f"{columns.trajectory}={key[TRAJECTORY]!r}, {columns.turn}={key[TURN]!r}) "
-            "appears more than once"
-        )
+    key = repeated.row(0, named=True)
+    raise AdvcliError(
+        f"{dataset.locate(key[ROW])}: duplicate turn: ({columns.group}={key[GROUP]!r}, "
+        f"{columns.trajectory}={key[TRAJECTORY]!r}, {columns.turn}={key[TURN]!r}) "
+        "appears more than once"
+    )

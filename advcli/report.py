@@ -17,7 +17,7 @@ import polars as pl
 from advcli import __version__
 from advcli.estimators import AdvantageConfig, Advantages
 from advcli.keys import GROUP, SCORE, TOKENS, TRAJECTORY
-from advcli.loss import LOSS_MODES, MODE_SOURCES, trajectory_sums, trajectory_weight
+from advcli.loss import LOSS_MODES, MODE_SOURCES, trajectory_terms, trajectory_weight
 
 
 @dataclass(frozen=True)
@@ -47,16 +47,23 @@ def bias_report(
     trajectory's turn-level advantage ``a_turn`` is the mean of its turn-level units' (its rows')
     advantages, equal when its rows carry the same score; ``diff = a_traj - a_turn``.
     """
-    turn_level = (
-        turn.units.group_by(GROUP, TRAJECTORY)
-        .agg(
-            pl.col("advantage").mean().alias("advantage_turn"),
-            # Σ advantage × tokens (the turn level's token mass) and what the loss weights of every
-            # mode follow from (advcli.loss.trajectory_sums).
-            *trajectory_sums("advantage"),
-        )
-        .with_columns(pl.col("loss_tokens_advantage").alias("mass_turn"))
-    )
+    # Each trajectory's turn-level figures, summed over its rows through the one index of the
+    # rows' trajectories: no group-by of the rows.
+    index = trajectory.trajectories
+    if index is None:
+        raise ValueError("the second result must be the trajectory level's")
+    tokens_known = turn.units[TOKENS].null_count() == 0
+    turn_advantage = turn.units["advantage"].to_numpy()
+    turn_level = [pl.Series("advantage_turn", index.mean(turn_advantage))]
+    # Σ advantage × tokens (the turn level's token mass) and what the loss weights of every mode
+    # follow from (advcli.loss.trajectory_terms), each term made and summed in turn, streaming;
+    # unknown (null) without a mask column.
+    for name, term in trajectory_terms("advantage").items():
+        if not tokens_known:
+            turn_level.append(pl.Series(name, [None] * index.count, dtype=pl.Float64))
+            continue
+        values = turn.units.lazy().select(term).collect(engine="streaming").to_series()
+        turn_level.append(pl.Series(name, index.sum(values.to_numpy())))
     per_trajectory = (
         trajectory.units.select(
             GROUP,
@@ -67,12 +74,13 @@ def bias_report(
             "first_row",
             pl.col("advantage").alias("advantage_trajectory"),
         )
-        .join(turn_level, on=[GROUP, TRAJECTORY], how="left")
+        # Both in the trajectories' input order (their first rows').
+        .with_columns(turn_level)
         .with_columns(
+            pl.col("loss_tokens_advantage").alias("mass_turn"),
             (pl.col("advantage_trajectory") * pl.col("tokens")).alias("mass_trajectory"),
             (pl.col("advantage_trajectory") - pl.col("advantage_turn")).alias("diff"),
         )
-        .sort("first_row")
     )
 
     per_group = (
@@ -106,7 +114,6 @@ def bias_report(
 
     # Without a mask column the token counts are unknown (null): the token figures say so
     # rather than sum to 0.
-    tokens_known = turn.units[TOKENS].null_count() == 0
     if not tokens_known:
         by_turns = by_turns.with_columns(
             pl.lit(None, dtype=pl.Float64).alias(name)
@@ -201,10 +208,11 @@ def bias_report(
             "advantage_trajectory": number(row["advantage_trajectory"]),
             "diff": number(row["diff"]),
         }
-        for row in per_trajectory.sort(
-            [pl.col("diff").abs(), pl.col("first_row")], descending=[True, False]
+        # The top few picked without sorting (a copy of) every trajectory.
+        for row in per_trajectory.top_k(
+            top, by=[pl.col("diff").abs(), pl.col("first_row")], reverse=[False, True]
         )
-        .head(top)
+        .sort([pl.col("diff").abs(), pl.col("first_row")], descending=[True, False])
         .iter_rows(named=True)
     ]
     summary["loss_weights"] = loss_weights(turn.units, per_trajectory) if tokens_known else None
@@ -251,7 +259,7 @@ def loss_weights(rows: pl.DataFrame, per_trajectory: pl.DataFrame) -> dict[str, 
     trajectories' mean weight relative to equal weight per trajectory (1 = a fair share), their
     share of the batch's weight, and the signed gradient mass Σ weight × advantage under each
     level. ``rows``: the turn-level units (one per row, with tokens and turn-level advantage)."""
-    # The trajectories' sums (advcli.loss.trajectory_sums) come with the turn level's own
+    # The trajectories' sums of advcli.loss.trajectory_terms come with the turn level's own
     # per-trajectory figures: every mode's weight follows from them, with no pass over the rows.
     # ``per_trajectory`` is in input order (its first rows'), and each turn count's figures are
     # summed in that order, whatever the engine or thread count.
@@ -395,8 +403,10 @@ def verdict(summary: dict[str, Any], per_trajectory: pl.DataFrame) -> str:
     else:
         # "Long" = at least the median turn count, and strictly more than the shortest.
         threshold = max(math.ceil(spread["median"]), spread["min"] + 1)
-        long = per_trajectory.filter(pl.col("turns") >= threshold)["diff"].mean()
-        short = per_trajectory.filter(pl.col("turns") < threshold)["diff"].mean()
+        long, short = per_trajectory.select(
+            pl.col("diff").filter(pl.col("turns") >= threshold).mean(),
+            pl.col("diff").filter(pl.col("turns") < threshold).mean().alias("short"),
+        ).row(0)
         sentences.append(
             f"Compared with counting each trajectory once, trajectories with ≥ {threshold} turns "
             f"get {_less_or_more(long)}, and shorter ones {_less_or_more(short)}."

@@ -13,7 +13,7 @@ PACKAGE = ROOT / "advcli"
 # Modules that read or write files, streams or processes.
 IO = {"inputs", "scan", "projection", "write", "atomic", "process", "pipeline", "ray_engine"}
 # The math and the reports over it: pure functions of frames and settings.
-PURE = {"settings", "rules", "keys", "estimators", "report", "inspection"}
+PURE = {"settings", "rules", "keys", "units", "estimators", "report", "inspection"}
 
 
 def advcli_imports(module: Path) -> set[str]:

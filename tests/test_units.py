@@ -1,0 +1,108 @@
+"""The trajectory index (advcli.units) and the repeated-turn search, on hand-made projections with
+hand-computed answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from advcli.keys import repeated_turns
+from advcli.units import index_trajectories, sorted_sum
+
+
+def projection(rows: list[tuple], tokens: bool = True) -> pl.DataFrame:
+    """(group, trajectory, turn, score, tokens) rows as a key projection in input order."""
+    frame = pl.DataFrame(
+        rows,
+        schema={
+            "group": pl.String,
+            "trajectory": pl.Int64,
+            "turn": pl.Int64,
+            "score": pl.Float64,
+            "tokens": pl.Int64,
+        },
+        orient="row",
+    ).with_row_index("row")
+    return frame if tokens else frame.with_columns(pl.lit(None, dtype=pl.Int64).alias("tokens"))
+
+
+# Three trajectories whose rows interleave: (b, 1) at rows 0 and 2, (a, 2) at rows 1 and 4,
+# (a, 1) at row 3. In input order of their first rows: (b, 1), (a, 2), (a, 1).
+INTERLEAVED = [
+    ("b", 1, 0, 1.0, 10),
+    ("a", 2, 0, 0.5, 3),
+    ("b", 1, 1, 1.0, 20),
+    ("a", 1, 0, -2.0, 0),
+    ("a", 2, 1, 0.25, 7),
+]
+
+
+def test_trajectories_are_numbered_in_the_input_order_of_their_first_rows():
+    index = index_trajectories(projection(INTERLEAVED))
+    assert index.of_row.tolist() == [0, 1, 0, 2, 1]
+    assert index.table.rows() == [
+        # group, trajectory, turns, tokens, first_row, score_min, score_max
+        ("b", 1, 2, 30, 0, 1.0, 1.0),
+        ("a", 2, 2, 10, 1, 0.25, 0.5),
+        ("a", 1, 1, 0, 3, -2.0, -2.0),
+    ]
+    assert index.count == 3
+
+
+def test_sums_and_means_are_per_trajectory():
+    index = index_trajectories(projection(INTERLEAVED))
+    values = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert index.sum(values).tolist() == [4.0, 7.0, 4.0]
+    assert index.mean(values).tolist() == [2.0, 3.5, 4.0]
+
+
+def test_tokens_are_unknown_without_a_mask_column():
+    index = index_trajectories(projection(INTERLEAVED, tokens=False))
+    assert index.table["tokens"].to_list() == [None, None, None]
+
+
+def test_first_and_last_follow_the_turn_then_the_input_order():
+    # One trajectory, turns 2, 0, 0, 5, 5 at positions 0..4: its first row is the first of the
+    # two turn-0 rows (position 1), its last the second of the two turn-5 rows (position 4).
+    rows = [("g", 1, turn, float(turn), 1) for turn in (2, 0, 0, 5, 5)]
+    index = index_trajectories(projection(rows))
+    turns = np.array([2, 0, 0, 5, 5])
+    assert index.first_position(turns).tolist() == [1]
+    assert index.last_position(turns).tolist() == [4]
+    # Without a turn order, the input order alone.
+    assert index.first_position().tolist() == [0]
+    assert index.last_position().tolist() == [4]
+
+
+def test_sorted_sum_is_the_same_float_whatever_the_row_order():
+    # Added in input order these rows give two different float64 sums; the sum over the sorted
+    # scores is one value for every order of the rows, within an ulp of 0.6.
+    assert (0.1 + 0.2) + 0.3 != (0.3 + 0.2) + 0.1
+    sums = set()
+    for scores in ([0.1, 0.2, 0.3], [0.3, 0.2, 0.1], [0.2, 0.3, 0.1], [0.3, 0.1, 0.2]):
+        rows = [("g", 1, turn, score, 1) for turn, score in enumerate(scores)]
+        frame = projection(rows)
+        sums.update(sorted_sum(frame, index_trajectories(frame)).tolist())
+    assert len(sums) == 1
+    assert abs(sums.pop() - 0.6) <= 2**-52
+
+
+def test_an_empty_projection_has_no_trajectories():
+    frame = projection([])
+    index = index_trajectories(frame)
+    assert index.count == 0
+    assert sorted_sum(frame, index).tolist() == []
+
+
+def test_repeated_turns_are_the_later_rows_of_a_repeated_key_in_input_order():
+    rows = [
+        ("a", 1, 0, 1.0, 1),
+        ("a", 1, 1, 1.0, 1),
+        ("b", 1, 0, 0.0, 1),
+        ("a", 1, 0, 1.0, 1),  # repeats row 0
+        ("b", 1, 0, 0.0, 1),  # repeats row 2
+        ("a", 2, 0, 1.0, 1),  # same turn, other trajectory: not a repeat
+        ("a", 1, 0, 1.0, 1),  # repeats row 0 again
+    ]
+    assert repeated_turns(projection(rows))["row"].to_list() == [3, 4, 6]
+    assert repeated_turns(projection(rows[:3])).is_empty()
