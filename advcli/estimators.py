@@ -61,14 +61,12 @@ class Advantages:
     ``first_row``, ``advantage``). ``groups``: one row per group (``group``, ``units``,
     ``baseline``, ``std`` — the value subtracted and the divisor before epsilon, after the singleton
     rule — and ``zero_std``). At trajectory level ``trajectories`` says which unit each row is.
-    No table of the rows is kept: :meth:`rows` makes one when a caller needs it.
+    Nothing of the rows is kept: :meth:`rows` makes their table when a caller needs it.
     """
 
     units: pl.DataFrame
     groups: pl.DataFrame
     trajectories: Trajectories | None
-    row_numbers: pl.Series
-    row_tokens: pl.Series
     # REINFORCE++ at trajectory level: a row without response tokens gets 0, as verl's mask does.
     empty_rows_zero: bool = False
 
@@ -80,17 +78,18 @@ class Advantages:
     def zero_std_groups(self) -> int:
         return int(self.groups["zero_std"].sum())
 
-    def rows(self) -> pl.DataFrame:
-        """One row per input row, in input order: ``row``, ``score``, ``advantage``."""
+    def rows(self, projection: pl.DataFrame) -> pl.DataFrame:
+        """One row per row of ``projection`` (the key projection these advantages were computed
+        from), in input order: ``row``, ``score``, ``advantage``."""
         if self.trajectories is None:  # turn level: the units are the rows
             return self.units.select(pl.col("first_row").alias(ROW), SCORE, "advantage")
         unit = pl.Series(self.trajectories.of_row)
         advantage = self.units["advantage"].gather(unit)
         if self.empty_rows_zero:
             advantage = pl.select(
-                pl.when(self.row_tokens > 0).then(advantage).otherwise(0.0).alias("advantage")
+                pl.when(projection[TOKENS] > 0).then(advantage).otherwise(0.0).alias("advantage")
             ).to_series()
-        return pl.DataFrame([self.row_numbers, self.units[SCORE].gather(unit), advantage])
+        return pl.DataFrame([projection[ROW], self.units[SCORE].gather(unit), advantage])
 
 
 def build_units(
@@ -343,8 +342,6 @@ def compute_advantages(
         units=units,
         groups=groups,
         trajectories=trajectories,
-        row_numbers=projection[ROW],
-        row_tokens=projection[TOKENS],
         empty_rows_zero=rule.whitens and trajectories is not None,
     )
 

@@ -36,7 +36,7 @@ from advcli.loss import token_weight
 from advcli.process import copy_to_stdout
 from advcli.projection import key_projection
 from advcli.render import render_html, render_json, render_markdown, write_plot, write_text
-from advcli.report import BiasReport, bias_report, empty_step, step_figures
+from advcli.report import BiasReport, TurnLevel, bias_report, empty_step, step_figures, turn_level
 from advcli.rules import RULES
 from advcli.scan import closing_sources
 from advcli.settings import ColumnNames, Engine, LossMode, OutputFormat
@@ -75,14 +75,18 @@ class LoadedDump:
         trajectories = self.trajectories if config.level is Level.TRAJECTORY else None
         return compute_advantages(self.projection, config, naming, trajectories)
 
-    def report(
-        self, config: AdvantageConfig, turn: Advantages, trajectory: Advantages, top: int = 10
-    ) -> BiasReport:
-        settings = {
+    def both_levels(self, config: AdvantageConfig) -> tuple[TurnLevel, Advantages]:
+        """``config``'s estimator at both levels, for the report: the turn level summed over each
+        trajectory (its per-row result is let go first), and the trajectory level's result."""
+        turn = turn_level(self.advantages(replace(config, level=Level.TURN)), self.trajectories)
+        return turn, self.advantages(replace(config, level=Level.TRAJECTORY))
+
+    def report_settings(self) -> dict[str, Any]:
+        """What the report says of the input: its column roles and files."""
+        return {
             "columns": self.columns.describe(),
             "inputs": [self.dataset.label(i) for i in range(len(self.dataset.files))],
         }
-        return bias_report(turn, trajectory, config=config, settings=settings, top=top)
 
 
 @dataclass(frozen=True)
@@ -249,10 +253,16 @@ def compute(
         advantages = dump.advantages(config)
         report = None
         if report_path is not None:
-            other = dump.advantages(replace(config, level=_other_level(config.level)))
-            by_level = {config.level: advantages, _other_level(config.level): other}
-            report = dump.report(config, by_level[Level.TURN], by_level[Level.TRAJECTORY])
-            del other, by_level
+            if config.level is Level.TURN:
+                turn = turn_level(advantages, dump.trajectories)
+                trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
+            else:
+                turn = turn_level(
+                    dump.advantages(replace(config, level=Level.TURN)), dump.trajectories
+                )
+                trajectory = advantages
+            report = bias_report(turn, trajectory, config=config, settings=dump.report_settings())
+            del turn, trajectory
         summary = ComputeSummary(
             rows=dataset.num_rows,
             groups=advantages.groups.height,
@@ -284,7 +294,9 @@ def compute(
             # Only the per-row (score, advantage) pairs go on to the write, as the float32 they
             # are written as: let the key projection, the unit frames and the float64 values go
             # first, so their memory is reused for the streaming write's buffers.
-            row_values = advantages.rows().select(ROW, pl.col(SCORE, "advantage").cast(pl.Float32))
+            row_values = advantages.rows(dump.projection).select(
+                ROW, pl.col(SCORE, "advantage").cast(pl.Float32)
+            )
             if loss_weight is not None:
                 row_values = row_values.join(
                     _loss_weights(dump, loss_weight, loss_scale_factor),
@@ -438,11 +450,14 @@ def compare(
         dump = load_dump(
             dataset, names, engine=engine, mask_needed_for=_estimator_needs_mask(config)
         )
-        turn = dump.advantages(replace(config, level=Level.TURN))
-        trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
-        report = dump.report(config, turn, trajectory, top=top)
-        if by is not None:
-            report.summary["by_step"] = {"by": by, "steps": _by_step(dump, config, by, top)}
+        settings = dump.report_settings()
+        turn, trajectory = dump.both_levels(config)
+        steps = _by_step(dump, config, by, top) if by is not None else None
+        # The report needs the trajectories only: the rows go first.
+        del dump
+        report = bias_report(turn, trajectory, config=config, settings=settings, top=top)
+        if steps is not None:
+            report.summary["by_step"] = {"by": by, "steps": steps}
     writers: list[tuple[Path | None, Callable[[Path], None]]] = [
         (files.json, lambda path: write_text(path, render_json(report), force=force)),
         (files.markdown, lambda path: write_text(path, render_markdown(report), force=force)),
@@ -507,9 +522,10 @@ def _by_step(dump: LoadedDump, config: AdvantageConfig, by: str, top: int) -> li
         if part.projection.is_empty():
             series.append(empty_step(name))
             continue
-        turn = part.advantages(replace(config, level=Level.TURN))
-        trajectory = part.advantages(replace(config, level=Level.TRAJECTORY))
-        step_report = part.report(config, turn, trajectory, top=top)
+        turn, trajectory = part.both_levels(config)
+        step_report = bias_report(
+            turn, trajectory, config=config, settings=part.report_settings(), top=top
+        )
         series.append(step_figures(name, step_report.summary))
     return series
 

@@ -104,7 +104,7 @@ def lookup_keys(config: AdvantageConfig, columns: ColumnRoles) -> list[str]:
 def lookup_table(projection: pl.DataFrame, advantages: Advantages, keys: list[str]) -> pl.DataFrame:
     """One row per key with the ``score`` and ``advantage`` its rows get."""
     rows = projection.select(ROW, *[k for k in keys if k != SCORE], SCORE).join(
-        advantages.rows().select(ROW, pl.col(SCORE).alias("score_used"), "advantage"),
+        advantages.rows(projection).select(ROW, pl.col(SCORE).alias("score_used"), "advantage"),
         on=ROW,
         how="left",
     )

@@ -18,6 +18,7 @@ from advcli import __version__
 from advcli.estimators import AdvantageConfig, Advantages
 from advcli.keys import GROUP, SCORE, TOKENS, TRAJECTORY
 from advcli.loss import LOSS_MODES, MODE_SOURCES, trajectory_terms, trajectory_weight
+from advcli.units import Trajectories
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,46 @@ class BiasReport:
     groups: pl.DataFrame
 
 
+@dataclass(frozen=True)
+class TurnLevel:
+    """What the report needs of the turn level's result, and nothing of its rows: its groups and
+    counts, and each trajectory's figures summed over its rows (``per_trajectory``, in the
+    trajectories' input order): ``advantage_turn``, the mean of its rows' advantages, and the
+    sums of :func:`advcli.loss.trajectory_terms` (null without a mask column)."""
+
+    groups: pl.DataFrame
+    zero_std_groups: int
+    rows: int
+    tokens: int | None
+    nonempty_rows: int | None
+    per_trajectory: pl.DataFrame
+
+
+def turn_level(turn: Advantages, trajectories: Trajectories) -> TurnLevel:
+    """Sum the turn level's result over each trajectory's rows, through the one index of the
+    rows' trajectories (no group-by of the rows), so that the rows can go before the report."""
+    tokens = turn.units[TOKENS]
+    tokens_known = tokens.null_count() == 0
+    columns = [pl.Series("advantage_turn", trajectories.mean(turn.units["advantage"].to_numpy()))]
+    # Each term made and summed in turn, streaming; unknown (null) without a mask column.
+    for name, term in trajectory_terms("advantage").items():
+        if tokens_known:
+            values = turn.units.lazy().select(term).collect(engine="streaming").to_series()
+            columns.append(pl.Series(name, trajectories.sum(values.to_numpy())))
+        else:
+            columns.append(pl.Series(name, [None] * trajectories.count, dtype=pl.Float64))
+    return TurnLevel(
+        groups=turn.groups,
+        zero_std_groups=turn.zero_std_groups,
+        rows=turn.units.height,
+        tokens=int(tokens.sum()) if tokens_known else None,
+        nonempty_rows=int((tokens > 0).sum()) if tokens_known else None,
+        per_trajectory=pl.DataFrame(columns),
+    )
+
+
 def bias_report(
-    turn: Advantages,
+    turn: TurnLevel,
     trajectory: Advantages,
     *,
     config: AdvantageConfig,
@@ -41,29 +80,13 @@ def bias_report(
     top: int = 10,
 ) -> BiasReport:
     """Compare the turn-level and trajectory-level results of one estimator on one dump: a pure
-    function of the two stage-2 results.
+    function of the two stage-2 results (the turn level's summed by :func:`turn_level`).
 
     The trajectory-level units are the trajectories (their turns, tokens and advantage); a
     trajectory's turn-level advantage ``a_turn`` is the mean of its turn-level units' (its rows')
     advantages, equal when its rows carry the same score; ``diff = a_traj - a_turn``.
     """
-    # Each trajectory's turn-level figures, summed over its rows through the one index of the
-    # rows' trajectories: no group-by of the rows.
-    index = trajectory.trajectories
-    if index is None:
-        raise ValueError("the second result must be the trajectory level's")
-    tokens_known = turn.units[TOKENS].null_count() == 0
-    turn_advantage = turn.units["advantage"].to_numpy()
-    turn_level = [pl.Series("advantage_turn", index.mean(turn_advantage))]
-    # Σ advantage × tokens (the turn level's token mass) and what the loss weights of every mode
-    # follow from (advcli.loss.trajectory_terms), each term made and summed in turn, streaming;
-    # unknown (null) without a mask column.
-    for name, term in trajectory_terms("advantage").items():
-        if not tokens_known:
-            turn_level.append(pl.Series(name, [None] * index.count, dtype=pl.Float64))
-            continue
-        values = turn.units.lazy().select(term).collect(engine="streaming").to_series()
-        turn_level.append(pl.Series(name, index.sum(values.to_numpy())))
+    tokens_known = turn.tokens is not None
     per_trajectory = (
         trajectory.units.select(
             GROUP,
@@ -75,7 +98,7 @@ def bias_report(
             pl.col("advantage").alias("advantage_trajectory"),
         )
         # Both in the trajectories' input order (their first rows').
-        .with_columns(turn_level)
+        .hstack(turn.per_trajectory)
         .with_columns(
             pl.col("loss_tokens_advantage").alias("mass_turn"),
             (pl.col("advantage_trajectory") * pl.col("tokens")).alias("mass_trajectory"),
@@ -124,10 +147,10 @@ def bias_report(
     turns = per_trajectory["turns"]
     summary: dict[str, Any] = {
         "counts": {
-            "rows": turn.units.height,
+            "rows": turn.rows,
             "groups": per_group.height,
             "trajectories": per_trajectory.height,
-            "tokens": int(turn.units[TOKENS].sum()) if tokens_known else None,
+            "tokens": turn.tokens,
             "singleton_groups": int((per_group["trajectories"] == 1).sum()),
             "zero_std_groups_turn": turn.zero_std_groups,
             "zero_std_groups_trajectory": trajectory.zero_std_groups,
@@ -215,7 +238,7 @@ def bias_report(
         .sort([pl.col("diff").abs(), pl.col("first_row")], descending=[True, False])
         .iter_rows(named=True)
     ]
-    summary["loss_weights"] = loss_weights(turn.units, per_trajectory) if tokens_known else None
+    summary["loss_weights"] = loss_weights(turn, per_trajectory) if tokens_known else None
     summary["assessment"] = assess(summary)
     summary["verdict"] = verdict(summary, per_trajectory)
     return BiasReport(summary=summary, trajectories=per_trajectory, groups=per_group)
@@ -254,21 +277,22 @@ def empty_step(step: Any) -> dict[str, Any]:
     }
 
 
-def loss_weights(rows: pl.DataFrame, per_trajectory: pl.DataFrame) -> dict[str, Any]:
+def loss_weights(turn: TurnLevel, per_trajectory: pl.DataFrame) -> dict[str, Any]:
     """For each loss aggregation mode (:data:`advcli.loss.LOSS_MODES`): by turn count, the
     trajectories' mean weight relative to equal weight per trajectory (1 = a fair share), their
     share of the batch's weight, and the signed gradient mass Σ weight × advantage under each
-    level. ``rows``: the turn-level units (one per row, with tokens and turn-level advantage)."""
+    level. ``turn``: the turn level's counts (known tokens)."""
     # The trajectories' sums of advcli.loss.trajectory_terms come with the turn level's own
     # per-trajectory figures: every mode's weight follows from them, with no pass over the rows.
     # ``per_trajectory`` is in input order (its first rows'), and each turn count's figures are
     # summed in that order, whatever the engine or thread count.
-    tokens = rows[TOKENS]
-    batch_tokens, nonempty_rows = float(tokens.sum()), int((tokens > 0).sum())
+    if turn.tokens is None or turn.nonempty_rows is None:
+        raise ValueError("the loss weights need the rows' token counts")
+    batch_tokens, nonempty_rows = float(turn.tokens), turn.nonempty_rows
     modes: dict[str, Any] = {}
     for mode in LOSS_MODES:
         weight, mass_turn = trajectory_weight(
-            mode, batch_tokens=batch_tokens, nonempty_rows=nonempty_rows, rows=rows.height
+            mode, batch_tokens=batch_tokens, nonempty_rows=nonempty_rows, rows=turn.rows
         )
         per_trajectory_weight = per_trajectory.select(
             "turns",

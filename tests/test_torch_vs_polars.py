@@ -66,7 +66,7 @@ def polars_advantages(groups, trajectories, scores, tokens, config) -> np.ndarra
             TOKENS: tokens,
         }
     )
-    return compute_advantages(projection, config).rows()["advantage"].to_numpy()
+    return compute_advantages(projection, config).rows(projection)["advantage"].to_numpy()
 
 
 def torch_advantages(groups, trajectories, scores, tokens, estimator, level, epsilon):
@@ -175,7 +175,7 @@ def test_compute_advantage_gives_the_command_lines_numbers(
         }
     )
     try:
-        expected = compute_advantages(projection, config).rows()["advantage"].to_numpy()
+        expected = compute_advantages(projection, config).rows(projection)["advantage"].to_numpy()
     except AdvcliError as error:
         # Fewer than 2 response tokens for REINFORCE++: both refuse.
         with pytest.raises(ValueError, match="at least 2"):
