@@ -127,6 +127,11 @@ def build_units(
         # Added over the sorted scores: the result does not depend on the row order.
         total = sorted_sum(projection, trajectories)
         score = pl.Series(total / table["turns"].to_numpy() if rule is TrajScore.MEAN else total)
+        if rule is TrajScore.MEAN:
+            # Rows that agree have their score as the mean exactly, not a rounding of it: a group
+            # of them stays zero-std.
+            agree = table["score_min"] == table["score_max"]
+            score = pl.select(pl.when(agree).then(table["score_min"]).otherwise(score)).to_series()
     else:  # the first turn's score: rule "first", or rows that agree (checked below)
         score = projection[SCORE].gather(trajectories.first_position(order))
     units = table.with_columns(score.alias(SCORE))
@@ -336,13 +341,14 @@ def compute_advantages(
         if trajectories is None:
             whitened = pl.when(pl.col(TOKENS) > 0).then(whitened).otherwise(0.0)
         units = units.with_columns(whitened.alias("advantage"))
-    _check_finite(units, naming)
+    masked_rows = (projection, trajectories) if rule.whitens and trajectories is not None else None
+    _check_finite(units, naming, masked_rows)
     groups = groups.rename({"divisor": "std"}).drop("top_row")
     return Advantages(
         units=units,
         groups=groups,
         trajectories=trajectories,
-        empty_rows_zero=rule.whitens and trajectories is not None,
+        empty_rows_zero=masked_rows is not None,
     )
 
 
@@ -350,13 +356,30 @@ def compute_advantages(
 FLOAT32_MAX = 3.4028234663852886e38
 
 
-def _check_finite(units: pl.DataFrame, naming: Naming) -> None:
+def _check_finite(
+    units: pl.DataFrame,
+    naming: Naming,
+    masked_rows: tuple[pl.DataFrame, Trajectories] | None = None,
+) -> None:
     """Scores near the float64 limit overflow the statistics; beyond the float32 limit they
-    overflow the output. Either is an error naming the first row of the first such unit, never a
-    silent inf or NaN."""
-    too_large = ~pl.col("advantage").is_finite() | (pl.col("advantage").abs() > FLOAT32_MAX)
-    too_large = too_large | (pl.col(SCORE).abs() > FLOAT32_MAX)
-    row = units.select(pl.col("first_row").filter(too_large).min()).item()
+    overflow the output. Either is an error naming the first row written with such a value, never
+    a silent inf or NaN.
+
+    ``masked_rows`` (the projection and its index) where a row without response tokens is written
+    as 0 whatever its unit's advantage (REINFORCE++ at trajectory level): the advantage counts
+    only in the rows with tokens."""
+    bad_score = pl.col(SCORE).abs() > FLOAT32_MAX
+    bad_advantage = ~pl.col("advantage").is_finite() | (pl.col("advantage").abs() > FLOAT32_MAX)
+    if masked_rows is None:
+        row = units.select(pl.col("first_row").filter(bad_score | bad_advantage).min()).item()
+    else:
+        projection, trajectories = masked_rows
+        row = units.select(pl.col("first_row").filter(bad_score).min()).item()
+        unit_is_bad = units.select(bad_advantage).to_series().to_numpy()
+        written_bad = unit_is_bad[trajectories.of_row] & (projection[TOKENS] > 0).to_numpy()
+        if written_bad.any():
+            first = int(projection[ROW][int(written_bad.argmax())])
+            row = first if row is None else min(row, first)
     if row is not None:
         raise AdvcliError(
             f"{naming.locate(row)}: the score or its advantage does not fit a float32 (the "

@@ -40,7 +40,7 @@ from advcli.report import BiasReport, TurnLevel, bias_report, empty_step, step_f
 from advcli.rules import RULES
 from advcli.scan import closing_sources
 from advcli.settings import ColumnNames, Engine, LossMode, OutputFormat
-from advcli.units import Trajectories, index_trajectories
+from advcli.units import Trajectories, count_trajectories, index_trajectories
 from advcli.write import check_output, replaced_columns, write_advantages
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
@@ -74,6 +74,13 @@ class LoadedDump:
         )
         trajectories = self.trajectories if config.level is Level.TRAJECTORY else None
         return compute_advantages(self.projection, config, naming, trajectories)
+
+    def trajectory_count(self) -> int:
+        """How many trajectories the dump holds: the index's count when it was made anyway (at
+        trajectory level, for a report), else a streaming count, a sixth of the index's time."""
+        if "trajectories" in self.__dict__:  # functools.cached_property keeps it there
+            return self.trajectories.count
+        return count_trajectories(self.projection)
 
     def both_levels(self, config: AdvantageConfig) -> tuple[TurnLevel, Advantages]:
         """``config``'s estimator at both levels, for the report: the turn level summed over each
@@ -266,7 +273,7 @@ def compute(
         summary = ComputeSummary(
             rows=dataset.num_rows,
             groups=advantages.groups.height,
-            trajectories=dump.trajectories.count,
+            trajectories=dump.trajectory_count(),
             singleton_groups=advantages.singleton_groups,
             zero_std_groups=advantages.zero_std_groups,
             config=config,

@@ -37,8 +37,9 @@ class BiasReport:
 class TurnLevel:
     """What the report needs of the turn level's result, and nothing of its rows: its groups and
     counts, and each trajectory's figures summed over its rows (``per_trajectory``, in the
-    trajectories' input order): ``advantage_turn``, the mean of its rows' advantages, and the
-    sums of :func:`advcli.loss.trajectory_terms` (null without a mask column)."""
+    trajectories' input order, with their ``turn_first_row``): ``advantage_turn``, the mean of
+    its rows' advantages, and the sums of :func:`advcli.loss.trajectory_terms` (null without a
+    mask column)."""
 
     groups: pl.DataFrame
     zero_std_groups: int
@@ -53,7 +54,10 @@ def turn_level(turn: Advantages, trajectories: Trajectories) -> TurnLevel:
     rows' trajectories (no group-by of the rows), so that the rows can go before the report."""
     tokens = turn.units[TOKENS]
     tokens_known = tokens.null_count() == 0
-    columns = [pl.Series("advantage_turn", trajectories.mean(turn.units["advantage"].to_numpy()))]
+    columns = [
+        trajectories.table["first_row"].alias("turn_first_row"),
+        pl.Series("advantage_turn", trajectories.mean(turn.units["advantage"].to_numpy())),
+    ]
     # Each term made and summed in turn, streaming; unknown (null) without a mask column.
     for name, term in trajectory_terms("advantage").items():
         if tokens_known:
@@ -87,6 +91,8 @@ def bias_report(
     advantages, equal when its rows carry the same score; ``diff = a_traj - a_turn``.
     """
     tokens_known = turn.tokens is not None
+    if not turn.per_trajectory["turn_first_row"].equals(trajectory.units["first_row"]):
+        raise ValueError("the two levels' trajectories must come from one index, in one order")
     per_trajectory = (
         trajectory.units.select(
             GROUP,
@@ -98,7 +104,7 @@ def bias_report(
             pl.col("advantage").alias("advantage_trajectory"),
         )
         # Both in the trajectories' input order (their first rows').
-        .hstack(turn.per_trajectory)
+        .hstack(turn.per_trajectory.drop("turn_first_row"))
         .with_columns(
             pl.col("loss_tokens_advantage").alias("mass_turn"),
             (pl.col("advantage_trajectory") * pl.col("tokens")).alias("mass_trajectory"),

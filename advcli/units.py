@@ -107,14 +107,28 @@ def index_trajectories(projection: pl.DataFrame) -> Trajectories:
 
 
 def sorted_sum(projection: pl.DataFrame, trajectories: Trajectories) -> np.ndarray:
-    """Each trajectory's sum of its rows' scores, added over them sorted: one fixed order, so
-    the ``mean`` and ``sum`` rules do not depend on the input's row order."""
+    """Each trajectory's sum of its rows' scores, added one by one from the smallest: one fixed
+    order, so the ``mean`` and ``sum`` rules do not depend on the input's row order.
+    (``numpy.bincount`` adds sequentially; ``numpy.add.reduceat`` would not.)"""
     score = projection[SCORE].to_numpy()
     order = np.lexsort((score, trajectories.of_row))
-    if not len(order):
-        return np.zeros(0)
-    turns = trajectories.table["turns"].to_numpy().astype(np.int64)
-    return np.add.reduceat(score[order], np.cumsum(turns) - turns)
+    return np.bincount(
+        trajectories.of_row[order], weights=score[order], minlength=trajectories.count
+    )
+
+
+def count_trajectories(projection: pl.DataFrame) -> int:
+    """How many distinct ``(group, trajectory)`` keys the projection holds, where no index is
+    needed: a streaming count takes a sixth of the index's time (0.34 s against 2 s on 4.3M
+    rows)."""
+    return (
+        projection.lazy()
+        .group_by(GROUP, TRAJECTORY)
+        .len()
+        .select(pl.len())
+        .collect(engine="streaming")
+        .item()
+    )
 
 
 def _reduce(pick: np.ufunc, values: np.ndarray, into: np.ndarray, count: int) -> np.ndarray:

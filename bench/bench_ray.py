@@ -74,7 +74,9 @@ def stages(engine: str, source: str, output: str) -> dict[str, float]:
             from advcli.keys import ROW, SCORE
             from advcli.write import write_advantages
 
-            row_values = advantages.rows.select(ROW, pl.col(SCORE, "advantage").cast(pl.Float32))
+            row_values = advantages.rows(dump.projection).select(
+                ROW, pl.col(SCORE, "advantage").cast(pl.Float32)
+            )
             write_advantages(
                 dataset,
                 dump.columns,

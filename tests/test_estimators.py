@@ -276,6 +276,47 @@ def test_reinforce_pp_row_without_tokens_gets_zero(write_dump, run, tmp_path):
     )
 
 
+def test_reinforce_pp_trajectory_without_tokens_is_written_as_zero_whatever_its_value(
+    write_dump, run, tmp_path
+):
+    # Group A's trajectories have no response tokens: their rows are written as 0, so A's huge
+    # centred scores (±5e35, which whitening by a 1e-4 scale would take past float32) are no
+    # error. Group B: units 0 (5 tokens) and 1e-7 (10 tokens), centred -5e-8 and 5e-8.
+    frame = pl.DataFrame(
+        {
+            "data_id": ["A", "A", "A", "B", "B", "B"],
+            "rollout_id": ["a1", "a1", "a2", "b1", "b2", "b2"],
+            "turn_index": [0, 1, 0, 0, 0, 1],
+            "score": [1e36, 1e36, 0.0, 0.0, 1e-7, 1e-7],
+            "response_length": [0, 0, 0, 5, 5, 5],
+        }
+    )
+    output = tmp_path / "out.parquet"
+    result = run("compute", write_dump(frame), "-o", output, "--estimator", "reinforce_pp_baseline")
+    assert result.exit_code == 0, result.output
+    # Token mean over B's 15 tokens: (5 * -5e-8 + 10 * 5e-8) / 15; A's tokens count for nothing.
+    mean = (5 * -5e-8 + 10 * 5e-8) / 15
+    variance = (5 * (-5e-8 - mean) ** 2 + 10 * (5e-8 - mean) ** 2) / 14
+    scale = math.sqrt(variance + 1e-8)
+    got = pl.read_parquet(output)["advantage"].to_list()
+    assert got[:3] == [0.0, 0.0, 0.0]
+    np.testing.assert_allclose(
+        got[3:], [(-5e-8 - mean) / scale, (5e-8 - mean) / scale, (5e-8 - mean) / scale], rtol=1e-6
+    )
+
+
+def test_traj_score_mean_of_rows_that_agree_is_their_score(write_dump, run, tmp_path):
+    # Added up, six rows of 0.2 make 1.2000000000000002 and three 0.6000000000000001: divided
+    # by the turns they are not 0.2 again. Rows that agree have their score as the mean, so the
+    # group is zero-std and every advantage is exactly 0.
+    rows = [("g", "a", turn, 0.2, 1) for turn in range(6)]
+    rows += [("g", "b", turn, 0.2, 1) for turn in range(3)]
+    output = tmp_path / "out.parquet"
+    result = run("compute", write_dump(rows), "-o", output, "--traj-score", "mean")
+    assert result.exit_code == 0, result.output
+    assert pl.read_parquet(output)["advantage"].to_list() == [0.0] * 9
+
+
 def test_scores_too_large_for_float32_are_an_error(write_dump, run, tmp_path):
     rows = [("g", "a", 0, 1e39, 1), ("g", "b", 0, 0.0, 1)]
     output = tmp_path / "out.parquet"
