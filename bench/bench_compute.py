@@ -1,4 +1,5 @@
-"""Benchmark `advcli compute` against the I/O floor, peak memory at N and 2N rows, and `compare`.
+"""Benchmark `advcli compute` against the I/O floor, and the peak memory and time of `compute`,
+`compare` and `inspect` at N and 2N rows.
 
 The floor is a streaming pass that reads the same file and writes the same output columns (every
 input column, `score`, a constant `advantage`, `advantages` = mask × advantage) with no
@@ -16,6 +17,7 @@ shared machine hits all alike. Peak RSS is the child's `ru_maxrss`.
 
     python bench/bench_compute.py                      # 1M turn rows × ~128 tokens, 3 runs each
     python bench/bench_compute.py --rows 200000 --runs 1 --json bench/results.json
+    python bench/bench_compute.py --rows 2000000 --runs 3 --commands-only   # the memory growth
 """
 
 from __future__ import annotations
@@ -82,6 +84,19 @@ def advcli(*args: str) -> list[str]:
     return [sys.executable, "-m", "advcli", *args]
 
 
+# Stage 1 alone, as the commands run it (the allocator set as the command line sets it): the key
+# projection of every row read and checked, then nothing else. Its growth is the part of the
+# commands' growth that per-row key state costs.
+KEY_PROJECTION_ONLY = """
+import sys
+from advcli.process import tune_allocator
+tune_allocator()
+from advcli.pipeline import load_dump, opened
+with opened([sys.argv[1]]) as dataset:
+    load_dump(dataset, unique_turns=False)
+"""
+
+
 def make_dump(path: Path, rows: int, tokens: int) -> tuple[float, int]:
     groups = max(1, round(rows / (ROLLOUTS * TURNS_PER_TRAJECTORY)))
     if not path.exists():
@@ -123,6 +138,11 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("bench/data"))
     parser.add_argument("--json", type=Path)
     parser.add_argument(
+        "--commands-only",
+        action="store_true",
+        help="only the commands' peak memory and time at N and 2N rows (no speed table, no floors)",
+    )
+    parser.add_argument(
         "--floor", nargs=3, metavar=("READER", "SOURCE", "OUTPUT"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
@@ -148,8 +168,9 @@ def main() -> None:
         "speed": [],
     }
     header = "".join(f"{reader + ' s':>17}{'ratio':>7}" for reader in FLOORS)
-    print(f"\n{'level':<11}{'estimator':<23}{'compute s':>10}{header}")
-    for level, estimator in CONFIGS:
+    if not args.commands_only:
+        print(f"\n{'level':<11}{'estimator':<23}{'compute s':>10}{header}")
+    for level, estimator in [] if args.commands_only else CONFIGS:
         compute_times: list[float] = []
         floor_times: dict[str, list[float]] = {reader: [] for reader in FLOORS}
         for _ in range(args.runs):
@@ -198,22 +219,35 @@ def main() -> None:
     # some 50 MiB from run to run), N and 2N alternating; every run is kept in the JSON.
     results["memory"] = {"rows_N": n_rows, "rows_2N": n2_rows}
     print()
-    programs = {"advcli compute": None, **{f"floor ({reader})": reader for reader in FLOORS}}
+    commands = {
+        "advcli compute": lambda path: advcli("compute", str(path), "-o", output, "--force", "-q"),
+        "advcli compare": lambda path: advcli("compare", str(path), "-q"),
+        "advcli inspect": lambda path: advcli("inspect", str(path), "--json"),
+        "stage 1 alone": lambda path: [sys.executable, "-c", KEY_PROJECTION_ONLY, str(path)],
+    }
+    programs: dict[str, str | None] = {
+        **dict.fromkeys(commands),
+        **{f"floor ({reader})": reader for reader in ([] if args.commands_only else FLOORS)},
+    }
     for label, reader in programs.items():
         peaks: dict[str, list[int]] = {"N": [], "2N": []}
+        seconds: dict[str, list[float]] = {"N": [], "2N": []}
         for _ in range(args.runs):
             for size, path in (("N", single), ("2N", double)):
                 if reader is None:
-                    command = advcli("compute", str(path), "-o", output, "--force", "-q")
-                    peaks[size].append(run(command)[1])
+                    took, peak = run(commands[label](path))
                 else:
-                    peaks[size].append(floor_run(reader, path, output)[1])
+                    took, peak = floor_run(reader, path, output)
+                peaks[size].append(peak)
+                seconds[size].append(took)
         median = {size: statistics.median(values) for size, values in peaks.items()}
         growth = median["2N"] / median["N"] - 1
         results["memory"][label] = {
             "peak_rss_N": median["N"],
             "peak_rss_2N": median["2N"],
             "growth": growth,
+            "seconds_N": statistics.median(seconds["N"]),
+            "seconds_2N": statistics.median(seconds["2N"]),
             "runs_N": peaks["N"],
             "runs_2N": peaks["2N"],
         }
@@ -223,13 +257,14 @@ def main() -> None:
         )
         print(
             f"peak RSS, {label:<24} {median['N'] / 2**20:>6.0f} MiB at N, "
-            f"{median['2N'] / 2**20:>6.0f} MiB at 2N: {100 * growth:+.1f}% (MiB: {spread})",
+            f"{median['2N'] / 2**20:>6.0f} MiB at 2N: {100 * growth:+.1f}% (MiB: {spread}); "
+            f"{statistics.median(seconds['N']):.2f} s / {statistics.median(seconds['2N']):.2f} s",
             flush=True,
         )
-
-    compare_times = [run(advcli("compare", str(single), "-q"))[0] for _ in range(args.runs)]
-    results["compare_s"] = statistics.median(compare_times)
-    print(f"\ncompare: {results['compare_s']:.2f} s (median of {args.runs})")
+    memory = results["memory"]
+    ratio = memory["advcli compare"]["peak_rss_2N"] / memory["advcli compute"]["peak_rss_2N"]
+    memory["compare_over_compute_2N"] = ratio
+    print(f"compare's peak over compute's at 2N rows: {ratio:.2f}")
     Path(output).unlink(missing_ok=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
