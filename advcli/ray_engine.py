@@ -6,7 +6,8 @@
 - Stage 2 runs on the driver, on that small table, with the local engine's code
   (:func:`advcli.estimators.compute_advantages`), batch-wide quantities included.
 - Stage 3 runs distributed: each block looks its rows' advantages up in a table broadcast through
-  the object store (one row per trajectory at trajectory level, one per turn at turn level) and is
+  the object store (one row per trajectory at trajectory level, two for REINFORCE++ when some
+  of its rows have no response tokens; one per turn at turn level) and is
   written as one file of a Parquet dataset folder. Token data is never shuffled.
 
 Ray is an optional extra (``advcli[ray]``); this module imports it, and only ``--engine ray``
@@ -29,8 +30,9 @@ from advcli.columns import ColumnRoles
 from advcli.errors import AdvcliError, first_line
 from advcli.estimators import Advantages
 from advcli.inputs import Dataset
-from advcli.keys import GROUP, ROW, SCORE, TRAJECTORY, TURN
+from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
 from advcli.projection import KeyExpressions
+from advcli.rules import RULES
 from advcli.settings import AdvantageConfig, Estimator, Level
 from advcli.write import output_rows
 
@@ -85,11 +87,19 @@ def key_projection(
     return plan.check(frame.with_row_index(ROW), dataset, columns, unique_turns=unique_turns)
 
 
+# Whether a row has response tokens: at trajectory level REINFORCE++ writes a row without them as
+# 0 and its trajectory's other rows with the trajectory's value, so the lookup tells them apart.
+HAS_TOKENS = "has_tokens"
+
+
 def lookup_keys(config: AdvantageConfig, columns: ColumnRoles) -> list[str]:
-    """What identifies a row's advantage: its trajectory at trajectory level; at turn level its
-    turn, or (without a turn column) its score, which fixes a row's advantage within its
-    trajectory for every estimator but grpo_passk."""
+    """What identifies a row's advantage: its trajectory at trajectory level (and whether the row
+    has response tokens, for REINFORCE++); at turn level its turn, or (without a turn column) its
+    score, which fixes a row's advantage within its trajectory for every estimator but
+    grpo_passk."""
     if config.level is Level.TRAJECTORY:
+        if RULES[config.estimator].whitens:
+            return [GROUP, TRAJECTORY, HAS_TOKENS]
         return [GROUP, TRAJECTORY]
     if columns.turn is not None:
         return [GROUP, TRAJECTORY, TURN]
@@ -101,9 +111,16 @@ def lookup_keys(config: AdvantageConfig, columns: ColumnRoles) -> list[str]:
     return [GROUP, TRAJECTORY, SCORE]
 
 
+def _key_columns(keys: list[str]) -> list[pl.Expr]:
+    """The lookup keys over a frame of the key projection's columns."""
+    return [(pl.col(TOKENS) > 0).alias(key) if key == HAS_TOKENS else pl.col(key) for key in keys]
+
+
 def lookup_table(projection: pl.DataFrame, advantages: Advantages, keys: list[str]) -> pl.DataFrame:
     """One row per key with the ``score`` and ``advantage`` its rows get."""
-    rows = projection.select(ROW, *[k for k in keys if k != SCORE], SCORE).join(
+    rows = projection.select(
+        ROW, *_key_columns([k for k in keys if k != SCORE]), pl.col(SCORE)
+    ).join(
         advantages.rows(projection).select(ROW, pl.col(SCORE).alias("score_used"), "advantage"),
         on=ROW,
         how="left",
@@ -123,15 +140,20 @@ def _attach_block(
     frame = pl.from_arrow(block)
     assert isinstance(frame, pl.DataFrame)
     plan = KeyExpressions.of(schema, columns)
-    key_exprs = [expr for expr in plan.exprs if expr.meta.output_name() in keys]
+    needed = {TOKENS if key == HAS_TOKENS else key for key in keys}
+    projected = [expr for expr in plan.exprs if expr.meta.output_name() in needed]
     # Blocks do not know their rows' global numbers, so a row finds its values by its keys, in a
     # frame of their own: a user column named like one of them ("group", "turn", ...) passes
     # through untouched.
-    found = frame.select(key_exprs).join(
-        pl.from_arrow(table),  # type: ignore[arg-type]
-        on=keys,
-        how="left",
-        maintain_order="left",
+    found = (
+        frame.select(projected)
+        .select(_key_columns(keys))
+        .join(
+            pl.from_arrow(table),  # type: ignore[arg-type]
+            on=keys,
+            how="left",
+            maintain_order="left",
+        )
     )
     attached = output_rows(
         frame,

@@ -137,3 +137,28 @@ def test_user_columns_named_like_the_lookup_keys_pass_through(cluster, parts, ru
     assert written.select("group", "trajectory", "turn", "row").unique().rows() == [
         ("g", "t", -1, "r")
     ]
+
+
+def test_reinforce_pp_rows_without_tokens_on_ray(cluster, run, tmp_path):
+    # At trajectory level a row without response tokens is written as 0 and its trajectory's
+    # other rows with the trajectory's whitened value: the lookup must not take the value of a
+    # trajectory's first row for all of them.
+    frame = pl.DataFrame(
+        {
+            "data_id": ["g", "g", "g", "g", "h", "h"],
+            "rollout_id": ["a", "a", "b", "b", "c", "d"],
+            "turn_index": [0, 1, 0, 1, 0, 0],
+            "score": [1.0, 1.0, 0.0, 0.0, 0.5, 0.25],
+            "response_length": [0, 3, 2, 0, 4, 1],
+        }
+    )
+    source = tmp_path / "dump.parquet"
+    frame.write_parquet(source)
+    local, distributed = tmp_path / "local.parquet", tmp_path / "ray-out"
+    options = ["--estimator", "reinforce_pp_baseline", "--no-tokens"]
+    assert run("compute", source, "-o", local, "-q", *options).exit_code == 0
+    result = run("compute", source, "-o", distributed, "-q", "--engine", "ray", *options)
+    assert result.exit_code == 0, result.stderr
+    expected = pl.read_parquet(local)
+    assert expected["advantage"][0] == 0.0 and expected["advantage"][1] != 0.0
+    assert pl.read_parquet(sorted(distributed.glob("*.parquet"))).equals(expected)
