@@ -172,7 +172,11 @@ def start_engine(engine: Engine, address: str | None) -> None:
 @contextlib.contextmanager
 def opened(inputs: Sequence[str]) -> Iterator[Dataset]:
     """Open the inputs as one dataset; standard input (``-``) is spooled to a temporary folder
-    that is removed afterwards."""
+    that is removed afterwards. Without ``-`` no folder is made (a run killed by SIGKILL, which no
+    cleanup outlives, would leave it behind)."""
+    if STDIN not in inputs:
+        yield open_dataset(inputs)
+        return
     with tempfile.TemporaryDirectory(prefix="advcli-stdin-") as spool:
         yield open_dataset(inputs, spool=Path(spool))
 
