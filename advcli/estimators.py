@@ -165,22 +165,51 @@ def _check_consistent_scores(projection: pl.DataFrame, units: pl.DataFrame, nami
     )
 
 
-def group_statistics(units: pl.DataFrame) -> pl.DataFrame:
+def group_statistics(units: pl.DataFrame, units_per_part: int | None = None) -> pl.DataFrame:
     """Every per-group quantity an estimator needs, in one group-by, before any singleton rule.
 
     ``std`` is the unbiased sample std (ddof=1, as torch.std and verl), null for a single unit.
     When every unit of a group has the same score, ``mean`` is set to that score exactly and ``std``
     to 0, so the advantages are exactly 0 rather than rounding noise divided by epsilon.
     ``top_row`` is the first unit (in input order) with the group's highest score; ``score_second``
-    the second highest score (equal to the highest on a tie).
+    the second highest score (equal to the highest on a tie). ``units_per_part``: see below.
     """
     all_equal = pl.col("score_max") == pl.col("score_min")
+    # Groups are independent: in parts of about a million units, split by a hash of the group,
+    # the sort below copies one part at a time, not every unit (every row, at turn level), and
+    # each group's figures are the same bit for bit.
+    parts = min(255, max(1, -(-units.height // (units_per_part or UNITS_PER_PART))))
+    columns = units.select(GROUP, SCORE, TOKENS, "first_row")
+    if parts == 1:
+        pieces = [_group_figures(columns)]
+    else:
+        part = columns.select((pl.col(GROUP).hash() % parts).cast(pl.UInt8)).to_series()
+        pieces = [_group_figures(columns.filter(part == index)) for index in range(parts)]
+    return (
+        pl.concat(pieces)
+        .with_columns(
+            pl.when(all_equal).then(pl.col("score_max")).otherwise(pl.col("mean")).alias("mean"),
+            pl.when(all_equal & (pl.col("units") > 1))
+            .then(0.0)
+            .otherwise(pl.col("std"))
+            .alias("std"),
+            (all_equal & (pl.col("units") > 1)).alias("zero_std"),
+        )
+        .sort("first_row")
+    )
+
+
+# Units per part of group_statistics' sort (at most 255 parts: the part number is a UInt8;
+# measured: compare's peak at 4.3M rows 788 → 675 MiB in the turn level's statistics).
+UNITS_PER_PART = 1_000_000
+
+
+def _group_figures(units: pl.DataFrame) -> pl.DataFrame:
     # Sorting by (group, score, tokens) first fixes the order in which each group's floats are
     # summed, so the statistics are bit-identical whatever the input files' order or the thread
-    # count. Only the columns the statistics read are sorted.
+    # count.
     return (
-        units.select(GROUP, SCORE, TOKENS, "first_row")
-        .sort(GROUP, SCORE, TOKENS)
+        units.sort(GROUP, SCORE, TOKENS)
         .group_by(GROUP)
         .agg(
             pl.len().alias("units"),
@@ -194,15 +223,6 @@ def group_statistics(units: pl.DataFrame) -> pl.DataFrame:
             (pl.col(TOKENS) * pl.col(SCORE)).sum().alias("tokens_score_sum"),
             pl.col("first_row").min().alias("first_row"),
         )
-        .with_columns(
-            pl.when(all_equal).then(pl.col("score_max")).otherwise(pl.col("mean")).alias("mean"),
-            pl.when(all_equal & (pl.col("units") > 1))
-            .then(0.0)
-            .otherwise(pl.col("std"))
-            .alias("std"),
-            (all_equal & (pl.col("units") > 1)).alias("zero_std"),
-        )
-        .sort("first_row")
     )
 
 

@@ -76,6 +76,18 @@ def test_key_projection_lets_go_of_the_token_data(tmp_path):
     assert held < 4 * 2**20, f"Arrow still holds {held / 2**20:.1f} MiB after the key projection"
 
 
+def test_kept_key_columns_live_apart_from_the_decoded_batches(tmp_path):
+    """The id columns the projection keeps are copied out of the pool Arrow decodes batches in,
+    so that they pin none of its pages: that pool holds nothing of them afterwards."""
+    path = tmp_path / "wide.parquet"
+    pq.write_table(sample_table(groups=800, rollouts=8, max_turns=5, tokens=400, seed=3), path)
+    dump = open_dataset([str(path)])
+    before = pa.total_allocated_bytes()
+    projection = key_projection(dump, resolve_columns(dump.schema, dump.describe()))
+    assert projection.height > 10_000
+    assert pa.total_allocated_bytes() - before < 64 * 2**10
+
+
 def _damage_column(path: Path, column: str) -> None:
     """Overwrite the middle of one column chunk's compressed pages."""
     metadata = pq.ParquetFile(path).metadata

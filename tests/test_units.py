@@ -3,9 +3,13 @@ hand-computed answers."""
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import numpy as np
 import polars as pl
 
+from advcli.estimators import group_statistics
 from advcli.keys import repeated_turns
 from advcli.units import index_trajectories, sorted_sum
 
@@ -106,3 +110,37 @@ def test_repeated_turns_are_the_later_rows_of_a_repeated_key_in_input_order():
     ]
     assert repeated_turns(projection(rows))["row"].to_list() == [3, 4, 6]
     assert repeated_turns(projection(rows[:3])).is_empty()
+
+
+def test_group_statistics_in_parts_are_the_figures_of_each_group():
+    # Many small groups split into parts of 3 units: each group's figures equal a plain-Python
+    # computation from the formulas, and are bit for bit those of the statistics in one part.
+    rng = np.random.default_rng(7)
+    groups = [f"g{rng.integers(0, 40)}" for _ in range(400)]
+    scores = rng.choice([0.0, 0.1, 0.25, 1.0, 0.3333], size=400).tolist()
+    tokens = rng.integers(0, 9, size=400).tolist()
+    units = pl.DataFrame(
+        {
+            "group": groups,
+            "trajectory": list(range(400)),
+            "score": scores,
+            "tokens": tokens,
+            "turns": [1] * 400,
+            "first_row": list(range(400)),
+        },
+        schema_overrides={"first_row": pl.UInt32, "turns": pl.UInt32},
+    )
+    whole = group_statistics(units)
+    parts = group_statistics(units, units_per_part=3)
+    assert parts.equals(whole)
+    for row in parts.iter_rows(named=True):
+        mine = [i for i, g in enumerate(groups) if g == row["group"]]
+        values = [scores[i] for i in mine]
+        assert row["units"] == len(mine)
+        assert row["first_row"] == mine[0]
+        assert row["tokens_sum"] == sum(tokens[i] for i in mine)
+        assert math.isclose(row["mean"], statistics.fmean(values), rel_tol=1e-12)
+        if len(values) > 1 and max(values) > min(values):
+            assert math.isclose(row["std"], statistics.stdev(values), rel_tol=1e-9)
+        top = max(values)
+        assert row["top_row"] == next(i for i in mine if scores[i] == top)
