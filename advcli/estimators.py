@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import polars as pl
 
@@ -64,11 +64,17 @@ class Advantages:
     Nothing of the rows is kept: :meth:`rows` makes their table when a caller needs it.
     """
 
+    level: Level
     units: pl.DataFrame
     groups: pl.DataFrame
     trajectories: Trajectories | None
     # REINFORCE++ at trajectory level: a row without response tokens gets 0, as verl's mask does.
     empty_rows_zero: bool = False
+
+    def without_index(self) -> Advantages:
+        """The same result without the index of the rows' trajectories (4 bytes a row, and its
+        table), for a caller that is done with the rows, such as the report."""
+        return replace(self, trajectories=None)
 
     @property
     def singleton_groups(self) -> int:
@@ -81,8 +87,10 @@ class Advantages:
     def rows(self, projection: pl.DataFrame) -> pl.DataFrame:
         """One row per row of ``projection`` (the key projection these advantages were computed
         from), in input order: ``row``, ``score``, ``advantage``."""
-        if self.trajectories is None:  # turn level: the units are the rows
+        if self.level is Level.TURN:  # the units are the rows
             return self.units.select(pl.col("first_row").alias(ROW), SCORE, "advantage")
+        if self.trajectories is None:
+            raise ValueError("the index of the rows' trajectories was let go (without_index)")
         unit = pl.Series(self.trajectories.of_row)
         advantage = self.units["advantage"].gather(unit)
         if self.empty_rows_zero:
@@ -365,6 +373,7 @@ def compute_advantages(
     _check_finite(units, naming, masked_rows)
     groups = groups.rename({"divisor": "std"}).drop("top_row")
     return Advantages(
+        level=config.level,
         units=units,
         groups=groups,
         trajectories=trajectories,

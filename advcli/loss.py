@@ -72,13 +72,13 @@ def token_weight(mode: str, scale_factor: float = 1.0) -> pl.Expr:
 
 
 def trajectory_terms(advantage: str) -> dict[str, pl.Expr]:
-    """What every mode's weight of a trajectory follows from, as per-row terms to sum over its
-    rows (``advantage``: the rows' turn-level advantage column): its tokens, and its rows counted
-    as seq-mean-token-mean counts them (T / (T + 1e-8)), each also times the advantage."""
+    """What every mode's weight of a trajectory follows from besides its token count, as per-row
+    terms to sum over its rows (``advantage``: the rows' turn-level advantage column): its tokens
+    times the advantage, and its rows counted as seq-mean-token-mean counts them
+    (T / (T + 1e-8)), also times the advantage."""
     tokens = pl.col(TOKENS).cast(pl.Float64)
     counted = pl.when(pl.col(TOKENS) > 0).then(tokens / (tokens + SEQ_MEAN_EPSILON)).otherwise(0.0)
     return {
-        "loss_tokens": tokens,
         "loss_tokens_advantage": tokens * pl.col(advantage),
         "loss_counted": counted,
         "loss_counted_advantage": counted * pl.col(advantage),
@@ -89,9 +89,9 @@ def trajectory_weight(
     mode: str, *, batch_tokens: float, nonempty_rows: int, rows: int, scale_factor: float = 1.0
 ) -> tuple[pl.Expr, pl.Expr]:
     """A trajectory's total weight under ``mode`` and its weight × turn-level advantage, over
-    the :func:`trajectory_terms` sums: the sum over its rows of :func:`token_weight` × tokens
-    (× advantage), without a per-row pass per mode."""
-    tokens, tokens_advantage = pl.col("loss_tokens"), pl.col("loss_tokens_advantage")
+    the trajectory's ``tokens`` and the :func:`trajectory_terms` sums: the sum over its rows of
+    :func:`token_weight` × tokens (× advantage), without a per-row pass per mode."""
+    tokens, tokens_advantage = pl.col(TOKENS).cast(pl.Float64), pl.col("loss_tokens_advantage")
     if mode == "seq-mean-token-mean":
         counted, counted_advantage = pl.col("loss_counted"), pl.col("loss_counted_advantage")
         return counted / nonempty_rows, counted_advantage / nonempty_rows

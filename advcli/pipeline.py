@@ -38,7 +38,7 @@ from advcli.projection import key_projection
 from advcli.render import render_html, render_json, render_markdown, write_plot, write_text
 from advcli.report import BiasReport, TurnLevel, bias_report, empty_step, step_figures, turn_level
 from advcli.rules import RULES
-from advcli.scan import closing_sources
+from advcli.scan import closing_sources, release_freed_memory
 from advcli.settings import ColumnNames, Engine, LossMode, OutputFormat
 from advcli.units import Trajectories, count_trajectories, index_trajectories
 from advcli.write import check_output, replaced_columns, write_advantages
@@ -316,6 +316,7 @@ def compute(
                     maintain_order="left",
                 )
             del dump, advantages
+            release_freed_memory()
             _write_local(dataset, summary.columns, row_values, output, fmt, tokens, force)
     if report is not None and report_path is not None:
         text = render_json(report) if report_kind == "json" else render_markdown(report)
@@ -464,8 +465,10 @@ def compare(
         settings = dump.report_settings()
         turn, trajectory = dump.both_levels(config)
         steps = _by_step(dump, config, by, top) if by is not None else None
-        # The report needs the trajectories only: the rows go first.
+        # The report needs the trajectories only: the rows (and their index) go first.
         del dump
+        trajectory = trajectory.without_index()
+        release_freed_memory()
         report = bias_report(turn, trajectory, config=config, settings=settings, top=top)
         if steps is not None:
             report.summary["by_step"] = {"by": by, "steps": steps}

@@ -56,13 +56,12 @@ def turn_level(turn: Advantages, trajectories: Trajectories) -> TurnLevel:
     tokens_known = tokens.null_count() == 0
     columns = [
         trajectories.table["first_row"].alias("turn_first_row"),
-        pl.Series("advantage_turn", trajectories.mean(turn.units["advantage"].to_numpy())),
+        pl.Series("advantage_turn", trajectories.mean(turn.units, pl.col("advantage"))),
     ]
-    # Each term made and summed in turn, streaming; unknown (null) without a mask column.
+    # Unknown (null) without a mask column.
     for name, term in trajectory_terms("advantage").items():
         if tokens_known:
-            values = turn.units.lazy().select(term).collect(engine="streaming").to_series()
-            columns.append(pl.Series(name, trajectories.sum(values.to_numpy())))
+            columns.append(pl.Series(name, trajectories.sum(turn.units, term)))
         else:
             columns.append(pl.Series(name, [None] * trajectories.count, dtype=pl.Float64))
     return TurnLevel(
@@ -237,17 +236,26 @@ def bias_report(
             "advantage_trajectory": number(row["advantage_trajectory"]),
             "diff": number(row["diff"]),
         }
-        # The top few picked without sorting (a copy of) every trajectory.
-        for row in per_trajectory.top_k(
-            top, by=[pl.col("diff").abs(), pl.col("first_row")], reverse=[False, True]
-        )
-        .sort([pl.col("diff").abs(), pl.col("first_row")], descending=[True, False])
-        .iter_rows(named=True)
+        for row in _largest_diffs(per_trajectory, abs_diff, top).iter_rows(named=True)
     ]
     summary["loss_weights"] = loss_weights(turn, per_trajectory) if tokens_known else None
     summary["assessment"] = assess(summary)
     summary["verdict"] = verdict(summary, per_trajectory)
     return BiasReport(summary=summary, trajectories=per_trajectory, groups=per_group)
+
+
+def _largest_diffs(per_trajectory: pl.DataFrame, abs_diff: pl.Series, top: int) -> pl.DataFrame:
+    """The ``top`` trajectories of largest ``|diff|``, the first in input order on a tie. Only
+    the rows at or above the top-th largest value are sorted: a sort of every trajectory holds
+    a copy of them all (80 MiB for 1.4M)."""
+    if top <= 0 or per_trajectory.is_empty():
+        return per_trajectory.clear()
+    threshold = abs_diff.top_k(top).min()
+    return (
+        per_trajectory.filter(abs_diff >= threshold)
+        .sort([pl.col("diff").abs(), pl.col("first_row")], descending=[True, False])
+        .head(top)
+    )
 
 
 def step_figures(step: Any, summary: dict[str, Any]) -> dict[str, Any]:

@@ -55,9 +55,9 @@ def test_trajectories_are_numbered_in_the_input_order_of_their_first_rows():
 
 def test_sums_and_means_are_per_trajectory():
     index = index_trajectories(projection(INTERLEAVED))
-    values = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
-    assert index.sum(values).tolist() == [4.0, 7.0, 4.0]
-    assert index.mean(values).tolist() == [2.0, 3.5, 4.0]
+    rows = pl.DataFrame({"value": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    assert index.sum(rows, pl.col("value")).tolist() == [4.0, 7.0, 4.0]
+    assert index.mean(rows, pl.col("value")).tolist() == [2.0, 3.5, 4.0]
 
 
 def test_tokens_are_unknown_without_a_mask_column():
