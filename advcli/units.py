@@ -13,6 +13,7 @@ on the thread count.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,7 @@ import polars as pl
 
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY
 
-# Rows whose values Trajectories.sum makes at once.
+# Rows whose values a per-trajectory sum, minimum or maximum makes at once.
 ROWS_PER_PIECE = 1 << 20
 
 
@@ -42,16 +43,8 @@ class Trajectories:
 
     def sum(self, rows: pl.DataFrame, value: pl.Expr) -> np.ndarray:
         """Each trajectory's sum of ``value`` over ``rows`` (one per projection row, in its
-        order), as float64, added one by one in input order. The values are made a million rows
-        at a time, so that they never exist for every row at once."""
-        total = np.zeros(self.count)
-        for start in range(0, len(self.of_row), ROWS_PER_PIECE):
-            piece = rows.slice(start, ROWS_PER_PIECE).select(value.cast(pl.Float64))
-            # Unbuffered: each row's value is added to its trajectory's total in row order.
-            np.add.at(
-                total, self.of_row[start : start + piece.height], piece.to_series().to_numpy()
-            )
-        return total
+        order), as float64, added one by one in input order."""
+        return _sum(self.of_row, self.count, rows, value)
 
     def mean(self, rows: pl.DataFrame, value: pl.Expr) -> np.ndarray:
         """Each trajectory's mean of ``value`` over its rows."""
@@ -84,7 +77,10 @@ def index_trajectories(projection: pl.DataFrame) -> Trajectories:
     ``projection`` is a key projection (``row``, ``group``, ``trajectory``, ``score``, ``tokens``)
     in input order."""
     rows = len(projection)
-    rank, count = _dense_codes(projection)
+    # Dense ranks number the distinct keys 1..T in key order, exactly (no hashing).
+    rank = projection.select(pl.struct(GROUP, TRAJECTORY).rank("dense")).to_series().to_numpy()
+    rank = rank - np.uint32(1)
+    count = int(rank.max()) + 1 if rows else 0
     first = _reduce(np.minimum, np.arange(rows, dtype=np.uint32), rank, count)
     # Renumbered by their first row, so that the trajectories come in input order.
     by_first_row = np.argsort(first, kind="stable")
@@ -93,8 +89,12 @@ def index_trajectories(projection: pl.DataFrame) -> Trajectories:
     of_row = renumber[rank]
     del rank
 
-    score = projection[SCORE].to_numpy()
-    tokens = projection[TOKENS]
+    known_tokens = projection[TOKENS].null_count() == 0
+    score_min, score_max = np.full(count, np.inf), np.full(count, -np.inf)
+    for start, scores in _pieces(projection, pl.col(SCORE)):
+        into = of_row[start : start + len(scores)]
+        np.minimum.at(score_min, into, scores)
+        np.maximum.at(score_max, into, scores)
     table = projection.select(pl.col(GROUP, TRAJECTORY, ROW).gather(first[by_first_row]))
     table = table.select(
         GROUP,
@@ -102,42 +102,32 @@ def index_trajectories(projection: pl.DataFrame) -> Trajectories:
         pl.Series("turns", np.bincount(of_row, minlength=count), dtype=pl.UInt32),
         # Summed as float64, exactly: a trajectory's token count is far below 2**53. Unknown
         # (null) without a mask column.
-        pl.Series(TOKENS, np.bincount(of_row, weights=tokens.to_numpy(), minlength=count)).cast(
-            pl.Int64
-        )
-        if tokens.null_count() == 0
+        pl.Series(TOKENS, _sum(of_row, count, projection, pl.col(TOKENS))).cast(pl.Int64)
+        if known_tokens
         else pl.lit(None, dtype=pl.Int64).alias(TOKENS),
         pl.col(ROW).alias("first_row"),
-        pl.Series("score_min", _reduce(np.minimum, score, of_row, count)),
-        pl.Series("score_max", _reduce(np.maximum, score, of_row, count)),
+        pl.Series("score_min", score_min),
+        pl.Series("score_max", score_max),
     )
     return Trajectories(of_row=of_row, table=table)
 
 
-def _dense_codes(projection: pl.DataFrame) -> tuple[np.ndarray, int]:
-    """Each row's trajectory as a number 0..T−1 (in no particular order), and T.
+def _sum(of_row: np.ndarray, count: int, rows: pl.DataFrame, value: pl.Expr) -> np.ndarray:
+    """Each of ``count`` trajectories' sum of ``value`` over ``rows``, ``of_row`` naming each
+    row's (the same sequential sums as ``numpy.bincount``, made a piece at a time)."""
+    total = np.zeros(count)
+    for start, values in _pieces(rows, value):
+        # Unbuffered: each row's value is added to its trajectory's total in row order.
+        np.add.at(total, of_row[start : start + len(values)], values)
+    return total
 
-    Dense ranks number the distinct keys exactly (no hashing). A trajectory lies in one group, so
-    the rows are ranked a part at a time, split by a hash of the group: the ranking's sort holds
-    a part's keys, not every row's (measured: 144 → NN MiB at 4.3M rows)."""
-    rows = len(projection)
-    keys = projection.select(GROUP, TRAJECTORY)
-    ranked = pl.struct(GROUP, TRAJECTORY).rank("dense")
-    parts = min(255, max(1, -(-rows // ROWS_PER_PIECE)))
-    if parts == 1:
-        codes = keys.select(ranked).to_series().to_numpy() - np.uint32(1)
-        return codes, int(codes.max()) + 1 if rows else 0
-    part = keys.select((pl.col(GROUP).hash() % parts).cast(pl.UInt8)).to_series().to_numpy()
-    codes = np.empty(rows, dtype=np.uint32)
-    count = 0
-    for index in range(parts):
-        where = np.flatnonzero(part == index)
-        if not len(where):
-            continue
-        local = keys[where].select(ranked).to_series().to_numpy()
-        codes[where] = local - np.uint32(1) + np.uint32(count)
-        count += int(local.max())
-    return codes, count
+
+def _pieces(rows: pl.DataFrame, value: pl.Expr) -> Iterator[tuple[int, np.ndarray]]:
+    """``value`` over ``rows`` as float64, a million rows at a time: (first row, values). The
+    values never exist for every row at once."""
+    for start in range(0, rows.height, ROWS_PER_PIECE):
+        piece = rows.slice(start, ROWS_PER_PIECE).select(value.cast(pl.Float64)).to_series()
+        yield start, piece.to_numpy()
 
 
 def sorted_sum(projection: pl.DataFrame, trajectories: Trajectories) -> np.ndarray:
