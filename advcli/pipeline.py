@@ -77,7 +77,7 @@ class LoadedDump:
 
     def trajectory_count(self) -> int:
         """How many trajectories the dump holds: the index's count when it was made anyway (at
-        trajectory level, for a report), else a streaming count, a sixth of the index's time."""
+        trajectory level, for a report), else a streaming count, a third of the index's time."""
         if "trajectories" in self.__dict__:  # functools.cached_property keeps it there
             return self.trajectories.count
         return count_trajectories(self.projection)
