@@ -110,7 +110,7 @@ def build_units(
     ``first_row`` (the unit's first input row, which fixes the units' order).
 
     ``naming`` says how error messages name the key columns and rows. At trajectory level the
-    units come from ``trajectories`` (the projection's index, made here if not given).
+    units come from ``trajectories``, the projection's index (:func:`index_trajectories`).
     """
     if config.level is Level.TURN:
         return projection.select(
@@ -122,7 +122,8 @@ def build_units(
             pl.col(ROW).alias("first_row"),
         )
 
-    trajectories = trajectories or index_trajectories(projection)
+    if trajectories is None:
+        raise ValueError("trajectory-level units need the projection's trajectory index")
     # "first" and "last" follow turn_index when the dump has one, else the input row order.
     order = projection[TURN].to_numpy() if TURN in projection.columns else None
     rule = config.traj_score
