@@ -61,14 +61,20 @@ class Trajectories:
         return self._extreme_position(order, np.maximum)
 
     def _extreme_position(self, order: np.ndarray | None, pick: np.ufunc) -> np.ndarray:
-        positions = np.arange(len(self.of_row), dtype=np.int64)
-        rows, trajectories = positions, self.of_row
-        if order is not None:
-            # Only the rows at their trajectory's extreme ``order`` compete for the position.
-            extreme = _reduce(pick, order, self.of_row, self.count)
-            tied = order == extreme[self.of_row]
-            rows, trajectories = positions[tied], self.of_row[tied]
-        return _reduce(pick, rows, trajectories, self.count)
+        # A piece of the rows at a time: no row-sized array of positions.
+        ties = None if order is None else (order, _reduce(pick, order, self.of_row, self.count))
+        start_value = np.iinfo(np.int64).max if pick is np.minimum else -1
+        out = np.full(self.count, start_value, dtype=np.int64)
+        for start in range(0, len(self.of_row), ROWS_PER_PIECE):
+            trajectories = self.of_row[start : start + ROWS_PER_PIECE]
+            positions = np.arange(start, start + len(trajectories), dtype=np.int64)
+            if ties is not None:
+                # Only the rows at their trajectory's extreme ``order`` compete for the position.
+                ordered, extreme = ties
+                tied = ordered[start : start + len(trajectories)] == extreme[trajectories]
+                trajectories, positions = trajectories[tied], positions[tied]
+            pick.at(out, trajectories, positions)
+        return out
 
 
 def index_trajectories(projection: pl.DataFrame) -> Trajectories:
@@ -76,12 +82,8 @@ def index_trajectories(projection: pl.DataFrame) -> Trajectories:
 
     ``projection`` is a key projection (``row``, ``group``, ``trajectory``, ``score``, ``tokens``)
     in input order."""
-    rows = len(projection)
-    # Dense ranks number the distinct keys 1..T in key order, exactly (no hashing).
-    rank = projection.select(pl.struct(GROUP, TRAJECTORY).rank("dense")).to_series().to_numpy()
-    rank = rank - np.uint32(1)
-    count = int(rank.max()) + 1 if rows else 0
-    first = _reduce(np.minimum, np.arange(rows, dtype=np.uint32), rank, count)
+    rank, first = _rank_keys(projection)
+    count = len(first)
     # Renumbered by their first row, so that the trajectories come in input order.
     by_first_row = np.argsort(first, kind="stable")
     renumber = np.empty(count, dtype=np.uint32)
@@ -110,6 +112,39 @@ def index_trajectories(projection: pl.DataFrame) -> Trajectories:
         pl.Series("score_max", score_max),
     )
     return Trajectories(of_row=of_row, table=table)
+
+
+def _rank_keys(projection: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``(group, trajectory)`` key numbered 0..T-1 in key order, exactly (no hashing),
+    and the position of each key's first row.
+
+    A stable sort of the positions by the two keys (``numpy.lexsort``) puts each key's rows
+    together in input order; a key starts where either column differs from the row before. It
+    holds about 30 bytes a row while it runs, where Polars' dense rank of the two columns as a
+    struct held 40 (measured on 4.3M rows: +97 against +175 MiB)."""
+    keys = [_sortable(projection[name]) for name in (TRAJECTORY, GROUP)]
+    order = np.lexsort(keys)  # the last key sorts first
+    starts = np.zeros(len(order), dtype=bool)
+    starts[:1] = True
+    for start in range(1, len(order), ROWS_PER_PIECE):
+        # Neighbours in sorted order, a piece at a time: no sorted copy of a whole key column.
+        pair = order[start - 1 : start + ROWS_PER_PIECE]
+        for key in keys:
+            sorted_key = key[pair]
+            starts[start : start + len(pair) - 1] |= sorted_key[1:] != sorted_key[:-1]
+    del keys
+    first = order[starts]
+    rank = np.empty(len(order), dtype=np.uint32)
+    rank[order] = np.cumsum(starts, dtype=np.uint32) - np.uint32(1)
+    return rank, first
+
+
+def _sortable(key: pl.Series) -> np.ndarray:
+    """A key column as numbers that sort and compare as its values do: integers as they are,
+    anything else (strings, categoricals' strings, floats) as its dense rank."""
+    if key.dtype.is_integer():
+        return key.to_numpy()
+    return key.rank("dense").to_numpy()
 
 
 def _sum(of_row: np.ndarray, count: int, rows: pl.DataFrame, value: pl.Expr) -> np.ndarray:

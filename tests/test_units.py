@@ -53,6 +53,31 @@ def test_trajectories_are_numbered_in_the_input_order_of_their_first_rows():
     assert index.count == 3
 
 
+def test_every_key_type_is_numbered_exactly():
+    # Integer ids are sorted as they are, others by their rank: ids at the ends of their types'
+    # ranges, and ids equal in one column but not the other, are told apart.
+    cases = [
+        (pl.UInt64, [2**64 - 1, 0, 2**64 - 1, 2**63, 0], [0, 1, 0, 2, 3]),
+        (pl.Int64, [-(2**63), 2**63 - 1, -(2**63), -1, 2**63 - 1], [0, 1, 0, 2, 3]),
+        (pl.Float64, [0.5, -1.5, 0.5, float("inf"), -1.5], [0, 1, 0, 2, 3]),
+        (pl.Boolean, [True, False, True, False, False], [0, 1, 0, 1, 2]),
+    ]
+    for dtype, groups, of_row in cases:
+        frame = pl.DataFrame(
+            {
+                "row": pl.Series(range(5), dtype=pl.UInt32),
+                "group": pl.Series(groups, dtype=dtype),
+                # Trajectory "7" in every group but the last row's: only the pair is the key.
+                "trajectory": ["7", "7", "7", "7", "8"],
+                "score": [0.0] * 5,
+                "tokens": [1] * 5,
+            }
+        )
+        index = index_trajectories(frame)
+        assert index.of_row.tolist() == of_row, dtype
+        assert index.table["turns"].to_list() == np.bincount(of_row).tolist(), dtype
+
+
 def test_sums_and_means_are_per_trajectory():
     index = index_trajectories(projection(INTERLEAVED))
     rows = pl.DataFrame({"value": [1.0, 2.0, 3.0, 4.0, 5.0]})
