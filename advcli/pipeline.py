@@ -85,7 +85,8 @@ class LoadedDump:
     def both_levels(self, config: AdvantageConfig) -> tuple[TurnLevel, Advantages]:
         """``config``'s estimator at both levels, for the report: the turn level summed over each
         trajectory (its per-row result is let go first), and the trajectory level's result."""
-        turn = turn_level(self.advantages(replace(config, level=Level.TURN)), self.trajectories)
+        trajectories = self.trajectories
+        turn = turn_level(self.advantages(replace(config, level=Level.TURN)), trajectories)
         return turn, self.advantages(replace(config, level=Level.TRAJECTORY))
 
     def report_settings(self) -> dict[str, Any]:
