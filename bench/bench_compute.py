@@ -18,6 +18,7 @@ shared machine hits all alike. Peak RSS is the child's `ru_maxrss`.
     python bench/bench_compute.py                      # 1M turn rows × ~128 tokens, 3 runs each
     python bench/bench_compute.py --rows 200000 --runs 1 --json bench/results.json
     python bench/bench_compute.py --rows 2000000 --runs 3 --commands-only   # the memory growth
+    python bench/bench_compute.py --rows 2000000 --runs 3 --commands-only --max-turns 24
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from pathlib import Path
 import polars as pl
 
 ROLLOUTS = 8
-# The sample's trajectories average about 2.8 turns with --max-turns 6.
-TURNS_PER_TRAJECTORY = 2.8
+# A sample trajectory takes 1 + binomial(max_turns - 1, p) turns, p about 0.36 on average over
+# successes and failures: about 2.8 turns with the default --max-turns 6.
+EXTRA_TURN_SHARE = 0.36
+DEFAULT_MAX_TURNS = 6
 CONFIGS = [
     ("trajectory", "grpo"),
     ("turn", "grpo"),
@@ -97,8 +100,50 @@ with opened([sys.argv[1]]) as dataset:
 """
 
 
-def make_dump(path: Path, rows: int, tokens: int) -> tuple[float, int]:
-    groups = max(1, round(rows / (ROLLOUTS * TURNS_PER_TRAJECTORY)))
+# The issue's per-trajectory stage 1, as far as Polars builds it: the same per-row expressions as
+# stage 1, reduced while the rows stream by to one row of partial sums per trajectory (a streaming
+# group-by), with no per-row state kept at all. A lower bound of that design's memory: it leaves
+# out the 8-byte hash a row the repeated-turn check would keep.
+PER_TRAJECTORY_ONLY = """
+import sys
+from advcli.process import tune_allocator
+tune_allocator()
+import polars as pl
+from advcli.columns import resolve_columns
+from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY
+from advcli.pipeline import opened
+from advcli.projection import KeyExpressions
+from advcli.scan import closing_sources
+with opened([sys.argv[1]]) as dataset, closing_sources():
+    columns = resolve_columns(dataset.schema, dataset.describe())
+    plan = KeyExpressions.of(dataset.schema, columns, "__row")
+    (
+        dataset.scan()
+        .with_row_index("__row")
+        .select(pl.col("__row").alias(ROW), *plan.exprs)
+        .group_by(GROUP, TRAJECTORY)
+        .agg(
+            pl.len().alias("turns"),
+            pl.col(ROW).min().alias("first_row"),
+            pl.col(TOKENS).sum(),
+            pl.col(SCORE).min().alias("score_min"),
+            pl.col(SCORE).max().alias("score_max"),
+            pl.col(SCORE).sum().alias("score_sum"),
+            (pl.col(SCORE) ** 2).sum().alias("score_squares"),
+            pl.col("problem").max(),
+        )
+        .collect(engine="streaming")
+    )
+"""
+
+# The allocator giving freed memory back at once (slower): what the commands hold live, without
+# the freed memory Polars' allocator keeps for its next allocations.
+RETURN_AT_ONCE = "dirty_decay_ms:0,muzzy_decay_ms:0"
+
+
+def make_dump(path: Path, rows: int, tokens: int, max_turns: int) -> tuple[float, int]:
+    turns_per_trajectory = 1 + (max_turns - 1) * EXTRA_TURN_SHARE
+    groups = max(1, round(rows / (ROLLOUTS * turns_per_trajectory)))
     if not path.exists():
         seconds, _ = run(
             advcli(
@@ -110,6 +155,8 @@ def make_dump(path: Path, rows: int, tokens: int) -> tuple[float, int]:
                 str(ROLLOUTS),
                 "--tokens",
                 str(tokens),
+                "--max-turns",
+                str(max_turns),
                 "--seed",
                 "1",
                 "-q",
@@ -138,6 +185,12 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("bench/data"))
     parser.add_argument("--json", type=Path)
     parser.add_argument(
+        "--max-turns",
+        type=int,
+        default=DEFAULT_MAX_TURNS,
+        help="most turns per trajectory in the made dumps (6: about 2.8 a trajectory on average)",
+    )
+    parser.add_argument(
         "--commands-only",
         action="store_true",
         help="only the commands' peak memory and time at N and 2N rows (no speed table, no floors)",
@@ -151,10 +204,11 @@ def main() -> None:
         return
 
     args.data.mkdir(parents=True, exist_ok=True)
-    single = args.data / f"rollouts-{args.rows}-{args.tokens}.parquet"
-    double = args.data / f"rollouts-{2 * args.rows}-{args.tokens}.parquet"
-    n_rows, n_bytes = make_dump(single, args.rows, args.tokens)
-    n2_rows, _ = make_dump(double, 2 * args.rows, args.tokens)
+    turns = "" if args.max_turns == DEFAULT_MAX_TURNS else f"-{args.max_turns}turns"
+    single = args.data / f"rollouts-{args.rows}-{args.tokens}{turns}.parquet"
+    double = args.data / f"rollouts-{2 * args.rows}-{args.tokens}{turns}.parquet"
+    n_rows, n_bytes = make_dump(single, args.rows, args.tokens, args.max_turns)
+    n2_rows, _ = make_dump(double, 2 * args.rows, args.tokens, args.max_turns)
     output = str(args.data / "out.parquet")
 
     results: dict = {
@@ -164,7 +218,12 @@ def main() -> None:
             "polars": pl.__version__,
             "platform": platform.platform(),
         },
-        "dump": {"rows": n_rows, "bytes": n_bytes, "tokens_per_row": args.tokens},
+        "dump": {
+            "rows": n_rows,
+            "bytes": n_bytes,
+            "tokens_per_row": args.tokens,
+            "max_turns": args.max_turns,
+        },
         "speed": [],
     }
     header = "".join(f"{reader + ' s':>17}{'ratio':>7}" for reader in FLOORS)
@@ -224,7 +283,15 @@ def main() -> None:
         "advcli compare": lambda path: advcli("compare", str(path), "-q"),
         "advcli inspect": lambda path: advcli("inspect", str(path), "--json"),
         "stage 1 alone": lambda path: [sys.executable, "-c", KEY_PROJECTION_ONLY, str(path)],
+        "stage 1 per trajectory": lambda path: [
+            sys.executable,
+            "-c",
+            PER_TRAJECTORY_ONLY,
+            str(path),
+        ],
+        "compare, memory back at once": lambda path: advcli("compare", str(path), "-q"),
     }
+    environments = {"compare, memory back at once": {"_RJEM_MALLOC_CONF": RETURN_AT_ONCE}}
     programs: dict[str, str | None] = {
         **dict.fromkeys(commands),
         **{f"floor ({reader})": reader for reader in ([] if args.commands_only else FLOORS)},
@@ -235,7 +302,8 @@ def main() -> None:
         for _ in range(args.runs):
             for size, path in (("N", single), ("2N", double)):
                 if reader is None:
-                    took, peak = run(commands[label](path))
+                    env = {**os.environ, **environments.get(label, {})}
+                    took, peak = run(commands[label](path), env)
                 else:
                     took, peak = floor_run(reader, path, output)
                 peaks[size].append(peak)
