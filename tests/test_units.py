@@ -169,3 +169,41 @@ def test_group_statistics_in_parts_are_the_figures_of_each_group():
             assert math.isclose(row["std"], statistics.stdev(values), rel_tol=1e-9)
         top = max(values)
         assert row["top_row"] == next(i for i in mine if scores[i] == top)
+
+
+def test_pieces_of_any_size_give_the_plain_answers(monkeypatch):
+    # The index, its sums and its first/last positions are made a piece of rows at a time;
+    # whatever the piece size they are the plain answers, computed here row by row.
+    rng = np.random.default_rng(7)
+    rows = [
+        (
+            "abc"[int(rng.integers(3))],
+            int(rng.integers(4)),
+            int(rng.integers(5)),
+            float(rng.integers(-3, 4)) / 4,
+            int(rng.integers(0, 9)),
+        )
+        for _ in range(60)
+    ]
+    numbers: dict[tuple, int] = {}
+    for group, trajectory, *_ in rows:
+        numbers.setdefault((group, trajectory), len(numbers))
+    of_row = [numbers[(group, trajectory)] for group, trajectory, *_ in rows]
+    turns = np.array([row[2] for row in rows])
+    first, last, tokens = {}, {}, [0] * len(numbers)
+    for position, (number, row) in enumerate(zip(of_row, rows, strict=True)):
+        # (turn, position) smallest first; (turn, position) largest last.
+        if number not in first or row[2] < rows[first[number]][2]:
+            first[number] = position
+        if number not in last or row[2] >= rows[last[number]][2]:
+            last[number] = position
+        tokens[number] += row[4]
+    frame = projection(rows)
+    for piece in (1, 2, 3, 7, 1 << 20):
+        monkeypatch.setattr("advcli.units.ROWS_PER_PIECE", piece)
+        index = index_trajectories(frame)
+        assert index.of_row.tolist() == of_row, piece
+        assert index.table["tokens"].to_list() == tokens, piece
+        assert index.first_position(turns).tolist() == [first[n] for n in range(len(numbers))]
+        assert index.last_position(turns).tolist() == [last[n] for n in range(len(numbers))]
+        assert index.first_position().tolist() == [of_row.index(n) for n in range(len(numbers))]
