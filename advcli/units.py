@@ -120,8 +120,8 @@ def _rank_keys(projection: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
     A stable sort of the positions by the two keys (``numpy.lexsort``) puts each key's rows
     together in input order; a key starts where either column differs from the row before. It
-    holds about 30 bytes a row while it runs, where Polars' dense rank of the two columns as a
-    struct held 40 (measured on 4.3M rows: +97 against +175 MiB)."""
+    holds about 24 bytes a row while it runs, where Polars' dense rank of the two columns as a
+    struct held 43 (measured on 4.3M rows: +97 against +175 MiB)."""
     keys = [_sortable(projection[name]) for name in (TRAJECTORY, GROUP)]
     order = np.lexsort(keys)  # the last key sorts first
     starts = np.zeros(len(order), dtype=bool)
