@@ -85,6 +85,7 @@ class LoadedDump:
     def both_levels(self, config: AdvantageConfig) -> tuple[TurnLevel, Advantages]:
         """``config``'s estimator at both levels, for the report: the turn level summed over each
         trajectory (its per-row result is let go first), and the trajectory level's result."""
+        # The index first: its sort then runs before the turn level's advantages are held.
         trajectories = self.trajectories
         turn = turn_level(self.advantages(replace(config, level=Level.TURN)), trajectories)
         return turn, self.advantages(replace(config, level=Level.TRAJECTORY))
