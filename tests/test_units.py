@@ -3,6 +3,7 @@ hand-computed answers."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 
@@ -54,7 +55,7 @@ def test_trajectories_are_numbered_in_the_input_order_of_their_first_rows():
 
 
 def test_every_key_type_is_numbered_exactly():
-    # Integer ids are sorted as they are, others by their rank: ids at the ends of their types'
+    # Integer ids are sorted by numpy, others ranked by Polars: ids at the ends of their types'
     # ranges, and ids equal in one column but not the other, are told apart.
     cases = [
         (pl.UInt64, [2**64 - 1, 0, 2**64 - 1, 2**63, 0], [0, 1, 0, 2, 3]),
@@ -67,8 +68,8 @@ def test_every_key_type_is_numbered_exactly():
             {
                 "row": pl.Series(range(5), dtype=pl.UInt32),
                 "group": pl.Series(groups, dtype=dtype),
-                # Trajectory "7" in every group but the last row's: only the pair is the key.
-                "trajectory": ["7", "7", "7", "7", "8"],
+                # Trajectory 7 in every group but the last row's: only the pair is the key.
+                "trajectory": [7, 7, 7, 7, 8],
                 "score": [0.0] * 5,
                 "tokens": [1] * 5,
             }
@@ -198,8 +199,12 @@ def test_pieces_of_any_size_give_the_plain_answers(monkeypatch):
         if number not in last or row[2] >= rows[last[number]][2]:
             last[number] = position
         tokens[number] += row[4]
-    frame = projection(rows)
-    for piece in (1, 2, 3, 7, 1 << 20):
+    # String ids are ranked by Polars, integer ids sorted by numpy: both ways.
+    as_strings = projection(rows)
+    as_integers = as_strings.with_columns(
+        pl.col("group").replace_strict({"a": 0, "b": 1, "c": 2}, return_dtype=pl.Int64)
+    )
+    for piece, frame in itertools.product((1, 2, 3, 7, 1 << 20), (as_strings, as_integers)):
         monkeypatch.setattr("advcli.units.ROWS_PER_PIECE", piece)
         index = index_trajectories(frame)
         assert index.of_row.tolist() == of_row, piece
