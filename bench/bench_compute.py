@@ -19,6 +19,7 @@ shared machine hits all alike. Peak RSS is the child's `ru_maxrss`.
     python bench/bench_compute.py --rows 200000 --runs 1 --json bench/results.json
     python bench/bench_compute.py --rows 2000000 --runs 3 --commands-only   # the memory growth
     python bench/bench_compute.py --rows 2000000 --runs 3 --commands-only --max-turns 24
+    python bench/bench_compute.py --rows 2000000 --runs 3 --commands-only --string-ids
 """
 
 from __future__ import annotations
@@ -170,6 +171,27 @@ def make_dump(path: Path, rows: int, tokens: int, max_turns: int) -> tuple[float
     return pl.scan_parquet(path).select(pl.len()).collect().item(), path.stat().st_size
 
 
+def string_id_copy(path: Path) -> Path:
+    """The dump with its group and trajectory ids as 36-character strings, the size of the uuids
+    trainers use (verl's ``uid``): made once, next to it."""
+    copy = path.with_name(f"{path.stem}-string-ids.parquet")
+    if not copy.exists():
+
+        def digits(value: pl.Expr, width: int) -> pl.Expr:
+            return value.cast(pl.String).str.pad_start(width, "0")
+
+        group = digits(pl.col("data_id").hash(seed=1), 20)
+        (
+            pl.scan_parquet(path)
+            .with_columns(
+                pl.format("{}-{}", group, digits(pl.col("data_id").hash(seed=2) % 10**15, 15)),
+                pl.format("{}-{}", group, digits(pl.col("rollout_id"), 15)).alias("rollout_id"),
+            )
+            .sink_parquet(copy, row_group_size=200_000)
+        )
+    return copy
+
+
 def floor_run(reader: str, source: Path, output: str) -> tuple[float, int]:
     env = os.environ.copy()
     if reader == "polars-bounded":
@@ -191,6 +213,11 @@ def main() -> None:
         help="most turns per trajectory in the made dumps (6: about 2.8 a trajectory on average)",
     )
     parser.add_argument(
+        "--string-ids",
+        action="store_true",
+        help="group and trajectory ids as 36-character strings (a copy of each dump)",
+    )
+    parser.add_argument(
         "--commands-only",
         action="store_true",
         help="only the commands' peak memory and time at N and 2N rows (no speed table, no floors)",
@@ -209,6 +236,9 @@ def main() -> None:
     double = args.data / f"rollouts-{2 * args.rows}-{args.tokens}{turns}.parquet"
     n_rows, n_bytes = make_dump(single, args.rows, args.tokens, args.max_turns)
     n2_rows, _ = make_dump(double, 2 * args.rows, args.tokens, args.max_turns)
+    if args.string_ids:
+        single, double = string_id_copy(single), string_id_copy(double)
+        n_bytes = single.stat().st_size
     output = str(args.data / "out.parquet")
 
     results: dict = {
@@ -223,6 +253,7 @@ def main() -> None:
             "bytes": n_bytes,
             "tokens_per_row": args.tokens,
             "max_turns": args.max_turns,
+            "string_ids": args.string_ids,
         },
         "speed": [],
     }
