@@ -171,24 +171,33 @@ def make_dump(path: Path, rows: int, tokens: int, max_turns: int) -> tuple[float
     return pl.scan_parquet(path).select(pl.len()).collect().item(), path.stat().st_size
 
 
+# Run in a child process, like every other step: a child forked from a large parent reports the
+# parent's size as its own peak RSS (Linux keeps the high-water mark across exec).
+STRING_ID_COPY = """
+import sys
+import polars as pl
+
+def digits(value, width):
+    return value.cast(pl.String).str.pad_start(width, "0")
+
+group = digits(pl.col("data_id").hash(seed=1), 20)
+(
+    pl.scan_parquet(sys.argv[1])
+    .with_columns(
+        pl.format("{}-{}", group, digits(pl.col("data_id").hash(seed=2) % 10**15, 15)),
+        pl.format("{}-{}", group, digits(pl.col("rollout_id"), 15)).alias("rollout_id"),
+    )
+    .sink_parquet(sys.argv[2], row_group_size=200_000)
+)
+"""
+
+
 def string_id_copy(path: Path) -> Path:
     """The dump with its group and trajectory ids as 36-character strings, the size of the uuids
     trainers use (verl's ``uid``): made once, next to it."""
     copy = path.with_name(f"{path.stem}-string-ids.parquet")
     if not copy.exists():
-
-        def digits(value: pl.Expr, width: int) -> pl.Expr:
-            return value.cast(pl.String).str.pad_start(width, "0")
-
-        group = digits(pl.col("data_id").hash(seed=1), 20)
-        (
-            pl.scan_parquet(path)
-            .with_columns(
-                pl.format("{}-{}", group, digits(pl.col("data_id").hash(seed=2) % 10**15, 15)),
-                pl.format("{}-{}", group, digits(pl.col("rollout_id"), 15)).alias("rollout_id"),
-            )
-            .sink_parquet(copy, row_group_size=200_000)
-        )
+        run([sys.executable, "-c", STRING_ID_COPY, str(path), str(copy)])
     return copy
 
 
