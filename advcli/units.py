@@ -24,6 +24,9 @@ from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY
 # Rows whose values a per-trajectory sum, minimum or maximum makes at once.
 ROWS_PER_PIECE = 1 << 20
 
+# The id types numpy sorts as they are.
+NUMPY_INTEGERS = (pl.Int8, pl.Int16, pl.Int32, pl.Int64, pl.UInt8, pl.UInt16, pl.UInt32, pl.UInt64)
+
 
 @dataclass(frozen=True)
 class Trajectories:
@@ -63,7 +66,7 @@ class Trajectories:
     def _extreme_position(self, order: np.ndarray | None, pick: np.ufunc) -> np.ndarray:
         # A piece of the rows at a time: no row-sized array of positions.
         ties = None if order is None else (order, _reduce(pick, order, self.of_row, self.count))
-        start_value = np.iinfo(np.int64).max if pick is np.minimum else -1
+        start_value = np.iinfo(np.int64).max if pick is np.minimum else np.iinfo(np.int64).min
         out = np.full(self.count, start_value, dtype=np.int64)
         for start in range(0, len(self.of_row), ROWS_PER_PIECE):
             trajectories = self.of_row[start : start + ROWS_PER_PIECE]
@@ -117,9 +120,10 @@ def index_trajectories(projection: pl.DataFrame) -> Trajectories:
 def _rank_keys(projection: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Each row's ``(group, trajectory)`` key numbered 0..T-1 in key order, exactly (no hashing),
     and the position of each key's first row."""
-    if not all(projection[name].dtype.is_integer() for name in (GROUP, TRAJECTORY)):
-        # String ids: Polars ranks the pair at once (a numpy sort of each string column's rank
-        # took three times as long: 3.3 s against 1.0 s on 2.1M rows of 36-character ids).
+    if not all(projection[name].dtype in NUMPY_INTEGERS for name in (GROUP, TRAJECTORY)):
+        # String ids, and 128-bit integers (JSON lines read ids from 2**63 up as Int128), which
+        # numpy has not: Polars ranks the pair at once (a numpy sort of each string column's
+        # rank took three times as long: 3.3 s against 1.0 s on 2.1M rows of 36-character ids).
         dense = projection.select(pl.struct(GROUP, TRAJECTORY).rank("dense")).to_series()
         of_row = dense.to_numpy() - np.uint32(1)
         count = int(of_row.max()) + 1 if len(of_row) else 0

@@ -162,6 +162,29 @@ def test_json_lines_give_the_same_advantages_as_parquet(suffix, level, estimator
     assert from_json["advantages"].to_list() == reference["advantages"].to_list()
 
 
+def test_json_ids_beyond_int64(run, tmp_path):
+    # Polars reads ids from 2**63 up (hashed uint64 ids) as Int128, which numpy cannot hold.
+    path = tmp_path / "big-ids.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"data_id": 2**63 + 5, "rollout_id": rollout, "reward": reward}) + "\n"
+            for rollout, reward in ((0, 1.0), (1, 0.0), (1, 0.0))
+        )
+    )
+    result = run("inspect", path, "--json")
+    assert result.exit_code == 0, result.stderr
+    counts = json.loads(result.stdout)["counts"]
+    assert (counts["groups"], counts["trajectories"]) == (1, 2)
+    report = tmp_path / "report.json"
+    assert run("compare", path, "--json", report, "-q").exit_code == 0
+    # Trajectory-level GRPO over scores 1 and 0: mean 0.5, std (ddof=1) sqrt(0.5), so
+    # ±0.5 / (sqrt(0.5) + 1e-6).
+    diffs = json.loads(report.read_text())["top_trajectories"]
+    advantages = sorted(entry["advantage_trajectory"] for entry in diffs)
+    expected = 0.5 / (0.5**0.5 + 1e-6)
+    assert advantages == pytest.approx([-expected, expected], abs=1e-9)
+
+
 def test_unreadable_json_lines(run, tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"uid": "a", "traj_uid": 1, "score": 1.0}\n{"uid": "a", "traj_uid": \n')
