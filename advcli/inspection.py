@@ -34,6 +34,18 @@ def inspect_dump(
     locate: Callable[[int], str],
 ) -> dict[str, Any]:
     """The inspection report of a checked key projection (see the README for every key)."""
+    # The figures over rows first, while the projection is all that is held: the trajectory
+    # index and its units are not yet made when their hash tables and sorted copies are.
+    duplicates = _duplicate_turns(projection, locate)
+    score_summary = _score_summary(projection[SCORE])
+    tokens_known = columns.mask is not None
+    counts = {
+        "rows": projection.height,
+        # Unknown (null) without a mask column, rather than 0.
+        "tokens": int(projection[TOKENS].sum()) if tokens_known else None,
+        "empty_responses": int((projection[TOKENS] == 0).sum()) if tokens_known else None,
+    }
+
     # The trajectories and groups as stage 2 sees them at trajectory level (score of the first
     # turn, turns, tokens; each group's units, singleton and zero-std rules) ...
     config = AdvantageConfig(level=Level.TRAJECTORY, traj_score=TrajScore.FIRST)
@@ -54,30 +66,13 @@ def inspect_dump(
         .agg(pl.col(SCORE).unique(maintain_order=True).alias("scores"))
     )
     examples = examples.join(scores, on="position", how="left", maintain_order="left")
+    del trajectories
 
-    duplicates: dict[str, Any] = {"count": 0, "examples": []}
-    if TURN in projection.columns:
-        repeated = repeated_turns(projection)
-        duplicates = {
-            "count": repeated.height,
-            "examples": [
-                {
-                    "group": r[GROUP],
-                    "trajectory": r[TRAJECTORY],
-                    "turn": r[TURN],
-                    "where": locate(r[ROW]),
-                }
-                for r in repeated.head(EXAMPLES).iter_rows(named=True)
-            ],
-        }
-
-    score_summary = _score_summary(projection[SCORE])
     # Each trajectory counted once (its first turn's score, as compute reads a trajectory whose
     # rows agree): a success rate over rows overweights long trajectories.
     trajectory_scores = _score_summary(per_trajectory[SCORE])
 
     turns = per_trajectory["turns"]
-    tokens_known = columns.mask is not None
     return {
         "inputs": {
             "files": inputs,
@@ -88,12 +83,11 @@ def inspect_dump(
             for role in ("group", "trajectory", "turn", "reward", "mask")
         },
         "counts": {
-            "rows": projection.height,
+            "rows": counts["rows"],
             "groups": per_group.height,
             "trajectories": per_trajectory.height,
-            # Unknown (null) without a mask column, rather than 0.
-            "tokens": int(projection[TOKENS].sum()) if tokens_known else None,
-            "empty_responses": int((projection[TOKENS] == 0).sum()) if tokens_known else None,
+            "tokens": counts["tokens"],
+            "empty_responses": counts["empty_responses"],
         },
         "turns_per_trajectory": {
             "min": int(turns.min()),  # type: ignore[arg-type]
@@ -119,6 +113,25 @@ def inspect_dump(
             ],
         },
         "duplicate_turns": duplicates,
+    }
+
+
+def _duplicate_turns(projection: pl.DataFrame, locate: Callable[[int], str]) -> dict[str, Any]:
+    """How many rows repeat an earlier row's ``(group, trajectory, turn)``, and the first few."""
+    if TURN not in projection.columns:
+        return {"count": 0, "examples": []}
+    repeated = repeated_turns(projection)
+    return {
+        "count": repeated.height,
+        "examples": [
+            {
+                "group": r[GROUP],
+                "trajectory": r[TRAJECTORY],
+                "turn": r[TURN],
+                "where": locate(r[ROW]),
+            }
+            for r in repeated.head(EXAMPLES).iter_rows(named=True)
+        ],
     }
 
 
