@@ -10,6 +10,7 @@ that needs one says so instead.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import sys
@@ -192,11 +193,38 @@ def use_threads(threads: int | None) -> None:
 
 
 def tune_allocator() -> None:
-    """Have Polars' allocator give freed memory back after half a second (a value the user set
-    wins). Polars' jemalloc keeps freed memory for 10 s by default, longer than a stage lasts, so
-    the statistics' scratch memory was still held while the write filled Arrow's (a different
-    allocator): peak memory grew with the rows. Measured at no cost in speed. Must run before
-    Polars loads."""
+    """Have both allocators give freed memory back soon (a value the user set wins). Must run
+    before Polars loads.
+
+    - Polars' jemalloc: after half a second. It keeps freed memory for 10 s by default, longer
+      than a stage lasts, so the statistics' scratch memory was still held while the write filled
+      Arrow's (a different allocator): peak memory grew with the rows. Measured at no cost in
+      speed.
+    - The C library's malloc, which serves numpy: every block of 128 KiB or more gets pages of its
+      own, returned when freed. glibc otherwise raises that threshold to the size of the last big
+      block freed (up to 32 MiB), and the index's and the sums' arrays of a million values then
+      come from its heap, which keeps them once freed. See :func:`_map_large_blocks`.
+    """
     os.environ.setdefault(
         "_RJEM_MALLOC_CONF", "background_thread:true,dirty_decay_ms:500,muzzy_decay_ms:0"
     )
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        _map_large_blocks()
+
+
+# glibc's mallopt parameter for the size from which a block is mapped on its own (malloc.h).
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def _map_large_blocks() -> None:
+    """Fix glibc's mmap threshold at its initial 128 KiB, which also turns its adjustment off.
+    Measured on 4.3 M rows: ``compare`` peaks some 50 MiB lower; nothing where the C library
+    is not glibc (``mallopt`` is missing, or a no-op as in musl)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
