@@ -9,7 +9,13 @@ import signal
 import sys
 
 from advcli.process import flush_stdout, guard_standard_streams, silence_stdout, tune_allocator
-from advcli.signals import exit_status, handle_signals, hold_signals_until_exit, signal_message
+from advcli.signals import (
+    exit_status,
+    handle_signals,
+    hold_signals_until_exit,
+    received_signal,
+    signal_message,
+)
 
 
 def main() -> None:
@@ -34,6 +40,12 @@ def main() -> None:
     except OSError as error:  # help or version text onto a full disk
         silence_stdout()  # what its buffer holds would fail again at exit
         failed_write = error.strerror or type(error).__name__
+    except Exception:
+        # The interrupt raised inside code that turns it into an error of its own: Python wraps
+        # an exception from a class attribute's __set_name__ (rich's import has one) in a
+        # RuntimeError. The signal names the exit below; any other error is a bug to show.
+        if received_signal() is None:
+            raise
     # From here on no signal interrupts: the last flush and the interpreter's shutdown run
     # Python code that a handler would cut short.
     signum = hold_signals_until_exit()

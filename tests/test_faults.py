@@ -643,6 +643,42 @@ def test_sigint_during_startup(delay, backtrace, big_dump, mplconfig, tmp_path):
     assert listing(tmp) == set(), f"files left in $TMPDIR: {listing(tmp)}{result}"
 
 
+# The command line stood in for by a class whose creation is interrupted: Python turns an
+# exception raised in a __set_name__ into a RuntimeError, which is how a Ctrl-C during rich's
+# import once reached the user as a traceback with exit code 1 (CI, stop 23).
+INTERRUPTED_IN_SET_NAME = """
+import os, signal, sys, types
+
+class Field:
+    def __set_name__(self, owner, name):
+        os.kill(os.getpid(), signal.SIGINT)
+
+def app(prog_name):
+    class Console:
+        buffer = Field()
+
+sys.modules["advcli.cli"] = types.SimpleNamespace(app=app)
+from advcli.__main__ import main
+main()
+"""
+
+
+def test_sigint_wrapped_in_another_error_still_ends_as_an_interrupt(mplconfig, tmp_path):
+    out, tmp = folders(tmp_path)
+    finished = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_IN_SET_NAME],
+        cwd=out,
+        env=child_env(tmp, mplconfig),
+        capture_output=True,
+        timeout=60,
+    )
+    result = Run(["-c"], finished.returncode, text(finished.stdout), text(finished.stderr))
+
+    assert result.returncode == 130, f"exit code is not 130{result}"
+    assert result.stderr.splitlines() == [INTERRUPTED], f"stderr is not the one line{result}"
+    assert_no_crash(result)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "code", "message"),
