@@ -212,3 +212,25 @@ def test_advantages_do_not_depend_on_file_order(level, estimator, run, tmp_path)
     assert (
         first.select(*key, "advantage").sort(key).equals(second.select(*key, "advantage").sort(key))
     )
+
+
+@pytest.mark.slow
+def test_compare_report_identical_whatever_the_thread_count(tmp_path):
+    # Enough trajectories (64k) that Polars splits a group-by's float sums between threads;
+    # scores that are not round numbers, so that any change in summation order shows.
+    source = tmp_path / "dump.parquet"
+    pl.from_arrow(sample_table(groups=8000, rollouts=8, seed=5)).with_columns(
+        token_level_rewards=pl.col("token_level_rewards") * (0.3 + pl.col("data_id") * 0.0137)
+    ).write_parquet(source)
+    reports = set()
+    for index, threads in enumerate([1, 2, 4, 2, 2]):
+        report = tmp_path / f"report-{index}.json"
+        result = subprocess.run(
+            [sys.executable, "-m", "advcli", "compare", str(source), "--json", str(report)],
+            env={**os.environ, "POLARS_MAX_THREADS": str(threads)},
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stderr
+        reports.add(report.read_text())
+    assert len(reports) == 1
