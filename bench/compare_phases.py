@@ -5,8 +5,9 @@ the process's RSS sampled every few milliseconds and its highest value printed f
     python bench/compare_phases.py bench/data/rollouts-4000000-128.parquet
 
 Run it on both dumps of `bench_compute.py --rows 2000000`: the step whose peak sets the command's
-peak at each size says what the growth from one to the other is made of. One run each; peak RSS
-varies by some 30 MiB from run to run.
+peak at each size says what the growth from one to the other is made of. At the end of stage 2 it
+also prints the size of what is alive then. One run each; peak RSS varies by some 30 MiB from run
+to run.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from advcli.process import tune_allocator
 # As the command line sets them, before Polars loads.
 tune_allocator()
 
-from advcli.estimators import AdvantageConfig, Level  # noqa: E402
+import polars as pl  # noqa: E402
+
+from advcli.estimators import AdvantageConfig, Advantages, Level  # noqa: E402
 from advcli.pipeline import load_dump, opened  # noqa: E402
-from advcli.report import bias_report, turn_level  # noqa: E402
+from advcli.report import TurnLevel, bias_report, turn_level  # noqa: E402
 from advcli.scan import release_freed_memory  # noqa: E402
+from advcli.units import Trajectories  # noqa: E402
 
 PAGE_BYTES = 4096
 SAMPLE_SECONDS = 0.003
@@ -59,6 +63,38 @@ class PeakSampler:
         self.highest = now
 
 
+def print_held(
+    projection: pl.DataFrame, trajectories: Trajectories, turn: TurnLevel, trajectory: Advantages
+) -> None:
+    """What is alive at the end of stage 2, by Polars' and numpy's own sizes: the data whose
+    size follows the dump's (the rest of the peak does not)."""
+    held = {
+        "key projection": projection.estimated_size(),
+        "the index's row -> trajectory": trajectories.of_row.nbytes,
+        "the index's table": trajectories.table.estimated_size(),
+        # Its first rows are the index table's own column.
+        "the turn level summed per trajectory": turn.per_trajectory.drop(
+            "turn_first_row"
+        ).estimated_size(),
+        # Its other columns are the index table's.
+        "the trajectory level's score and advantage": trajectory.units.select(
+            "score", "advantage"
+        ).estimated_size(),
+        "both levels' group figures": turn.groups.estimated_size()
+        + trajectory.groups.estimated_size(),
+    }
+    for name, size in held.items():
+        print(f"          held: {name:<44} {size / 2**20:6.0f} MiB", flush=True)
+    total = sum(held.values())
+    per_row = (held["key projection"] + held["the index's row -> trajectory"]) / projection.height
+    per_trajectory = (total - per_row * projection.height) / trajectories.count
+    print(
+        f"          held: {'all of it':<44} {total / 2**20:6.0f} MiB"
+        f" ({per_row:.0f} bytes a row + {per_trajectory:.0f} a trajectory)",
+        flush=True,
+    )
+
+
 def main() -> None:
     sampler = PeakSampler()
     config = AdvantageConfig()
@@ -74,6 +110,7 @@ def main() -> None:
         sampler.step("turn level: summed per trajectory")
         trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
         sampler.step("trajectory level")
+        print_held(dump.projection, trajectories, turn, trajectory)
         settings = dump.report_settings()
         del dump, trajectories
         trajectory = trajectory.without_index()
