@@ -20,7 +20,7 @@ from advcli.columns import OUTPUT_COLUMNS, ColumnRoles, unused_name
 from advcli.errors import AdvcliError, first_line
 from advcli.inputs import STDIN, Dataset
 from advcli.keys import ROW, SCORE
-from advcli.process import available_memory, require_stdout
+from advcli.process import available_memory, cancelled_tasks_unreported, require_stdout
 from advcli.scan import closing_sources
 from advcli.settings import OutputFormat
 from advcli.signals import held
@@ -72,6 +72,7 @@ def write_advantages(
     with (
         atomic_output(output, force=force, keep=dataset.files) as partial,
         closing_sources(),
+        cancelled_tasks_unreported(),
     ):
         try:
             if arrays:
