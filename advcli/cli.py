@@ -40,7 +40,7 @@ from advcli.settings import (
     Singleton,
     TrajScore,
 )
-from advcli.signals import exit_status, held
+from advcli.signals import exit_status, held, received_signal
 
 if TYPE_CHECKING:
     from advcli.pipeline import ComputeSummary
@@ -92,7 +92,10 @@ def reports_errors(command: F) -> F:
         except UsageError as error:
             raise typer.BadParameter(str(error)) from None
         except AdvcliError as error:
-            typer.echo(f"Error: {error}", err=True)
+            if received_signal() is None:
+                typer.echo(f"Error: {error}", err=True)
+            # Else the interrupt caused it (a query it cancelled fails): the entry point prints
+            # the interrupt's line and exit code instead.
             raise typer.Exit(1) from None
         except BrokenPipeError:
             silence_stdout()

@@ -13,8 +13,11 @@ import _thread
 import contextlib
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 
 class Interrupted(KeyboardInterrupt):
@@ -79,10 +82,35 @@ def held() -> Iterator[None]:
         raise Interrupted(_RECEIVED[0])
 
 
+def _raise_again_when_unraisable(unraisable: Any) -> None:
+    """Python prints, and drops, an exception raised where nothing can catch it: a weakref's
+    callback (the import system has one), a ``__del__``. An interrupt raised there is raised
+    again at the main thread's next step instead, as if the signal had just come (seen: a Ctrl-C
+    during start-up printed "Exception ignored in … Interrupted: SIGINT", and the run went on to
+    the end)."""
+    if isinstance(unraisable.exc_value, Interrupted) and _RECEIVED:
+        _RAISED.clear()
+        # From another thread, a moment later: the handler runs at the main thread's next
+        # check, which would otherwise come inside this hook, where the exception would be
+        # dropped again (threading.Thread.start would wait, and be that check).
+        _thread.start_new_thread(_interrupt_main_again, ())
+        return
+    _PYTHON_UNRAISABLE_HOOK(unraisable)
+
+
+def _interrupt_main_again() -> None:
+    time.sleep(0.005)
+    _thread.interrupt_main(signal.Signals(_RECEIVED[0]))
+
+
+_PYTHON_UNRAISABLE_HOOK = sys.unraisablehook
+
+
 def handle_signals() -> None:
     """Ctrl-C, SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread (SIGTERM would
     otherwise end the process on the spot and leave its partial file behind). A signal the
     parent ignores (``nohup``, a background job) stays ignored."""
+    sys.unraisablehook = _raise_again_when_unraisable
     ignored = [signum for signum in HANDLED_SIGNALS if signal.getsignal(signum) is signal.SIG_IGN]
     for signum in HANDLED_SIGNALS:
         if signum not in ignored:
@@ -114,6 +142,11 @@ def hold_signals_until_exit() -> int | None:
     pending = sorted(signal.sigpending() & set(HANDLED_SIGNALS))
     if received_signal() is None and pending:
         _RECEIVED.append(pending[0])
+    # Ignored, not only blocked: the mask is the main thread's, and Python's shutdown puts the
+    # default action back for a signal it had a handler for, so a Ctrl-C reaching one of Polars'
+    # threads then would kill the process (exit -2) after its output was published.
+    for signum in HANDLED_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     return received_signal()
 
 
