@@ -8,13 +8,7 @@ handler before anything heavy is imported, and a signal ends the run with one li
 import signal
 import sys
 
-from advcli.process import (
-    flush_stdout,
-    guard_standard_streams,
-    native_stderr_to_null,
-    silence_stdout,
-    tune_allocator,
-)
+from advcli.process import flush_stdout, guard_standard_streams, silence_stdout, tune_allocator
 from advcli.signals import (
     exit_status,
     handle_signals,
@@ -61,6 +55,8 @@ def main() -> None:
         signum = signal.SIGINT
     if signum is not None:
         # Polars' cancelled tasks may still report, as panics, up to the end of the process.
+        from advcli.native_stderr import native_stderr_to_null
+
         native_stderr_to_null()
         # Also when a library swallowed the interrupt and the command ran on: never exit 0.
         sys.stderr.write(signal_message(signum) + "\n")

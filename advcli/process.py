@@ -1,5 +1,5 @@
-"""What the process meets at its edges: closed standard streams, broken pipes, what native code
-prints on standard error, threads and memory (signals: :mod:`advcli.signals`).
+"""What the process meets at its edges: closed standard streams, broken pipes, threads and
+memory (signals: :mod:`advcli.signals`; native code's standard error: :mod:`advcli.native_stderr`).
 
 A process may start with standard input, output or error closed (``advcli … >&-``). The next file
 it opens would then take that descriptor, and anything written to "standard output" — by advcli,
@@ -10,22 +10,16 @@ that needs one says so instead.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import os
-import re
-import select
 import sys
-import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from advcli.errors import AdvcliError
-from advcli.signals import received_signal
 
 if TYPE_CHECKING:
-    from typing import BinaryIO, TextIO
+    from typing import BinaryIO
 
 _CLOSED: set[int] = set()
 
@@ -234,178 +228,3 @@ def _map_large_blocks() -> None:
     except (OSError, AttributeError):
         return
     mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-
-
-# The first line of a Rust panic report (the standard library's hook), which a blank line comes
-# before: "thread '<name>' panicked at", with the thread's id in brackets since Rust 1.89.
-_PANIC_LINE = re.compile(rb"thread '[^'\n]*'(?: \(\d+\))? panicked at ")
-_REPORT_PREFIX = b"thread '"
-# The task a Polars query cancelled on Ctrl-C panics with this payload; a task waiting on it may
-# then panic in turn, and its report quotes the payload.
-POLARS_CANCEL_MARKER = b"__POLARS_ABORT_KEYBOARD_INTERRUPT"
-# A panic report ends with a "note: ..." line; with RUST_BACKTRACE=full it has none, and ends when
-# nothing more comes for this long.
-_QUIET_SECONDS = 0.2
-
-
-@contextlib.contextmanager
-def cancelled_tasks_unreported() -> Iterator[None]:
-    """Standard error passes through a filter for the block that drops Polars' reports of tasks
-    a Ctrl-C cancelled, and passes everything else on unchanged.
-
-    Polars cancels a running query on SIGINT by making its tasks panic; its own hook keeps that
-    quiet, but its streaming Parquet writer unwraps the cancelled task's result and panics again
-    with a message of its own, which the hook prints: a run interrupted while writing could end
-    with a Rust panic on the terminal (6 of 150 Ctrl-Cs at random moments of a `compute`). Native
-    code writes the report to file descriptor 2, so the filter sits there: a pipe, read by a
-    thread that forwards to the real standard error. When the block ends in a Ctrl-C, native
-    code's standard error stays away from the terminal to the end of the run
-    (:func:`native_stderr_to_null`).
-    """
-    python_stderr = sys.stderr
-    try:
-        python_stderr.flush()
-        real = os.dup(2)
-    except (OSError, ValueError, AttributeError):  # no standard error to filter
-        yield
-        return
-    read_end, write_end = os.pipe()
-    os.dup2(write_end, 2)
-    os.close(write_end)
-    forwarder = threading.Thread(
-        target=_forward_stderr, args=(read_end, real), name="advcli-stderr", daemon=True
-    )
-    forwarder.start()
-    # Python's own writes (the progress bar among them) go straight to the real standard
-    # error, a terminal still answering isatty() as one.
-    sys.stderr = _text_stream(real, python_stderr, closefd=False)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.flush()
-        sys.stderr = python_stderr
-        os.dup2(real, 2)  # the pipe's last write end closes: the forwarder reads to its end
-        forwarder.join(timeout=5)
-        os.close(real)
-        if received_signal() is not None:
-            # The cancelled tasks may report after the query has returned, up to the
-            # interpreter's shutdown (seen: after the run's last line).
-            native_stderr_to_null()
-
-
-def _text_stream(fd: int, like: TextIO, *, closefd: bool) -> TextIO:
-    """A line-buffered text stream on ``fd`` with ``like``'s encoding."""
-    encoding = getattr(like, "encoding", None) or "utf-8"
-    return open(fd, "w", encoding=encoding, errors="backslashreplace", buffering=1, closefd=closefd)
-
-
-def native_stderr_to_null() -> None:
-    """Send native code's writes to standard error (file descriptor 2) to ``/dev/null`` for the
-    rest of the process, and Python's own (``sys.stderr``) on to the real standard error: once a
-    run is interrupted, all a native library has left to say is that its tasks were cancelled."""
-    if _NATIVE_STDERR_SILENCED:
-        return
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        sys.stderr.flush()
-    try:
-        real = os.dup(2)
-    except OSError:  # no standard error at all
-        return
-    sys.stderr = _text_stream(real, sys.stderr, closefd=True)
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)
-    os.close(null)
-    _NATIVE_STDERR_SILENCED.append(True)
-
-
-_NATIVE_STDERR_SILENCED: list[bool] = []
-
-
-def _forward_stderr(read_end: int, real: int) -> None:
-    unreported = CancelledTaskFilter()
-    try:
-        while True:
-            waiting = unreported.holds_back()
-            ready, _, _ = select.select([read_end], [], [], _QUIET_SECONDS if waiting else None)
-            if not ready:  # quiet: what was held back is complete
-                _write_all(real, unreported.flush())
-                continue
-            chunk = os.read(read_end, 65536)
-            if not chunk:  # the end of the block
-                _write_all(real, unreported.flush())
-                return
-            _write_all(real, unreported.feed(chunk))
-    finally:
-        os.close(read_end)
-
-
-class CancelledTaskFilter:
-    """A stream filter, line by line, that drops each panic report quoting
-    :data:`POLARS_CANCEL_MARKER` with the blank line before it. A report is held back until its
-    closing ``note:`` line or :meth:`flush`; so are a blank line and the start of a line that
-    could begin a report. Everything else goes on as it comes, incomplete lines too (a progress
-    bar redraws its line without ending it)."""
-
-    def __init__(self) -> None:
-        self._partial = b""  # the start of a line, held back
-        self._mid_line = False  # the start of the current line went on already
-        self._blank = False  # a blank line, held back
-        self._report: list[bytes] | None = None
-
-    def holds_back(self) -> bool:
-        return bool(self._partial or self._blank or self._report is not None)
-
-    def feed(self, data: bytes) -> bytes:
-        out = []
-        lines = (self._partial + data).split(b"\n")
-        self._partial = b""
-        for line in lines[:-1]:
-            out.append(self._line(line + b"\n"))
-        last = lines[-1]
-        if last:
-            if self._mid_line or not (
-                self._report is not None or self._blank or _REPORT_PREFIX.startswith(last[:8])
-            ):
-                out.append(last)
-                self._mid_line = True
-            else:
-                self._partial = last
-        return b"".join(out)
-
-    def flush(self) -> bytes:
-        out = self._end_report() if self._report is not None else b""
-        out += (b"\n" if self._blank else b"") + self._partial
-        self._mid_line = self._mid_line or bool(self._partial)
-        self._blank, self._partial = False, b""
-        return out
-
-    def _line(self, line: bytes) -> bytes:
-        if self._mid_line:
-            self._mid_line = False
-            return line
-        if self._report is not None:
-            self._report.append(line)
-            return self._end_report() if line.startswith(b"note: ") else b""
-        if _PANIC_LINE.match(line):
-            self._report = [b"\n" if self._blank else b"", line]
-            self._blank = False
-            return b""
-        if line == b"\n":
-            earlier, self._blank = (b"\n" if self._blank else b""), True
-            return earlier
-        earlier, self._blank = (b"\n" if self._blank else b""), False
-        return earlier + line
-
-    def _end_report(self) -> bytes:
-        report = b"".join(self._report or [])
-        self._report = None
-        return b"" if POLARS_CANCEL_MARKER in report else report
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        try:
-            data = data[os.write(fd, data) :]
-        except OSError:  # standard error went away: nothing to tell it
-            return

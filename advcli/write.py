@@ -20,7 +20,8 @@ from advcli.columns import OUTPUT_COLUMNS, ColumnRoles, unused_name
 from advcli.errors import AdvcliError, first_line
 from advcli.inputs import STDIN, Dataset
 from advcli.keys import ROW, SCORE
-from advcli.process import available_memory, cancelled_tasks_unreported, require_stdout
+from advcli.native_stderr import cancelled_tasks_unreported
+from advcli.process import available_memory, require_stdout
 from advcli.scan import closing_sources
 from advcli.settings import OutputFormat
 from advcli.signals import held

@@ -645,7 +645,7 @@ def test_sigint_during_startup(delay, backtrace, big_dump, mplconfig, tmp_path):
 
 # The command line stood in for by a class whose creation is interrupted: Python turns an
 # exception raised in a __set_name__ into a RuntimeError, which is how a Ctrl-C during rich's
-# import once reached the user as a traceback with exit code 1 (CI, stop 23).
+# import once reached the user as a traceback with exit code 1 (seen in CI).
 INTERRUPTED_IN_SET_NAME = """
 import os, signal, sys, types
 
@@ -686,21 +686,6 @@ main()
 """
 
 
-def test_an_error_the_interrupt_caused_ends_as_the_interrupt(mplconfig, tmp_path):
-    out, tmp = folders(tmp_path)
-    finished = subprocess.run(
-        [sys.executable, "-c", ERROR_AFTER_INTERRUPT],
-        cwd=out,
-        env=child_env(tmp, mplconfig),
-        capture_output=True,
-        timeout=60,
-    )
-    result = Run(["-c"], finished.returncode, text(finished.stdout), text(finished.stderr))
-
-    assert result.returncode == 130, f"exit code is not 130{result}"
-    assert result.stderr.splitlines() == [INTERRUPTED], f"stderr is not the one line{result}"
-
-
 # The interrupt raised inside a weakref's callback, where Python can only print it and go on
 # (the import system's module locks have such a callback: a Ctrl-C in start-up landed there).
 INTERRUPTED_IN_WEAKREF_CALLBACK = """
@@ -724,26 +709,15 @@ main()
 """
 
 
-def test_sigint_dropped_by_python_is_raised_again(mplconfig, tmp_path):
+@pytest.mark.parametrize(
+    "script",
+    [INTERRUPTED_IN_SET_NAME, ERROR_AFTER_INTERRUPT, INTERRUPTED_IN_WEAKREF_CALLBACK],
+    ids=["wrapped in another error", "an advcli error it caused", "dropped by Python"],
+)
+def test_an_interrupt_turned_into_something_else_still_ends_as_one(script, mplconfig, tmp_path):
     out, tmp = folders(tmp_path)
     finished = subprocess.run(
-        [sys.executable, "-c", INTERRUPTED_IN_WEAKREF_CALLBACK],
-        cwd=out,
-        env=child_env(tmp, mplconfig),
-        capture_output=True,
-        timeout=60,
-    )
-    result = Run(["-c"], finished.returncode, text(finished.stdout), text(finished.stderr))
-
-    assert result.returncode == 130, f"exit code is not 130{result}"
-    assert result.stderr.splitlines() == [INTERRUPTED], f"stderr is not the one line{result}"
-    assert not (out / "went-on").exists(), f"the run went on after the interrupt{result}"
-
-
-def test_sigint_wrapped_in_another_error_still_ends_as_an_interrupt(mplconfig, tmp_path):
-    out, tmp = folders(tmp_path)
-    finished = subprocess.run(
-        [sys.executable, "-c", INTERRUPTED_IN_SET_NAME],
+        [sys.executable, "-c", script],
         cwd=out,
         env=child_env(tmp, mplconfig),
         capture_output=True,
@@ -754,6 +728,7 @@ def test_sigint_wrapped_in_another_error_still_ends_as_an_interrupt(mplconfig, t
     assert result.returncode == 130, f"exit code is not 130{result}"
     assert result.stderr.splitlines() == [INTERRUPTED], f"stderr is not the one line{result}"
     assert_no_crash(result)
+    assert not (out / "went-on").exists(), f"the run went on after the interrupt{result}"
 
 
 @pytest.mark.slow

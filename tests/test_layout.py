@@ -11,7 +11,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "advcli"
 
 # Modules that read or write files, streams or processes.
-IO = {"inputs", "scan", "projection", "write", "atomic", "process", "pipeline", "ray_engine"}
+IO = {
+    "inputs",
+    "scan",
+    "projection",
+    "write",
+    "atomic",
+    "process",
+    "native_stderr",
+    "pipeline",
+    "ray_engine",
+}
 # The math and the reports over it: pure functions of frames and settings.
 PURE = {"settings", "rules", "keys", "units", "estimators", "report", "inspection"}
 

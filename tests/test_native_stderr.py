@@ -1,5 +1,5 @@
 """Polars' reports of the tasks a Ctrl-C cancelled are kept off standard error; everything else
-native code writes there passes unchanged (advcli.process.cancelled_tasks_unreported)."""
+native code writes there passes unchanged (advcli.native_stderr.cancelled_tasks_unreported)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from advcli.process import CancelledTaskFilter
+from advcli.native_stderr import CancelledTaskFilter
 
 # What Polars printed when a Ctrl-C cancelled its streaming Parquet writer (seen in a stress run
 # of `compute`), with the blank line the panic hook writes first.
@@ -84,7 +84,7 @@ def test_an_unfinished_line_goes_on_at_once():
 # straight at the real standard error.
 WRITER = """
 import os, sys, time
-from advcli.process import cancelled_tasks_unreported
+from advcli.native_stderr import cancelled_tasks_unreported
 
 report = {report!r}
 with cancelled_tasks_unreported():
@@ -122,7 +122,7 @@ def test_python_still_sees_a_terminal_inside_the_block():
     # The progress bar draws itself only on a terminal, and is drawn while advcli writes.
     script = (
         "import sys\n"
-        "from advcli.process import cancelled_tasks_unreported\n"
+        "from advcli.native_stderr import cancelled_tasks_unreported\n"
         "with cancelled_tasks_unreported():\n"
         "    print(sys.stderr.isatty())\n"
         "print(sys.stderr.isatty())\n"
