@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_compute import advcli, make_dump
+from bench_compute import DEFAULT_MAX_TURNS, advcli, make_dump
 
 STAGES = (
     "import",
@@ -174,7 +174,7 @@ def main() -> None:
 
     args.data.mkdir(parents=True, exist_ok=True)
     source = args.data / f"dump-{args.rows}-{args.tokens}.parquet"
-    rows, size = make_dump(source, args.rows, args.tokens)
+    rows, size = make_dump(source, args.rows, args.tokens, DEFAULT_MAX_TURNS)
     print(f"{rows:,} rows, {size / 2**20:,.0f} MiB, {os.cpu_count()} CPUs; medians of {args.runs}")
     measured: dict[str, dict[str, list[float]]] = {"local": {}, "ray": {}}
     commands: dict[str, list[float]] = {"local": [], "ray": []}
