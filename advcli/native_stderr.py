@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from typing import TextIO
 
-from advcli.signals import received_signal
+from advcli.signals import held, received_signal
 
 # The first line of a Rust panic report (the standard library's hook), which a blank line comes
 # before: "thread '<name>' panicked at", with the thread's id in brackets since Rust 1.89.
@@ -28,8 +28,9 @@ _REPORT_PREFIX = b"thread '"
 # The task a Polars query cancelled on Ctrl-C panics with this payload; a task waiting on it may
 # then panic in turn, and its report quotes the payload.
 POLARS_CANCEL_MARKER = b"__POLARS_ABORT_KEYBOARD_INTERRUPT"
-# A panic report ends with a "note: ..." line; with RUST_BACKTRACE=full it has none, and ends when
-# nothing more comes for this long.
+# A panic report ends with a "note: ..." line, or where the next one begins; the note comes with
+# a process's first panic only, and never with RUST_BACKTRACE=full: a report also ends when nothing
+# more comes for this long.
 _QUIET_SECONDS = 0.2
 
 
@@ -41,41 +42,52 @@ def cancelled_tasks_unreported() -> Iterator[None]:
     at random moments of a `compute` ended in such a panic). When the block ends after a signal,
     native code's standard error stays closed to the end of the run."""
     python_stderr = sys.stderr
-    try:
-        python_stderr.flush()
-        real = os.dup(2)
-    except (OSError, ValueError, AttributeError):  # no standard error to filter
+    # Held: a Ctrl-C between the steps that move file descriptor 2 would leave it on the pipe.
+    with held():
+        try:
+            python_stderr.flush()
+            real = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no standard error to filter
+            real = None
+        if real is not None:
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, 2)
+            os.close(write_end)
+            forwarder = threading.Thread(
+                target=_forward_stderr, args=(read_end, real), name="advcli-stderr", daemon=True
+            )
+            forwarder.start()
+            # Python's own writes (the progress bar among them) go straight to the real standard
+            # error, a terminal still answering isatty() as one. On a descriptor of its own,
+            # closed with the stream: the progress bar may hold the stream past the block and
+            # put it back in sys.stderr when it stops.
+            own_stream = _text_stream(os.dup(real), python_stderr)
+            sys.stderr = own_stream
+    if real is None:
         yield
         return
-    read_end, write_end = os.pipe()
-    os.dup2(write_end, 2)
-    os.close(write_end)
-    forwarder = threading.Thread(
-        target=_forward_stderr, args=(read_end, real), name="advcli-stderr", daemon=True
-    )
-    forwarder.start()
-    # Python's own writes (the progress bar among them) go straight to the real standard
-    # error, a terminal still answering isatty() as one.
-    sys.stderr = _text_stream(real, python_stderr, closefd=False)
     try:
         yield
     finally:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.flush()
-        sys.stderr = python_stderr
-        os.dup2(real, 2)  # the pipe's last write end closes: the forwarder reads to its end
-        forwarder.join(timeout=5)
-        os.close(real)
+        with held():
+            os.dup2(real, 2)  # the pipe's last write end closes: the forwarder reads to its end
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            if sys.stderr is own_stream:  # else the progress bar put its own there meanwhile
+                sys.stderr = python_stderr
+                own_stream.close()
+            forwarder.join(timeout=5)
+            os.close(real)
         if received_signal() is not None:
             # The cancelled tasks may report after the query has returned, up to the
             # interpreter's shutdown (seen: after the run's last line).
             native_stderr_to_null()
 
 
-def _text_stream(fd: int, like: TextIO, *, closefd: bool) -> TextIO:
-    """A line-buffered text stream on ``fd`` with ``like``'s encoding."""
+def _text_stream(fd: int, like: TextIO) -> TextIO:
+    """A line-buffered text stream on ``fd``, which it owns, with ``like``'s encoding."""
     encoding = getattr(like, "encoding", None) or "utf-8"
-    return open(fd, "w", encoding=encoding, errors="backslashreplace", buffering=1, closefd=closefd)
+    return open(fd, "w", encoding=encoding, errors="backslashreplace", buffering=1)
 
 
 def native_stderr_to_null() -> None:
@@ -90,7 +102,7 @@ def native_stderr_to_null() -> None:
         real = os.dup(2)
     except OSError:  # no standard error at all
         return
-    sys.stderr = _text_stream(real, sys.stderr, closefd=True)
+    sys.stderr = _text_stream(real, sys.stderr)
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 2)
     os.close(null)
@@ -102,10 +114,13 @@ _NATIVE_STDERR_SILENCED: list[bool] = []
 
 def _forward_stderr(read_end: int, real: int) -> None:
     unreported = CancelledTaskFilter()
+    # poll, not select: select cannot wait on a descriptor numbered 1024 or more.
+    readable = select.poll()
+    readable.register(read_end, select.POLLIN)
     try:
         while True:
             waiting = unreported.holds_back()
-            ready, _, _ = select.select([read_end], [], [], _QUIET_SECONDS if waiting else None)
+            ready = readable.poll(_QUIET_SECONDS * 1000 if waiting else None)
             if not ready:  # quiet: what was held back is complete
                 _write_all(real, unreported.flush())
                 continue
@@ -162,6 +177,14 @@ class CancelledTaskFilter:
         if self._mid_line:
             self._mid_line = False
             return line
+        if self._report is not None and _PANIC_LINE.match(line):
+            # Another report begins: Rust writes the closing note for a process's first panic
+            # only, so the one before may have none. The blank line before this one is its own.
+            self._blank = self._report[-1] == b"\n"
+            if self._blank:
+                self._report.pop()
+            earlier = self._end_report()
+            return earlier + self._line(line)
         if self._report is not None:
             self._report.append(line)
             return self._end_report() if line.startswith(b"note: ") else b""

@@ -141,3 +141,29 @@ def test_python_still_sees_a_terminal_inside_the_block():
         os.close(terminal)
     assert result.returncode == 0
     assert result.stdout == b"True\nTrue\n"
+
+
+def test_a_report_without_a_note_ends_where_the_next_one_begins():
+    # Rust writes the closing note for a process's first panic only.
+    second = CANCELLED.replace(
+        b"note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n", b""
+    )
+    data = CANCELLED + second + OTHER_PANIC + b"warning: something important\n"
+    assert filtered(in_pieces(data, 3)) == OTHER_PANIC + b"warning: something important\n"
+
+
+def test_a_stream_kept_past_the_block_still_writes():
+    # rich's progress bar keeps the sys.stderr it found when it started (inside the block) and
+    # puts it back when it stops (after the block).
+    script = (
+        "import sys\n"
+        "from advcli.native_stderr import cancelled_tasks_unreported\n"
+        "with cancelled_tasks_unreported():\n"
+        "    kept = sys.stderr\n"
+        "    sys.stderr = open('/dev/null', 'w')\n"
+        "sys.stderr = kept\n"
+        "print('after the block', file=sys.stderr, flush=True)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == b"after the block\n"
