@@ -42,31 +42,29 @@ def cancelled_tasks_unreported() -> Iterator[None]:
     at random moments of a `compute` ended in such a panic). When the block ends after a signal,
     native code's standard error stays closed to the end of the run."""
     python_stderr = sys.stderr
-    # Held: a Ctrl-C between the steps that move file descriptor 2 would leave it on the pipe.
-    with held():
-        try:
-            python_stderr.flush()
-            real = os.dup(2)
-        except (OSError, ValueError, AttributeError):  # no standard error to filter
-            real = None
-        if real is not None:
-            read_end, write_end = os.pipe()
-            os.dup2(write_end, 2)
-            os.close(write_end)
-            forwarder = threading.Thread(
-                target=_forward_stderr, args=(read_end, real), name="advcli-stderr", daemon=True
-            )
-            forwarder.start()
-            # Python's own writes (the progress bar among them) go straight to the real standard
-            # error, a terminal still answering isatty() as one. On a descriptor of its own,
-            # closed with the stream: the progress bar may hold the stream past the block and
-            # put it back in sys.stderr when it stops.
-            own_stream = _text_stream(os.dup(real), python_stderr)
-            sys.stderr = own_stream
-    if real is None:
+    try:
+        python_stderr.flush()
+        real = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no standard error to filter
         yield
         return
+    read_end, write_end = os.pipe()
+    forwarder = threading.Thread(
+        target=_forward_stderr, args=(read_end, real), name="advcli-stderr", daemon=True
+    )
+    # Python's own writes (the progress bar among them) go straight to the real standard error,
+    # a terminal still answering isatty() as one. On a descriptor of its own, closed with the
+    # stream: the progress bar may hold the stream past the block and put it back in sys.stderr
+    # when it stops.
+    own_stream = _text_stream(os.dup(real), python_stderr)
     try:
+        # Held: a Ctrl-C between the steps that move file descriptor 2 is raised once they are
+        # done, where the teardown below undoes them.
+        with held():
+            forwarder.start()
+            os.dup2(write_end, 2)
+            os.close(write_end)
+            sys.stderr = own_stream
         yield
     finally:
         with held():
