@@ -9,17 +9,21 @@ import contextlib
 import functools
 import json
 import math
+import shlex
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.table import Table
 
 import advcli
+from advcli.columns import MissingRoles
 from advcli.errors import AdvcliError, UsageError
 from advcli.process import (
     StdoutText,
@@ -45,8 +49,21 @@ from advcli.signals import exit_status, held, received_signal
 if TYPE_CHECKING:
     from advcli.pipeline import ComputeSummary
 
+# The command line as typed (less the program's name), for an error that proposes a complete one.
+INVOCATION: list[str] = []
+
+
+class _Commands(typer.core.TyperGroup):
+    """advcli's commands, keeping the arguments they were called with."""
+
+    def main(self, args: Any = None, *rest: Any, **options: Any) -> Any:
+        INVOCATION[:] = list(sys.argv[1:] if args is None else args)
+        return super().main(args, *rest, **options)
+
+
 app = typer.Typer(
     name="advcli",
+    cls=_Commands,
     help="Trajectory-level advantages for multi-turn agent RL rollout dumps.",
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
@@ -93,7 +110,7 @@ def reports_errors(command: F) -> F:
             raise typer.BadParameter(str(error)) from None
         except AdvcliError as error:
             if received_signal() is None:
-                typer.echo(f"Error: {error}", err=True)
+                typer.echo(f"Error: {_with_command(error)}", err=True)
             # Else the interrupt caused it (a query it cancelled fails): the entry point prints
             # the interrupt's line and exit code instead.
             raise typer.Exit(1) from None
@@ -105,6 +122,14 @@ def reports_errors(command: F) -> F:
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _with_command(error: AdvcliError) -> str:
+    """The error's text; for roles that found no column but whose likeliest columns are known,
+    with the whole command line that reads the dump."""
+    if not isinstance(error, MissingRoles) or not error.flags:
+        return str(error)
+    return f"{error.text}. This command reads it: advcli {shlex.join([*INVOCATION, *error.flags])}"
 
 
 def _version(value: bool) -> None:

@@ -4,7 +4,8 @@ mask), by the names trainers use, and the columns ``compute`` adds to its output
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+import re
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -142,7 +143,9 @@ class ColumnRoles:
     reward_width: int | None = None
     mask_width: int | None = None
     group_size: int | None = None
-    # Why each role went to its column, for `advcli inspect`.
+    # The trainer whose dialect the dump was read in, None for a dump that speaks none.
+    dialect: str | None = None
+    # Why each role went to its column (or what stands in for it), for every output.
     reasons: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def describe(self) -> dict[str, str | None]:
@@ -153,6 +156,17 @@ class ColumnRoles:
             "turn": self.turn,
             "reward": self.reward,
             "mask": self.mask,
+        }
+
+    def reading(self) -> dict[str, Any]:
+        """How the dump was read, for every output: the trainer's dialect and, for each role,
+        its column (None where an assumption stands in for it) and why."""
+        return {
+            "trainer": self.dialect,
+            "roles": {
+                role: {"column": getattr(self, role), "why": self.reasons.get(role, "")}
+                for role in ROLES
+            },
         }
 
     def reward_list(self) -> pl.Expr:
@@ -181,16 +195,25 @@ def resolve_columns(
     mask: str | None = None,
     group_size: int | None = None,
     mask_needed_for: str | None = "the per-token output needs one",
+    not_turns: Collection[str] = (),
 ) -> ColumnRoles:
-    """Pick the column for each role and check its type.
+    """Pick the column for each role from the schema alone and check its type.
 
-    A role goes to the column its option names, else to the one name of :data:`VOCABULARY`
-    that the file has; two such names are an error naming both (never a silent pick). The mask
-    may be missing when ``mask_needed_for`` is None (nothing asks for token counts); otherwise
-    that phrase says, in the error, what needs it ("… needs one").
+    A role goes to the column its option names, else to the one name of the dump's dialect (or,
+    in a dump that speaks none, of any dialect, then of the names people write by hand:
+    :func:`named_like`) that the file has; two such names are an error naming both (never a
+    silent pick). Every role that finds no column is named in one :class:`MissingRoles` error.
+    The mask may be missing when ``mask_needed_for`` is None (nothing asks for token counts);
+    otherwise that phrase says, in the error, what needs it ("… needs one"). ``not_turns``:
+    columns known not to be the turn (the ``--by`` step column).
+
+    The readings that assume something (each row a trajectory, groups as blocks of rows) are
+    taken here from the schema; :func:`advcli.roles.read_roles` then checks them against the
+    values.
     """
     reasons: dict[str, str] = {}
     pick = _Picker(schema, where, reasons)
+    trainer = pick.dialect.trainer if pick.dialect is not None else "the"
     if group_size is not None:
         if group is not None:
             raise UsageError("--group-size and --group-col exclude each other: give one")
@@ -198,30 +221,40 @@ def resolve_columns(
         reasons["group"] = f"--group-size {group_size}: each block of {group_size} rows is a group"
     else:
         group_col = pick("group", group)
-        if group_col is None:
-            trainer = pick.dialect.trainer if pick.dialect is not None else "the"
-            raise AdvcliError(
-                f"{where}: {trainer}'s dumps hold no group id: a prompt's rollouts are "
-                "consecutive rows; pass --group-size N (the rollouts per prompt)"
+        if group_col is None and "group" not in pick.missing:
+            pick.missing["group"] = (
+                f"{trainer}'s dumps hold no group id: a prompt's rollouts are consecutive rows; "
+                "pass --group-size N (the rollouts per prompt)"
             )
-    trajectory_col = pick("trajectory", trajectory)
-    if trajectory_col is None:
-        trainer = pick.dialect.trainer if pick.dialect is not None else "the"
+    trajectory_col = pick("trajectory", trajectory, taken=(group_col,))
+    if trajectory_col is None and "trajectory" not in pick.missing:
         reasons["trajectory"] = (
             f"{trainer}'s dumps keep a whole trajectory in one row: each row is a trajectory"
         )
-    turn_col = pick("turn", turn, required=None)
+    rows_are_trajectories = trajectory_col is None and trajectory is None
+    turn_col = pick(
+        "turn",
+        turn,
+        required=None,
+        taken=(group_col, trajectory_col, *not_turns),
+        by_name=not rows_are_trajectories,
+    )
     reward_col = pick("reward", reward)
     mask_col = pick("mask", mask, required=mask_needed_for)
+    if pick.missing:
+        found = {"group": group_col, "trajectory": trajectory_col, "turn": turn_col}
+        raise MissingRoles(where, pick.missing, pick.hint_names(), found)
     assert reward_col is not None
     if turn_col is None:
         reasons["turn"] = "no turn index column: turns are ordered by input order"
+        if rows_are_trajectories:
+            reasons["turn"] = "each row is a whole trajectory: no turn order is needed"
 
     for role, name in (("group", group_col), ("trajectory", trajectory_col)):
         if name is None:
             continue
         dtype = schema[name]
-        if not (dtype.is_integer() or dtype in (pl.String, pl.Categorical) or is_enum(dtype)):
+        if not is_id_type(dtype):
             raise AdvcliError(
                 f"{where}: column '{name}' ({role} id) has type {dtype}; ids must be integers "
                 "or strings"
@@ -276,6 +309,7 @@ def resolve_columns(
     else:
         reasons["mask"] += ", a list of 0/1" if mask_kind == "mask" else ", a response length"
     return ColumnRoles(
+        dialect=pick.dialect.trainer if pick.dialect is not None else None,
         group=group_col,
         trajectory=trajectory_col,
         group_size=group_size,
@@ -301,19 +335,29 @@ def sequence_of(dtype: pl.DataType | DataTypeClass) -> tuple[Any, int | None]:
 
 
 class _Picker:
-    """Finds each role's column in one schema, in the dump's dialect, recording why for
-    ``inspect``."""
+    """Finds each role's column in one schema, in the dump's dialect, recording why for every
+    output, and what it could not find in ``missing`` (role → what to do)."""
 
     def __init__(self, schema: pl.Schema, where: str, reasons: dict[str, str]) -> None:
         self.schema, self.where, self.reasons = schema, where, reasons
         self.dialect, self.tie = _dialect_of(schema)
+        self.missing: dict[Role, str] = {}
+        self._wanted: list[str] = []
 
     def __call__(
-        self, role: Role, chosen: str | None, required: Literal[True] | str | None = True
+        self,
+        role: Role,
+        chosen: str | None,
+        required: Literal[True] | str | None = True,
+        *,
+        taken: Sequence[str | None] = (),
+        by_name: bool = True,
     ) -> str | None:
         """The column for ``role``, or None where the dialect has no such column (each row a
-        trajectory, groups as blocks of rows, no turn index). ``required``: True, a phrase
-        saying what needs the role, or None when the role may be missing."""
+        trajectory, groups as blocks of rows, no turn index) or none was found (then recorded
+        in ``missing`` when the role is ``required``: True, or a phrase saying what needs it).
+        ``taken``: columns other roles have; ``by_name``: whether a column named like the role
+        (:func:`named_like`) may stand in where no trainer's name is found."""
         option = OPTIONS[role]
         if chosen is not None:
             if chosen not in self.schema:
@@ -371,34 +415,52 @@ class _Picker:
             )
             self.reasons[role] = f"'{name}' is the {role} column of {whose}'s dumps"
             return name
-        if dialect is not None and not names and role in ("group", "trajectory"):
-            if role == "trajectory":
-                self._check_rows_are_trajectories(dialect)
+        rows_stand_in = dialect is not None and not names and role in ("group", "trajectory")
+        if by_name and (role != "trajectory" or not rows_stand_in):
+            found = self._named_like(role, taken, dialect)
+            if found is not None:
+                return found
+        if rows_stand_in:
             return None  # the dialect's rows are trajectories, or its groups blocks of rows
         if required is None:
             return None
         needed = f" ({required})" if isinstance(required, str) else ""
         expected = ", ".join(f"'{name}'" for name in names)
         source = f"{dialect.trainer}'s dumps name it" if dialect is not None else "expected"
-        raise AdvcliError(
-            f"{self.where}: no {role} column{needed}: {source} {expected}, or name one with "
-            f"{option}{self._hint(names)}"
+        self.missing[role] = (
+            f"no {role} column{needed}: {source} {expected}, or name one with {option}"
         )
+        self._wanted += names
+        return None
 
-    def _check_rows_are_trajectories(self, dialect: Dialect) -> None:
-        """A dialect whose rows are trajectories, in a dump that names trajectories or turns
-        anyway (a 'uid' dump with 'rollout_id' and 'turn_index'), is not that dialect: refuse
-        rather than read each turn as a trajectory."""
-        columns = set(self.schema.names())
+    def _named_like(
+        self, role: Role, taken: Sequence[str | None], dialect: Dialect | None
+    ) -> str | None:
+        """The one column whose name says ``role`` (``prompt_id``, ``traj_id``, ``turn``…), not
+        taken by another role; two are an error naming both."""
         found = [
-            name for name in (*_all_names("trajectory"), *_all_names("turn")) if name in columns
+            name
+            for name in self.schema.names()
+            if named_like(role, name)
+            and name not in taken
+            and (dialect is None or name not in dialect.not_read)
+            and can_hold(role, self.schema[name])
         ]
-        if found:
+        if len(found) > 1:
             raise AdvcliError(
-                f"{self.where}: {dialect.trainer}'s dumps keep a trajectory in one row, but the "
-                f"file has {', '.join(repr(name) for name in found)}; name the trajectory "
-                "column with --traj-col"
+                f"{self.where}: two columns are named like the {role}: '{found[0]}' and "
+                f"'{found[1]}'; pick one with {OPTIONS[role]} NAME"
             )
+        if not found:
+            return None
+        name = found[0]
+        trainer = f"{dialect.trainer}'s dumps have no {role} column, and " if dialect else ""
+        self.reasons[role] = f"{trainer}'{name}' is named like the {role} {ROLE_NOUNS[role]}"
+        return name
+
+    def hint_names(self) -> str:
+        """The file's columns, with the nearest names to those looked for."""
+        return self._hint(self._wanted)
 
     def _hint(self, wanted: Sequence[str]) -> str:
         """The file's columns, with the nearest names to ``wanted`` as a suggestion."""
@@ -413,6 +475,72 @@ class _Picker:
             f"; did you mean {' or '.join(repr(name) for name in nearest)}?" if nearest else ""
         )
         return f". The file has {shown}{more}{suggestion}"
+
+
+class MissingRoles(AdvcliError):
+    """Roles that found no column, each with what to do (``missing``), and the columns the
+    other roles found (``found``). ``flags``: the options that would read the dump, which
+    :func:`advcli.roles.read_roles` finds from the values; ``text``: the message without them."""
+
+    def __init__(
+        self,
+        where: str,
+        missing: dict[Role, str],
+        hint: str,
+        found: dict[Role, str | None],
+        flags: Sequence[str] = (),
+    ) -> None:
+        self.where, self.missing, self.hint = where, missing, hint
+        self.found, self.flags = found, tuple(flags)
+        self.text = f"{where}: {'; '.join(missing.values())}{hint}"
+        options = f". These options read it: {' '.join(self.flags)}" if self.flags else ""
+        super().__init__(self.text + options)
+
+
+# What a role's column holds, for the reasons: "named like the group id".
+ROLE_NOUNS: dict[Role, str] = {
+    "group": "id",
+    "trajectory": "id",
+    "turn": "index",
+    "reward": "",
+    "mask": "",
+}
+
+# Names people and trainers give a role, compared with case and separators dropped
+# ("ConversationID", "episode_idx", "rollout_uuid"): a stem, then an id suffix.
+_ID_SUFFIX = "(id|ids|idx|index|uuid|uid|key|no|num|number)"
+NAME_PATTERNS: dict[Role, re.Pattern[str]] = {
+    "group": re.compile(f"(group|prompt|question|task|instance|problem|query){_ID_SUFFIX}?"),
+    "trajectory": re.compile(
+        f"(traj|trajectory|rollout|episode|session|conversation|convo|dialog|dialogue){_ID_SUFFIX}?"
+    ),
+    "turn": re.compile(f"(turn|step){_ID_SUFFIX}?"),
+    "reward": re.compile("(reward|rewards|score|scores|return)"),
+    "mask": re.compile("(mask|responsemask|lossmask|actionmask)"),
+}
+
+
+def named_like(role: Role, name: str) -> bool:
+    """Whether ``name`` says ``role`` (any case; ``_id``, ``_idx``, ``_uuid``, ``Id`` forms)."""
+    return NAME_PATTERNS[role].fullmatch(re.sub(r"[^a-z0-9]", "", name.lower())) is not None
+
+
+def is_id_type(dtype: pl.DataType | DataTypeClass) -> bool:
+    """Integers and strings (Categorical and Enum read as strings) can be ids."""
+    return dtype.is_integer() or dtype in (pl.String, pl.Categorical) or is_enum(dtype)
+
+
+def can_hold(role: Role, dtype: pl.DataType | DataTypeClass) -> bool:
+    """Whether a column of ``dtype`` can hold ``role`` (a name alone never picks one that
+    cannot)."""
+    if role in ("group", "trajectory"):
+        return is_id_type(dtype)
+    if role == "turn":
+        return dtype.is_integer()
+    inner = sequence_of(dtype)[0]
+    if role == "reward":
+        return _is_numeric(dtype) or (inner is not None and _is_numeric(inner))
+    return dtype.is_integer() or (inner is not None and (_is_numeric(inner) or inner == pl.Boolean))
 
 
 # How many of a file's columns an error lists.

@@ -43,14 +43,19 @@ def _row_number(row: int) -> str:
     return f"row {row}"
 
 
+def _one_file(row: int) -> int:
+    return 0
+
+
 @dataclass(frozen=True)
 class Naming:
     """How error messages name things: the user's key column names and a row locator (which the
-    I/O layer sets to name the file too)."""
+    I/O layer sets to name the file too), and which input file a row is in."""
 
     group: str = GROUP
     trajectory: str = TRAJECTORY
     locate: Callable[[int], str] = _row_number
+    file_of: Callable[[int], int] = _one_file
 
 
 @dataclass(frozen=True)
@@ -167,9 +172,20 @@ def _check_consistent_scores(projection: pl.DataFrame, units: pl.DataFrame, nami
     extreme = (pl.col(SCORE) == first["score_min"]) | (pl.col(SCORE) == first["score_max"])
     disagreeing = rows.filter(extreme)[ROW][0]
     scores = rows[SCORE].unique(maintain_order=True).to_list()
+    trajectory = (
+        f"trajectory ({naming.group}={first[GROUP]!r}, {naming.trajectory}={first[TRAJECTORY]!r})"
+    )
+    first_row, last_row = rows[ROW][0], rows[ROW][-1]
+    if naming.file_of(first_row) != naming.file_of(last_row):
+        # A rule would merge what are two trajectories of two steps whose ids repeat.
+        raise AdvcliError(
+            f"{naming.locate(last_row)}: {trajectory} has rows in two files (first at "
+            f"{naming.locate(first_row)}) with different scores {scores}: the ids repeat "
+            "across files; if each file is a training step, pass --by file to read each as "
+            "its own batch"
+        )
     raise AdvcliError(
-        f"{naming.locate(disagreeing)}: trajectory ({naming.group}={first[GROUP]!r}, "
-        f"{naming.trajectory}={first[TRAJECTORY]!r}) has rows with different scores {scores}; "
+        f"{naming.locate(disagreeing)}: {trajectory} has rows with different scores {scores}; "
         "choose a rule with --traj-score first|last|mean|max|sum"
     )
 

@@ -27,7 +27,7 @@ import pyarrow as pa
 from advcli.errors import AdvcliError, first_line
 from advcli.process import stdin_closed
 from advcli.rules import EXACT_INTEGER_LIMIT
-from advcli.scan import open_parquet, scan_parquet
+from advcli.scan import closing_sources, open_parquet, scan_parquet
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSON_LINES_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -67,6 +67,22 @@ class Dataset:
             return pl.scan_ipc(files)
         return scan_parquet(self)
 
+    def read_columns(self, names: Sequence[str]) -> pl.DataFrame:
+        """The named columns, every row in input order (small columns only: ids, flags)."""
+        try:
+            with closing_sources():
+                return self.scan().select(list(names)).collect(engine="streaming")
+        except pl.exceptions.PolarsError as error:
+            listed = ", ".join(f"'{name}'" for name in names)
+            raise AdvcliError(
+                f"{self.describe()}: cannot read the columns {listed} ({first_line(error)})"
+            ) from None
+
+    def file_of(self, row: int) -> int:
+        """The index of the file that holds global row number ``row``."""
+        starts = np.cumsum((0, *self.row_counts[:-1])).tolist()
+        return bisect.bisect_right(starts, row) - 1
+
     def label(self, index: int) -> str:
         return self.labels[index] if self.labels else str(self.files[index])
 
@@ -77,9 +93,9 @@ class Dataset:
 
     def locate(self, row: int) -> str:
         """Name a global row number as ``file row k`` (k counted from 0 within that file)."""
-        starts = np.cumsum((0, *self.row_counts[:-1])).tolist()
-        file_number = bisect.bisect_right(starts, row) - 1
-        return f"{self.label(file_number)} row {row - starts[file_number]}"
+        file_number = self.file_of(row)
+        start = sum(self.row_counts[:file_number])
+        return f"{self.label(file_number)} row {row - start}"
 
 
 def resolve_inputs(specs: Sequence[str]) -> list[Path]:

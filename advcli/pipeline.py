@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 
 from advcli.atomic import writes_in_place
-from advcli.columns import ColumnRoles, resolve_columns
+from advcli.columns import ColumnRoles
 from advcli.errors import AdvcliError, UsageError
 from advcli.estimators import (
     AdvantageConfig,
@@ -31,14 +31,15 @@ from advcli.estimators import (
 )
 from advcli.inputs import STDIN, Dataset, open_dataset
 from advcli.inspection import inspect_dump
-from advcli.keys import ROW, SCORE
+from advcli.keys import GROUP, ROW, SCORE
 from advcli.loss import token_weight
 from advcli.process import copy_to_stdout
-from advcli.projection import key_projection
+from advcli.projection import check_unique_turns, key_projection
 from advcli.render import render_html, render_json, render_markdown, write_plot, write_text
 from advcli.report import BiasReport, TurnLevel, bias_report, empty_step, step_figures, turn_level
+from advcli.roles import read_roles
 from advcli.rules import RULES
-from advcli.scan import closing_sources, release_freed_memory
+from advcli.scan import release_freed_memory
 from advcli.settings import ColumnNames, Engine, LossMode, OutputFormat
 from advcli.units import Trajectories, count_trajectories, index_trajectories
 from advcli.write import check_output, replaced_columns, write_advantages
@@ -60,6 +61,8 @@ class LoadedDump:
     dataset: Dataset
     columns: ColumnRoles
     projection: pl.DataFrame
+    # With --by, each row's step (its file's number, or its value of the --by column).
+    steps: pl.Series | None = None
 
     @functools.cached_property
     def trajectories(self) -> Trajectories:
@@ -71,6 +74,7 @@ class LoadedDump:
             self.columns.group or "group",
             self.columns.trajectory or "row",
             self.dataset.locate,
+            self.dataset.file_of,
         )
         trajectories = self.trajectories if config.level is Level.TRAJECTORY else None
         return compute_advantages(self.projection, config, naming, trajectories)
@@ -91,9 +95,11 @@ class LoadedDump:
         return turn, self.advantages(replace(config, level=Level.TRAJECTORY))
 
     def report_settings(self) -> dict[str, Any]:
-        """What the report says of the input: its column roles and files."""
+        """What the report says of the input: its column roles, how it was read, and its
+        files."""
         return {
             "columns": self.columns.describe(),
+            "reading": self.columns.reading(),
             "inputs": [self.dataset.label(i) for i in range(len(self.dataset.files))],
         }
 
@@ -122,20 +128,21 @@ def load_dump(
     unique_turns: bool = True,
     engine: Engine = Engine.LOCAL,
     mask_needed_for: str | None = None,
+    by: str | None = None,
 ) -> LoadedDump:
     """Stage 1: pick the columns, read and check the key projection (on Ray Data with
     ``engine="ray"``, after :func:`start_engine`). ``mask_needed_for`` says what needs the
-    token counts, if anything does: without it a dump with no mask column is read too."""
-    columns = resolve_columns(
+    token counts, if anything does: without it a dump with no mask column is read too.
+
+    ``by`` (``"file"`` or a column) makes each part its own batch: its groups are keyed by
+    ``(step, group)``, so ids that repeat across steps (dataset indices) stay apart."""
+    columns = read_roles(
         dataset.schema,
         dataset.describe(),
-        group=names.group,
-        trajectory=names.trajectory,
-        turn=names.turn,
-        reward=names.reward,
-        mask=names.mask,
-        group_size=names.group_size,
+        names,
+        dataset.read_columns,
         mask_needed_for=mask_needed_for,
+        not_turns=(by,) if by not in (None, "file") else (),
     )
     if columns.group_size is not None and dataset.num_rows % columns.group_size:
         raise AdvcliError(
@@ -148,7 +155,33 @@ def load_dump(
             "blocks do not know their rows' numbers); use the local engine"
         )
     project = _ray_engine().key_projection if engine == Engine.RAY else key_projection
-    return LoadedDump(dataset, columns, project(dataset, columns, unique_turns=unique_turns))
+    if by is None:
+        return LoadedDump(dataset, columns, project(dataset, columns, unique_turns=unique_turns))
+    projection = project(dataset, columns, unique_turns=False)
+    steps = _step_labels(dataset, by)
+    projection = projection.with_columns(
+        pl.struct(steps.gather(projection[ROW]), pl.col(GROUP).alias("group")).alias(GROUP)
+    )
+    if unique_turns and columns.turn is not None:
+        check_unique_turns(projection, dataset, columns)
+    part = "file" if by == "file" else f"value of '{by}'"
+    reasons = {
+        **columns.reasons,
+        "group": f"{columns.reasons['group']}; each {part} is its own batch (--by {by}): "
+        f"a group is a ({steps.name}, group) pair",
+    }
+    return LoadedDump(dataset, replace(columns, reasons=reasons), projection, steps)
+
+
+def _step_labels(dataset: Dataset, by: str) -> pl.Series:
+    """Each input row's step: its file's number (``by="file"``) or its value of column ``by``."""
+    if by == "file":
+        return pl.Series("file", np.repeat(np.arange(len(dataset.files)), dataset.row_counts))
+    labels = dataset.read_columns([by]).to_series().alias("step")
+    if labels.null_count():
+        row = int(labels.is_null().arg_max() or 0)
+        raise AdvcliError(f"{dataset.locate(row)}: column '{by}' (--by) is null")
+    return labels
 
 
 def _ray_engine() -> Any:
@@ -216,6 +249,7 @@ def compute(
     address: str | None = None,
     loss_weight: LossMode | None = None,
     loss_scale_factor: float | None = None,
+    by: str | None = None,
 ) -> ComputeSummary:
     """Compute advantages for every row of the inputs and write them to ``output``.
 
@@ -229,6 +263,7 @@ def compute(
     statistics. ``on_stage`` is told when each stage starts: ``reading keys``, ``computing
     statistics``, ``writing output``. ``engine="ray"`` runs stages 1 and 3 on Ray Data (at
     ``address``, else on a new local cluster) and writes ``output`` as a Parquet dataset folder.
+    ``by`` (``"file"`` or a column such as ``step``) computes each part as its own batch.
 
     Examples
     --------
@@ -247,6 +282,8 @@ def compute(
         )
     if loss_weight is not None and engine == Engine.RAY:
         raise UsageError("--loss-weight runs on the local engine only")
+    if by is not None and engine == Engine.RAY:
+        raise UsageError("compute --by runs on the local engine only")
     if loss_scale_factor is not None and loss_weight is not LossMode.SEQ_MEAN_TOKEN_SUM_NORM:
         raise UsageError("--loss-scale-factor goes with --loss-weight seq-mean-token-sum-norm")
     if loss_scale_factor is not None and not 0 < loss_scale_factor < math.inf:
@@ -256,12 +293,14 @@ def compute(
     stage = on_stage or (lambda name: None)
     with opened(inputs) as dataset:
         check_outputs([output, report_path], dataset, force=force, engine=engine)
+        if by is not None:
+            _check_by(dataset, by)
         start_engine(engine, address)
         stage("reading keys")
         needs_mask = (
             "--loss-weight needs one" if loss_weight else _mask_needed_for(config, fmt, tokens)
         )
-        dump = load_dump(dataset, names, engine=engine, mask_needed_for=needs_mask)
+        dump = load_dump(dataset, names, engine=engine, mask_needed_for=needs_mask, by=by)
         stage("computing statistics")
         advantages = dump.advantages(config)
         report = None
@@ -462,7 +501,7 @@ def compare(
             _check_by(dataset, by)
         start_engine(engine, address)
         dump = load_dump(
-            dataset, names, engine=engine, mask_needed_for=_estimator_needs_mask(config)
+            dataset, names, engine=engine, mask_needed_for=_estimator_needs_mask(config), by=by
         )
         settings = dump.report_settings()
         turn, trajectory = dump.both_levels(config)
@@ -512,26 +551,17 @@ def _check_by(dataset: Dataset, by: str) -> None:
 
 def _by_step(dump: LoadedDump, config: AdvantageConfig, by: str, top: int) -> list[dict[str, Any]]:
     """The report's headline figures for each input file, or each value of column ``by``, in
-    order (files as given, values sorted)."""
-    dataset = dump.dataset
-    projection = dump.projection
+    order (files as given, values sorted): each part compared alone."""
+    dataset, steps = dump.dataset, dump.steps
+    assert steps is not None
     if by == "file":
-        labels = pl.Series(
-            "step",
-            np.repeat(np.arange(len(dataset.files)), dataset.row_counts),
-        )
         # Every file has its place in the series, one without rows too, named by its label.
-        steps: dict[Any, Any] = {i: dataset.label(i) for i in range(len(dataset.files))}
+        names: dict[Any, Any] = {i: dataset.label(i) for i in range(len(dataset.files))}
     else:
-        with closing_sources():
-            labels = dataset.scan().select(pl.col(by).alias("step")).collect().to_series()
-        if labels.null_count():
-            row = int(labels.is_null().arg_max() or 0)
-            raise AdvcliError(f"{dataset.locate(row)}: column '{by}' (--by) is null")
-        steps = {value: value for value in sorted(labels.unique().to_list())}
-    rows = projection.with_columns(labels.gather(projection[ROW]).alias("__step"))
+        names = {value: value for value in sorted(steps.unique().to_list())}
+    rows = dump.projection.with_columns(steps.gather(dump.projection[ROW]).alias("__step"))
     series = []
-    for value, name in steps.items():
+    for value, name in names.items():
         part = LoadedDump(
             dataset, dump.columns, rows.filter(pl.col("__step") == value).drop("__step")
         )

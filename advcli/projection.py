@@ -102,7 +102,7 @@ class KeyExpressions:
             raise AdvcliError(f"{dataset.locate(row)}: {self.messages[code - 1]}")
         projection = projection.drop("problem")
         if unique_turns and columns.turn is not None:
-            _check_unique_turns(projection, dataset, columns)
+            check_unique_turns(projection, dataset, columns)
         return projection
 
 
@@ -246,13 +246,32 @@ def _as_key(name: str, schema: pl.Schema) -> pl.Expr:
     )
 
 
-def _check_unique_turns(projection: pl.DataFrame, dataset: Dataset, columns: ColumnRoles) -> None:
+def check_unique_turns(projection: pl.DataFrame, dataset: Dataset, columns: ColumnRoles) -> None:
+    """Refuse a ``(group, trajectory, turn)`` that two rows have, saying where both are; in two
+    files, the ids repeat across files (step files whose group ids are dataset indices)."""
     repeated = repeated_turns(projection)
     if repeated.is_empty():
         return
     key = repeated.row(0, named=True)
-    raise AdvcliError(
+    first = projection.filter(
+        (pl.col(GROUP) == key[GROUP])
+        & (pl.col(TRAJECTORY) == key[TRAJECTORY])
+        & (pl.col(TURN) == key[TURN])
+    )[ROW][0]
+    message = (
         f"{dataset.locate(key[ROW])}: duplicate turn: ({columns.group}={key[GROUP]!r}, "
         f"{columns.trajectory}={key[TRAJECTORY]!r}, {columns.turn}={key[TURN]!r}) "
-        "appears more than once"
+        f"appears more than once (first at {dataset.locate(first)})"
     )
+    if dataset.file_of(first) != dataset.file_of(key[ROW]):
+        message += (
+            "; the ids repeat across files: if each file is a training step, pass --by file "
+            "to read each as its own batch"
+        )
+    elif f"'{columns.turn}' is named like" in columns.reasons.get("turn", ""):
+        message += (
+            f"; '{columns.turn}' was read as the turn index for its name: if it is not one, "
+            "name the turn column with --turn-col (or, for a training step, pass --by "
+            f"{columns.turn})"
+        )
+    raise AdvcliError(message)

@@ -10,6 +10,8 @@ import pytest
 
 from advcli.columns import DIALECTS, resolve_columns
 from advcli.errors import AdvcliError, UsageError
+from advcli.roles import read_roles
+from advcli.settings import ColumnNames
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
@@ -166,14 +168,14 @@ def test_an_advcli_output_read_again_takes_its_reward_not_its_score():
 
 def test_a_missing_role_lists_the_columns_and_the_nearest_names():
     schema = _schema(
-        data_id=pl.Int64(), rollout_ids=pl.Int64(), score=pl.Float64(), response_length=pl.Int64()
+        data_id=pl.Int64(), rolout_id=pl.Int64(), score=pl.Float64(), response_length=pl.Int64()
     )
     with pytest.raises(AdvcliError) as error:
         resolve_columns(schema, "dump")
     message = str(error.value)
     assert message.startswith("dump: no trajectory column: expected 'rollout_id',")
-    assert "The file has 'data_id', 'rollout_ids', 'score', 'response_length'" in message
-    assert message.endswith("did you mean 'rollout_ids'?")
+    assert "The file has 'data_id', 'rolout_id', 'score', 'response_length'" in message
+    assert message.endswith("did you mean 'rolout_id'?")
 
 
 def test_a_mistyped_option_suggests_the_nearest_column():
@@ -234,14 +236,23 @@ def test_multidimensional_arrays_are_refused():
         resolve_columns(schema, "dump")
 
 
-def test_a_uid_dump_that_names_trajectories_is_not_read_row_by_row():
-    """verl's dialect (uid only) reads each row as a trajectory: a dump that also has advcli's
-    'rollout_id' and 'turn_index' is not one, and must say so rather than compute turn-level
-    numbers as trajectory-level ones."""
+def test_a_uid_dump_that_names_trajectories_is_read_by_them_or_refused():
+    """verl's dialect (uid only) reads each row as a trajectory: in a dump that also has
+    advcli's 'rollout_id' repeating within groups, the rows are turns and 'rollout_id' is their
+    trajectory; one whose 'turn_index' numbers turns with no trajectory column is refused,
+    rather than turn-level numbers computed as trajectory-level ones."""
     schema = _schema(
         uid=pl.String(), rollout_id=pl.Int64(), turn_index=pl.Int64(), score=pl.Float64()
     )
-    with pytest.raises(AdvcliError, match=r"'rollout_id', 'turn_index'; name the trajectory"):
-        resolve_columns(schema, "dump", mask_needed_for=None)
+    frame = pl.DataFrame(
+        {"uid": ["p", "p", "p", "q"], "rollout_id": [0, 0, 1, 2], "turn_index": [0, 1, 0, 0]},
+    )
+    roles = read_roles(schema, "dump", ColumnNames(), frame.select)
+    assert (roles.group, roles.trajectory, roles.turn) == ("uid", "rollout_id", "turn_index")
+    assert "repeat within groups (4 rows, 3 trajectories)" in roles.reasons["trajectory"]
+
+    per_row = frame.with_columns(rollout_id=pl.Series([0, 1, 2, 3]))
+    with pytest.raises(AdvcliError, match=r"column 'turn_index' numbers turns \(2 distinct"):
+        read_roles(schema, "dump", ColumnNames(), per_row.select)
     roles = resolve_columns(schema, "dump", trajectory="rollout_id", mask_needed_for=None)
     assert (roles.group, roles.trajectory, roles.turn) == ("uid", "rollout_id", "turn_index")

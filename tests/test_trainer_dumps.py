@@ -473,12 +473,12 @@ def test_missing_trajectory_column_suggests_the_near_name(run, tmp_path):
         tmp_path / "dump.parquet",
         {
             "data_id": np.array(["p", "p"]),
-            "rollout_ids": np.array(["a", "b"]),
+            "rolout_id": np.array(["a", "b"]),
             "score": np.array([1.0, 0.0]),
         },
     )
     line = error_line(run("inspect", dump))
-    assert "did you mean 'rollout_ids'" in line
+    assert "did you mean 'rolout_id'" in line
 
 
 def test_verl_rollout_data_dir_jsonl_is_explained(run, tmp_path):
