@@ -334,6 +334,14 @@ def compute_command(
             help="Also write the bias report (.json or .md), from the same read of the input.",
         ),
     ] = None,
+    by: Annotated[
+        str | None,
+        typer.Option(
+            "--by",
+            help="Each input file ('file') or each value of a column (e.g. step) is its own "
+            "batch: ids may repeat across them.",
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output.")] = False,
     engine: EngineOpt = Engine.LOCAL,
     address: AddressOpt = None,
@@ -371,6 +379,7 @@ def compute_command(
             address=address,
             loss_weight=loss_weight,
             loss_scale_factor=loss_scale_factor,
+            by=by,
         )
     if not quiet:
         stderr.print(_summary_table(summary))
@@ -391,7 +400,14 @@ def _summary_table(summary: ComputeSummary) -> Table:
         (f"zero-std groups ({config.level.value} level)", f"{summary.zero_std_groups:,}"),
         ("level", config.level.value),
         ("estimator", config.describe()),
-        ("reward column", f"{summary.columns.reward} ({summary.columns.reward_kind})"),
+        ("read as", summary.columns.read_as()),
+        *(
+            (
+                f"{role} column",
+                f"{entry['column']}: {entry['why']}" if entry["column"] else entry["why"],
+            )
+            for role, entry in summary.columns.reading()["roles"].items()
+        ),
         ("output", f"{summary.output} ({summary.output_format.value})"),
         ("seconds", f"{summary.seconds:.2f} ({summary.threads} threads)"),
     ]:
@@ -440,8 +456,8 @@ def compare_command(
         str | None,
         typer.Option(
             "--by",
-            help="Also report each input file ('file') or each value of a column (e.g. step) "
-            "on its own, as a series over training steps.",
+            help="Each input file ('file') or each value of a column (e.g. step) is its own "
+            "batch, also reported on its own as a series over training steps.",
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace existing report files.")] = False,

@@ -158,11 +158,18 @@ class ColumnRoles:
             "mask": self.mask,
         }
 
+    def read_as(self) -> str:
+        """The layout the dump was read in, in words."""
+        if self.dialect is None:
+            return "no trainer's layout: columns by their names and the options"
+        return f"{self.dialect}'s layout"
+
     def reading(self) -> dict[str, Any]:
         """How the dump was read, for every output: the trainer's dialect and, for each role,
         its column (None where an assumption stands in for it) and why."""
         return {
             "trainer": self.dialect,
+            "read_as": self.read_as(),
             "roles": {
                 role: {"column": getattr(self, role), "why": self.reasons.get(role, "")}
                 for role in ROLES

@@ -21,8 +21,10 @@ import numpy as np
 import polars as pl
 
 from advcli.atomic import atomic_output
-from advcli.columns import ColumnRoles, resolve_columns
+from advcli.columns import ColumnRoles
 from advcli.errors import AdvcliError, first_line
+from advcli.roles import read_roles
+from advcli.settings import ColumnNames
 
 # What the written file's columns are called: advcli's own names, so the dump is read with no
 # flags whatever trainer it came from.
@@ -122,15 +124,18 @@ def batch_roles(
     mask_needed_for: str | None = None,
 ) -> ColumnRoles:
     """The roles of a batch's keys, found as the command line finds columns (the trainers'
-    dialects), from the entries' types and shapes alone."""
-    return resolve_columns(
+    dialects) from the entries' types and shapes, and checked against the values of the few
+    entries that could contradict that reading (:func:`advcli.roles.read_roles`): a batch whose
+    ``trajectory_id`` repeats within a group is not read one row a trajectory."""
+
+    def values(names: Sequence[str]) -> pl.DataFrame:
+        return pl.DataFrame([_series(name, entries[name]) for name in names])
+
+    return read_roles(
         _schema(entries),
         "the batch",
-        group=group,
-        trajectory=trajectory,
-        turn=turn,
-        reward=reward,
-        mask=mask,
+        ColumnNames(group, trajectory, turn, reward, mask),
+        values,
         mask_needed_for=mask_needed_for,
     )
 

@@ -77,6 +77,8 @@ def inspect_dump(
         "inputs": {
             "files": inputs,
             "format": input_format,
+            "trainer": columns.dialect,
+            "read_as": columns.read_as(),
         },
         "columns": {
             role: {"column": getattr(columns, role), "why": columns.reasons.get(role, "")}

@@ -183,6 +183,26 @@ def _headline_rows(report: BiasReport) -> list[tuple[str, str]]:
     ]
 
 
+def reading_rows(reading: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """How the dump was read, a row a role: (role, column or '-', why), after the layout."""
+    rows = [("layout", "", reading["read_as"])]
+    for role, entry in reading["roles"].items():
+        rows.append((role, entry["column"] or "-", entry["why"]))
+    return rows
+
+
+def _reading_table(report: BiasReport) -> Table:
+    table = Table(title="How the dump was read", title_justify="left", show_edge=False)
+    for header in READING_HEADERS:
+        table.add_column(header, overflow="fold")
+    for row in reading_rows(report.summary["settings"]["reading"]):
+        table.add_row(*row)
+    return table
+
+
+READING_HEADERS = ("role", "column", "why")
+
+
 def render_terminal(report: BiasReport, console: Console) -> None:
     """The report as rich tables, with the verdict last."""
     headline = Table(
@@ -229,7 +249,20 @@ def render_terminal(report: BiasReport, console: Console) -> None:
     for row in _top_trajectory_rows(report):
         worst.add_row(*row)
 
-    parts: list[Any] = [headline, "", histogram, "", by_turns, "", top, "", worst, ""]
+    parts: list[Any] = [
+        _reading_table(report),
+        "",
+        headline,
+        "",
+        histogram,
+        "",
+        by_turns,
+        "",
+        top,
+        "",
+        worst,
+        "",
+    ]
     loss = _loss_weight_table(report)
     if loss is not None:
         weights = Table(
@@ -279,6 +312,9 @@ def render_markdown(report: BiasReport) -> str:
                 "# advcli compare: turn level vs trajectory level",
                 f"**Verdict.** {summary['verdict']}",
                 f"Inputs: {inputs}. advcli {summary['settings']['advcli_version']}.",
+                "## How the dump was read",
+                _markdown_table(READING_HEADERS, reading_rows(summary["settings"]["reading"])),
+                "## Figures",
                 _markdown_table(("metric", "value"), _headline_rows(report)),
                 "## Turns per trajectory",
                 _markdown_table(
@@ -454,6 +490,8 @@ def render_html(report: BiasReport) -> str:
         f'<p class="verdict"><strong>Verdict.</strong> {escape(summary["verdict"])}</p>',
         f"<p>{escape(_assessment_line(report))}</p>",
         _html_table(("metric", "value"), _headline_rows(report)),
+        "<h2>How the dump was read</h2>",
+        _html_table(READING_HEADERS, reading_rows(summary["settings"]["reading"])),
     ]
     try:
         png = base64.b64encode(figure_png(report)).decode("ascii")
@@ -524,7 +562,11 @@ def _step_rows(report: BiasReport) -> list[list[str]]:
 
 def render_inspection(summary: dict[str, Any], console: Console) -> None:
     """`advcli inspect` as rich tables: roles, counts, turns, scores, then anything to fix."""
-    roles = Table(title="Columns", title_justify="left", show_edge=False)
+    roles = Table(
+        title=f"Columns, read as {summary['inputs']['read_as']}",
+        title_justify="left",
+        show_edge=False,
+    )
     for header in ("role", "column", "why"):
         roles.add_column(header)
     for role, entry in summary["columns"].items():
