@@ -1,0 +1,362 @@
+"""How a dump is read: no assumption the values contradict, every output saying how it read the
+dump, one error for every missing role with a command line that works, and each step its own
+batch with --by.
+
+Expected advantages come from tests/reference.py (plain Python), never from advcli.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from reference import reference_advantages
+
+from advcli.dump import write_batch
+from advcli.errors import AdvcliError
+from advcli.sample import sample_table
+
+ADVCLI = [sys.executable, "-m", "advcli"]
+
+
+def multi_turn_rows(seed: int = 0, groups: int = 12, rollouts: int = 5) -> list[tuple]:
+    """(group, trajectory, turn, score, tokens) rows of trajectories of 1 to 5 turns, the long
+    ones mostly failing: a dump whose turn counting is severely biased."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for group in range(groups):
+        for rollout in range(rollouts):
+            turns = int(rng.integers(1, 6))
+            score = float(rng.random() < (0.8 if turns <= 2 else 0.2))
+            for turn in range(turns):
+                rows.append((f"p{group}", f"p{group}-r{rollout}", turn, score, 2))
+    return rows
+
+
+def verl_frame(rows: list[tuple], trajectory_name: str) -> pl.DataFrame:
+    """verl's columns (uid, token_level_rewards, response_mask), plus a trajectory column under
+    a name no trainer advcli knows uses."""
+    return pl.DataFrame(
+        {
+            "uid": [r[0] for r in rows],
+            trajectory_name: [r[1] for r in rows],
+            "token_level_rewards": [[0.0] * (r[4] - 1) + [r[3]] for r in rows],
+            "response_mask": [[1] * r[4] for r in rows],
+        }
+    )
+
+
+def error_line(result) -> str:
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    return lines[0]
+
+
+def compare_json(run, *args) -> dict:
+    result = run("compare", *args, "--json", "-", "--quiet")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize(
+    "name", ["trajectory_id", "episode_idx", "rollout_uuid", "ConversationID", "session"]
+)
+def test_an_unfamiliar_trajectory_column_is_read_not_each_row(run, tmp_path, name):
+    """A verl dump with a trajectory column advcli has no name for: read as verl's layout (each
+    row a trajectory) it would compare rows with themselves and call a severe bias negligible.
+    Its values repeat within groups, so it is the trajectory, and the report says why."""
+    rows = multi_turn_rows()
+    path = tmp_path / "dump.parquet"
+    verl_frame(rows, name).write_parquet(path)
+    report = compare_json(run, path)
+    assert report["counts"]["trajectories"] == len({(r[0], r[1]) for r in rows}) == 60
+    assert report["counts"]["rows"] == len(rows)
+    reading = report["settings"]["reading"]
+    assert reading["trainer"] == "verl"
+    assert reading["roles"]["trajectory"]["column"] == name
+    assert "repeat within groups" in reading["roles"]["trajectory"]["why"]
+    assert report["assessment"]["level"] == "severe"
+    out = tmp_path / "out.parquet"
+    assert run("compute", path, "-o", out, "--no-tokens", "-q").exit_code == 0
+    expected = reference_advantages(rows, level="trajectory", estimator="grpo")
+    np.testing.assert_allclose(pl.read_parquet(out)["advantage"], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_verl_dump_with_per_row_and_constant_columns_reads_one_row_a_trajectory(run, tmp_path):
+    """sample_id is unique per row and data_source constant: nothing contradicts verl's
+    reading, which is taken with no flags."""
+    rows = [(f"p{i // 4}", f"r{i}", 0, float(i % 3 == 0), 3) for i in range(16)]
+    frame = verl_frame(rows, "sample_id").with_columns(
+        data_source=pl.lit("gsm8k"), episode_id=pl.lit(0)
+    )
+    path = tmp_path / "dump.parquet"
+    frame.write_parquet(path)
+    report = compare_json(run, path)
+    assert report["counts"]["trajectories"] == 16
+    trajectory = report["settings"]["reading"]["roles"]["trajectory"]
+    assert trajectory["column"] is None
+    assert "each row is a trajectory" in trajectory["why"]
+
+
+def test_two_repeating_trajectory_columns_are_an_error_naming_both(run, tmp_path):
+    rows = multi_turn_rows()
+    path = tmp_path / "dump.parquet"
+    verl_frame(rows, "traj_id").with_columns(episode=pl.col("traj_id") + "x").write_parquet(path)
+    line = error_line(run("compare", path))
+    assert "'traj_id' and 'episode' both repeat within groups" in line
+    assert "--traj-col traj_id" in line
+
+
+def test_a_turn_column_without_a_trajectory_column_is_refused(run, tmp_path):
+    """Rows numbered as turns, with nothing that says which trajectory each belongs to."""
+    rows = multi_turn_rows()
+    frame = (
+        verl_frame(rows, "ignored")
+        .drop("ignored")
+        .with_columns(turn=pl.Series([r[2] for r in rows]))
+    )
+    path = tmp_path / "dump.parquet"
+    frame.write_parquet(path)
+    line = error_line(run("inspect", path))
+    assert "column 'turn' numbers turns (5 distinct values)" in line
+    assert "--traj-col" in line
+
+
+def test_a_hand_written_dump_reads_with_no_flags_in_turn_order(run, tmp_path):
+    """prompt_id, traj_id, turn, reward: each read by its name, and the turn column orders the
+    turns (rows shuffled: --traj-score last takes the last turn, not the last row)."""
+    rows = [
+        (g, f"t{g}{k}", turn, float(turn == turns - 1) * ((g + k) % 2), 1)
+        for g in range(4)
+        for k in range(3)
+        for turns in [1 + (g + k) % 3]
+        for turn in range(turns)
+    ]
+    order = np.random.default_rng(3).permutation(len(rows))
+    rows = [rows[i] for i in order]
+    frame = pl.DataFrame(
+        {
+            "prompt_id": [r[0] for r in rows],
+            "traj_id": [r[1] for r in rows],
+            "turn": [r[2] for r in rows],
+            "reward": [r[3] for r in rows],
+        }
+    )
+    path = tmp_path / "hand.parquet"
+    frame.write_parquet(path)
+    out = tmp_path / "out.parquet"
+    result = run("compute", path, "-o", out, "--no-tokens", "--traj-score", "last")
+    assert result.exit_code == 0, result.output
+    expected = reference_advantages(rows, level="trajectory", estimator="grpo", traj_score="last")
+    np.testing.assert_allclose(pl.read_parquet(out)["advantage"], expected, rtol=1e-5, atol=1e-6)
+    for role, column in (("group", "prompt_id"), ("trajectory", "traj_id"), ("turn", "turn")):
+        assert f"{role} column  " in result.stderr
+        assert f"'{column}' is named like the {role}" in result.stderr
+
+
+def test_every_missing_role_in_one_error_with_a_command_that_works(tmp_path):
+    """Columns no name gives away: one error lists every missing role with its likeliest
+    columns (the group has fewer values than the trajectory; the turn index, with fewer still,
+    holds no trajectory nested in it), and the command line it proposes runs."""
+    rows = multi_turn_rows()
+    frame = pl.DataFrame(
+        {
+            "a": [r[0] for r in rows],
+            "b": [r[1] for r in rows],
+            "c": [r[2] for r in rows],
+            "r": [r[3] for r in rows],
+        }
+    )
+    path = tmp_path / "anon.parquet"
+    frame.write_parquet(path)
+    failed = subprocess.run([*ADVCLI, "compare", str(path)], capture_output=True, text=True)
+    assert failed.returncode == 1
+    line = failed.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.startswith("Error: ")
+    assert "no group column" in line and "no trajectory column" in line
+    assert "no reward column" in line
+    assert "likeliest: 'a' (12 distinct values)" in line
+    assert "likeliest: 'b' (60 trajectories)" in line
+    command = line.split("This command reads it: ", 1)[1]
+    assert command == f"advcli compare {path} --group-col a --traj-col b --reward-col r"
+    pasted = shlex.split(command)[1:]
+    worked = subprocess.run([*ADVCLI, *pasted, "--quiet"], capture_output=True, text=True)
+    assert worked.returncode == 0, worked.stderr
+
+
+def test_a_group_named_column_contradicting_group_size_is_refused(run, tmp_path):
+    frame = pl.DataFrame(
+        {
+            "prompt_id": [0, 0, 1, 1, 1, 2],
+            "rewards": [1.0, 0.0, 1.0, 0.0, 0.5, 1.0],
+            "completion_mask": [[1]] * 6,
+        }
+    )
+    path = tmp_path / "dump.parquet"
+    frame.write_parquet(path)
+    line = error_line(run("inspect", path, "--group-size", "2"))
+    assert "column 'prompt_id' is named like a group id" in line
+    assert "--group-col prompt_id" in line
+
+
+def test_trls_layout_reads_a_prompt_id_as_its_group(run, tmp_path):
+    """TRL's dumps have no group id (blocks of num_generations); a prompt_id is read as one."""
+    frame = pl.DataFrame(
+        {
+            "prompt_id": ["x", "y", "x", "y"],
+            "rewards": [1.0, 0.0, 0.0, 1.0],
+            "completion_mask": [[1, 1], [1, 0], [1, 1], [1, 1]],
+        }
+    )
+    path = tmp_path / "dump.parquet"
+    frame.write_parquet(path)
+    report = compare_json(run, path)
+    group = report["settings"]["reading"]["roles"]["group"]
+    assert group["column"] == "prompt_id"
+    assert "TRL's dumps have no group column" in group["why"]
+    assert report["counts"]["groups"] == 2
+
+
+def step_files(tmp_path: Path, turn: bool = True) -> list[Path]:
+    """Two training steps from advcli's own sample: the group ids are dataset indices, the same
+    in every step's file."""
+    paths = []
+    for step in range(2):
+        frame = pl.from_arrow(sample_table(groups=6, rollouts=4, seed=step))
+        if not turn:
+            frame = frame.drop("turn_index")
+        path = tmp_path / f"step-{step}.parquet"
+        frame.write_parquet(path)
+        paths.append(path)
+    return paths
+
+
+def test_ids_repeated_across_step_files_name_by_file(run, tmp_path):
+    first, second = step_files(tmp_path)
+    line = error_line(run("compare", first, second))
+    assert "duplicate turn" in line and "the ids repeat across files" in line
+    assert "--by file" in line and "--traj-score" not in line
+
+
+def test_ids_repeated_across_step_files_without_turns_name_by_file(run, tmp_path):
+    """Without a turn column the rows of one trajectory id in two files disagree on the score:
+    a --traj-score rule would merge two trajectories of two steps."""
+    first, second = step_files(tmp_path, turn=False)
+    line = error_line(run("compare", first, second))
+    assert "has rows in two files" in line and "--by file" in line
+    assert "--traj-score" not in line
+
+
+@pytest.mark.parametrize("turn", [True, False])
+def test_by_file_reads_each_step_as_its_own_batch(run, tmp_path, turn):
+    """With --by file each file is its own batch: the per-step figures equal each file compared
+    alone, the whole run counts both steps' groups, and compute's advantages equal each file's
+    own."""
+    first, second = step_files(tmp_path, turn)
+    run_report = compare_json(run, first, second, "--by", "file")
+    alone = [compare_json(run, path) for path in (first, second)]
+    steps = run_report["by_step"]["steps"]
+    for step, single in zip(steps, alone, strict=True):
+        assert step["trajectories"] == single["counts"]["trajectories"]
+        assert step["advantage_diff_mean"] == pytest.approx(
+            single["trajectories"]["advantage_diff_mean"], rel=1e-12
+        )
+    assert run_report["counts"]["groups"] == sum(r["counts"]["groups"] for r in alone) == 12
+    assert run_report["counts"]["trajectories"] == 48
+    assert "--by file" in run_report["settings"]["reading"]["roles"]["group"]["why"]
+
+    out = tmp_path / "out.parquet"
+    assert run("compute", first, second, "-o", out, "--by", "file", "-q").exit_code == 0
+    written = pl.read_parquet(out)["advantage"]
+    expected = []
+    for path in (first, second):
+        frame = pl.read_parquet(path)
+        turns = frame["turn_index"] if turn else pl.Series([0] * frame.height)
+        rows = list(
+            zip(
+                frame["data_id"],
+                frame["rollout_id"],
+                turns,
+                frame["token_level_rewards"].list.sum(),
+                frame["response_mask"].list.sum(),
+                strict=True,
+            )
+        )
+        expected += reference_advantages(rows, level="trajectory", estimator="grpo")
+    np.testing.assert_allclose(written, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_by_column_keys_groups_by_step(run, tmp_path):
+    """--by step on one file holding two steps whose ids repeat."""
+    first, second = step_files(tmp_path)
+    both = pl.concat(
+        [
+            pl.read_parquet(first).with_columns(step=pl.lit(10)),
+            pl.read_parquet(second).with_columns(step=pl.lit(11)),
+        ]
+    )
+    path = tmp_path / "run.parquet"
+    both.write_parquet(path)
+    assert "duplicate turn" in error_line(run("compare", path))
+    report = compare_json(run, path, "--by", "step")
+    assert [s["step"] for s in report["by_step"]["steps"]] == [10, 11]
+    assert report["counts"]["groups"] == 12
+    top = report["top_groups"][0]["group"]
+    assert set(top) == {"step", "group"}
+
+
+def test_reports_say_how_the_dump_was_read(run, tmp_path):
+    path = tmp_path / "dump.parquet"
+    verl_frame(multi_turn_rows(), "trajectory_id").write_parquet(path)
+    markdown, html = tmp_path / "r.md", tmp_path / "r.html"
+    result = run("compare", path, "--markdown", markdown, "--html", html)
+    assert result.exit_code == 0, result.output
+    assert "How the dump was read" in result.stdout and "verl's layout" in result.stdout
+    text = markdown.read_text()
+    assert "## How the dump was read" in text
+    assert "| trajectory | trajectory_id |" in text
+    page = html.read_text()
+    assert "<h2>How the dump was read</h2>" in page and "trajectory_id" in page
+    inspected = json.loads(run("inspect", path, "--json").stdout)
+    assert inspected["inputs"]["trainer"] == "verl"
+    assert inspected["columns"]["trajectory"]["column"] == "trajectory_id"
+
+
+def test_the_library_reads_a_batch_as_the_command_line_does(tmp_path):
+    """write_batch and advcli.verl find the same trajectory column in a batch."""
+    rows = multi_turn_rows()
+    batch = {
+        "uid": np.array([r[0] for r in rows], dtype=object),
+        "trajectory_id": np.array([r[1] for r in rows], dtype=object),
+        "token_level_rewards": np.array([[0.0, r[3]] for r in rows], dtype=np.float32),
+        "response_mask": np.ones((len(rows), 2), dtype=np.int64),
+    }
+    written = pl.read_parquet(write_batch(batch, tmp_path))
+    assert written["rollout_id"].to_list() == [r[1] for r in rows]
+
+    torch = pytest.importorskip("torch")
+    verl = pytest.importorskip("verl")
+    from advcli.verl import compute_advantage
+
+    data = verl.DataProto.from_dict(
+        tensors={
+            "token_level_rewards": torch.tensor(batch["token_level_rewards"]),
+            "response_mask": torch.tensor(batch["response_mask"]),
+        },
+        non_tensors={k: batch[k] for k in ("uid", "trajectory_id")},
+    )
+    metrics = compute_advantage(data)
+    assert metrics["advcli/trajectories"] == 60
+    expected = reference_advantages(rows, level="trajectory", estimator="grpo")
+    np.testing.assert_allclose(
+        data.batch["advantages"][:, 1].numpy(), expected, rtol=1e-5, atol=1e-6
+    )
+    with pytest.raises(AdvcliError, match="both repeat within groups"):
+        write_batch({**batch, "episode_id": batch["trajectory_id"] + "x"}, tmp_path)
