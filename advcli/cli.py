@@ -13,6 +13,7 @@ import shlex
 import signal
 import sys
 import threading
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -242,6 +243,90 @@ ThreadsOpt = Annotated[
 ]
 
 
+# Options never saved in a config file: where a run writes (a saved path would be replaced by
+# every later run, and --force would make that silent) and --quiet, which would hide the line
+# saying that a config file is in force.
+UNSAVED = frozenset(
+    {"config", "output", "format", "report", "json", "markdown", "plot", "html", "force", "quiet"}
+)
+
+
+def _savable(command: Any) -> dict[str, Any]:
+    """A command's options that a config file may hold, by long name without the dashes."""
+    options = {}
+    for param in command.params:
+        if isinstance(param, typer.core.TyperOption):
+            name = next(opt for opt in param.opts if opt.startswith("--"))[2:]
+            if name not in UNSAVED:
+                options[name] = param
+    return options
+
+
+def _value_types(command: Any, options: dict[str, Any]) -> dict[str, type]:
+    """The TOML type a saved value of each option must have, from the command's annotations:
+    choices (enums) and paths are strings, as on the command line."""
+    hints = typing.get_type_hints(command.callback)
+    types = {}
+    for key, option in options.items():
+        hint = hints[option.name]
+        declared = next(arg for arg in typing.get_args(hint) or (hint,) if arg is not type(None))
+        types[key] = next((kind for kind in (bool, int, float) if declared is kind), str)
+    return types
+
+
+@reports_errors
+def _read_config(ctx: typer.Context, value: Path | None) -> Path | None:
+    """Load the config file in force into ``ctx.default_map``, so that its values become the
+    options' defaults: the command line still wins, and each value goes through its option's
+    own type, choices and range. Eager, so it runs before the other options are read."""
+    from advcli.config_file import command_settings, find_config
+
+    config = find_config(value)
+    if config is None:
+        return None
+    reading = {
+        name: command
+        for name, command in ctx.find_root().command.commands.items()  # type: ignore[attr-defined]
+        if any(param.name == "config_path" for param in command.params)
+    }
+    commands = {name: _savable(command) for name, command in reading.items()}
+    settings = command_settings(
+        config,
+        {name: _value_types(reading[name], options) for name, options in commands.items()},
+        UNSAVED,
+    )
+    # Every command's values are checked, so a bad value fails whichever command runs.
+    for name, values in settings.items():
+        for key, setting in values.items():
+            try:
+                commands[name][key].process_value(ctx, setting.value)
+            except typer.BadParameter as error:
+                raise config.error(setting.key, error.message) from None
+    command = ctx.command.name or ""
+    ctx.default_map = {
+        commands[command][key].name: setting.value for key, setting in settings[command].items()
+    }
+    return config.path
+
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        is_eager=True,
+        callback=_read_config,
+        show_default=False,
+        help="TOML file of saved options [default: ./advcli.toml, else the [tool.advcli] table "
+        "of ./pyproject.toml]. Keys are the long option names without dashes: group-col, "
+        "group-size, traj-col, turn-col, reward-col, mask-col, level, estimator, epsilon, "
+        "traj-score, scale, singleton, loss-weight, loss-scale-factor, no-tokens, top, by, "
+        "fail-above, engine, address, threads; each command takes those it has, and a "
+        "[compute], [compare] or [inspect] table overrides them for that command. Options on "
+        "the command line win.",
+    ),
+]
+
+
 # Progress shows only on a terminal, and only once the work has lasted this long.
 PROGRESS_DELAY_SECONDS = 1.0
 
@@ -346,6 +431,7 @@ def compute_command(
     engine: EngineOpt = Engine.LOCAL,
     address: AddressOpt = None,
     threads: ThreadsOpt = None,
+    config_path: ConfigOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")] = False,
 ) -> None:
     """Compute per-row and per-token advantages for a rollout dump.
@@ -382,7 +468,10 @@ def compute_command(
             by=by,
         )
     if not quiet:
-        stderr.print(_summary_table(summary))
+        table = _summary_table(summary)
+        if config_path is not None:
+            table.add_row("config", str(config_path))
+        stderr.print(table)
         if report is not None:
             stderr.print(f"report: {report}")
 
@@ -471,6 +560,7 @@ def compare_command(
         ),
     ] = None,
     threads: ThreadsOpt = None,
+    config_path: ConfigOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")] = False,
 ) -> None:
     """Report how much counting every turn changes baselines and advantages.
@@ -516,7 +606,10 @@ def compare_command(
         write_stdout_text(render_json(report), "the JSON report")
     if not quiet:
         # The terminal report moves to stderr when stdout carries the JSON.
-        render_terminal(report, stderr if json_to_stdout else stdout())
+        console = stderr if json_to_stdout else stdout()
+        render_terminal(report, console)
+        if config_path is not None:
+            console.print(f"config: {config_path}")
     diff_max = report.summary["trajectories"]["advantage_diff_max"] or 0.0
     if fail_above is not None and diff_max > fail_above:
         typer.echo(
@@ -541,6 +634,7 @@ def inspect_command(
         bool, typer.Option("--json", help="Print the report as JSON on stdout.")
     ] = False,
     threads: ThreadsOpt = None,
+    config_path: ConfigOpt = None,
 ) -> None:
     """Look at a dump before computing: column roles, counts, turns, scores, and problems.
 
@@ -554,12 +648,17 @@ def inspect_command(
     summary = inspect(
         inputs or [], ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col, group_size)
     )
+    if config_path is not None:
+        summary["config"] = str(config_path)
     if json_output:
         write_stdout_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", "the JSON")
     else:
         from advcli.render import render_inspection
 
-        render_inspection(summary, stdout())
+        console = stdout()
+        render_inspection(summary, console)
+        if config_path is not None:
+            console.print(f"config: {config_path}")
 
 
 @app.command("sample")
