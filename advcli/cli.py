@@ -204,6 +204,14 @@ AddressOpt = Annotated[
     str | None,
     typer.Option("--address", help="Ray cluster address (e.g. auto) [default: a new local one]."),
 ]
+DropDuplicatesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--drop-duplicates",
+        help="Count each set of identical rows (a trainer's padding copies) once in the "
+        "statistics [default: every row counts, as the trainer counted it].",
+    ),
+]
 # More threads than this only cost memory on any machine advcli runs on.
 MAX_THREADS = 1024
 ThreadsOpt = Annotated[
@@ -309,6 +317,7 @@ def compute_command(
             help="Also write the bias report (.json or .md), from the same read of the input.",
         ),
     ] = None,
+    drop_duplicates: DropDuplicatesOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output.")] = False,
     engine: EngineOpt = Engine.LOCAL,
     address: AddressOpt = None,
@@ -346,9 +355,15 @@ def compute_command(
             address=address,
             loss_weight=loss_weight,
             loss_scale_factor=loss_scale_factor,
+            drop_duplicates=drop_duplicates,
         )
     if not quiet:
         stderr.print(_summary_table(summary))
+        if summary.duplicate_rows and not summary.duplicates_dropped:
+            stderr.print(
+                f"{summary.duplicate_rows:,} duplicated rows counted as the trainer did; "
+                "--drop-duplicates to count each once"
+            )
         if report is not None:
             stderr.print(f"report: {report}")
 
@@ -364,6 +379,7 @@ def _summary_table(summary: ComputeSummary) -> Table:
         ("trajectories", f"{summary.trajectories:,}"),
         (f"singleton groups ({config.level.value} level)", f"{summary.singleton_groups:,}"),
         (f"zero-std groups ({config.level.value} level)", f"{summary.zero_std_groups:,}"),
+        ("duplicate rows", _duplicate_rows(summary)),
         ("level", config.level.value),
         ("estimator", config.describe()),
         ("reward column", f"{summary.columns.reward} ({summary.columns.reward_kind})"),
@@ -374,6 +390,15 @@ def _summary_table(summary: ComputeSummary) -> Table:
     if summary.replaced:
         table.add_row("replaced input columns", ", ".join(summary.replaced))
     return table
+
+
+def _duplicate_rows(summary: ComputeSummary) -> str:
+    if summary.duplicate_rows and summary.duplicates_dropped:
+        return (
+            f"{summary.duplicate_rows:,} (left out of the statistics; written with the "
+            "advantage of the row each copies)"
+        )
+    return f"{summary.duplicate_rows:,}"
 
 
 @app.command("compare")
@@ -419,6 +444,7 @@ def compare_command(
             "on its own, as a series over training steps.",
         ),
     ] = None,
+    drop_duplicates: DropDuplicatesOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Replace existing report files.")] = False,
     engine: EngineOpt = Engine.LOCAL,
     address: AddressOpt = None,
@@ -470,6 +496,7 @@ def compare_command(
         engine=engine,
         address=address,
         by=by,
+        drop_duplicates=drop_duplicates,
     )
     if json_to_stdout:
         write_stdout_text(render_json(report), "the JSON report")
