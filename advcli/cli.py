@@ -230,6 +230,14 @@ AddressOpt = Annotated[
     str | None,
     typer.Option("--address", help="Ray cluster address (e.g. auto) [default: a new local one]."),
 ]
+DropDuplicatesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--drop-duplicates",
+        help="Count each set of identical rows (a trainer's padding copies) once in the "
+        "statistics [default: every row counts, as the trainer counted it].",
+    ),
+]
 # More threads than this only cost memory on any machine advcli runs on.
 MAX_THREADS = 1024
 ThreadsOpt = Annotated[
@@ -320,6 +328,7 @@ ConfigOpt = Annotated[
         "of ./pyproject.toml]. Keys are the long option names without dashes: group-col, "
         "group-size, traj-col, turn-col, reward-col, mask-col, level, estimator, epsilon, "
         "traj-score, scale, singleton, loss-weight, loss-scale-factor, no-tokens, top, by, "
+        "drop-duplicates, "
         "fail-above, engine, address, threads; each command takes those it has, and a "
         "[compute], [compare] or [inspect] table overrides them for that command. Options on "
         "the command line win.",
@@ -427,6 +436,7 @@ def compute_command(
             "batch: ids may repeat across them.",
         ),
     ] = None,
+    drop_duplicates: DropDuplicatesOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output.")] = False,
     engine: EngineOpt = Engine.LOCAL,
     address: AddressOpt = None,
@@ -466,12 +476,18 @@ def compute_command(
             loss_weight=loss_weight,
             loss_scale_factor=loss_scale_factor,
             by=by,
+            drop_duplicates=drop_duplicates,
         )
     if not quiet:
         table = _summary_table(summary)
         if config_path is not None:
             table.add_row("config", str(config_path))
         stderr.print(table)
+        if summary.duplicate_rows and not summary.duplicates_dropped:
+            stderr.print(
+                f"{summary.duplicate_rows:,} duplicated rows counted as the trainer did; "
+                "--drop-duplicates to count each once"
+            )
         if report is not None:
             stderr.print(f"report: {report}")
 
@@ -487,6 +503,7 @@ def _summary_table(summary: ComputeSummary) -> Table:
         ("trajectories", f"{summary.trajectories:,}"),
         (f"singleton groups ({config.level.value} level)", f"{summary.singleton_groups:,}"),
         (f"zero-std groups ({config.level.value} level)", f"{summary.zero_std_groups:,}"),
+        ("duplicate rows", _duplicate_rows(summary)),
         ("level", config.level.value),
         ("estimator", config.describe()),
         ("read as", summary.columns.read_as()),
@@ -504,6 +521,15 @@ def _summary_table(summary: ComputeSummary) -> Table:
     if summary.replaced:
         table.add_row("replaced input columns", ", ".join(summary.replaced))
     return table
+
+
+def _duplicate_rows(summary: ComputeSummary) -> str:
+    if summary.duplicate_rows and summary.duplicates_dropped:
+        return (
+            f"{summary.duplicate_rows:,} (left out of the statistics; written with the "
+            "advantage of the row each copies)"
+        )
+    return f"{summary.duplicate_rows:,}"
 
 
 @app.command("compare")
@@ -549,6 +575,7 @@ def compare_command(
             "batch, also reported on its own as a series over training steps.",
         ),
     ] = None,
+    drop_duplicates: DropDuplicatesOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Replace existing report files.")] = False,
     engine: EngineOpt = Engine.LOCAL,
     address: AddressOpt = None,
@@ -601,6 +628,7 @@ def compare_command(
         engine=engine,
         address=address,
         by=by,
+        drop_duplicates=drop_duplicates,
     )
     if json_to_stdout:
         write_stdout_text(render_json(report), "the JSON report")

@@ -1,9 +1,12 @@
 """The column names of the key projection, the frame stage 1 hands to stage 2, and the one
-search over them that both stage 1 (a check) and ``inspect`` (a count) use: repeated turns.
+search over them for rows that share keys: repeated turns, which stage 1 refuses and ``inspect``
+counts, and the candidates for duplicated rows (:mod:`advcli.duplicates`).
 
 They are advcli's own (the projection is a fresh frame of these columns only), so a user column
 called ``group`` or ``score`` never collides with them.
 """
+
+from collections.abc import Sequence
 
 import polars as pl
 
@@ -21,18 +24,24 @@ def repeated_turn() -> pl.Expr:
 
 
 def repeated_turns(projection: pl.DataFrame) -> pl.DataFrame:
-    """The rows whose ``(group, trajectory, turn)`` an earlier row already has, in input order.
+    """The rows whose ``(group, trajectory, turn)`` an earlier row already has, in input order."""
+    return rows_sharing(projection, (GROUP, TRAJECTORY, TURN)).filter(repeated_turn())
+
+
+def rows_sharing(projection: pl.DataFrame, keys: Sequence[str]) -> pl.DataFrame:
+    """The rows whose ``keys`` at least one other row has too (every such row, the first of each
+    set included), in input order.
 
     Found from sorted 64-bit hashes of the keys (8 bytes a row, where a set of the keys holds
     several times that): equal keys hash alike, so no repeat is missed, and only the rows whose
     hash occurs more than once are then compared exactly, so a collision of different keys
     counts nothing.
     """
-    hashes = projection.select(pl.struct(GROUP, TRAJECTORY, TURN).hash()).to_series()
+    hashes = projection.select(pl.struct(*keys).hash()).to_series()
     in_order = hashes.sort()
     # Compared to the previous value, not diff(): it is null above 2**63.
     seen_twice = in_order.filter(in_order == in_order.shift(1))
     if seen_twice.is_empty():
         return projection.clear()
     candidates = projection.filter(hashes.is_in(seen_twice.unique().implode()))
-    return candidates.filter(repeated_turn())
+    return candidates.filter(pl.struct(*keys).is_duplicated())

@@ -21,6 +21,7 @@ import polars as pl
 
 from advcli.atomic import writes_in_place
 from advcli.columns import ColumnRoles
+from advcli.duplicates import DuplicateRows, find_duplicates
 from advcli.errors import AdvcliError, UsageError
 from advcli.estimators import (
     AdvantageConfig,
@@ -119,6 +120,8 @@ class ComputeSummary:
     threads: int
     replaced: list[str] = field(default_factory=list)
     report: BiasReport | None = None
+    duplicate_rows: int = 0
+    duplicates_dropped: bool = False
 
 
 def load_dump(
@@ -192,6 +195,20 @@ def _ray_engine() -> Any:
     return ray_engine
 
 
+def counted_rows(dump: LoadedDump, drop_duplicates: bool) -> tuple[LoadedDump, DuplicateRows]:
+    """The dump as stage 2 counts it, and its duplicated rows: every row, as the trainer counted
+    them, or with ``drop_duplicates`` only the first row of each identical set."""
+    duplicates = find_duplicates(dump.dataset, dump.columns, dump.projection)
+    if not drop_duplicates or duplicates.count == 0:
+        return dump, duplicates
+    return replace(dump, projection=duplicates.drop_from(dump.projection)), duplicates
+
+
+def report_settings(dump: LoadedDump, drop_duplicates: bool) -> dict[str, Any]:
+    """What a bias report says of its input and of how its rows were counted."""
+    return {**dump.report_settings(), "drop_duplicates": drop_duplicates}
+
+
 def check_engine(engine: Engine, address: str | None) -> None:
     """Refuse a cluster address without the engine that uses one."""
     if address is not None and engine != Engine.RAY:
@@ -250,6 +267,7 @@ def compute(
     loss_weight: LossMode | None = None,
     loss_scale_factor: float | None = None,
     by: str | None = None,
+    drop_duplicates: bool = False,
 ) -> ComputeSummary:
     """Compute advantages for every row of the inputs and write them to ``output``.
 
@@ -264,6 +282,10 @@ def compute(
     statistics``, ``writing output``. ``engine="ray"`` runs stages 1 and 3 on Ray Data (at
     ``address``, else on a new local cluster) and writes ``output`` as a Parquet dataset folder.
     ``by`` (``"file"`` or a column such as ``step``) computes each part as its own batch.
+
+    Duplicated rows (:mod:`advcli.duplicates`) count as the trainer counted them; with
+    ``drop_duplicates`` the statistics see only the first row of each identical set, and each
+    copy is written with the advantage of the row it copies.
 
     Examples
     --------
@@ -300,7 +322,8 @@ def compute(
         needs_mask = (
             "--loss-weight needs one" if loss_weight else _mask_needed_for(config, fmt, tokens)
         )
-        dump = load_dump(dataset, names, engine=engine, mask_needed_for=needs_mask, by=by)
+        every_row = load_dump(dataset, names, engine=engine, mask_needed_for=needs_mask, by=by)
+        dump, duplicates = counted_rows(every_row, drop_duplicates)
         stage("computing statistics")
         advantages = dump.advantages(config)
         report = None
@@ -313,7 +336,10 @@ def compute(
                     dump.advantages(replace(config, level=Level.TURN)), dump.trajectories
                 )
                 trajectory = advantages
-            report = bias_report(turn, trajectory, config=config, settings=dump.report_settings())
+            report = bias_report(
+                turn, trajectory, config=config, settings=report_settings(dump, drop_duplicates)
+            )
+            report.summary["duplicate_rows"] = duplicates.report(dataset.locate)
             del turn, trajectory
         summary = ComputeSummary(
             rows=dataset.num_rows,
@@ -329,6 +355,8 @@ def compute(
             threads=pl.thread_pool_size(),
             replaced=replaced_columns(dataset.schema.names()),
             report=report,
+            duplicate_rows=duplicates.count,
+            duplicates_dropped=drop_duplicates,
         )
         stage("writing output")
         if engine == Engine.RAY:
@@ -349,14 +377,17 @@ def compute(
             row_values = advantages.rows(dump.projection).select(
                 ROW, pl.col(SCORE, "advantage").cast(pl.Float32)
             )
+            if dump is not every_row:
+                row_values = duplicates.spread_to_copies(row_values)
             if loss_weight is not None:
+                # Over every row: the weights are of the batch as written, copies included.
                 row_values = row_values.join(
-                    _loss_weights(dump, loss_weight, loss_scale_factor),
+                    _loss_weights(every_row, loss_weight, loss_scale_factor),
                     on=ROW,
                     how="left",
                     maintain_order="left",
                 )
-            del dump, advantages
+            del dump, every_row, duplicates, advantages
             release_freed_memory()
             _write_local(dataset, summary.columns, row_values, output, fmt, tokens, force)
     if report is not None and report_path is not None:
@@ -476,12 +507,16 @@ def compare(
     engine: Engine = Engine.LOCAL,
     address: str | None = None,
     by: str | None = None,
+    drop_duplicates: bool = False,
 ) -> BiasReport:
     """The bias report of ``config.estimator``: turn level against trajectory level, written to
     ``files`` and returned.
 
     ``by="file"`` (or a column name, e.g. ``step``) also reports each input file (each value of
     the column) on its own, as a series over training steps in ``summary["by_step"]``.
+
+    ``summary["duplicate_rows"]`` counts the duplicated rows (:mod:`advcli.duplicates`), which
+    both levels count as the trainer did, or, with ``drop_duplicates``, once.
 
     The report files are checked (not an input, not existing unless ``force``) before any work
     is done.
@@ -500,10 +535,13 @@ def compare(
         if by is not None:
             _check_by(dataset, by)
         start_engine(engine, address)
-        dump = load_dump(
-            dataset, names, engine=engine, mask_needed_for=_estimator_needs_mask(config), by=by
+        dump, duplicates = counted_rows(
+            load_dump(
+                dataset, names, engine=engine, mask_needed_for=_estimator_needs_mask(config), by=by
+            ),
+            drop_duplicates,
         )
-        settings = dump.report_settings()
+        settings = report_settings(dump, drop_duplicates)
         turn, trajectory = dump.both_levels(config)
         steps = _by_step(dump, config, by, top) if by is not None else None
         # The report needs the trajectories only: the rows (and their index) go first.
@@ -513,6 +551,7 @@ def compare(
         report = bias_report(turn, trajectory, config=config, settings=settings, top=top)
         if steps is not None:
             report.summary["by_step"] = {"by": by, "steps": steps}
+        report.summary["duplicate_rows"] = duplicates.report(dataset.locate)
     writers: list[tuple[Path | None, Callable[[Path], None]]] = [
         (files.json, lambda path: write_text(path, render_json(report), force=force)),
         (files.markdown, lambda path: write_text(path, render_markdown(report), force=force)),
@@ -559,7 +598,11 @@ def _by_step(dump: LoadedDump, config: AdvantageConfig, by: str, top: int) -> li
         names: dict[Any, Any] = {i: dataset.label(i) for i in range(len(dataset.files))}
     else:
         names = {value: value for value in sorted(steps.unique().to_list())}
-    rows = dump.projection.with_columns(steps.gather(dump.projection[ROW]).alias("__step"))
+    # Each part with its own group ids, not the (step, group) pairs: its figures are then those
+    # of the part compared alone, bit for bit.
+    rows = dump.projection.with_columns(
+        steps.gather(dump.projection[ROW]).alias("__step"), pl.col(GROUP).struct.field("group")
+    )
     series = []
     for value, name in names.items():
         part = LoadedDump(
@@ -586,10 +629,13 @@ def inspect(inputs: Sequence[str], names: ColumnNames = ColumnNames()) -> dict[s
     """
     with opened(inputs) as dataset:
         dump = load_dump(dataset, names, unique_turns=False)
-        return inspect_dump(
+        duplicates = find_duplicates(dataset, dump.columns, dump.projection)
+        summary = inspect_dump(
             dump.projection,
             dump.columns,
             inputs=[dataset.label(i) for i in range(len(dataset.files))],
             input_format=dataset.input_format,
             locate=dataset.locate,
         )
+        summary["duplicate_rows"] = duplicates.report(dataset.locate)
+        return summary

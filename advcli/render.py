@@ -180,6 +180,22 @@ def _headline_rows(report: BiasReport) -> list[tuple[str, str]]:
             f"{_fmt(trajectories['advantage_diff_max'])}",
         ),
         ("corr(turns, diff)", _fmt(trajectories["corr_turns_diff"], 3)),
+        *_duplicate_rows_line(summary),
+    ]
+
+
+def _duplicate_rows_line(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The headline's line on duplicated rows, when the dump has any."""
+    count = summary.get("duplicate_rows", {}).get("count", 0)
+    if not count:
+        return []
+    if summary["settings"].get("drop_duplicates"):
+        return [("duplicated rows", f"{count:,}, each set counted once (--drop-duplicates)")]
+    return [
+        (
+            "duplicated rows",
+            f"{count:,} counted as the trainer did; --drop-duplicates to count each once",
+        )
     ]
 
 
@@ -614,6 +630,12 @@ def render_inspection(summary: dict[str, Any], console: Console) -> None:
     ):
         entry = summary[key]
         checks.add_row(label, f"{entry['count']:,}", _examples(entry["examples"]))
+    duplicates = summary["duplicate_rows"]
+    checks.add_row(
+        "duplicated rows (a copy of an earlier row)",
+        f"{duplicates['count']:,}",
+        "; ".join(f"{copy['row']} = {copy['copy_of_row']}" for copy in duplicates["first"]),
+    )
     console.print(Group(roles, "", facts, "", histogram, "", checks))
 
 

@@ -81,7 +81,10 @@ def test_scalar_score_and_response_length(write_dump, run, tmp_path):
     output = tmp_path / "out.parquet"
     result = run("compute", write_dump(frame), "-o", output, "--estimator", "drgrpo")
     assert result.exit_code == 0, result.output
-    assert "reward (scalar)" in result.stderr
+    assert (
+        "reward: 'reward' is the reward column of advcli's dumps, one number per row"
+        in result.stderr
+    )
     out = pl.read_parquet(output)
     assert out["advantages"].to_list() == [[1.0, 1.0], [-1.0, -1.0, -1.0], []]
 

@@ -407,8 +407,10 @@ def test_saved_keys_of_each_command():
     math = {"estimator", "epsilon", "traj-score", "scale", "singleton", "engine", "address"}
     saved = {name: set(_savable(commands[name])) for name in ("compute", "compare", "inspect")}
     assert saved == {
-        "compute": shared | math | {"level", "loss-weight", "loss-scale-factor", "no-tokens"},
-        "compare": shared | math | {"top", "by", "fail-above"},
+        "compute": shared
+        | math
+        | {"level", "loss-weight", "loss-scale-factor", "no-tokens", "by", "drop-duplicates"},
+        "compare": shared | math | {"top", "by", "fail-above", "drop-duplicates"},
         "inspect": shared,
     }
     config_help = next(p.help for p in commands["compute"].params if p.name == "config_path")

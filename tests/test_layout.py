@@ -15,6 +15,7 @@ IO = {
     "inputs",
     "scan",
     "projection",
+    "duplicates",
     "write",
     "atomic",
     "process",

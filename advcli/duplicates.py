@@ -1,0 +1,164 @@
+"""Duplicated rows: copies of a row that a trainer added to its batch.
+
+verl-agent and ROLL pad a batch to a multiple of the data-parallel size by appending copies of
+random rows (``adjust_batch(mode="copy")``) before the advantages are computed, so a copy counts
+in its group's statistics like any other row. Their dumps have no turn index, so stage 1's
+repeated-turn check cannot see the copies.
+
+Two rows are duplicates when they are alike in every key (group, trajectory, turn if any) and in
+their token content: the reward and mask columns' values (lists element by element) and each of
+:data:`TOKEN_COLUMNS` the dump has. A dump whose rows are whole trajectories (no trajectory id)
+has none: its trajectory key is the row itself, and a second rollout that happened to write the
+same response is no copy.
+
+Stage 1 reads only small columns, so the token columns are read only when the key projection
+has candidates (rows alike in keys, score and token count), and only for those rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from advcli.columns import ColumnRoles, unused_name
+from advcli.errors import AdvcliError, first_line
+from advcli.inputs import Dataset
+from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, rows_sharing
+from advcli.scan import closing_sources
+
+# The trainers' names for a row's prompt and response token ids (verl and verl-agent:
+# responses, prompts, input_ids; SkyRL: response_ids, prompt_token_ids; TRL: prompt_ids).
+TOKEN_COLUMNS = (
+    "responses",
+    "response_ids",
+    "prompts",
+    "prompt_ids",
+    "input_ids",
+    "prompt_token_ids",
+)
+# How many copies the report lists.
+EXAMPLES = 5
+COPY_OF = "copy_of"
+_CONTENT_HASH = "content_hash"
+
+
+@dataclass(frozen=True)
+class DuplicateRows:
+    """The copies found: ``copies`` has one row per copy, in input order, with ``row`` (the
+    copy's input row), ``copy_of`` (the first row of its identical set), ``group``,
+    ``trajectory`` and, where the dump has one, ``turn``. ``sets``: how many rows were copied."""
+
+    copies: pl.DataFrame
+    sets: int
+
+    @property
+    def count(self) -> int:
+        """Rows beyond the first of each identical set."""
+        return self.copies.height
+
+    def report(self, locate: Callable[[int], str]) -> dict[str, Any]:
+        """``{"count": n, "first": [...]}``: the first few copies, each with its file row and
+        that of the row it copies (as ``locate`` names them), its group, trajectory and turn."""
+        return {
+            "count": self.count,
+            "first": [
+                {
+                    "row": locate(copy[ROW]),
+                    "group": copy[GROUP],
+                    "trajectory": copy[TRAJECTORY],
+                    "turn": copy.get(TURN),
+                    "copy_of_row": locate(copy[COPY_OF]),
+                }
+                for copy in self.copies.head(EXAMPLES).iter_rows(named=True)
+            ],
+        }
+
+    def drop_from(self, projection: pl.DataFrame) -> pl.DataFrame:
+        """``projection`` without the copies: each identical set counted by its first row."""
+        return projection.filter(~pl.col(ROW).is_in(self.copies[ROW].implode()))
+
+    def spread_to_copies(self, row_values: pl.DataFrame) -> pl.DataFrame:
+        """Per-row values computed without the copies (``row`` and any columns, from the
+        projection of :meth:`drop_from`) for every row: each copy gets the values of the row it
+        copies."""
+        copied = (
+            self.copies.select(ROW, COPY_OF)
+            .join(row_values.rename({ROW: COPY_OF}), on=COPY_OF, how="left")
+            .drop(COPY_OF)
+        )
+        return pl.concat([row_values, copied]).sort(ROW)
+
+
+def _none_in(projection: pl.DataFrame) -> DuplicateRows:
+    keys = [name for name in (GROUP, TRAJECTORY, TURN) if name in projection.columns]
+    return DuplicateRows(projection.select(ROW, pl.col(ROW).alias(COPY_OF), *keys).clear(), 0)
+
+
+def find_duplicates(
+    dataset: Dataset, columns: ColumnRoles, projection: pl.DataFrame
+) -> DuplicateRows:
+    """The rows of ``dataset`` that repeat an earlier row in every key and all token content.
+
+    Candidates come from the key projection (rows alike in group, trajectory, turn, score and
+    token count); for those rows only, a hash of their content columns (reward, mask, token ids)
+    is read, in one streaming pass that keeps 8 bytes a candidate. The rows whose keys and hash
+    then agree are read whole and compared exactly, so no hash collision makes two different
+    rows duplicates.
+    """
+    keys = [name for name in (GROUP, TRAJECTORY, TURN, SCORE, TOKENS) if name in projection.columns]
+    candidates = rows_sharing(projection, keys).select(ROW, *keys)
+    if candidates.is_empty():
+        return _none_in(projection)
+    content = _content_columns(dataset.schema, columns)
+    hashed = _read_rows(dataset, candidates[ROW], [pl.struct(content).hash().alias(_CONTENT_HASH)])
+    alike = (
+        candidates.join(hashed, on=ROW, how="left", maintain_order="left")
+        .filter(pl.struct(*keys, _CONTENT_HASH).is_duplicated())
+        .drop(_CONTENT_HASH)
+    )
+    if alike.is_empty():
+        return _none_in(projection)
+    # Named apart from the projection's columns: a scalar reward may be called 'score'.
+    values = [f"content_{index}" for index in range(len(content))]
+    exact = alike.join(
+        _read_rows(
+            dataset,
+            alike[ROW],
+            [pl.col(name).alias(value) for name, value in zip(content, values, strict=True)],
+        ),
+        on=ROW,
+        how="left",
+        maintain_order="left",
+    ).with_columns(pl.col(ROW).min().over(pl.struct(*keys, *values)).alias(COPY_OF))
+    copies = exact.filter(pl.col(ROW) != pl.col(COPY_OF)).select(
+        ROW, COPY_OF, *(name for name in (GROUP, TRAJECTORY, TURN) if name in keys)
+    )
+    return DuplicateRows(copies, copies[COPY_OF].n_unique())
+
+
+def _content_columns(schema: pl.Schema, columns: ColumnRoles) -> list[str]:
+    """The columns whose values two duplicates share besides the keys."""
+    names = [columns.reward, columns.mask, *TOKEN_COLUMNS]
+    return list(dict.fromkeys(name for name in names if name is not None and name in schema))
+
+
+def _read_rows(dataset: Dataset, rows: pl.Series, values: list[pl.Expr]) -> pl.DataFrame:
+    """``values`` of the input rows numbered ``rows``, with their ``row``, in input order."""
+    row_number = unused_name(dataset.schema)
+    try:
+        with closing_sources():
+            return (
+                dataset.scan()
+                .with_row_index(row_number)
+                .filter(pl.col(row_number).is_in(rows.implode()))
+                .select(pl.col(row_number).alias(ROW), *values)
+                .collect(engine="streaming")
+            )
+    except pl.exceptions.PolarsError as error:
+        raise AdvcliError(
+            f"{dataset.describe()}: cannot read the rows' token columns to compare them "
+            f"({first_line(error)})"
+        ) from None
