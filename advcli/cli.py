@@ -24,8 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 import advcli
-from advcli.columns import MissingRoles
-from advcli.errors import AdvcliError, UsageError
+from advcli.errors import AdvcliError, MissingRoles, UsageError
 from advcli.process import (
     StdoutText,
     require_stdout,

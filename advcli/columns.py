@@ -12,7 +12,7 @@ from typing import Any, Literal
 import polars as pl
 from polars.datatypes import DataTypeClass
 
-from advcli.errors import AdvcliError, UsageError
+from advcli.errors import AdvcliError, MissingRoles, UsageError
 
 # ColumnRoles that compute adds to its output.
 OUTPUT_COLUMNS = ("score", "advantage", "advantages")
@@ -482,26 +482,6 @@ class _Picker:
             f"; did you mean {' or '.join(repr(name) for name in nearest)}?" if nearest else ""
         )
         return f". The file has {shown}{more}{suggestion}"
-
-
-class MissingRoles(AdvcliError):
-    """Roles that found no column, each with what to do (``missing``), and the columns the
-    other roles found (``found``). ``flags``: the options that would read the dump, which
-    :func:`advcli.roles.read_roles` finds from the values; ``text``: the message without them."""
-
-    def __init__(
-        self,
-        where: str,
-        missing: dict[Role, str],
-        hint: str,
-        found: dict[Role, str | None],
-        flags: Sequence[str] = (),
-    ) -> None:
-        self.where, self.missing, self.hint = where, missing, hint
-        self.found, self.flags = found, tuple(flags)
-        self.text = f"{where}: {'; '.join(missing.values())}{hint}"
-        options = f". These options read it: {' '.join(self.flags)}" if self.flags else ""
-        super().__init__(self.text + options)
 
 
 # What a role's column holds, for the reasons: "named like the group id".

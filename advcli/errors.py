@@ -1,8 +1,12 @@
-"""The one exception type advcli raises for bad input.
+"""The one exception type advcli raises for bad input (and its kinds).
 
 The library raises :class:`AdvcliError` with a message that names the file, column and row (or
 trajectory key) at fault; only ``advcli.cli`` turns it into ``Error: …`` and an exit code.
 """
+
+from __future__ import annotations
+
+from collections.abc import Sequence
 
 
 class AdvcliError(Exception):
@@ -11,6 +15,26 @@ class AdvcliError(Exception):
 
 class UsageError(AdvcliError):
     """Settings or options that do not fit together (the command line exits 2, not 1)."""
+
+
+class MissingRoles(AdvcliError):
+    """Roles that found no column, each with what to do (``missing``), and the columns the
+    other roles found (``found``). ``flags``: the options that would read the dump, which
+    :func:`advcli.roles.read_roles` finds from the values; ``text``: the message without them."""
+
+    def __init__(
+        self,
+        where: str,
+        missing: dict[str, str],
+        hint: str,
+        found: dict[str, str | None],
+        flags: Sequence[str] = (),
+    ) -> None:
+        self.where, self.missing, self.hint = where, missing, hint
+        self.found, self.flags = found, tuple(flags)
+        self.text = f"{where}: {'; '.join(missing.values())}{hint}"
+        options = f". These options read it: {' '.join(self.flags)}" if self.flags else ""
+        super().__init__(self.text + options)
 
 
 def first_line(error: BaseException) -> str:

@@ -26,7 +26,6 @@ from advcli.columns import (
     DIALECTS,
     OPTIONS,
     ColumnRoles,
-    MissingRoles,
     Role,
     can_hold,
     is_id_type,
@@ -34,7 +33,7 @@ from advcli.columns import (
     resolve_columns,
     sequence_of,
 )
-from advcli.errors import AdvcliError
+from advcli.errors import AdvcliError, MissingRoles
 from advcli.settings import ColumnNames
 
 # Reads the named columns, every row in input order (a file's or a batch's).
