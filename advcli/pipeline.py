@@ -34,14 +34,14 @@ from advcli.inspection import inspect_dump
 from advcli.keys import ROW, SCORE
 from advcli.loss import token_weight
 from advcli.process import copy_to_stdout
-from advcli.projection import key_projection
+from advcli.projection import key_projection, split_padding
 from advcli.render import render_html, render_json, render_markdown, write_plot, write_text
 from advcli.report import BiasReport, TurnLevel, bias_report, empty_step, step_figures, turn_level
 from advcli.rules import RULES
 from advcli.scan import closing_sources, release_freed_memory
 from advcli.settings import ColumnNames, Engine, LossMode, OutputFormat
 from advcli.units import Trajectories, count_trajectories, index_trajectories
-from advcli.write import check_output, replaced_columns, write_advantages
+from advcli.write import check_output, replaced_columns, with_padding, write_advantages
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
     ".parquet": OutputFormat.PARQUET,
@@ -55,11 +55,13 @@ FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
 
 @dataclass(frozen=True)
 class LoadedDump:
-    """A dump after stage 1: its files, its column roles and its checked key projection."""
+    """A dump after stage 1: its files, its column roles and its checked key projection, less
+    its padding rows (SkyRL's), which are in ``padding``."""
 
     dataset: Dataset
     columns: ColumnRoles
     projection: pl.DataFrame
+    padding: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     @functools.cached_property
     def trajectories(self) -> Trajectories:
@@ -95,6 +97,7 @@ class LoadedDump:
         return {
             "columns": self.columns.describe(),
             "inputs": [self.dataset.label(i) for i in range(len(self.dataset.files))],
+            "padding_rows": self.padding.height,
         }
 
 
@@ -113,6 +116,7 @@ class ComputeSummary:
     threads: int
     replaced: list[str] = field(default_factory=list)
     report: BiasReport | None = None
+    padding_rows: int = 0
 
 
 def load_dump(
@@ -148,7 +152,8 @@ def load_dump(
             "blocks do not know their rows' numbers); use the local engine"
         )
     project = _ray_engine().key_projection if engine == Engine.RAY else key_projection
-    return LoadedDump(dataset, columns, project(dataset, columns, unique_turns=unique_turns))
+    projection = project(dataset, columns, unique_turns=unique_turns)
+    return LoadedDump(dataset, columns, *split_padding(projection, dataset, columns))
 
 
 def _ray_engine() -> Any:
@@ -290,6 +295,7 @@ def compute(
             threads=pl.thread_pool_size(),
             replaced=replaced_columns(dataset.schema.names()),
             report=report,
+            padding_rows=dump.padding.height,
         )
         stage("writing output")
         if engine == Engine.RAY:
@@ -302,6 +308,7 @@ def compute(
                 output,
                 tokens=tokens,
                 force=force,
+                padding=dump.padding,
             )
         else:
             # Only the per-row (score, advantage) pairs go on to the write, as the float32 they
@@ -317,6 +324,7 @@ def compute(
                     how="left",
                     maintain_order="left",
                 )
+            row_values = with_padding(row_values, dump.padding)
             del dump, advantages
             release_freed_memory()
             _write_local(dataset, summary.columns, row_values, output, fmt, tokens, force)
@@ -562,4 +570,5 @@ def inspect(inputs: Sequence[str], names: ColumnNames = ColumnNames()) -> dict[s
             inputs=[dataset.label(i) for i in range(len(dataset.files))],
             input_format=dataset.input_format,
             locate=dataset.locate,
+            padding_rows=dump.padding.height,
         )
