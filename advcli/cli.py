@@ -517,6 +517,8 @@ def _summary_table(summary: ComputeSummary) -> Table:
         ("seconds", f"{summary.seconds:.2f} ({summary.threads} threads)"),
     ]:
         table.add_row(name, value)
+    if summary.padding_rows:
+        table.add_row("padding rows (advantage 0)", f"{summary.padding_rows:,}")
     if summary.replaced:
         table.add_row("replaced input columns", ", ".join(summary.replaced))
     return table

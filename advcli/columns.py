@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import polars as pl
@@ -39,6 +39,15 @@ class Dialect:
     mask: tuple[str, ...] = ("response_mask",)
     # advcli's names that mean something else in this trainer's batch, never read for a role.
     not_read: tuple[str, ...] = ()
+    # Columns a dump of this dialect never has: a dump with one speaks another dialect.
+    excludes: tuple[str, ...] = ()
+    # The trainer's flag of a trajectory's last step (SkyRL's step-wise batches): a trajectory's
+    # score is that row's reward, as the trainer's estimator reads it.
+    last_step: tuple[str, ...] = ()
+    # With no trajectory column: a trajectory is a run of rows ending at a last-step row.
+    trajectory_from_last_step: bool = False
+    # The ids (a regular expression, matched whole) of the rows a trainer pads its batch with.
+    padding_ids: str | None = None
 
     def names(self, role: Role) -> tuple[str, ...]:
         return tuple(getattr(self, role))
@@ -77,6 +86,24 @@ DIALECTS = (
         mask=("loss_mask",),
         # SkyRL's response_mask covers every response token; its loss mask is loss_mask.
         not_read=("response_mask",),
+        last_step=("is_last_step",),
+        # pad_batch appends rows with uids and trajectory_ids "pad0", "pad1", ... and loss_mask 0.
+        padding_ids=r"pad\d+",
+    ),
+    Dialect(
+        # skyrl 0.4.0 stores no trajectory_ids: its step-wise advantage recovers trajectories from
+        # is_last_step alone, and so does advcli.
+        "SkyRL 0.4.0",
+        ("uids", "is_last_step"),
+        group=("uids",),
+        trajectory=(),
+        reward=("rewards",),
+        mask=("loss_mask",),
+        not_read=("response_mask",),
+        excludes=("trajectory_ids",),
+        last_step=("is_last_step",),
+        trajectory_from_last_step=True,
+        padding_ids=r"pad\d+",
     ),
     Dialect(
         "rLLM",
@@ -145,6 +172,11 @@ class ColumnRoles:
     group_size: int | None = None
     # The trainer whose dialect the dump was read in, None for a dump that speaks none.
     dialect: str | None = None
+    # SkyRL's step-wise dumps (see Dialect): the last-step flag column, whether the trajectories
+    # are the runs of rows ending at it, and the ids of the padding rows.
+    last_step: str | None = None
+    trajectory_from_last_step: bool = False
+    padding_ids: str | None = None
     # Why each role went to its column (or what stands in for it), for every output.
     reasons: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -315,7 +347,7 @@ def resolve_columns(
         reasons["mask"] = "no mask column: token counts are unknown"
     else:
         reasons["mask"] += ", a list of 0/1" if mask_kind == "mask" else ", a response length"
-    return ColumnRoles(
+    roles = ColumnRoles(
         dialect=pick.dialect.trainer if pick.dialect is not None else None,
         group=group_col,
         trajectory=trajectory_col,
@@ -327,6 +359,41 @@ def resolve_columns(
         mask_kind=mask_kind,
         reward_width=reward_width,
         mask_width=mask_width,
+        reasons=reasons,
+    )
+    return with_steps(roles, schema, where, pick.dialect)
+
+
+def with_steps(
+    roles: ColumnRoles, schema: pl.Schema, where: str, dialect: Dialect | None
+) -> ColumnRoles:
+    """``roles`` with the step-wise columns of ``dialect`` (SkyRL's): the last-step flag, the
+    trajectories it delimits where no trajectory column is given, and the padding ids."""
+    if dialect is None:
+        return roles
+    flag = next((name for name in dialect.last_step if name in schema), None)
+    if flag is None:
+        return replace(roles, padding_ids=dialect.padding_ids)
+    if schema[flag] != pl.Boolean:
+        raise AdvcliError(
+            f"{where}: column '{flag}' (last-step flag) has type {schema[flag]}; expected booleans"
+        )
+    reasons = dict(roles.reasons)
+    reasons["reward"] += (
+        f"; without --traj-score a trajectory's score is the reward of its row flagged '{flag}', "
+        f"as {dialect.trainer}'s step-wise advantage reads it"
+    )
+    runs = dialect.trajectory_from_last_step and roles.trajectory is None
+    if runs:
+        reasons["trajectory"] = (
+            f"{dialect.trainer}'s dumps have no trajectory column: a trajectory is a run of rows "
+            f"ending at a row flagged '{flag}', in row order"
+        )
+    return replace(
+        roles,
+        last_step=flag,
+        trajectory_from_last_step=runs,
+        padding_ids=dialect.padding_ids,
         reasons=reasons,
     )
 
@@ -538,7 +605,9 @@ def _dialect_of(schema: pl.Schema) -> tuple[Dialect | None, tuple[Dialect, Diale
     """The dialect with the widest signature the schema has (and None), or, when two tie,
     (None, the two)."""
     columns = set(schema.names())
-    matching = [d for d in DIALECTS if set(d.signature) <= columns]
+    matching = [
+        d for d in DIALECTS if set(d.signature) <= columns and not columns & set(d.excludes)
+    ]
     if not matching:
         return None, None
     widest = max(len(d.signature) for d in matching)

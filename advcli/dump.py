@@ -102,6 +102,13 @@ def write_batch(
         reward=reward,
         mask=mask,
     )
+    if roles.last_step is not None:
+        # advcli's schema has no last-step flag: the trajectories' scores, skyrl 0.4.0's
+        # trajectories and the padding rows would be read wrong from the written file.
+        raise AdvcliError(
+            f"the batch is a SkyRL step-wise batch ('{roles.last_step}'), which advcli's schema "
+            "cannot hold; write its columns to Parquet as they are and read that file"
+        )
     frame = _frame(entries, roles, rows, keys)
     if step is not None:
         frame = frame.with_columns(pl.lit(step, dtype=pl.Int64).alias(STEP))

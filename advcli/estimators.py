@@ -15,10 +15,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import numpy as np
 import polars as pl
 
 from advcli.errors import AdvcliError
-from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
+from advcli.keys import GROUP, LAST_STEP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
 from advcli.rules import (
     RULES,
     SCORE_TOLERANCE,
@@ -116,6 +117,8 @@ def build_units(
 
     ``naming`` says how error messages name the key columns and rows. At trajectory level the
     units come from ``trajectories``, the projection's index (:func:`index_trajectories`).
+    Without a ``traj_score`` rule, a projection with ``last_step`` (SkyRL's step-wise dumps) gives
+    each trajectory the score of its last-step row, SkyRL's own rule.
     """
     if config.level is Level.TURN:
         return projection.select(
@@ -146,12 +149,46 @@ def build_units(
             # of them stays zero-std.
             agree = table["score_min"] == table["score_max"]
             score = pl.select(pl.when(agree).then(table["score_min"]).otherwise(score)).to_series()
+    elif rule is None and LAST_STEP in projection.columns:
+        score = projection[SCORE].gather(_last_step_positions(projection, trajectories, naming))
     else:  # the first turn's score: rule "first", or rows that agree (checked below)
         score = projection[SCORE].gather(trajectories.first_position(order))
     units = table.with_columns(score.alias(SCORE))
-    if rule is None:
+    if rule is None and LAST_STEP not in projection.columns:
         _check_consistent_scores(projection, units, naming)
     return units.select(GROUP, TRAJECTORY, SCORE, TOKENS, "turns", "first_row")
+
+
+def _last_step_positions(
+    projection: pl.DataFrame, trajectories: Trajectories, naming: Naming
+) -> np.ndarray:
+    """The projection position of each trajectory's last-step row, SkyRL's score rule: its
+    step-wise advantage runs the estimator on the last-step rows only and broadcasts the result
+    to the trajectory's other steps. Each trajectory must have exactly one such row, its last in
+    row order (SkyRL's steps of a trajectory are contiguous, the flagged one last)."""
+    flagged = projection[LAST_STEP].to_numpy()
+    last = trajectories.last_position()
+    flags = np.bincount(trajectories.of_row, weights=flagged, minlength=trajectories.count)
+    broken = np.flatnonzero((flags != 1) | ~flagged[last])
+    if not len(broken):
+        return last
+    trajectory = int(broken[0])  # the trajectories are in input order
+    positions = np.flatnonzero(trajectories.of_row == trajectory)
+    key = trajectories.table.row(trajectory, named=True)
+    named = f"trajectory ({naming.group}={key[GROUP]!r}, {naming.trajectory}={key[TRAJECTORY]!r})"
+    rows = projection[ROW]
+    early = positions[flagged[positions] & (positions != last[trajectory])]
+    if len(early):
+        raise AdvcliError(
+            f"{naming.locate(rows[int(early[0])])}: {named} has a row flagged 'is_last_step' "
+            f"before its last row ({naming.locate(rows[int(last[trajectory])])}); SkyRL flags only "
+            "a trajectory's last step, whose reward is the trajectory's score"
+        )
+    raise AdvcliError(
+        f"{naming.locate(rows[int(last[trajectory])])}: {named} ends at this row, which is not "
+        "flagged 'is_last_step'; SkyRL flags a trajectory's last step, whose reward is the "
+        "trajectory's score (or choose a rule with --traj-score first|last|mean|max|sum)"
+    )
 
 
 def scores_disagree(low: pl.Expr, high: pl.Expr) -> pl.Expr:

@@ -14,7 +14,7 @@ import polars as pl
 
 from advcli.columns import ColumnRoles
 from advcli.estimators import Naming, build_units, group_statistics, scores_disagree
-from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turns
+from advcli.keys import GROUP, LAST_STEP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turns
 from advcli.report import histogram, number
 from advcli.settings import AdvantageConfig, Level, TrajScore
 from advcli.units import index_trajectories
@@ -32,8 +32,10 @@ def inspect_dump(
     inputs: list[str],
     input_format: str,
     locate: Callable[[int], str],
+    padding_rows: int = 0,
 ) -> dict[str, Any]:
-    """The inspection report of a checked key projection (see the README for every key)."""
+    """The inspection report of a checked key projection (see the README for every key);
+    ``padding_rows``: how many padding rows stage 1 left out of it."""
     # The figures over rows first, while the projection is all that is held: the trajectory
     # index and its units are not yet made when their hash tables and sorted copies are.
     duplicates = _duplicate_turns(projection, locate)
@@ -47,10 +49,13 @@ def inspect_dump(
     }
 
     # The trajectories and groups as stage 2 sees them at trajectory level (score of the first
-    # turn, turns, tokens; each group's units, singleton and zero-std rules) ...
-    config = AdvantageConfig(level=Level.TRAJECTORY, traj_score=TrajScore.FIRST)
+    # turn, or SkyRL's last step, turns, tokens; each group's units, singleton and zero-std
+    # rules) ...
+    traj_score = None if LAST_STEP in projection.columns else TrajScore.FIRST
+    config = AdvantageConfig(level=Level.TRAJECTORY, traj_score=traj_score)
     trajectories = index_trajectories(projection)
-    per_trajectory = build_units(projection, config, Naming(), trajectories)
+    naming = Naming(columns.group or GROUP, columns.trajectory or TRAJECTORY, locate)
+    per_trajectory = build_units(projection, config, naming, trajectories)
     per_group = group_statistics(per_trajectory)
     singleton = per_group.filter(pl.col("units") == 1)
     zero_std = per_group.filter(pl.col("zero_std"))
@@ -68,8 +73,8 @@ def inspect_dump(
     examples = examples.join(scores, on="position", how="left", maintain_order="left")
     del trajectories
 
-    # Each trajectory counted once (its first turn's score, as compute reads a trajectory whose
-    # rows agree): a success rate over rows overweights long trajectories.
+    # Each trajectory counted once (its score as compute reads it when its rows agree, or, in
+    # SkyRL's dumps, always): a success rate over rows overweights long trajectories.
     trajectory_scores = _score_summary(per_trajectory[SCORE])
 
     turns = per_trajectory["turns"]
@@ -115,6 +120,7 @@ def inspect_dump(
             ],
         },
         "duplicate_turns": duplicates,
+        "padding_rows": padding_rows,
     }
 
 

@@ -16,6 +16,10 @@ TRAJECTORY = "trajectory"
 TURN = "turn"
 SCORE = "score"
 TOKENS = "tokens"
+# SkyRL's step-wise dumps only: the row's last-step flag, and whether the row is padding (stage 1
+# removes those rows before stage 2).
+LAST_STEP = "last_step"
+PADDING = "padding"
 
 
 def repeated_turn() -> pl.Expr:

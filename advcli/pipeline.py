@@ -35,7 +35,7 @@ from advcli.inspection import inspect_dump
 from advcli.keys import GROUP, ROW, SCORE
 from advcli.loss import token_weight
 from advcli.process import copy_to_stdout
-from advcli.projection import check_unique_turns, key_projection
+from advcli.projection import check_unique_turns, key_projection, split_padding
 from advcli.render import render_html, render_json, render_markdown, write_plot, write_text
 from advcli.report import BiasReport, TurnLevel, bias_report, empty_step, step_figures, turn_level
 from advcli.roles import read_roles
@@ -43,7 +43,7 @@ from advcli.rules import RULES
 from advcli.scan import release_freed_memory
 from advcli.settings import ColumnNames, Engine, LossMode, OutputFormat
 from advcli.units import Trajectories, count_trajectories, index_trajectories
-from advcli.write import check_output, replaced_columns, write_advantages
+from advcli.write import check_output, replaced_columns, with_padding, write_advantages
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
     ".parquet": OutputFormat.PARQUET,
@@ -57,13 +57,15 @@ FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
 
 @dataclass(frozen=True)
 class LoadedDump:
-    """A dump after stage 1: its files, its column roles and its checked key projection."""
+    """A dump after stage 1: its files, its column roles and its checked key projection, less
+    its padding rows (SkyRL's), which are in ``padding``."""
 
     dataset: Dataset
     columns: ColumnRoles
     projection: pl.DataFrame
     # With --by, each row's step (its file's number, or its value of the --by column).
     steps: pl.Series | None = None
+    padding: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     @functools.cached_property
     def trajectories(self) -> Trajectories:
@@ -102,6 +104,7 @@ class LoadedDump:
             "columns": self.columns.describe(),
             "reading": self.columns.reading(),
             "inputs": [self.dataset.label(i) for i in range(len(self.dataset.files))],
+            "padding_rows": self.padding.height,
         }
 
 
@@ -122,6 +125,7 @@ class ComputeSummary:
     report: BiasReport | None = None
     duplicate_rows: int = 0
     duplicates_dropped: bool = False
+    padding_rows: int = 0
 
 
 def load_dump(
@@ -159,8 +163,13 @@ def load_dump(
         )
     project = _ray_engine().key_projection if engine == Engine.RAY else key_projection
     if by is None:
-        return LoadedDump(dataset, columns, project(dataset, columns, unique_turns=unique_turns))
-    projection = project(dataset, columns, unique_turns=False)
+        projection, padding = split_padding(
+            project(dataset, columns, unique_turns=unique_turns), dataset, columns
+        )
+        return LoadedDump(dataset, columns, projection, padding=padding)
+    projection, padding = split_padding(
+        project(dataset, columns, unique_turns=False), dataset, columns
+    )
     steps = _step_labels(dataset, by)
     projection = projection.with_columns(
         pl.struct(steps.gather(projection[ROW]), pl.col(GROUP).alias("group")).alias(GROUP)
@@ -173,7 +182,9 @@ def load_dump(
         "group": f"{columns.reasons['group']}; each {part} is its own batch (--by {by}): "
         f"a group is a ({steps.name}, group) pair",
     }
-    return LoadedDump(dataset, replace(columns, reasons=reasons), projection, steps)
+    return LoadedDump(
+        dataset, replace(columns, reasons=reasons), projection, steps=steps, padding=padding
+    )
 
 
 def _step_labels(dataset: Dataset, by: str) -> pl.Series:
@@ -357,6 +368,7 @@ def compute(
             report=report,
             duplicate_rows=duplicates.count,
             duplicates_dropped=drop_duplicates,
+            padding_rows=dump.padding.height,
         )
         stage("writing output")
         if engine == Engine.RAY:
@@ -369,6 +381,7 @@ def compute(
                 output,
                 tokens=tokens,
                 force=force,
+                padding=dump.padding,
             )
         else:
             # Only the per-row (score, advantage) pairs go on to the write, as the float32 they
@@ -387,6 +400,7 @@ def compute(
                     how="left",
                     maintain_order="left",
                 )
+            row_values = with_padding(row_values, dump.padding)
             del dump, every_row, duplicates, advantages
             release_freed_memory()
             _write_local(dataset, summary.columns, row_values, output, fmt, tokens, force)
@@ -636,6 +650,7 @@ def inspect(inputs: Sequence[str], names: ColumnNames = ColumnNames()) -> dict[s
             inputs=[dataset.label(i) for i in range(len(dataset.files))],
             input_format=dataset.input_format,
             locate=dataset.locate,
+            padding_rows=dump.padding.height,
         )
         summary["duplicate_rows"] = duplicates.report(dataset.locate)
         return summary

@@ -15,7 +15,17 @@ import polars as pl
 from advcli.columns import ColumnRoles, is_enum, sequence_of, unused_name
 from advcli.errors import AdvcliError, first_line
 from advcli.inputs import Dataset, check_json_lines
-from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turns
+from advcli.keys import (
+    GROUP,
+    LAST_STEP,
+    PADDING,
+    ROW,
+    SCORE,
+    TOKENS,
+    TRAJECTORY,
+    TURN,
+    repeated_turns,
+)
 from advcli.rules import EXACT_INTEGER_LIMIT
 from advcli.scan import closing_sources
 
@@ -26,7 +36,9 @@ class KeyExpressions:
 
     ``exprs`` turn a batch (or a whole scan) of input rows into ``group``, ``trajectory``,
     [``turn``], ``score``, ``tokens`` and ``problem``: 0 for a sound row, k for the k-th broken rule
-    of ``messages``.
+    of ``messages``; for SkyRL's step-wise dumps also ``last_step`` and ``padding``. Trajectories
+    made of runs of rows (skyrl 0.4.0) depend on the rows before, so :meth:`check` numbers them,
+    over the whole projection, and ``exprs`` have no ``trajectory``.
     """
 
     exprs: list[pl.Expr]
@@ -39,7 +51,8 @@ class KeyExpressions:
         """``row_number`` names a column of global row numbers, which stand in for the group
         (blocks of ``group_size`` rows) or the trajectory (each row one) where the dump has no
         such column."""
-        if (columns.group is None or columns.trajectory is None) and row_number is None:
+        rows_are_trajectories = columns.trajectory is None and not columns.trajectory_from_last_step
+        if (columns.group is None or rows_are_trajectories) and row_number is None:
             raise ValueError("groups or trajectories made from rows need the row number")
         row = pl.col(row_number) if row_number is not None else pl.lit(None)
         group = (
@@ -48,7 +61,9 @@ class KeyExpressions:
             else row // pl.lit(columns.group_size, dtype=pl.UInt32)
         )
         trajectory = _as_key(columns.trajectory, schema) if columns.trajectory is not None else row
-        keys = [group.alias(GROUP), trajectory.alias(TRAJECTORY)]
+        keys = [group.alias(GROUP)]
+        if not columns.trajectory_from_last_step:
+            keys.append(trajectory.alias(TRAJECTORY))
         if columns.turn is not None:
             keys.append(pl.col(columns.turn).alias(TURN))
         # Summed in float64 whatever the list's type: float16 and float32 lose the small terms
@@ -82,6 +97,10 @@ class KeyExpressions:
             tokens.alias(TOKENS),
             problem.otherwise(pl.lit(0, dtype=pl.UInt8)).alias("problem"),
         ]
+        if columns.last_step is not None:
+            exprs.append(pl.col(columns.last_step).alias(LAST_STEP))
+        if columns.padding_ids is not None and columns.group is not None:
+            exprs.append(_is_padding(schema, columns, tokens).alias(PADDING))
         return cls(exprs, [message for _, message in rules])
 
     def check(
@@ -101,6 +120,8 @@ class KeyExpressions:
             row, code = first_problem
             raise AdvcliError(f"{dataset.locate(row)}: {self.messages[code - 1]}")
         projection = projection.drop("problem")
+        if columns.trajectory_from_last_step:
+            projection = _trajectories_from_last_step(projection, dataset, columns)
         if unique_turns and columns.turn is not None:
             check_unique_turns(projection, dataset, columns)
         return projection
@@ -138,6 +159,90 @@ def key_projection(
     return plan.check(projection, dataset, columns, unique_turns=unique_turns)
 
 
+def split_padding(
+    projection: pl.DataFrame, dataset: Dataset, columns: ColumnRoles
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(the rows that count, the padding rows): a checked projection split on ``padding``, which
+    neither keeps. Padding rows (SkyRL's ``pad_batch``: ids ``pad0``, ``pad1``, ... and no loss
+    tokens) are never groups or trajectories; ``compute`` writes them with advantage 0."""
+    if PADDING not in projection.columns:
+        return projection, projection.clear()
+    padding_rows = projection[PADDING]
+    if not padding_rows.any():
+        projection = projection.drop(PADDING)
+        return projection, projection.clear()
+    padding = projection.filter(padding_rows).drop(PADDING)
+    projection = projection.filter(~padding_rows).drop(PADDING)
+    if projection.is_empty():
+        raise AdvcliError(
+            f"{dataset.describe()}: every row is a padding row (ids like 'pad0' and no "
+            f"'{columns.mask}' tokens); there is nothing to compute"
+        )
+    # A padding row's ids on a row with tokens: the padding row would be part of a real
+    # trajectory, so neither reading is safe.
+    keys = [GROUP, TRAJECTORY]
+    shared = projection.join(padding.select(keys), on=keys, how="semi")
+    if not shared.is_empty():
+        first = shared.row(0, named=True)
+        raise AdvcliError(
+            f"{dataset.locate(first[ROW])}: trajectory ({columns.group}={first[GROUP]!r}, "
+            f"{columns.trajectory or 'trajectory'}={first[TRAJECTORY]!r}) has '{columns.mask}' "
+            "tokens, but its ids are those of padding rows (no tokens) too; padding ids must not "
+            "name a real trajectory"
+        )
+    return projection, padding
+
+
+def _is_padding(schema: pl.Schema, columns: ColumnRoles, tokens: pl.Expr) -> pl.Expr:
+    """A row whose group and trajectory ids (where the dump has them) are padding ids, with no
+    response tokens; a padding id on a row with tokens is a real row. Integer ids are never
+    padding ids."""
+    whole = f"^(?:{columns.padding_ids})$"
+    matches = [
+        _as_key(name, schema).str.contains(whole)
+        if schema[name] == pl.String or schema[name] == pl.Categorical or is_enum(schema[name])
+        else pl.lit(False)
+        for name in (columns.group, columns.trajectory)
+        if name is not None
+    ]
+    # Unknown tokens (no mask column) never make a row padding.
+    return pl.all_horizontal(*matches, tokens == 0).fill_null(False)
+
+
+def _trajectories_from_last_step(
+    projection: pl.DataFrame, dataset: Dataset, columns: ColumnRoles
+) -> pl.DataFrame:
+    """Number the trajectories of a dump without a trajectory column as skyrl 0.4.0 does: a
+    trajectory is a run of rows ending at a last-step row, in row order over every input, and
+    its number is how many last-step rows come before its rows. A run must stay in one group
+    and the last row must end one."""
+    flag = columns.last_step
+    flagged = pl.col(LAST_STEP).cast(pl.UInt32)
+    numbered = projection.select(
+        ROW, GROUP, (flagged.cum_sum() - flagged).alias(TRAJECTORY), pl.exclude(ROW, GROUP)
+    )
+    same_run = pl.col(TRAJECTORY) == pl.col(TRAJECTORY).shift(1)
+    crossing = numbered.select(
+        pl.col(ROW).filter(same_run & (pl.col(GROUP) != pl.col(GROUP).shift(1))).first()
+    ).item()
+    if crossing is not None:
+        position = int(numbered[ROW].search_sorted(crossing))
+        before, here = numbered[GROUP][position - 1], numbered[GROUP][position]
+        raise AdvcliError(
+            f"{dataset.locate(crossing)}: column '{columns.group}' is {here!r} here but "
+            f"{before!r} on the row before, which is not flagged '{flag}': a trajectory is the "
+            f"run of rows up to a row flagged '{flag}', and this one would span two groups"
+        )
+    if numbered.height and not numbered[LAST_STEP][-1]:
+        last = numbered.row(-1, named=True)
+        start = numbered.filter(pl.col(TRAJECTORY) == last[TRAJECTORY])[ROW][0]
+        raise AdvcliError(
+            f"{dataset.locate(last[ROW])}: the rows from {dataset.locate(start)} on end without a "
+            f"row flagged '{flag}': a trajectory is the run of rows up to a row so flagged"
+        )
+    return numbered
+
+
 def _row_rules(
     schema: pl.Schema, columns: ColumnRoles, score: pl.Expr, tokens: pl.Expr
 ) -> list[tuple[pl.Expr, str]]:
@@ -151,6 +256,13 @@ def _row_rules(
     if columns.turn is not None:
         rules.append(
             (pl.col(columns.turn).is_null(), f"column '{columns.turn}' (turn index) is null")
+        )
+    if columns.last_step is not None:
+        rules.append(
+            (
+                pl.col(columns.last_step).is_null(),
+                f"column '{columns.last_step}' (last-step flag) is null",
+            )
         )
     rules.append((pl.col(reward).is_null(), f"column '{reward}' (reward) is null"))
     if columns.reward_kind == "token_rewards":

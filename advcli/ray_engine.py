@@ -116,8 +116,14 @@ def _key_columns(keys: list[str]) -> list[pl.Expr]:
     return [(pl.col(TOKENS) > 0).alias(key) if key == HAS_TOKENS else pl.col(key) for key in keys]
 
 
-def lookup_table(projection: pl.DataFrame, advantages: Advantages, keys: list[str]) -> pl.DataFrame:
-    """One row per key with the ``score`` and ``advantage`` its rows get."""
+def lookup_table(
+    projection: pl.DataFrame,
+    advantages: Advantages,
+    keys: list[str],
+    padding: pl.DataFrame | None = None,
+) -> pl.DataFrame:
+    """One row per key with the ``score`` and ``advantage`` its rows get; the ``padding`` rows
+    (their ids are no other row's) get their own score and advantage 0."""
     rows = projection.select(
         ROW, *_key_columns([k for k in keys if k != SCORE]), pl.col(SCORE)
     ).join(
@@ -125,7 +131,16 @@ def lookup_table(projection: pl.DataFrame, advantages: Advantages, keys: list[st
         on=ROW,
         how="left",
     )
-    return rows.select(*keys, "score_used", "advantage").unique(subset=keys, keep="first")
+    table = rows.select(*keys, "score_used", "advantage")
+    if padding is not None and not padding.is_empty():
+        padding_values = padding.select(
+            *_key_columns([k for k in keys if k != SCORE]),
+            pl.col(SCORE),
+            pl.col(SCORE).alias("score_used"),
+            pl.lit(0.0, dtype=table.schema["advantage"]).alias("advantage"),
+        )
+        table = pl.concat([table, padding_values.select(table.columns)])
+    return table.unique(subset=keys, keep="first")
 
 
 def _attach_block(
@@ -175,11 +190,12 @@ def write_advantages(
     *,
     tokens: bool = True,
     force: bool = False,
+    padding: pl.DataFrame | None = None,
 ) -> None:
     """Stage 3 on Ray Data: attach each row's advantage by a broadcast lookup and write a Parquet
     dataset folder (``part-000000.parquet``, … in input order), renamed into place when complete."""
     keys = lookup_keys(config, columns)
-    lookup = ray.put(lookup_table(projection, advantages, keys).to_arrow())
+    lookup = ray.put(lookup_table(projection, advantages, keys, padding).to_arrow())
     with atomic_output(output, force=force, folder=True, keep=dataset.files) as partial:
         try:
             _read(dataset).map_batches(

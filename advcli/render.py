@@ -596,6 +596,8 @@ def render_inspection(summary: dict[str, Any], console: Console) -> None:
     facts.add_row("files", f"{len(inputs['files']):,} ({inputs['format']})")
     for name in ("rows", "groups", "trajectories", "tokens", "empty_responses"):
         facts.add_row(name.replace("_", " "), _fmt(counts[name]))
+    if summary["padding_rows"]:
+        facts.add_row("padding rows (not counted above)", _fmt(summary["padding_rows"]))
     facts.add_row(
         "turns per trajectory (min / median / max)",
         f"{spread['min']} / {spread['median']:g} / {spread['max']}",

@@ -89,6 +89,25 @@ def write_advantages(
             raise AdvcliError(f"{output}: cannot write ({first_line(error)})") from None
 
 
+def with_padding(row_values: pl.DataFrame, padding: pl.DataFrame) -> pl.DataFrame:
+    """``row_values`` (``row``, ``score``, ``advantage``, any extra columns: the rows of the
+    statistics) with a row for each padding row of the key projection, in row order: its own
+    score, and 0 for its advantage and every extra column (its loss weight), so that its
+    per-token advantages are 0 as well."""
+    if padding.is_empty():
+        return row_values
+    schema = row_values.schema
+    padding_values = padding.select(
+        pl.col(ROW).cast(schema[ROW]),
+        *(
+            (pl.col(SCORE) if name == SCORE else pl.lit(0)).cast(schema[name]).alias(name)
+            for name in row_values.columns
+            if name != ROW
+        ),
+    )
+    return pl.concat([row_values, padding_values]).sort(ROW)
+
+
 Rows = TypeVar("Rows", pl.DataFrame, pl.LazyFrame)
 
 

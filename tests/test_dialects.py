@@ -44,13 +44,18 @@ def test_readme_table_states_the_dialects():
     assert list(table) == [dialect.trainer for dialect in DIALECTS]
     for dialect in DIALECTS:
         signature, group, trajectory, turn, reward, mask, _ = table[dialect.trainer]
-        assert _names(signature) == dialect.signature
+        assert _names(signature) == dialect.signature + dialect.excludes
+        if dialect.excludes:
+            assert signature.endswith(f"(no {', '.join(f'`{n}`' for n in dialect.excludes)})")
         assert _names(group) == dialect.group
         if not dialect.group:
             assert group == "blocks of rows"
-        assert _names(trajectory) == dialect.trajectory
-        if not dialect.trajectory:
-            assert trajectory == "each row"
+        if dialect.trajectory_from_last_step:
+            assert trajectory == f"runs ending at `{dialect.last_step[0]}`"
+        else:
+            assert _names(trajectory) == dialect.trajectory
+            if not dialect.trajectory:
+                assert trajectory == "each row"
         assert _names(turn) == dialect.turn
         assert _names(reward) == dialect.reward
         assert _names(mask) == dialect.mask

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from test_skyrl import skyrl_batch
+from test_trainer_dumps import write_batch
 
 from advcli.sample import sample_table
 
@@ -162,3 +164,15 @@ def test_reinforce_pp_rows_without_tokens_on_ray(cluster, run, tmp_path):
     expected = pl.read_parquet(local)
     assert expected["advantage"][0] == 0.0 and expected["advantage"][1] != 0.0
     assert pl.read_parquet(sorted(distributed.glob("*.parquet"))).equals(expected)
+
+
+@pytest.mark.parametrize("level", ["trajectory", "turn"])
+def test_ray_engine_writes_skyrl_padding_rows_as_local(level, cluster, run, tmp_path):
+    """SkyRL's padding rows are in no trajectory of the statistics: the broadcast lookup gives
+    them advantage 0 and their own score, as the local engine writes them."""
+    dump = write_batch(tmp_path / "dump.parquet", skyrl_batch("0.3.1")[0])
+    local, distributed = tmp_path / "local.parquet", tmp_path / "ray-out"
+    assert run("compute", dump, "-o", local, "-q", "--level", level).exit_code == 0
+    result = run("compute", dump, "-o", distributed, "-q", "--engine", "ray", "--level", level)
+    assert result.exit_code == 0, result.stderr
+    assert pl.read_parquet(sorted(distributed.glob("*.parquet"))).equals(pl.read_parquet(local))

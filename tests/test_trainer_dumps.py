@@ -372,7 +372,9 @@ def test_skyrl_stepwise(run, tmp_path):
     """skyrl-train 0.3.1 (skyrl_train/generators/base.py, the trainer's step-wise batch): uids
     str(dataset index), trajectory_ids "{instance_id}_{repetition_id}", per-step `rewards`
     (only the last step's is the outcome), loss_mask float32 the trainable mask while
-    response_mask covers every response token, is_last_step; rows contiguous in step order."""
+    response_mask covers every response token, is_last_step; rows contiguous in step order.
+    SkyRL's rule (the is_last_step row's reward) needs no --traj-score; tests/test_skyrl.py has
+    its padding rows and skyrl 0.4.0."""
     rng = np.random.default_rng(SEED)
     cols: dict[str, list] = {}
     rows = []
@@ -395,7 +397,7 @@ def test_skyrl_stepwise(run, tmp_path):
     }
     batch["is_last_step"] = torch.tensor(cols["is_last_step"])
     roles = role_map("uids", "trajectory_ids", None, "rewards", "loss_mask")
-    case = Case(batch, roles, rows, batch["loss_mask"].numpy(), ("--traj-score", "last"), "last")
+    case = Case(batch, roles, rows, batch["loss_mask"].numpy(), traj_score="last")
     check_trainer(case, run, tmp_path)
 
 
