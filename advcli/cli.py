@@ -316,6 +316,33 @@ def _read_config(ctx: typer.Context, value: Path | None) -> Path | None:
     return config.path
 
 
+def _column_names(
+    ctx: typer.Context,
+    group: str | None,
+    trajectory: str | None,
+    turn: str | None,
+    reward: str | None,
+    mask: str | None,
+    group_size: int | None,
+    config: Path | None,
+) -> ColumnNames:
+    """The column options, each role saying where it was named when the saved mapping named it
+    (inspect's reasons then name the file and key, not the option)."""
+    saved = {
+        role: f"'{option.removeprefix('--')}' in {config}"
+        for role, parameter, option in (
+            ("group", "group_col", "--group-col"),
+            ("trajectory", "traj_col", "--traj-col"),
+            ("turn", "turn_col", "--turn-col"),
+            ("reward", "reward_col", "--reward-col"),
+            ("mask", "mask_col", "--mask-col"),
+        )
+        if (source := ctx.get_parameter_source(parameter)) is not None
+        and source.name == "DEFAULT_MAP"
+    }
+    return ColumnNames(group, trajectory, turn, reward, mask, group_size, named_in=saved)
+
+
 ConfigOpt = Annotated[
     Path | None,
     typer.Option(
@@ -375,6 +402,7 @@ def _stage_progress(enabled: bool) -> Iterator[Callable[[str], None] | None]:
 @app.command("compute")
 @reports_errors
 def compute_command(
+    ctx: typer.Context,
     output: Annotated[
         Path,
         typer.Option(
@@ -464,7 +492,9 @@ def compute_command(
             inputs or [],
             output,
             config,
-            names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col, group_size),
+            names=_column_names(
+                ctx, group_col, traj_col, turn_col, reward_col, mask_col, group_size, config_path
+            ),
             output_format=output_format,
             tokens=not no_tokens,
             force=force,
@@ -536,6 +566,7 @@ def _duplicate_rows(summary: ComputeSummary) -> str:
 @app.command("compare")
 @reports_errors
 def compare_command(
+    ctx: typer.Context,
     inputs: Inputs = None,
     estimator: EstimatorOpt = DEFAULTS.estimator,
     epsilon: EpsilonOpt = DEFAULTS.epsilon,
@@ -617,7 +648,9 @@ def compare_command(
     report = compare(
         inputs or [],
         config,
-        names=ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col, group_size),
+        names=_column_names(
+            ctx, group_col, traj_col, turn_col, reward_col, mask_col, group_size, config_path
+        ),
         top=top,
         files=ReportFiles(
             json=None if json_path is None or json_to_stdout else Path(json_path),
@@ -652,6 +685,7 @@ def compare_command(
 @app.command("inspect")
 @reports_errors
 def inspect_command(
+    ctx: typer.Context,
     inputs: Inputs = None,
     group_col: GroupCol = None,
     group_size: GroupSize = None,
@@ -675,7 +709,10 @@ def inspect_command(
         from advcli.pipeline import inspect
 
     summary = inspect(
-        inputs or [], ColumnNames(group_col, traj_col, turn_col, reward_col, mask_col, group_size)
+        inputs or [],
+        _column_names(
+            ctx, group_col, traj_col, turn_col, reward_col, mask_col, group_size, config_path
+        ),
     )
     if config_path is not None:
         summary["config"] = str(config_path)

@@ -235,6 +235,7 @@ def resolve_columns(
     group_size: int | None = None,
     mask_needed_for: str | None = "the per-token output needs one",
     not_turns: Collection[str] = (),
+    named_in: dict[str, str] | None = None,
 ) -> ColumnRoles:
     """Pick the column for each role from the schema alone and check its type.
 
@@ -244,14 +245,15 @@ def resolve_columns(
     silent pick). Every role that finds no column is named in one :class:`MissingRoles` error.
     The mask may be missing when ``mask_needed_for`` is None (nothing asks for token counts);
     otherwise that phrase says, in the error, what needs it ("… needs one"). ``not_turns``:
-    columns known not to be the turn (the ``--by`` step column).
+    columns known not to be the turn (the ``--by`` step column); ``named_in``: where a role's
+    name was given when not by its option (a saved mapping), for the reasons.
 
     The readings that assume something (each row a trajectory, groups as blocks of rows) are
     taken here from the schema; :func:`advcli.roles.read_roles` then checks them against the
     values.
     """
     reasons: dict[str, str] = {}
-    pick = _Picker(schema, where, reasons)
+    pick = _Picker(schema, where, reasons, named_in or {})
     trainer = pick.dialect.trainer if pick.dialect is not None else "the"
     if group_size is not None:
         if group is not None:
@@ -412,8 +414,10 @@ class _Picker:
     """Finds each role's column in one schema, in the dump's dialect, recording why for every
     output, and what it could not find in ``missing`` (role → what to do)."""
 
-    def __init__(self, schema: pl.Schema, where: str, reasons: dict[str, str]) -> None:
-        self.schema, self.where, self.reasons = schema, where, reasons
+    def __init__(
+        self, schema: pl.Schema, where: str, reasons: dict[str, str], named_in: dict[str, str]
+    ) -> None:
+        self.schema, self.where, self.reasons, self.named_in = schema, where, reasons, named_in
         self.dialect, self.tie = _dialect_of(schema)
         self.missing: dict[Role, str] = {}
         self._wanted: list[str] = []
@@ -438,7 +442,7 @@ class _Picker:
                 raise AdvcliError(
                     f"{self.where}: column '{chosen}' ({option}) not found{self._hint([chosen])}"
                 )
-            self.reasons[role] = f"named by {option}"
+            self.reasons[role] = f"named by {self.named_in.get(role, option)}"
             return chosen
         if (
             role == "group"

@@ -68,6 +68,7 @@ def read_roles(
         "group_size": names.group_size,
         "mask_needed_for": mask_needed_for,
         "not_turns": not_turns,
+        "named_in": names.named_in,
     }
     try:
         roles = resolve_columns(schema, where, **options)  # type: ignore[arg-type]

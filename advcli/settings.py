@@ -7,7 +7,7 @@ count) before Polars is imported.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from advcli.errors import UsageError
@@ -148,6 +148,8 @@ class ColumnNames:
     mask: str | None = None
     # Groups as blocks of this many consecutive rows, for dumps with no group id (TRL, OpenRLHF).
     group_size: int | None = None
+    # Where a role's name was given, when not by its option (a saved mapping's file and key).
+    named_in: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.group_size is not None and self.group_size < 1:

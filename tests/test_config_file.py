@@ -192,6 +192,15 @@ def test_inspect_names_the_config_file(run, dump, tmp_path):
     assert terminal.exit_code == 0 and terminal.stdout.rstrip().endswith("config: advcli.toml")
 
 
+def test_inspect_says_which_roles_the_file_named(run, dump, tmp_path):
+    """A role named in the file is explained by its key and file, one named on the command
+    line by its option."""
+    (tmp_path / "advcli.toml").write_text('group-col = "data_id"\n')
+    report = json.loads(run("inspect", dump, "--json", "--traj-col", "rollout_id").stdout)
+    assert report["columns"]["group"]["why"] == "named by 'group-col' in advcli.toml"
+    assert report["columns"]["trajectory"]["why"] == "named by --traj-col"
+
+
 def test_compare_names_the_config_file(run, dump, tmp_path):
     assert "config:" not in run("compare", dump).stdout
     (tmp_path / "advcli.toml").write_text("top = 2\n")
