@@ -8,6 +8,7 @@ there). Expected advantages come from tests/reference.py, never from advcli.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -123,6 +124,26 @@ class Case:
     traj_score: str | None = None
 
 
+# Names that say "trajectory" (written here from the README's rule, not taken from advcli).
+TRAJECTORY_NAME = re.compile(
+    r"(traj|trajectory|rollout|episode|session|conversation|convo|dialog|dialogue)"
+    r"(id|ids|idx|index|uuid|uid|key|no|num|number)?"
+)
+
+
+def assert_nothing_contradicts_one_row_a_trajectory(dump: Path, group: str | None) -> None:
+    """A dump read one row a trajectory has no trajectory-named column whose values repeat
+    within a group (checked in plain Python over the file's rows)."""
+    frame = pl.read_parquet(dump)
+    groups = frame[group].to_list() if group is not None else [0] * frame.height
+    for name in frame.columns:
+        if not TRAJECTORY_NAME.fullmatch(re.sub(r"[^a-z0-9]", "", name.lower())):
+            continue
+        values = frame[name].to_list()
+        if len(set(values)) > 1:
+            assert len(set(zip(groups, values, strict=True))) == frame.height, name
+
+
 def check_trainer(case: Case, run: Callable, tmp_path: Path) -> None:
     """compute, compare and inspect on the dump, with ``case.flags`` only."""
     dump = write_batch(tmp_path / "dump.parquet", case.batch)
@@ -135,6 +156,8 @@ def check_trainer(case: Case, run: Callable, tmp_path: Path) -> None:
     assert inspected.exit_code == 0, inspected.stderr
     columns = json.loads(inspected.stdout)["columns"]
     assert {role: columns[role]["column"] for role in ROLES} == case.roles
+    if columns["trajectory"]["column"] is None:
+        assert_nothing_contradicts_one_row_a_trajectory(dump, columns["group"]["column"])
 
     report_path = tmp_path / "r.json"
     compared = run("compare", dump, "--json", report_path, *case.flags)
