@@ -49,10 +49,13 @@ _CONTENT_HASH = "content_hash"
 class DuplicateRows:
     """The copies found: ``copies`` has one row per copy, in input order, with ``row`` (the
     copy's input row), ``copy_of`` (the first row of its identical set), ``group``,
-    ``trajectory`` and, where the dump has one, ``turn``. ``sets``: how many rows were copied."""
+    ``trajectory`` and, where the dump has one, ``turn``. ``sets``: how many rows were copied.
+    ``compared``: the columns whose values the copies share besides the keys (only the reward and
+    the mask in a dump with no token columns, where two turns alike in both look the same)."""
 
     copies: pl.DataFrame
     sets: int
+    compared: tuple[str, ...] = ()
 
     @property
     def count(self) -> int:
@@ -64,6 +67,9 @@ class DuplicateRows:
         that of the row it copies (as ``locate`` names them), its group, trajectory and turn."""
         return {
             "count": self.count,
+            "compared": list(self.compared),
+            # Without token ids, two turns alike in reward and mask cannot be told apart.
+            "token_ids_compared": any(name in TOKEN_COLUMNS for name in self.compared),
             "first": [
                 {
                     "row": locate(copy[ROW]),
@@ -92,9 +98,10 @@ class DuplicateRows:
         return pl.concat([row_values, copied]).sort(ROW)
 
 
-def _none_in(projection: pl.DataFrame) -> DuplicateRows:
+def _none_in(projection: pl.DataFrame, content: list[str]) -> DuplicateRows:
     keys = [name for name in (GROUP, TRAJECTORY, TURN) if name in projection.columns]
-    return DuplicateRows(projection.select(ROW, pl.col(ROW).alias(COPY_OF), *keys).clear(), 0)
+    copies = projection.select(ROW, pl.col(ROW).alias(COPY_OF), *keys).clear()
+    return DuplicateRows(copies, 0, tuple(content))
 
 
 def find_duplicates(
@@ -109,10 +116,10 @@ def find_duplicates(
     rows duplicates.
     """
     keys = [name for name in (GROUP, TRAJECTORY, TURN, SCORE, TOKENS) if name in projection.columns]
+    content = _content_columns(dataset.schema, columns)
     candidates = rows_sharing(projection, keys).select(ROW, *keys)
     if candidates.is_empty():
-        return _none_in(projection)
-    content = _content_columns(dataset.schema, columns)
+        return _none_in(projection, content)
     hashed = _read_rows(dataset, candidates[ROW], [pl.struct(content).hash().alias(_CONTENT_HASH)])
     alike = (
         candidates.join(hashed, on=ROW, how="left", maintain_order="left")
@@ -120,7 +127,7 @@ def find_duplicates(
         .drop(_CONTENT_HASH)
     )
     if alike.is_empty():
-        return _none_in(projection)
+        return _none_in(projection, content)
     # Named apart from the projection's columns: a scalar reward may be called 'score'.
     values = [f"content_{index}" for index in range(len(content))]
     exact = alike.join(
@@ -136,7 +143,7 @@ def find_duplicates(
     copies = exact.filter(pl.col(ROW) != pl.col(COPY_OF)).select(
         ROW, COPY_OF, *(name for name in (GROUP, TRAJECTORY, TURN) if name in keys)
     )
-    return DuplicateRows(copies, copies[COPY_OF].n_unique())
+    return DuplicateRows(copies, copies[COPY_OF].n_unique(), tuple(content))
 
 
 def _content_columns(schema: pl.Schema, columns: ColumnRoles) -> list[str]:

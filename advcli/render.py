@@ -634,7 +634,9 @@ def render_inspection(summary: dict[str, Any], console: Console) -> None:
         checks.add_row(label, f"{entry['count']:,}", _examples(entry["examples"]))
     duplicates = summary["duplicate_rows"]
     checks.add_row(
-        "duplicated rows (a copy of an earlier row)",
+        "duplicated rows (a copy of an earlier row)"
+        if duplicates["token_ids_compared"]
+        else "duplicated rows (alike in keys, reward and mask: no token ids to compare)",
         f"{duplicates['count']:,}",
         "; ".join(f"{copy['row']} = {copy['copy_of_row']}" for copy in duplicates["first"]),
     )

@@ -109,7 +109,12 @@ def test_inspect_counts_the_copies_and_names_the_first(run, padded):
     result = run("inspect", path, "--json")
     assert result.exit_code == 0, result.stderr
     duplicates = json.loads(result.stdout)["duplicate_rows"]
-    assert duplicates == {"count": len(copied), "first": expected_first(path, rows, copied)}
+    assert duplicates == {
+        "count": len(copied),
+        "compared": ["token_level_rewards", "response_mask", "responses", "prompts"],
+        "token_ids_compared": True,
+        "first": expected_first(path, rows, copied),
+    }
 
     terminal = run("inspect", path)
     assert terminal.exit_code == 0, terminal.stderr
@@ -148,6 +153,8 @@ def test_compare_counts_the_copies_as_asked(run, padded, tmp_path, drop):
     report = json.loads(report_path.read_text())
     assert report["duplicate_rows"] == {
         "count": len(copied),
+        "compared": ["token_level_rewards", "response_mask", "responses", "prompts"],
+        "token_ids_compared": True,
         "first": expected_first(path, rows, copied),
     }
     assert report["settings"]["drop_duplicates"] is drop
@@ -227,13 +234,20 @@ def inspected_duplicates(run, path: Path) -> dict[str, Any]:
 
 def test_turns_alike_but_for_their_responses_are_not_duplicates(run, write_dump):
     path = write_dump(turn_rows(responses=[[11, 12], [13, 14], [11, 12]]))
-    assert inspected_duplicates(run, path) == {"count": 0, "first": []}
+    assert inspected_duplicates(run, path) == {
+        "count": 0,
+        "compared": ["token_level_rewards", "response_mask", "responses"],
+        "token_ids_compared": True,
+        "first": [],
+    }
 
 
 def test_without_token_columns_the_keys_reward_and_mask_decide(run, write_dump):
     path = write_dump(turn_rows())
     assert inspected_duplicates(run, path) == {
         "count": 1,
+        "compared": ["token_level_rewards", "response_mask"],
+        "token_ids_compared": False,
         "first": [
             {
                 "row": f"{path} row 1",
@@ -244,6 +258,8 @@ def test_without_token_columns_the_keys_reward_and_mask_decide(run, write_dump):
             }
         ],
     }
+    terminal = plain(run("inspect", path).stdout)
+    assert "duplicated rows (alike in keys, reward and mask: no token ids to compare) 1" in terminal
 
 
 def test_a_row_copied_twice_is_two_duplicates_of_one_row(run, write_dump):
@@ -278,6 +294,8 @@ def test_copies_with_a_turn_column_stop_compute_and_inspect_finds_them(run, writ
     assert summary["duplicate_turns"]["count"] == 2
     assert summary["duplicate_rows"] == {
         "count": 1,
+        "compared": ["token_level_rewards", "response_mask"],
+        "token_ids_compared": False,
         "first": [
             {
                 "row": f"{path} row 3",
