@@ -290,6 +290,10 @@ def resolve_columns(
         reasons["turn"] = "no turn index column: turns are ordered by input order"
         if rows_are_trajectories:
             reasons["turn"] = "each row is a whole trajectory: no turn order is needed"
+            unread = [name for name in schema.names() if named_like("turn", name)]
+            if unread:
+                listed = ", ".join(f"'{name}'" for name in unread)
+                reasons["turn"] += f" ({listed} not read as one)"
 
     for role, name in (("group", group_col), ("trajectory", trajectory_col)):
         if name is None:

@@ -105,6 +105,17 @@ def test_a_verl_dump_with_per_row_and_constant_columns_reads_one_row_a_trajector
     assert "each row is a trajectory" in trajectory["why"]
 
 
+def test_a_step_column_in_a_one_row_a_trajectory_dump_is_named_not_ignored(run, tmp_path):
+    rows = [(f"p{i // 4}", f"r{i}", 0, float(i % 3 == 0), 3) for i in range(8)]
+    path = tmp_path / "dump.parquet"
+    verl_frame(rows, "sample_id").with_columns(step=pl.lit(7)).write_parquet(path)
+    turn = compare_json(run, path)["settings"]["reading"]["roles"]["turn"]
+    assert turn == {
+        "column": None,
+        "why": "each row is a whole trajectory: no turn order is needed ('step' not read as one)",
+    }
+
+
 def test_two_repeating_trajectory_columns_are_an_error_naming_both(run, tmp_path):
     rows = multi_turn_rows()
     path = tmp_path / "dump.parquet"
