@@ -337,10 +337,22 @@ def _column_names(
             ("reward", "reward_col", "--reward-col"),
             ("mask", "mask_col", "--mask-col"),
         )
-        if (source := ctx.get_parameter_source(parameter)) is not None
-        and source.name == "DEFAULT_MAP"
+        if _saved(ctx, parameter)
     }
+    # --group-col and --group-size exclude each other: the one typed wins over the one saved.
+    if group is not None and group_size is not None:
+        if _saved(ctx, "group_col") and not _saved(ctx, "group_size"):
+            group = None
+            saved.pop("group", None)
+        elif _saved(ctx, "group_size") and not _saved(ctx, "group_col"):
+            group_size = None
     return ColumnNames(group, trajectory, turn, reward, mask, group_size, named_in=saved)
+
+
+def _saved(ctx: typer.Context, parameter: str) -> bool:
+    """Whether ``parameter``'s value came from the saved mapping."""
+    source = ctx.get_parameter_source(parameter)
+    return source is not None and source.name == "DEFAULT_MAP"
 
 
 ConfigOpt = Annotated[

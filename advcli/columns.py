@@ -172,6 +172,8 @@ class ColumnRoles:
     group_size: int | None = None
     # The trainer whose dialect the dump was read in, None for a dump that speaks none.
     dialect: str | None = None
+    # The roles whose column was taken for its name alone (named_like), not a trainer's name.
+    by_name: tuple[str, ...] = ()
     # SkyRL's step-wise dumps (see Dialect): the last-step flag column, whether the trajectories
     # are the runs of rows ending at it, and the ids of the padding rows.
     last_step: str | None = None
@@ -305,9 +307,10 @@ def resolve_columns(
                 "or strings"
             )
     if turn_col is not None and not schema[turn_col].is_integer():
+        picked = " (read as the turn for its name)" if "turn" in pick.by_name else ""
         raise AdvcliError(
-            f"{where}: column '{turn_col}' (turn index) has type {schema[turn_col]}; "
-            "expected integers"
+            f"{where}: column '{turn_col}' (turn index){picked} has type {schema[turn_col]}; "
+            "expected integers: cast it, or name the turn column with --turn-col"
         )
 
     reward_dtype = schema[reward_col]
@@ -355,6 +358,7 @@ def resolve_columns(
         reasons["mask"] += ", a list of 0/1" if mask_kind == "mask" else ", a response length"
     roles = ColumnRoles(
         dialect=pick.dialect.trainer if pick.dialect is not None else None,
+        by_name=tuple(pick.by_name),
         group=group_col,
         trajectory=trajectory_col,
         group_size=group_size,
@@ -395,6 +399,8 @@ def with_steps(
             f"{dialect.trainer}'s dumps have no trajectory column: a trajectory is a run of rows "
             f"ending at a row flagged '{flag}', in row order"
         )
+        if roles.turn is None:
+            reasons["turn"] = "no turn index column: a run's turns are in row order"
     return replace(
         roles,
         last_step=flag,
@@ -424,6 +430,7 @@ class _Picker:
         self.schema, self.where, self.reasons, self.named_in = schema, where, reasons, named_in
         self.dialect, self.tie = _dialect_of(schema)
         self.missing: dict[Role, str] = {}
+        self.by_name: list[Role] = []
         self._wanted: list[str] = []
 
     def __call__(
@@ -443,8 +450,9 @@ class _Picker:
         option = OPTIONS[role]
         if chosen is not None:
             if chosen not in self.schema:
+                named = self.named_in.get(role, option)
                 raise AdvcliError(
-                    f"{self.where}: column '{chosen}' ({option}) not found{self._hint([chosen])}"
+                    f"{self.where}: column '{chosen}' ({named}) not found{self._hint([chosen])}"
                 )
             self.reasons[role] = f"named by {self.named_in.get(role, option)}"
             return chosen
@@ -536,6 +544,7 @@ class _Picker:
         if not found:
             return None
         name = found[0]
+        self.by_name.append(role)
         trainer = f"{dialect.trainer}'s dumps have no {role} column, and " if dialect else ""
         self.reasons[role] = f"{trainer}'{name}' is named like the {role} {ROLE_NOUNS[role]}"
         return name
@@ -576,7 +585,8 @@ NAME_PATTERNS: dict[Role, re.Pattern[str]] = {
     "trajectory": re.compile(
         f"(traj|trajectory|rollout|episode|session|conversation|convo|dialog|dialogue){_ID_SUFFIX}?"
     ),
-    "turn": re.compile(f"(turn|step){_ID_SUFFIX}?"),
+    # Not "ids": rLLM's step_ids are strings that name a step.
+    "turn": re.compile("(turn|step)(id|idx|index|no|num|number)?"),
     "reward": re.compile("(reward|rewards|score|scores|return)"),
     "mask": re.compile("(mask|responsemask|lossmask|actionmask)"),
 }
@@ -593,12 +603,14 @@ def is_id_type(dtype: pl.DataType | DataTypeClass) -> bool:
 
 
 def can_hold(role: Role, dtype: pl.DataType | DataTypeClass) -> bool:
-    """Whether a column of ``dtype`` can hold ``role`` (a name alone never picks one that
-    cannot)."""
+    """Whether a column of ``dtype`` can be meant for ``role`` (a name alone never picks one
+    that cannot)."""
     if role in ("group", "trajectory"):
         return is_id_type(dtype)
     if role == "turn":
-        return dtype.is_integer()
+        # Any number: a float turn column named like one is then refused for its type, not
+        # passed over.
+        return _is_numeric(dtype)
     inner = sequence_of(dtype)[0]
     if role == "reward":
         return _is_numeric(dtype) or (inner is not None and _is_numeric(inner))

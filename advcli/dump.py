@@ -135,8 +135,8 @@ def batch_roles(
     entries that could contradict that reading (:func:`advcli.roles.read_roles`): a batch whose
     ``trajectory_id`` repeats within a group is not read one row a trajectory."""
 
-    def values(names: Sequence[str]) -> pl.DataFrame:
-        return pl.DataFrame([_series(name, entries[name]) for name in names])
+    def values(names: Sequence[str], limit: int | None) -> pl.DataFrame:
+        return pl.DataFrame([_series(name, entries[name][:limit]) for name in names])
 
     return read_roles(
         _schema(entries),

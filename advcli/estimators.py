@@ -57,6 +57,8 @@ class Naming:
     trajectory: str = TRAJECTORY
     locate: Callable[[int], str] = _row_number
     file_of: Callable[[int], int] = _one_file
+    # Said after an error on a trajectory's scores when the turn column is in doubt.
+    turn_hint: str = ""
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,7 @@ def _check_consistent_scores(projection: pl.DataFrame, units: pl.DataFrame, nami
         )
     raise AdvcliError(
         f"{naming.locate(disagreeing)}: {trajectory} has rows with different scores {scores}; "
-        "choose a rule with --traj-score first|last|mean|max|sum"
+        f"choose a rule with --traj-score first|last|mean|max|sum{naming.turn_hint}"
     )
 
 

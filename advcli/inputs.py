@@ -67,11 +67,13 @@ class Dataset:
             return pl.scan_ipc(files)
         return scan_parquet(self)
 
-    def read_columns(self, names: Sequence[str]) -> pl.DataFrame:
-        """The named columns, every row in input order (small columns only: ids, flags)."""
+    def read_columns(self, names: Sequence[str], limit: int | None = None) -> pl.DataFrame:
+        """The named columns in input order, every row or the first ``limit`` (small columns
+        only: ids, flags)."""
+        scan = self.scan().select(list(names))
         try:
             with closing_sources():
-                return self.scan().select(list(names)).collect(engine="streaming")
+                return (scan if limit is None else scan.head(limit)).collect(engine="streaming")
         except pl.exceptions.PolarsError as error:
             listed = ", ".join(f"'{name}'" for name in names)
             raise AdvcliError(

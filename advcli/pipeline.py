@@ -78,6 +78,7 @@ class LoadedDump:
             self.columns.trajectory or "row",
             self.dataset.locate,
             self.dataset.file_of,
+            _turn_hint(self.columns),
         )
         trajectories = self.trajectories if config.level is Level.TRAJECTORY else None
         return compute_advantages(self.projection, config, naming, trajectories)
@@ -126,6 +127,16 @@ class ComputeSummary:
     duplicate_rows: int = 0
     duplicates_dropped: bool = False
     padding_rows: int = 0
+
+
+def _turn_hint(columns: ColumnRoles) -> str:
+    """For a turn column read for its name: what to do if it is the training step."""
+    if columns.turn is None or "turn" not in columns.by_name:
+        return ""
+    return (
+        f" (or, if '{columns.turn}', read as the turn index for its name, is the training step, "
+        f"--by {columns.turn})"
+    )
 
 
 def load_dump(

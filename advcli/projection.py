@@ -380,7 +380,7 @@ def check_unique_turns(projection: pl.DataFrame, dataset: Dataset, columns: Colu
             "; the ids repeat across files: if each file is a training step, pass --by file "
             "to read each as its own batch"
         )
-    elif f"'{columns.turn}' is named like" in columns.reasons.get("turn", ""):
+    elif "turn" in columns.by_name:
         message += (
             f"; '{columns.turn}' was read as the turn index for its name: if it is not one, "
             "name the turn column with --turn-col (or, for a training step, pass --by "

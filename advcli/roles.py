@@ -19,6 +19,7 @@ by what their values look like, and the options that read the dump (:attr:`Missi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import polars as pl
 
@@ -36,14 +37,17 @@ from advcli.columns import (
 from advcli.errors import AdvcliError, MissingRoles
 from advcli.settings import ColumnNames
 
-# Reads the named columns, every row in input order (a file's or a batch's).
-Values = Callable[[Sequence[str]], pl.DataFrame]
+# Reads the named columns in input order: every row, or the first ``limit``.
+Values = Callable[[Sequence[str], int | None], pl.DataFrame]
 
 # The rows whose values rank the candidates of a missing role (enough to tell a group from a
 # turn index, few enough for every pair of columns to be compared at once).
 RANKED_ROWS = 100_000
-# How many candidate columns an error names for one role.
+# How many id columns are ranked, and how many candidates an error names for one role.
+RANKED_COLUMNS = 12
 CANDIDATES_SHOWN = 3
+# Strings longer than this on average are text (a prompt, a response), not ids.
+ID_LENGTH = 64
 
 
 def read_roles(
@@ -74,12 +78,15 @@ def read_roles(
         roles = resolve_columns(schema, where, **options)  # type: ignore[arg-type]
     except MissingRoles as missing:
         raise _ranked(missing, schema, values, names) from None
-    if roles.trajectory is None:
-        trajectory = _trajectory_in_values(schema, where, roles, values, not_turns)
-        if trajectory is not None:
-            column, why = trajectory
-            roles = resolve_columns(schema, where, **{**options, "trajectory": column})  # type: ignore[arg-type]
-            roles.reasons["trajectory"] = why
+    if roles.trajectory is None and not roles.trajectory_from_last_step:
+        found = _trajectory_in_values(schema, where, roles, values, not_turns)
+        if found is not None:
+            column, why = found
+            options["trajectory"] = column
+            roles = resolve_columns(schema, where, **options)  # type: ignore[arg-type]
+            roles = replace(roles, reasons={**roles.reasons, "trajectory": why})
+    if roles.turn is not None and "turn" in roles.by_name and _is_step(roles.turn):
+        _check_not_a_training_step(where, roles, values)
     if roles.group is None and roles.group_size is not None:
         _check_blocks(schema, where, roles, values)
     return roles
@@ -94,34 +101,34 @@ def _trajectory_in_values(
 ) -> tuple[str, str] | None:
     """For a dump read one row a trajectory: the column that the values show is the trajectory
     (and why), None when nothing contradicts the reading; an error when the rows are turns of
-    trajectories no column names."""
+    trajectories no column names.
+
+    A column contradicts the reading when it varies within a group and repeats there: a
+    trajectory-named one is then the trajectory; a turn-named one (a ``step`` too) numbers the
+    turns of trajectories no column names. Constant within every group (a training step, an
+    episode counter of the run) or unique per row, it says nothing."""
     taken = {roles.group, roles.reward, roles.mask, *not_turns}
     trajectory_like = [
-        name
-        for name in schema.names()
-        if name not in taken and is_id_type(schema[name]) and _says("trajectory", name)
+        name for name in schema.names() if name not in taken and _says("trajectory", name)
     ]
     turn_like = [
         name
         for name in schema.names()
-        if name not in taken
-        and schema[name].is_integer()
-        and _says("turn", name)
-        and not _is_step(name)
+        if name not in taken and _is_number(schema[name]) and _says("turn", name)
     ]
     if not trajectory_like and not turn_like:
         return None
-    frame = values(list(dict.fromkeys([*_group_key_columns(roles), *trajectory_like, *turn_like])))
+    group_columns = [roles.group] if roles.group is not None else []
+    frame = values(list(dict.fromkeys([*group_columns, *trajectory_like, *turn_like])), None)
     group = _group_key(roles, frame.height)
     rows = frame.height
-    repeating = []
-    for name in trajectory_like:
-        counts = frame.select(
-            pl.col(name).n_unique().alias("values"),
-            pl.struct(group.alias("__group"), pl.col(name)).n_unique().alias("pairs"),
-        ).row(0, named=True)
-        if counts["values"] > 1 and counts["pairs"] < rows:
-            repeating.append((name, counts["pairs"]))
+    groups = frame.select(group.n_unique()).item()
+
+    repeating = [
+        (name, count)
+        for name in trajectory_like
+        if groups < (count := _trajectory_count(frame, group, name)) < rows
+    ]
     trainer = f"{roles.dialect}'s dumps keep" if roles.dialect else "a dump without one keeps"
     if len(repeating) > 1:
         listed = " and ".join(f"'{name}'" for name, _ in repeating)
@@ -130,21 +137,44 @@ def _trajectory_in_values(
             f"name the trajectory column with --traj-col {repeating[0][0]}"
         )
     if repeating:
-        name, pairs = repeating[0]
+        name, count = repeating[0]
+        if not is_id_type(schema[name]):
+            raise AdvcliError(
+                f"{where}: column '{name}' is named like a trajectory id and its values repeat "
+                f"within groups, so the rows are turns, but it has type {schema[name]}; ids must "
+                f"be integers or strings: cast it, or name the trajectory column with --traj-col"
+            )
         return name, (
             f"'{name}' is named like a trajectory id and its values repeat within groups "
-            f"({rows:,} rows, {pairs:,} trajectories), so the rows are turns: read as the "
+            f"({rows:,} rows, {count:,} trajectories), so the rows are turns: read as the "
             f"trajectory ({trainer} a trajectory in one row)"
         )
     for name in turn_like:
-        distinct = frame[name].n_unique()
-        if distinct > 1:
+        if _trajectory_count(frame, group, name) > groups:
             raise AdvcliError(
                 f"{where}: {trainer} a trajectory in one row, but column '{name}' numbers turns "
-                f"({distinct:,} distinct values) and no column says which trajectory a row "
-                "belongs to; name the trajectory column with --traj-col"
+                f"within groups ({frame[name].n_unique():,} distinct values) and no column says "
+                "which trajectory a row belongs to; name the trajectory column with --traj-col"
             )
     return None
+
+
+def _check_not_a_training_step(where: str, roles: ColumnRoles, values: Values) -> None:
+    """A ``step`` read as the turn for its name that is constant within every group but takes
+    several values is the training step: reading it as the turn would join two steps' rows."""
+    assert roles.turn is not None
+    group_columns = [roles.group] if roles.group is not None else []
+    frame = values([*group_columns, roles.turn], None)
+    group = _group_key(roles, frame.height)
+    steps = frame[roles.turn].n_unique()
+    varies = frame.select((pl.col(roles.turn).n_unique().over(group) > 1).any()).item()
+    if steps > 1 and not varies:
+        raise AdvcliError(
+            f"{where}: column '{roles.turn}' was read as the turn index for its name, but it is "
+            f"the same within every group and takes {steps:,} values: it looks like the "
+            f"training step; pass --by {roles.turn} to read each step as its own batch, or "
+            f"--turn-col {roles.turn} to read it as the turn"
+        )
 
 
 def _says(role: Role, name: str) -> bool:
@@ -157,16 +187,21 @@ def _is_step(name: str) -> bool:
     return name.lower().lstrip("_").startswith("step")
 
 
-def _group_key_columns(roles: ColumnRoles) -> list[str]:
-    return [roles.group] if roles.group is not None else []
+def _is_number(dtype: pl.DataType) -> bool:
+    return dtype.is_numeric() and dtype != pl.Boolean
 
 
 def _group_key(roles: ColumnRoles, rows: int) -> pl.Expr:
     """Each row's group: its group column, or its block of ``group_size`` rows."""
-    if roles.group is not None:
-        return pl.col(roles.group)
-    size = roles.group_size or 1
-    return pl.int_range(0, rows, dtype=pl.Int64) // size
+    return _block_or_column(roles.group, roles.group_size, rows)
+
+
+def _block_or_column(group: str | None, group_size: int | None, rows: int) -> pl.Expr:
+    if group is not None:
+        return pl.col(group)
+    if group_size is not None:
+        return pl.int_range(0, rows, dtype=pl.Int64) // group_size
+    return pl.lit(0)
 
 
 def _check_blocks(schema: pl.Schema, where: str, roles: ColumnRoles, values: Values) -> None:
@@ -181,7 +216,7 @@ def _check_blocks(schema: pl.Schema, where: str, roles: ColumnRoles, values: Val
     ]
     if not group_like:
         return
-    frame = values(group_like)
+    frame = values(group_like, None)
     block = _group_key(roles, frame.height)
     for name in group_like:
         changes = frame.select((pl.col(name).n_unique().over(block) > 1).any()).item()
@@ -197,89 +232,169 @@ def _ranked(
     missing: MissingRoles, schema: pl.Schema, values: Values, names: ColumnNames
 ) -> MissingRoles:
     """The missing roles' error, each role with its likeliest columns ranked by their values, and
-    the options that would read the dump (when every missing role has a candidate)."""
+    the options that read the dump when the values leave one choice for every missing role
+    (then with the turn column too, where one looks like a turn index)."""
     given = {names.group, names.trajectory, names.turn, names.reward, names.mask}
-    ids = [name for name in schema.names() if is_id_type(schema[name]) and name not in given]
-    frame = (
-        values(ids).head(RANKED_ROWS)
-        if ids and {"group", "trajectory"} & set(missing.missing)
-        else None
-    )
-    choices: dict[Role, list[tuple[str, str]]] = {}
-    group = missing.found.get("group")
-    if "group" in missing.missing and frame is not None and names.group_size is None:
-        choices["group"] = _group_candidates(frame)
-        group = choices["group"][0][0] if choices["group"] else None
-    if "trajectory" in missing.missing and frame is not None:
-        choices["trajectory"] = _trajectory_candidates(frame, group, names.group_size)
+    found = {role: column for role, column in missing.found.items() if column is not None}
+    ids = [
+        name
+        for name in schema.names()
+        if is_id_type(schema[name]) and name not in given and name not in found.values()
+    ][:RANKED_COLUMNS]
+    choices: dict[str, list[tuple[str, str]]] = {}
+    picked: dict[str, str] = {}
+    turn = None
+    if {"group", "trajectory"} & set(missing.missing) and ids:
+        known = [found[role] for role in ("group", "trajectory") if role in found]
+        frame = values([*ids, *known], RANKED_ROWS)
+        ids = [name for name in ids if _could_be_an_id(frame[name])]
+        turns = [name for name in ids if _looks_like_a_turn(frame[name])]
+        ids = [name for name in ids if name not in turns]
+        turn = turns[0] if len(turns) == 1 and "turn" not in found else None
+        keys = _key_choices(frame, ids, found, names.group_size, set(missing.missing))
+        choices.update(keys.ranked)
+        picked.update(keys.picked)
     for role in ("reward", "mask"):
         if role in missing.missing:
             # Those named like the role first; a reward is more likely a float than an integer.
             typed = [n for n in schema.names() if n not in given and can_hold(role, schema[n])]
             typed.sort(key=lambda name: (not _says(role, name), not _floats(schema[name])))
-            choices[role] = [
-                (name, str(schema[name]))
+            fitting = [
+                name
                 for name in typed
                 if _says(role, name) or (role == "reward" and _floats(schema[name]))
             ]
-    reasons: dict[Role, str] = {}
+            choices[role] = [(name, str(schema[name])) for name in fitting]
+            named = [name for name in fitting if _says(role, name)]
+            if len(named) == 1 or len(fitting) == 1:
+                picked[role] = (named or fitting)[0]
+    reasons: dict[str, str] = {}
     flags: list[str] = []
     for role, why in missing.missing.items():
-        found = choices.get(role, [])[:CANDIDATES_SHOWN]
+        shown = choices.get(role, [])[:CANDIDATES_SHOWN]
         reasons[role] = why
-        if found:
-            listed = ", then ".join(f"'{name}' ({detail})" for name, detail in found)
+        if shown:
+            listed = ", then ".join(f"'{name}' ({detail})" for name, detail in shown)
             reasons[role] = f"{why} (likeliest: {listed})"
-            flags += [OPTIONS[role], found[0][0]]
-    complete = all(choices.get(role) for role in missing.missing)
+        if role in picked:
+            flags += [OPTIONS[role], picked[role]]  # type: ignore[index]
+    complete = all(role in picked for role in missing.missing)
+    if complete and turn is not None:
+        flags += ["--turn-col", turn]
     return MissingRoles(
         missing.where, reasons, missing.hint, missing.found, flags if complete else ()
     )
 
 
-def _group_candidates(frame: pl.DataFrame) -> list[tuple[str, str]]:
-    """Columns that could be the group: more than one value and fewer than rows. Those named
-    like a group id come first, then those that hold another column's values nested (each
-    trajectory id in one group: a turn index holds none), then by fewest values."""
-    rows = frame.height
-    distinct = frame.select(pl.all().n_unique()).row(0, named=True)
-    fitting = [name for name, count in distinct.items() if 1 < count < rows]
+def _could_be_an_id(column: pl.Series) -> bool:
+    """More than one value, not unique per row (then it names rows, not trajectories), and not
+    text."""
+    if not 1 < column.n_unique() < column.len():
+        return False
+    if column.dtype == pl.String:
+        return float(column.str.len_chars().mean() or 0) <= ID_LENGTH
+    return True
 
-    def holds_nested(name: str) -> bool:
-        return any(
-            distinct[other] > distinct[name]
-            and frame.select(pl.struct(name, other).n_unique()).item() == distinct[other]
-            for other in fitting
-            if other != name
+
+def _looks_like_a_turn(column: pl.Series) -> bool:
+    """An integer column counted 0 (or 1), 1, 2… whose counts fall as the numbers rise, not all
+    alike: every trajectory has a first turn, fewer a second."""
+    if not column.dtype.is_integer():
+        return False
+    counts = column.value_counts().sort(column.name)
+    numbers, how_many = counts[column.name], counts["count"]
+    consecutive = numbers.to_list() == list(range(int(numbers[0]), int(numbers[0]) + len(numbers)))
+    falling = bool((how_many.diff().drop_nulls() <= 0).all())
+    return numbers[0] in (0, 1) and consecutive and falling and how_many.n_unique() > 1
+
+
+class _Keys:
+    """Candidates for the missing group and trajectory (``ranked``: role → (column, what its
+    values show)), and the columns the values leave as the one choice (``picked``)."""
+
+    def __init__(self) -> None:
+        self.ranked: dict[str, list[tuple[str, str]]] = {}
+        self.picked: dict[str, str] = {}
+
+
+def _key_choices(
+    frame: pl.DataFrame,
+    ids: list[str],
+    found: dict[str, str],
+    group_size: int | None,
+    missing: set[str],
+) -> _Keys:
+    """The group and trajectory a pair of columns could be: a group with more than one value, a
+    trajectory that varies within groups and repeats (rows are turns). Of the two ways to read a
+    pair as (group, trajectory) the one with more groups is taken (a prompt has a few rollouts,
+    a rollout index many prompts). Names like the roles' decide between pairs; otherwise a choice
+    is made only when one pair fits."""
+    rows = frame.height
+    distinct = {name: frame[name].n_unique() for name in [*ids, *found.values()]}
+
+    keys = _Keys()
+    if "group" in missing and "trajectory" in missing:
+        pairs = []
+        for group in ids:
+            for column in ids:
+                count = _trajectory_count(frame, pl.col(group), column) if group != column else 0
+                if distinct[group] > 1 and distinct[group] < count < rows:
+                    pairs.append((group, column, count))
+        best: dict[frozenset[str], tuple[str, str, int]] = {}
+        for group, column, count in pairs:
+            held = best.get(frozenset((group, column)))
+            if held is None or distinct[group] > distinct[held[0]]:
+                best[frozenset((group, column))] = (group, column, count)
+        fitting = sorted(
+            best.values(),
+            key=lambda pair: (
+                not (_says("group", pair[0]) and _says("trajectory", pair[1])),
+                -distinct[pair[0]],
+            ),
         )
+        keys.ranked["group"] = [(g, f"{distinct[g]:,} distinct values") for g, _, _ in fitting]
+        keys.ranked["trajectory"] = [(t, f"{n:,} trajectories") for _, t, n in fitting]
+        named = [
+            pair for pair in fitting if _says("group", pair[0]) and _says("trajectory", pair[1])
+        ]
+        if len(fitting) == 1 or len(named) == 1:
+            group, column, _ = (named or fitting)[0]
+            keys.picked.update(group=group, trajectory=column)
+    elif "trajectory" in missing:
+        group = _block_or_column(found.get("group"), group_size, rows)
+        groups = frame.select(group.n_unique()).item()
+        fitting = [
+            (column, count)
+            for column in ids
+            if groups < (count := _trajectory_count(frame, group, column)) < rows
+        ]
+        fitting.sort(key=lambda item: (not _says("trajectory", item[0]), -item[1]))
+        keys.ranked["trajectory"] = [(t, f"{n:,} trajectories") for t, n in fitting]
+        named = [item for item in fitting if _says("trajectory", item[0])]
+        if len(fitting) == 1 or len(named) == 1:
+            keys.picked["trajectory"] = (named or fitting)[0][0]
+    elif "group" in missing and group_size is None:
+        trajectory = found.get("trajectory")
+        # A group holds several trajectories: the trajectory varies within it.
+        fitting = [
+            column
+            for column in ids
+            if trajectory is None
+            or distinct[column] < _trajectory_count(frame, pl.col(column), trajectory)
+        ]
+        fitting.sort(key=lambda name: (not _says("group", name), -distinct[name]))
+        keys.ranked["group"] = [(g, f"{distinct[g]:,} distinct values") for g in fitting]
+        named = [name for name in fitting if _says("group", name)]
+        if len(fitting) == 1 or len(named) == 1:
+            keys.picked["group"] = (named or fitting)[0]
+    return keys
 
-    nested = {name: holds_nested(name) for name in fitting}
-    fitting.sort(key=lambda name: (not _says("group", name), not nested[name], distinct[name]))
-    return [(name, f"{distinct[name]:,} distinct values") for name in fitting]
 
-
-def _trajectory_candidates(
-    frame: pl.DataFrame, group: str | None, group_size: int | None
-) -> list[tuple[str, str]]:
-    """Columns that could be the trajectory: more trajectories than groups, at most one a row;
-    those named like a trajectory id first, then by most trajectories."""
-    rows = frame.height
-    if group is not None:
-        key = pl.col(group)
-    elif group_size is not None:
-        key = pl.int_range(0, rows, dtype=pl.Int64) // group_size
-    else:
-        key = pl.lit(0)
-    groups = frame.select(key.n_unique()).item()
-    counted = []
-    for name in frame.columns:
-        if name == group:
-            continue
-        pairs = frame.select(pl.struct(key.alias("__group"), pl.col(name)).n_unique()).item()
-        if groups < pairs <= rows:
-            counted.append((name, pairs))
-    counted.sort(key=lambda item: (not _says("trajectory", item[0]), -item[1]))
-    return [(name, f"{pairs:,} trajectories") for name, pairs in counted]
+def _trajectory_count(frame: pl.DataFrame, group: pl.Expr, column: str) -> int:
+    """How many (group, ``column``) pairs the rows hold: the trajectories, were ``column`` the
+    trajectory id."""
+    pairs = frame.select(pl.struct(group.alias("__group"), pl.col(column)).n_unique())
+    return int(pairs.item())
 
 
 def _floats(dtype: pl.DataType) -> bool:

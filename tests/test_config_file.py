@@ -201,6 +201,19 @@ def test_inspect_says_which_roles_the_file_named(run, dump, tmp_path):
     assert report["columns"]["trajectory"]["why"] == "named by --traj-col"
 
 
+def test_a_typed_group_option_wins_over_the_saved_other_one(run, dump, tmp_path):
+    """--group-col and --group-size exclude each other; the one on the command line replaces
+    the saved one instead of clashing with it."""
+    (tmp_path / "advcli.toml").write_text("group-size = 4\n")
+    typed = json.loads(run("inspect", dump, "--json", "--group-col", "data_id").stdout)
+    assert typed["columns"]["group"] == {"column": "data_id", "why": "named by --group-col"}
+    (tmp_path / "advcli.toml").write_text('group-col = "data_id"\n')
+    # The blocks are read (and here contradicted by data_id), not refused as a clash.
+    result = run("inspect", dump, "--group-size", "3")
+    assert "exclude each other" not in result.stderr
+    assert "values change within blocks of --group-size 3 rows" in result.stderr
+
+
 def test_compare_names_the_config_file(run, dump, tmp_path):
     assert "config:" not in run("compare", dump).stdout
     (tmp_path / "advcli.toml").write_text("top = 2\n")

@@ -136,7 +136,7 @@ def test_a_turn_column_without_a_trajectory_column_is_refused(run, tmp_path):
     path = tmp_path / "dump.parquet"
     frame.write_parquet(path)
     line = error_line(run("inspect", path))
-    assert "column 'turn' numbers turns (5 distinct values)" in line
+    assert "column 'turn' numbers turns within groups (5 distinct values)" in line
     assert "--traj-col" in line
 
 
@@ -196,7 +196,9 @@ def test_every_missing_role_in_one_error_with_a_command_that_works(tmp_path):
     assert "likeliest: 'a' (12 distinct values)" in line
     assert "likeliest: 'b' (60 trajectories)" in line
     command = line.split("This command reads it: ", 1)[1]
-    assert command == f"advcli compare {path} --group-col a --traj-col b --reward-col r"
+    assert command == (
+        f"advcli compare {path} --group-col a --traj-col b --reward-col r --turn-col c"
+    )
     pasted = shlex.split(command)[1:]
     worked = subprocess.run([*ADVCLI, *pasted, "--quiet"], capture_output=True, text=True)
     assert worked.returncode == 0, worked.stderr
@@ -371,3 +373,165 @@ def test_the_library_reads_a_batch_as_the_command_line_does(tmp_path):
     )
     with pytest.raises(AdvcliError, match="both repeat within groups"):
         write_batch({**batch, "episode_id": batch["trajectory_id"] + "x"}, tmp_path)
+
+
+def sample_layout(tmp_path: Path, **extra: object) -> Path:
+    """advcli's sample under names that say nothing: q (prompt), run (rollout 0..3 within its
+    prompt), t (turn), r (reward), plus ``extra`` columns."""
+    frame = pl.from_arrow(sample_table(groups=30, rollouts=4, seed=5)).select(
+        pl.col("data_id").cast(pl.String).alias("q"),
+        pl.col("rollout_id").alias("run"),
+        pl.col("turn_index").alias("t"),
+        pl.col("token_level_rewards").list.sum().alias("r"),
+    )
+    frame = frame.with_columns(**extra) if extra else frame
+    path = tmp_path / "odd.parquet"
+    frame.write_parquet(path)
+    return path
+
+
+def test_a_rollout_index_is_read_within_its_group(tmp_path):
+    """run numbers the rollouts within each prompt: (q, run) and (run, q) hold the same
+    trajectories, and the reading with more groups is the one proposed; t falls as it rises
+    and is the turn. The proposed command gives the reference's numbers."""
+    path = sample_layout(tmp_path)
+    failed = subprocess.run(
+        [*ADVCLI, "compute", str(path), "-o", str(tmp_path / "o.parquet"), "--no-tokens", "-q"],
+        capture_output=True,
+        text=True,
+    )
+    assert failed.returncode == 1
+    command = failed.stderr.strip().split("This command reads it: ", 1)[1]
+    assert command.endswith("--group-col q --traj-col run --reward-col r --turn-col t")
+    worked = subprocess.run([*ADVCLI, *shlex.split(command)[1:]], capture_output=True, text=True)
+    assert worked.returncode == 0, worked.stderr
+    frame = pl.read_parquet(path)
+    rows = list(
+        zip(frame["q"], frame["run"], frame["t"], frame["r"], [1] * frame.height, strict=True)
+    )
+    expected = reference_advantages(rows, level="trajectory", estimator="grpo")
+    written = pl.read_parquet(tmp_path / "o.parquet")["advantage"]
+    np.testing.assert_allclose(written, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("extra", ["rowid", "text"])
+def test_per_row_and_text_columns_are_never_proposed_as_ids(run, tmp_path, extra):
+    """A column unique per row would make each row a trajectory, a free-text one the same:
+    neither is a candidate, and the proposed command stays the right one."""
+    values = {
+        "rowid": pl.int_range(0, pl.len()),
+        "text": pl.concat_str(pl.lit("x" * 200), pl.col("t").cast(pl.String)),
+    }
+    path = sample_layout(tmp_path, **{extra: values[extra]})
+    line = error_line(run("compare", path))
+    assert f"'{extra}'" not in line.split(". The file has")[0]
+    assert line.endswith("--group-col q --traj-col run --reward-col r --turn-col t")
+
+
+def test_no_command_when_the_values_leave_a_choice(run, tmp_path):
+    """Two pairs of columns fit as (group, trajectory) and no name decides: the candidates are
+    listed, and no command is proposed."""
+    path = sample_layout(tmp_path, run2=pl.col("run") + 10, q2=pl.col("q") + "x")
+    line = error_line(run("compare", path))
+    assert "likeliest:" in line and "This command reads it" not in line
+
+
+def test_a_given_group_and_a_missing_trajectory(run, tmp_path):
+    path = sample_layout(tmp_path)
+    line = error_line(run("compare", path, "--group-col", "q", "--reward-col", "r"))
+    assert "likeliest: 'run' (120 trajectories)" in line
+    assert line.endswith(
+        f"advcli compare {path} --group-col q --reward-col r --traj-col run --turn-col t"
+    )
+
+
+@pytest.mark.parametrize("dtype", [pl.Float64, pl.List(pl.Int64)])
+def test_a_trajectory_named_column_of_another_type_is_refused(run, tmp_path, dtype):
+    rows = multi_turn_rows()
+    numbers = [float(r[1].split("-r")[1]) + 10 * int(r[0][1:]) for r in rows]
+    column = pl.Series(numbers) if dtype == pl.Float64 else pl.Series([[int(n)] for n in numbers])
+    path = tmp_path / "dump.parquet"
+    verl_frame(rows, "x").drop("x").with_columns(trajectory_id=column).write_parquet(path)
+    line = error_line(run("compare", path))
+    assert "column 'trajectory_id' is named like a trajectory id" in line
+    assert f"has type {dtype}" in line and "cast it" in line
+
+
+def test_a_float_turn_column_is_refused_not_passed_over(run, tmp_path):
+    rows = multi_turn_rows()
+    frame = pl.DataFrame(
+        {
+            "prompt_id": [r[0] for r in rows],
+            "traj_id": [r[1] for r in rows],
+            "turn": [float(r[2]) for r in rows],
+            "reward": [r[3] for r in rows],
+        }
+    )
+    path = tmp_path / "dump.parquet"
+    frame.write_parquet(path)
+    line = error_line(run("compare", path))
+    assert "column 'turn' (turn index) (read as the turn for its name) has type Float64" in line
+
+
+def test_a_verl_step_that_numbers_turns_is_refused(run, tmp_path):
+    rows = multi_turn_rows()
+    frame = verl_frame(rows, "x").drop("x").with_columns(step=pl.Series([r[2] for r in rows]))
+    path = tmp_path / "dump.parquet"
+    frame.write_parquet(path)
+    line = error_line(run("compare", path))
+    assert "column 'step' numbers turns within groups" in line and "--traj-col" in line
+
+
+def test_a_column_constant_within_each_group_is_not_a_trajectory(run, tmp_path):
+    """episode is the run's episode counter, one value a step file: constant within each
+    group, it is no trajectory id, and verl's reading stands."""
+    paths = []
+    for step in range(2):
+        rows = [(f"p{step}{i // 4}", f"r{i}", 0, float(i % 3 == 0), 3) for i in range(16)]
+        path = tmp_path / f"step{step}.parquet"
+        verl_frame(rows, "sample_id").with_columns(episode=pl.lit(step)).write_parquet(path)
+        paths.append(path)
+    report = compare_json(run, *paths)
+    assert report["counts"]["trajectories"] == 32
+    assert report["settings"]["reading"]["roles"]["trajectory"]["column"] is None
+
+
+def training_steps(repeat_ids: bool) -> pl.DataFrame:
+    """Two training steps in one hand-written file, a step column the same within each step;
+    the group ids repeat across steps (dataset indices) or not (uuids)."""
+    rows = []
+    for step in range(2):
+        for group in range(4):
+            for k in range(4):
+                group_id = group if repeat_ids else 10 * step + group
+                rows.append((group_id, f"t{k}", step, float((group + k + step) % 2)))
+    return pl.DataFrame(
+        {
+            "prompt_id": [r[0] for r in rows],
+            "traj_id": [r[1] for r in rows],
+            "step": [r[2] for r in rows],
+            "reward": [r[3] for r in rows],
+        }
+    )
+
+
+def test_a_hand_written_training_step_is_not_read_as_the_turn(run, tmp_path):
+    """A step the same within every group but with two values is the training step: read as the
+    turn it would make trajectories of two steps' rows; the error names --by step, which then
+    reads each step as its own batch."""
+    path = tmp_path / "dump.parquet"
+    training_steps(repeat_ids=False).write_parquet(path)
+    line = error_line(run("compare", path))
+    assert "it looks like the training step; pass --by step" in line
+    report = compare_json(run, path, "--by", "step")
+    assert report["counts"]["trajectories"] == 32
+
+
+def test_a_training_step_with_repeated_ids_is_named_in_the_score_error(run, tmp_path):
+    """With dataset-index ids the steps' rows meet in one trajectory; where their scores
+    disagree, the error names --by step beside --traj-score."""
+    path = tmp_path / "dump.parquet"
+    training_steps(repeat_ids=True).write_parquet(path)
+    line = error_line(run("compare", path))
+    assert "different scores" in line and "is the training step, --by step)" in line
+    assert compare_json(run, path, "--by", "step")["counts"]["trajectories"] == 32
