@@ -524,7 +524,12 @@ def compute_command(
         if config_path is not None:
             table.add_row("config", str(config_path))
         stderr.print(table)
-        if summary.duplicate_rows and not summary.duplicates_dropped:
+        if summary.duplicate_rows and not summary.duplicates_confirmed:
+            stderr.print(
+                f"{summary.duplicate_rows:,} rows alike in keys, reward and mask: possible "
+                "copies (the dump has no token ids to confirm them), counted as rows"
+            )
+        elif summary.duplicate_rows and not summary.duplicates_dropped:
             stderr.print(
                 f"{summary.duplicate_rows:,} duplicated rows counted as the trainer did; "
                 "--drop-duplicates to count each once"

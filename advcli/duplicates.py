@@ -12,7 +12,9 @@ has none: its trajectory key is the row itself, and a second rollout that happen
 same response is no copy.
 
 Stage 1 reads only small columns, so the token columns are read only when the key projection
-has candidates (rows alike in keys, score and token count), and only for those rows.
+has candidates (rows alike in keys, score and token count), and only for those rows. A dump with
+no token ids cannot tell a copy from a turn alike in reward and mask: its rows alike in those
+are reported as possible copies, and ``--drop-duplicates`` refuses them.
 """
 
 from __future__ import annotations
@@ -50,12 +52,18 @@ class DuplicateRows:
     """The copies found: ``copies`` has one row per copy, in input order, with ``row`` (the
     copy's input row), ``copy_of`` (the first row of its identical set), ``group``,
     ``trajectory`` and, where the dump has one, ``turn``. ``sets``: how many rows were copied.
-    ``compared``: the columns whose values the copies share besides the keys (only the reward and
-    the mask in a dump with no token columns, where two turns alike in both look the same)."""
+    ``compared``: the columns whose values the copies share besides the keys; without token ids
+    among them the copies are only possible ones (two turns alike in reward and mask)."""
 
     copies: pl.DataFrame
     sets: int
     compared: tuple[str, ...] = ()
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether the copies share their token ids (else two turns alike in reward and mask
+        could be taken for one another)."""
+        return any(name in TOKEN_COLUMNS for name in self.compared)
 
     @property
     def count(self) -> int:
@@ -68,8 +76,7 @@ class DuplicateRows:
         return {
             "count": self.count,
             "compared": list(self.compared),
-            # Without token ids, two turns alike in reward and mask cannot be told apart.
-            "token_ids_compared": any(name in TOKEN_COLUMNS for name in self.compared),
+            "token_ids_compared": self.confirmed,
             "first": [
                 {
                     "row": locate(copy[ROW]),
@@ -139,11 +146,19 @@ def find_duplicates(
         on=ROW,
         how="left",
         maintain_order="left",
-    ).with_columns(pl.col(ROW).min().over(pl.struct(*keys, *values)).alias(COPY_OF))
-    copies = exact.filter(pl.col(ROW) != pl.col(COPY_OF)).select(
+    )
+    return _copies(exact, keys, [*keys, *values], tuple(content))
+
+
+def _copies(
+    rows: pl.DataFrame, keys: list[str], alike: list[str], compared: tuple[str, ...]
+) -> DuplicateRows:
+    """The rows of ``rows`` alike in ``alike`` to an earlier one, each with that first row."""
+    first = rows.with_columns(pl.col(ROW).min().over(pl.struct(*alike)).alias(COPY_OF))
+    copies = first.filter(pl.col(ROW) != pl.col(COPY_OF)).select(
         ROW, COPY_OF, *(name for name in (GROUP, TRAJECTORY, TURN) if name in keys)
     )
-    return DuplicateRows(copies, copies[COPY_OF].n_unique(), tuple(content))
+    return DuplicateRows(copies, copies[COPY_OF].n_unique(), compared)
 
 
 def _content_columns(schema: pl.Schema, columns: ColumnRoles) -> list[str]:

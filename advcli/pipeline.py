@@ -21,7 +21,7 @@ import polars as pl
 
 from advcli.atomic import writes_in_place
 from advcli.columns import ColumnRoles
-from advcli.duplicates import DuplicateRows, find_duplicates
+from advcli.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
 from advcli.errors import AdvcliError, UsageError
 from advcli.estimators import (
     AdvantageConfig,
@@ -126,6 +126,7 @@ class ComputeSummary:
     report: BiasReport | None = None
     duplicate_rows: int = 0
     duplicates_dropped: bool = False
+    duplicates_confirmed: bool = True
     padding_rows: int = 0
 
 
@@ -223,6 +224,13 @@ def counted_rows(dump: LoadedDump, drop_duplicates: bool) -> tuple[LoadedDump, D
     duplicates = find_duplicates(dump.dataset, dump.columns, dump.projection)
     if not drop_duplicates or duplicates.count == 0:
         return dump, duplicates
+    if not duplicates.confirmed:
+        raise AdvcliError(
+            f"{dump.dataset.describe()}: --drop-duplicates needs the rows' token ids "
+            f"({', '.join(TOKEN_COLUMNS)}) to tell a copy from a turn alike in reward and mask; "
+            f"the dump has none, so its {duplicates.count:,} rows alike in keys, reward and mask "
+            "are only possible copies"
+        )
     return replace(dump, projection=duplicates.drop_from(dump.projection)), duplicates
 
 
@@ -379,6 +387,7 @@ def compute(
             report=report,
             duplicate_rows=duplicates.count,
             duplicates_dropped=drop_duplicates,
+            duplicates_confirmed=duplicates.confirmed,
             padding_rows=dump.padding.height,
         )
         stage("writing output")

@@ -189,6 +189,8 @@ def _duplicate_rows_line(summary: dict[str, Any]) -> list[tuple[str, str]]:
     count = summary.get("duplicate_rows", {}).get("count", 0)
     if not count:
         return []
+    if not summary["duplicate_rows"]["token_ids_compared"]:
+        return [("possible duplicated rows", f"{count:,} (no token ids to confirm them)")]
     if summary["settings"].get("drop_duplicates"):
         return [("duplicated rows", f"{count:,}, each set counted once (--drop-duplicates)")]
     return [
@@ -636,7 +638,7 @@ def render_inspection(summary: dict[str, Any], console: Console) -> None:
     checks.add_row(
         "duplicated rows (a copy of an earlier row)"
         if duplicates["token_ids_compared"]
-        else "duplicated rows (alike in keys, reward and mask: no token ids to compare)",
+        else "possible duplicated rows (alike in keys, reward and mask: no token ids)",
         f"{duplicates['count']:,}",
         "; ".join(f"{copy['row']} = {copy['copy_of_row']}" for copy in duplicates["first"]),
     )

@@ -259,7 +259,19 @@ def test_without_token_columns_the_keys_reward_and_mask_decide(run, write_dump):
         ],
     }
     terminal = plain(run("inspect", path).stdout)
-    assert "duplicated rows (alike in keys, reward and mask: no token ids to compare) 1" in terminal
+    assert "possible duplicated rows (alike in keys, reward and mask: no token ids) 1" in terminal
+
+
+def test_possible_copies_are_not_dropped(run, write_dump, tmp_path):
+    """Without token ids two turns alike in reward and mask may be two real turns: the report
+    says possible, and --drop-duplicates refuses rather than drop a real turn."""
+    path = write_dump(turn_rows())
+    result = run("compare", path, "--drop-duplicates")
+    assert result.exit_code == 1
+    assert "--drop-duplicates needs the rows' token ids" in result.stderr
+    computed = run("compute", path, "-o", tmp_path / "out.parquet")
+    assert computed.exit_code == 0, computed.stderr
+    assert "1 rows alike in keys, reward and mask: possible copies" in computed.stderr
 
 
 def test_a_row_copied_twice_is_two_duplicates_of_one_row(run, write_dump):
