@@ -560,6 +560,7 @@ def _summary_table(summary: ComputeSummary) -> Table:
             )
             for role, entry in summary.columns.reading()["roles"].items()
         ),
+        *(("note", note) for note in summary.columns.notes),
         ("output", f"{summary.output} ({summary.output_format.value})"),
         ("seconds", f"{summary.seconds:.2f} ({summary.threads} threads)"),
     ]:

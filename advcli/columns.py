@@ -174,6 +174,8 @@ class ColumnRoles:
     dialect: str | None = None
     # The roles whose column was taken for its name alone (named_like), not a trainer's name.
     by_name: tuple[str, ...] = ()
+    # What else the reading says of the dump (groups that span files, say).
+    notes: tuple[str, ...] = ()
     # SkyRL's step-wise dumps (see Dialect): the last-step flag column, whether the trajectories
     # are the runs of rows ending at it, and the ids of the padding rows.
     last_step: str | None = None
@@ -208,6 +210,7 @@ class ColumnRoles:
                 role: {"column": getattr(self, role), "why": self.reasons.get(role, "")}
                 for role in ROLES
             },
+            "notes": list(self.notes),
         }
 
     def reward_list(self) -> pl.Expr:

@@ -84,6 +84,7 @@ def inspect_dump(
             "format": input_format,
             "trainer": columns.dialect,
             "read_as": columns.read_as(),
+            "notes": list(columns.notes),
         },
         "columns": {
             role: {"column": getattr(columns, role), "why": columns.reasons.get(role, "")}

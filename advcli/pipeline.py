@@ -178,7 +178,8 @@ def load_dump(
         projection, padding = split_padding(
             project(dataset, columns, unique_turns=unique_turns), dataset, columns
         )
-        return LoadedDump(dataset, columns, projection, padding=padding)
+        notes = _spanning_files(dataset, projection)
+        return LoadedDump(dataset, replace(columns, notes=notes), projection, padding=padding)
     projection, padding = split_padding(
         project(dataset, columns, unique_turns=False), dataset, columns
     )
@@ -196,6 +197,29 @@ def load_dump(
     }
     return LoadedDump(
         dataset, replace(columns, reasons=reasons), projection, steps=steps, padding=padding
+    )
+
+
+def _spanning_files(dataset: Dataset, projection: pl.DataFrame) -> tuple[str, ...]:
+    """A note on the groups whose rows are in more than one input file: the files are read as
+    one batch, right for the parts of one, wrong for step files whose ids repeat (a dataset
+    index), which nothing else may contradict."""
+    if len(dataset.files) < 2:
+        return ()
+    starts = np.cumsum((0, *dataset.row_counts[:-1]))
+    files = pl.Series(np.searchsorted(starts, projection[ROW].to_numpy(), side="right") - 1)
+    spanning = (
+        projection.select(GROUP, files.alias("__file"))
+        .group_by(GROUP)
+        .agg(pl.col("__file").n_unique() > 1)
+        .get_column("__file")
+        .sum()
+    )
+    if not spanning:
+        return ()
+    return (
+        f"{spanning:,} groups have rows in more than one file: the files are read as one batch "
+        "(if each file is a training step whose ids repeat, pass --by file)",
     )
 
 

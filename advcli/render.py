@@ -206,6 +206,7 @@ def reading_rows(reading: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows = [("layout", "", reading["read_as"])]
     for role, entry in reading["roles"].items():
         rows.append((role, entry["column"] or "-", entry["why"]))
+    rows += [("note", "", note) for note in reading["notes"]]
     return rows
 
 

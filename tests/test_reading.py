@@ -535,3 +535,16 @@ def test_a_training_step_with_repeated_ids_is_named_in_the_score_error(run, tmp_
     line = error_line(run("compare", path))
     assert "different scores" in line and "is the training step, --by step)" in line
     assert compare_json(run, path, "--by", "step")["counts"]["trajectories"] == 32
+
+
+def test_groups_spanning_files_are_said_in_the_reading(run, tmp_path):
+    """Step files whose ids repeat, given a --traj-score rule: nothing contradicts reading them
+    as one batch, so the reading says that groups span the files, and names --by file."""
+    first, second = step_files(tmp_path, turn=False)
+    report = compare_json(run, first, second, "--traj-score", "last")
+    assert report["settings"]["reading"]["notes"] == [
+        "6 groups have rows in more than one file: the files are read as one batch (if each "
+        "file is a training step whose ids repeat, pass --by file)"
+    ]
+    assert compare_json(run, first, second, "--by", "file")["settings"]["reading"]["notes"] == []
+    assert compare_json(run, first)["settings"]["reading"]["notes"] == []
