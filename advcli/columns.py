@@ -432,7 +432,7 @@ class _Picker:
     ) -> None:
         self.schema, self.where, self.reasons, self.named_in = schema, where, reasons, named_in
         self.dialect, self.tie = _dialect_of(schema)
-        self.missing: dict[Role, str] = {}
+        self.missing: dict[str, str] = {}
         self.by_name: list[Role] = []
         self._wanted: list[str] = []
 

@@ -6,7 +6,7 @@ trajectory key) at fault; only ``advcli.cli`` turns it into ``Error: …`` and a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 class AdvcliError(Exception):
@@ -25,9 +25,9 @@ class MissingRoles(AdvcliError):
     def __init__(
         self,
         where: str,
-        missing: dict[str, str],
+        missing: Mapping[str, str],
         hint: str,
-        found: dict[str, str | None],
+        found: Mapping[str, str | None],
         flags: Sequence[str] = (),
     ) -> None:
         self.where, self.missing, self.hint = where, missing, hint

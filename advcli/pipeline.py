@@ -174,15 +174,13 @@ def load_dump(
             "blocks do not know their rows' numbers); use the local engine"
         )
     project = _ray_engine().key_projection if engine == Engine.RAY else key_projection
+    # With --by the repeated turns are looked for once the groups are keyed by step.
+    projection, padding = split_padding(
+        project(dataset, columns, unique_turns=unique_turns and by is None), dataset, columns
+    )
     if by is None:
-        projection, padding = split_padding(
-            project(dataset, columns, unique_turns=unique_turns), dataset, columns
-        )
         notes = _spanning_files(dataset, projection)
         return LoadedDump(dataset, replace(columns, notes=notes), projection, padding=padding)
-    projection, padding = split_padding(
-        project(dataset, columns, unique_turns=False), dataset, columns
-    )
     steps = _step_labels(dataset, by)
     projection = projection.with_columns(
         pl.struct(steps.gather(projection[ROW]), pl.col(GROUP).alias("group")).alias(GROUP)

@@ -292,7 +292,8 @@ def _could_be_an_id(column: pl.Series) -> bool:
     if not 1 < column.n_unique() < column.len():
         return False
     if column.dtype == pl.String:
-        return float(column.str.len_chars().mean() or 0) <= ID_LENGTH
+        length = column.str.len_chars().mean()
+        return isinstance(length, float) and length <= ID_LENGTH
     return True
 
 
@@ -324,70 +325,73 @@ def _key_choices(
     group_size: int | None,
     missing: set[str],
 ) -> _Keys:
-    """The group and trajectory a pair of columns could be: a group with more than one value, a
-    trajectory that varies within groups and repeats (rows are turns). Of the two ways to read a
-    pair as (group, trajectory) the one with more groups is taken (a prompt has a few rollouts,
-    a rollout index many prompts). Names like the roles' decide between pairs; otherwise a choice
-    is made only when one pair fits."""
-    rows = frame.height
+    """The missing group and trajectory among ``ids``: a group has more than one value; a
+    trajectory varies within groups and repeats there (the rows are turns). Names like the
+    roles' decide between candidates; otherwise a choice is made only when one fits."""
     distinct = {name: frame[name].n_unique() for name in [*ids, *found.values()]}
-
-    keys = _Keys()
     if "group" in missing and "trajectory" in missing:
-        pairs = []
-        for group in ids:
-            for column in ids:
-                count = _trajectory_count(frame, pl.col(group), column) if group != column else 0
-                if distinct[group] > 1 and distinct[group] < count < rows:
-                    pairs.append((group, column, count))
-        best: dict[frozenset[str], tuple[str, str, int]] = {}
-        for group, column, count in pairs:
-            held = best.get(frozenset((group, column)))
-            if held is None or distinct[group] > distinct[held[0]]:
-                best[frozenset((group, column))] = (group, column, count)
-        fitting = sorted(
-            best.values(),
-            key=lambda pair: (
-                not (_says("group", pair[0]) and _says("trajectory", pair[1])),
-                -distinct[pair[0]],
-            ),
-        )
-        keys.ranked["group"] = [(g, f"{distinct[g]:,} distinct values") for g, _, _ in fitting]
-        keys.ranked["trajectory"] = [(t, f"{n:,} trajectories") for _, t, n in fitting]
-        named = [
-            pair for pair in fitting if _says("group", pair[0]) and _says("trajectory", pair[1])
-        ]
-        if len(fitting) == 1 or len(named) == 1:
-            group, column, _ = (named or fitting)[0]
-            keys.picked.update(group=group, trajectory=column)
-    elif "trajectory" in missing:
-        group = _block_or_column(found.get("group"), group_size, rows)
+        return _pair_choices(frame, ids, distinct)
+    keys = _Keys()
+    if "trajectory" in missing:
+        group = _block_or_column(found.get("group"), group_size, frame.height)
         groups = frame.select(group.n_unique()).item()
-        fitting = [
+        counted = [
             (column, count)
             for column in ids
-            if groups < (count := _trajectory_count(frame, group, column)) < rows
+            if groups < (count := _trajectory_count(frame, group, column)) < frame.height
         ]
-        fitting.sort(key=lambda item: (not _says("trajectory", item[0]), -item[1]))
-        keys.ranked["trajectory"] = [(t, f"{n:,} trajectories") for t, n in fitting]
-        named = [item for item in fitting if _says("trajectory", item[0])]
-        if len(fitting) == 1 or len(named) == 1:
-            keys.picked["trajectory"] = (named or fitting)[0][0]
+        counted.sort(key=lambda item: (not _says("trajectory", item[0]), -item[1]))
+        keys.ranked["trajectory"] = [(t, f"{n:,} trajectories") for t, n in counted]
+        _pick(keys, "trajectory", [column for column, _ in counted])
     elif "group" in missing and group_size is None:
         trajectory = found.get("trajectory")
         # A group holds several trajectories: the trajectory varies within it.
-        fitting = [
+        groups = [
             column
             for column in ids
             if trajectory is None
             or distinct[column] < _trajectory_count(frame, pl.col(column), trajectory)
         ]
-        fitting.sort(key=lambda name: (not _says("group", name), -distinct[name]))
-        keys.ranked["group"] = [(g, f"{distinct[g]:,} distinct values") for g in fitting]
-        named = [name for name in fitting if _says("group", name)]
-        if len(fitting) == 1 or len(named) == 1:
-            keys.picked["group"] = (named or fitting)[0]
+        groups.sort(key=lambda name: (not _says("group", name), -distinct[name]))
+        keys.ranked["group"] = [(g, f"{distinct[g]:,} distinct values") for g in groups]
+        _pick(keys, "group", groups)
     return keys
+
+
+def _pair_choices(frame: pl.DataFrame, ids: list[str], distinct: dict[str, int]) -> _Keys:
+    """Both missing: the pairs of columns that read as (group, trajectory). Of the two ways to
+    read a pair the one with more groups is taken (a prompt has a few rollouts, a rollout index
+    many prompts)."""
+    best: dict[frozenset[str], tuple[str, str, int]] = {}
+    for group in ids:
+        for column in ids:
+            if group == column or distinct[group] < 2:
+                continue
+            count = _trajectory_count(frame, pl.col(group), column)
+            held = best.get(frozenset((group, column)))
+            fits = distinct[group] < count < frame.height
+            if fits and (held is None or distinct[group] > distinct[held[0]]):
+                best[frozenset((group, column))] = (group, column, count)
+
+    def named(pair: tuple[str, str, int]) -> bool:
+        return _says("group", pair[0]) and _says("trajectory", pair[1])
+
+    pairs = sorted(best.values(), key=lambda pair: (not named(pair), -distinct[pair[0]]))
+    keys = _Keys()
+    keys.ranked["group"] = [(g, f"{distinct[g]:,} distinct values") for g, _, _ in pairs]
+    keys.ranked["trajectory"] = [(t, f"{n:,} trajectories") for _, t, n in pairs]
+    chosen = [pair for pair in pairs if named(pair)]
+    if len(pairs) == 1 or len(chosen) == 1:
+        group, trajectory, _ = (chosen or pairs)[0]
+        keys.picked.update(group=group, trajectory=trajectory)
+    return keys
+
+
+def _pick(keys: _Keys, role: Role, fitting: list[str]) -> None:
+    """The one fitting column, or the one named like ``role``, as the choice."""
+    named = [name for name in fitting if _says(role, name)]
+    if len(fitting) == 1 or len(named) == 1:
+        keys.picked[role] = (named or fitting)[0]
 
 
 def _trajectory_count(frame: pl.DataFrame, group: pl.Expr, column: str) -> int:
