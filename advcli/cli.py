@@ -526,7 +526,7 @@ def compute_command(
         stderr.print(table)
         if summary.duplicate_rows and not summary.duplicates_confirmed:
             stderr.print(
-                f"{summary.duplicate_rows:,} rows alike in keys, reward and mask: possible "
+                f"{summary.duplicate_rows:,} rows alike in keys, score and tokens: possible "
                 "copies (the dump has no token ids to confirm them), counted as rows"
             )
         elif summary.duplicate_rows and not summary.duplicates_dropped:

@@ -13,8 +13,9 @@ same response is no copy.
 
 Stage 1 reads only small columns, so the token columns are read only when the key projection
 has candidates (rows alike in keys, score and token count), and only for those rows. A dump with
-no token ids cannot tell a copy from a turn alike in reward and mask: its rows alike in those
-are reported as possible copies, and ``--drop-duplicates`` refuses them.
+no token ids cannot tell a copy from a turn alike in reward and mask, so nothing is read: its
+rows alike in keys, score and tokens are reported as possible copies, and ``--drop-duplicates``
+refuses them.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ class DuplicateRows:
     """The copies found: ``copies`` has one row per copy, in input order, with ``row`` (the
     copy's input row), ``copy_of`` (the first row of its identical set), ``group``,
     ``trajectory`` and, where the dump has one, ``turn``. ``sets``: how many rows were copied.
-    ``compared``: the columns whose values the copies share besides the keys; without token ids
-    among them the copies are only possible ones (two turns alike in reward and mask)."""
+    ``compared``: the columns whose values the copies share besides the keys; in a dump with no
+    token ids none, and the copies are only possible ones (alike in keys, score and tokens)."""
 
     copies: pl.DataFrame
     sets: int
@@ -61,7 +62,7 @@ class DuplicateRows:
 
     @property
     def confirmed(self) -> bool:
-        """Whether the copies share their token ids (else two turns alike in reward and mask
+        """Whether the copies share their token ids (else two turns alike in score and tokens
         could be taken for one another)."""
         return any(name in TOKEN_COLUMNS for name in self.compared)
 
@@ -127,6 +128,10 @@ def find_duplicates(
     candidates = rows_sharing(projection, keys).select(ROW, *keys)
     if candidates.is_empty():
         return _none_in(projection, content)
+    if not any(name in TOKEN_COLUMNS for name in content):
+        # Without token ids no read could confirm a copy (two turns alike in reward and mask
+        # look the same), so none is made: the candidates are the possible copies.
+        return _copies(candidates, keys, keys, ())
     hashed = _read_rows(dataset, candidates[ROW], [pl.struct(content).hash().alias(_CONTENT_HASH)])
     alike = (
         candidates.join(hashed, on=ROW, how="left", maintain_order="left")

@@ -249,8 +249,8 @@ def counted_rows(dump: LoadedDump, drop_duplicates: bool) -> tuple[LoadedDump, D
     if not duplicates.confirmed:
         raise AdvcliError(
             f"{dump.dataset.describe()}: --drop-duplicates needs the rows' token ids "
-            f"({', '.join(TOKEN_COLUMNS)}) to tell a copy from a turn alike in reward and mask; "
-            f"the dump has none, so its {duplicates.count:,} rows alike in keys, reward and mask "
+            f"({', '.join(TOKEN_COLUMNS)}) to tell a copy from a turn alike in score and tokens; "
+            f"the dump has none, so its {duplicates.count:,} rows alike in keys, score and tokens "
             "are only possible copies"
         )
     return replace(dump, projection=duplicates.drop_from(dump.projection)), duplicates

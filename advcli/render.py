@@ -639,7 +639,7 @@ def render_inspection(summary: dict[str, Any], console: Console) -> None:
     checks.add_row(
         "duplicated rows (a copy of an earlier row)"
         if duplicates["token_ids_compared"]
-        else "possible duplicated rows (alike in keys, reward and mask: no token ids)",
+        else "possible duplicated rows (alike in keys, score and tokens: no token ids)",
         f"{duplicates['count']:,}",
         "; ".join(f"{copy['row']} = {copy['copy_of_row']}" for copy in duplicates["first"]),
     )

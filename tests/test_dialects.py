@@ -257,7 +257,8 @@ def test_a_uid_dump_that_names_trajectories_is_read_by_them_or_refused():
     assert "repeat within groups (4 rows, 3 trajectories)" in roles.reasons["trajectory"]
 
     per_row = frame.with_columns(rollout_id=pl.Series([0, 1, 2, 3]))
-    with pytest.raises(AdvcliError, match=r"column 'turn_index' numbers turns within groups \(2 distinct"):
+    refused = r"column 'turn_index' numbers turns within groups \(2 distinct"
+    with pytest.raises(AdvcliError, match=refused):
         read_roles(schema, "dump", ColumnNames(), lambda names, limit: per_row.select(names))
     roles = resolve_columns(schema, "dump", trajectory="rollout_id", mask_needed_for=None)
     assert (roles.group, roles.trajectory, roles.turn) == ("uid", "rollout_id", "turn_index")

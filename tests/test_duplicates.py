@@ -246,7 +246,7 @@ def test_without_token_columns_the_keys_reward_and_mask_decide(run, write_dump):
     path = write_dump(turn_rows())
     assert inspected_duplicates(run, path) == {
         "count": 1,
-        "compared": ["token_level_rewards", "response_mask"],
+        "compared": [],
         "token_ids_compared": False,
         "first": [
             {
@@ -259,7 +259,7 @@ def test_without_token_columns_the_keys_reward_and_mask_decide(run, write_dump):
         ],
     }
     terminal = plain(run("inspect", path).stdout)
-    assert "possible duplicated rows (alike in keys, reward and mask: no token ids) 1" in terminal
+    assert "possible duplicated rows (alike in keys, score and tokens: no token ids) 1" in terminal
 
 
 def test_possible_copies_are_not_dropped(run, write_dump, tmp_path):
@@ -271,7 +271,7 @@ def test_possible_copies_are_not_dropped(run, write_dump, tmp_path):
     assert "--drop-duplicates needs the rows' token ids" in result.stderr
     computed = run("compute", path, "-o", tmp_path / "out.parquet")
     assert computed.exit_code == 0, computed.stderr
-    assert "1 rows alike in keys, reward and mask: possible copies" in computed.stderr
+    assert "1 rows alike in keys, score and tokens: possible copies" in computed.stderr
 
 
 def test_a_row_copied_twice_is_two_duplicates_of_one_row(run, write_dump):
@@ -284,9 +284,9 @@ def test_a_row_copied_twice_is_two_duplicates_of_one_row(run, write_dump):
 
 
 def test_rewards_alike_in_sum_but_not_element_by_element_are_not_duplicates(run, write_dump):
-    """Same score and token count (candidates), different token rewards."""
+    """Same score, token count and response (candidates), different token rewards."""
     path = write_dump(
-        turn_rows().with_columns(
+        turn_rows(responses=[[11, 12], [11, 12], [13, 14]]).with_columns(
             pl.Series("token_level_rewards", [[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
         )
     )
@@ -306,7 +306,7 @@ def test_copies_with_a_turn_column_stop_compute_and_inspect_finds_them(run, writ
     assert summary["duplicate_turns"]["count"] == 2
     assert summary["duplicate_rows"] == {
         "count": 1,
-        "compared": ["token_level_rewards", "response_mask"],
+        "compared": [],
         "token_ids_compared": False,
         "first": [
             {
