@@ -165,9 +165,16 @@ class CancelledTaskFilter:
         return b"".join(out)
 
     def flush(self) -> bytes:
-        out = self._end_report() if self._report is not None else b""
-        out += (b"\n" if self._blank else b"") + self._partial
-        self._mid_line = self._mid_line or bool(self._partial)
+        cut = self._partial
+        if self._report is not None:
+            # The start of a line inside a report is the report's: Rust writes a backtrace's
+            # padding a character at a time, and a lone space on stderr once outlived the
+            # cancelled task's report it came from.
+            self._report.append(cut)
+            out = self._end_report()
+        else:
+            out = (b"\n" if self._blank else b"") + cut
+        self._mid_line = self._mid_line or bool(cut)
         self._blank, self._partial = False, b""
         return out
 

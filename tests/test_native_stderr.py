@@ -167,3 +167,16 @@ def test_a_stream_kept_past_the_block_still_writes():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stderr == b"after the block\n"
+
+
+@pytest.mark.parametrize("cut", [b"   ", b"   1: core::pan"], ids=["indent", "half a frame"])
+def test_a_report_cut_mid_line_is_dropped_whole(cut):
+    # Rust writes a backtrace's padding a character at a time; when the block ends (or the
+    # stream goes quiet) inside a frame's line, that start of a line belongs to the report.
+    frames = CANCELLED_WITH_BACKTRACE.index(b"   1: ")
+    data = b"before\n" + CANCELLED_WITH_BACKTRACE[:frames] + cut
+    assert filtered(in_pieces(data, 1)) == b"before\n"
+    assert filtered([data]) == b"before\n"
+    # A report that is a bug reaches the user with its last line as far as it came.
+    bug = OTHER_PANIC[: OTHER_PANIC.index(b"note: ")] + cut
+    assert filtered(in_pieces(bug, 1)) == bug
