@@ -68,12 +68,18 @@ def cancelled_tasks_unreported() -> Iterator[None]:
         yield
     finally:
         with held():
-            os.dup2(real, 2)  # the pipe's last write end closes: the forwarder reads to its end
             with contextlib.suppress(OSError, ValueError):
                 sys.stderr.flush()
             if sys.stderr is own_stream:  # else the progress bar put its own there meanwhile
                 sys.stderr = python_stderr
                 own_stream.close()
+            # Either way the pipe's last write end closes: the forwarder reads to its end.
+            if received_signal() is None or _NATIVE_STDERR_SILENCED:
+                os.dup2(real, 2)
+            else:
+                # Straight to /dev/null, not through the real standard error first: a cancelled
+                # task still writing its backtrace meanwhile reached the terminal.
+                _native_stderr_to_null(os.dup(real))
             forwarder.join(timeout=5)
             os.close(real)
         if received_signal() is not None:
@@ -94,12 +100,18 @@ def native_stderr_to_null() -> None:
     run is interrupted, all a native library has left to say is that its tasks were cancelled."""
     if _NATIVE_STDERR_SILENCED:
         return
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        sys.stderr.flush()
     try:
         real = os.dup(2)
     except OSError:  # no standard error at all
         return
+    _native_stderr_to_null(real)
+
+
+def _native_stderr_to_null(real: int) -> None:
+    """:func:`native_stderr_to_null` with ``real``, a descriptor of the real standard error that
+    Python's stream takes over."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stderr.flush()
     sys.stderr = _text_stream(real, sys.stderr)
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 2)
@@ -165,9 +177,16 @@ class CancelledTaskFilter:
         return b"".join(out)
 
     def flush(self) -> bytes:
-        out = self._end_report() if self._report is not None else b""
-        out += (b"\n" if self._blank else b"") + self._partial
-        self._mid_line = self._mid_line or bool(self._partial)
+        cut = self._partial
+        if self._report is not None:
+            # The start of a line inside a report is the report's: Rust writes a backtrace's
+            # padding a character at a time, and a lone space on stderr once outlived the
+            # cancelled task's report it came from.
+            self._report.append(cut)
+            out = self._end_report()
+        else:
+            out = (b"\n" if self._blank else b"") + cut
+        self._mid_line = self._mid_line or bool(cut)
         self._blank, self._partial = False, b""
         return out
 

@@ -799,10 +799,13 @@ END_MOMENTS = (0.75, 0.85, 0.92, 0.97, 1.0, 1.05)
 @pytest.mark.parametrize("share", END_MOMENTS)
 def test_sigint_around_the_end_of_a_run(share, big_dump, big_run_seconds, mplconfig, tmp_path):
     """Near the end the write finishes, the output is published and the interpreter shuts down:
-    a Ctrl-C then either stops the run (130, one line, nothing left) or comes after it was
-    complete (0, the whole output). Never a panic of a cancelled Polars task (seen in 6 of 150
-    random moments) nor death by the signal itself (-2: Python's shutdown had put back SIGINT's
-    default action while Polars' threads could still receive it)."""
+    a Ctrl-C then stops the run (130, one line) or comes after the exit code was settled (0).
+    The output is absent, or whole when the Ctrl-C came after its publishing: between that and
+    the settled exit code it still ends in 130, with the whole output (as the README's account of
+    signals says). Which of these a moment gives depends on how fast this run goes, so each is
+    allowed; never a partial, a panic of a cancelled Polars task (seen in 6 of 150 random
+    moments) or death by the signal itself (-2: Python's shutdown had put back SIGINT's default
+    action while Polars' threads could still receive it)."""
     moment = share * big_run_seconds
     out, tmp = folders(tmp_path)
     args, popen = start_compute(big_dump, out, tmp, mplconfig, RUST_BACKTRACE="1")
@@ -816,11 +819,10 @@ def test_sigint_around_the_end_of_a_run(share, big_dump, big_run_seconds, mplcon
     assert result.returncode in (0, 130), f"exit code {result.returncode} {when}{result}"
     if result.returncode == 130:
         assert result.stderr.splitlines() == [INTERRUPTED], f"stderr {when}{result}"
-        assert listing(out) == set(), f"files left {when}{result}"
-    else:
+    if result.returncode == 0 or listing(out):
+        assert listing(out) == {"out.parquet"}, f"files left {when}{result}"
         written = pl.scan_parquet(out / "out.parquet").select(pl.len()).collect().item()
         assert written == pl.scan_parquet(big_dump).select(pl.len()).collect().item()
-        assert listing(out) == {"out.parquet"}, f"files left {when}{result}"
     assert listing(tmp) == set(), f"files left in $TMPDIR {when}{result}"
 
 

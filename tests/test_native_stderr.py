@@ -167,3 +167,58 @@ def test_a_stream_kept_past_the_block_still_writes():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stderr == b"after the block\n"
+
+
+@pytest.mark.parametrize("cut", [b"   ", b"   1: core::pan"], ids=["indent", "half a frame"])
+def test_a_report_cut_mid_line_is_dropped_whole(cut):
+    # Rust writes a backtrace's padding a character at a time; when the block ends (or the
+    # stream goes quiet) inside a frame's line, that start of a line belongs to the report.
+    frames = CANCELLED_WITH_BACKTRACE.index(b"   1: ")
+    data = b"before\n" + CANCELLED_WITH_BACKTRACE[:frames] + cut
+    assert filtered(in_pieces(data, 1)) == b"before\n"
+    assert filtered([data]) == b"before\n"
+    # A report that is a bug reaches the user with its last line as far as it came.
+    bug = OTHER_PANIC[: OTHER_PANIC.index(b"note: ")] + cut
+    assert filtered(in_pieces(bug, 1)) == bug
+
+
+# A cancelled task that goes on writing its backtrace while an interrupted block ends.
+STILL_REPORTING = """
+import os, signal, sys, threading
+from advcli.native_stderr import cancelled_tasks_unreported
+from advcli.signals import handle_signals, held
+
+report = {report!r}
+head = report[: report.index(b"   0: ")]
+handle_signals()
+started, stop = threading.Event(), threading.Event()
+
+def task():
+    os.write(2, head)
+    started.set()
+    while not stop.is_set():
+        os.write(2, b"   1: core::panicking::panic_fmt\\n")
+
+writer = threading.Thread(target=task)
+try:
+    with cancelled_tasks_unreported():
+        writer.start()
+        started.wait()
+        with held():
+            os.kill(os.getpid(), signal.SIGINT)
+except KeyboardInterrupt:
+    pass
+stop.set()
+writer.join()
+sys.stderr.write("after\\n")
+"""
+
+
+def test_an_interrupted_block_sends_native_stderr_nowhere_but_to_null():
+    result = subprocess.run(
+        [sys.executable, "-c", STILL_REPORTING.format(report=CANCELLED_WITH_BACKTRACE)],
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == b"after\n"
