@@ -5,15 +5,18 @@ values of the few columns that could contradict it.
 An assumption is taken only when nothing in the file contradicts it:
 
 - **each row a trajectory** (verl's layout): a column named like a trajectory id (or a trainer's
-  trajectory column) whose values repeat within a group says the rows are turns. The one such
-  column is read as the trajectory, and the reason says so; two are an error naming both. A
-  column named like a turn index whose values differ says the same, and without a trajectory
-  column that is an error. A column constant over the whole dump says nothing.
+  trajectory column) whose values vary within a group and repeat there says the rows are turns.
+  The one such column is read as the trajectory, and the reason says so; two are an error naming
+  both. A turn-named column that varies within a group says the same, and without a trajectory
+  column that is an error. A column constant within every group, or unique per row, says nothing.
+- **a ``step`` read as the turn for its name**: the same within every group but with several
+  values, it is the training step, an error naming ``--by``.
 - **groups as blocks of rows** (``--group-size``, TRL, OpenRLHF): a column named like a group id
   whose values change within a block contradicts the blocks: an error naming it.
 
 When roles find no column, one error names every missing role with its likeliest columns, ranked
-by what their values look like, and the options that read the dump (:attr:`MissingRoles.flags`).
+by what their values look like, and the options that read the dump (:attr:`MissingRoles.flags`)
+when the values leave one choice.
 """
 
 from __future__ import annotations
