@@ -157,7 +157,7 @@ def atomic_output(
             else:
                 os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             yield partial
-            _publish(partial, output, force=force, folder=folder)
+            _publish(partial, output, force=force, folder=folder, keep=keep)
     finally:
         if container is not None:
             with held():
@@ -228,10 +228,12 @@ def _reason(error: OSError) -> str:
     return error.strerror or str(error) or type(error).__name__
 
 
-def _publish(partial: Path, output: Path, *, force: bool, folder: bool) -> None:
+def _publish(
+    partial: Path, output: Path, *, force: bool, folder: bool, keep: Sequence[Path]
+) -> None:
     if force:
         if folder and output.is_dir():
-            _replace_folder(partial, output)
+            _replace_folder(partial, output, keep)
         else:
             os.replace(partial, output)
         return
@@ -244,7 +246,15 @@ def _publish(partial: Path, output: Path, *, force: bool, folder: bool) -> None:
         ) from None
 
 
-def _replace_folder(partial: Path, output: Path) -> None:
+def _replace_folder(partial: Path, output: Path, keep: Sequence[Path]) -> None:
+    # An input is never removed, whatever the caller checked (the output checks refuse such a
+    # folder before any work).
+    kept = {_identity(path) for path in keep}
+    for entry in output.iterdir():
+        if _identity(entry) in kept:
+            raise AdvcliError(
+                f"{output}: the output folder holds the input {entry}; choose another path"
+            )
     # The old folder stays whole until the new one is in place; a rename cannot replace a
     # non-empty directory, so the old one is moved aside first (no signal between the two).
     # Beside the partial folder, not in it: that folder is removed whole at the end.

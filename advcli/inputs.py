@@ -12,6 +12,7 @@ import bisect
 import glob
 import io
 import json
+import os
 import re
 import shutil
 import sys
@@ -33,6 +34,8 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 JSON_LINES_SUFFIXES = (".jsonl", ".ndjson", ".json")
 ARROW_SUFFIXES = (".arrow", ".ipc", ".feather")
 DIRECTORY_JSON_SUFFIXES = (".jsonl", ".ndjson")
+# What a directory's reading picks up (either kind, depending on what else it holds).
+FOLDER_SUFFIXES = PARQUET_SUFFIXES + DIRECTORY_JSON_SUFFIXES
 GLOB_CHARS = frozenset("*?[")
 STDIN = "-"
 # What may come before the first '{' of JSON lines: white space and a UTF-8 byte-order mark.
@@ -46,13 +49,15 @@ InputFormat = Literal["parquet", "json", "arrow"]
 @dataclass(frozen=True)
 class Dataset:
     """Input files of one format read as one table, rows numbered across files in the order
-    given. ``labels`` name the files in messages (``<stdin>`` for standard input)."""
+    given. ``labels`` name the files in messages (``<stdin>`` for standard input); ``folders``
+    are the directories among the inputs (:func:`input_folders`)."""
 
     files: tuple[Path, ...]
     schema: pl.Schema
     row_counts: tuple[int, ...]
     input_format: InputFormat = "parquet"
     labels: tuple[str, ...] = ()
+    folders: tuple[Path, ...] = ()
 
     @property
     def num_rows(self) -> int:
@@ -104,21 +109,34 @@ def resolve_inputs(specs: Sequence[str]) -> list[Path]:
     """Expand files, globs and directories into a list of input files, in the order given.
 
     A directory contributes its Parquet files, or if it has none its ``.jsonl``/``.ndjson`` files
-    (recursively, sorted by path); a glob its matches, sorted. A file named twice is read once.
+    (recursively, sorted by path); a glob its matches, sorted. A name that exists is that file or
+    directory, even when it holds ``*``, ``?`` or ``[``: only a name that does not exist is read
+    as a glob. A file named twice is read once.
     """
     if not specs:
         raise AdvcliError("no input files given")
     files: list[Path] = []
     for spec in specs:
-        if GLOB_CHARS & set(spec):
-            matches = sorted(glob.glob(spec, recursive=True))
-            if not matches:
-                raise AdvcliError(f"{spec}: the pattern matches no file")
-            for match in matches:
-                files.extend(_expand_path(Path(match), spec))
-        else:
-            files.extend(_expand_path(Path(spec), spec))
+        for match in _matches(spec):
+            files.extend(_expand_path(match, spec))
     return list(dict.fromkeys(files))
+
+
+def input_folders(specs: Sequence[str]) -> tuple[Path, ...]:
+    """The directories among the inputs (named, or matched by a glob): every file a directory's
+    reading picks up (:data:`FOLDER_SUFFIXES`) is an input, also one written there later."""
+    folders = (match for spec in specs for match in _matches(spec) if match.is_dir())
+    return tuple(dict.fromkeys(folders))
+
+
+def _matches(spec: str) -> list[Path]:
+    """The path ``spec`` names, or a glob's matches, sorted."""
+    if not GLOB_CHARS & set(spec) or os.path.lexists(spec):
+        return [Path(spec)]
+    matches = sorted(glob.glob(spec, recursive=True))
+    if not matches:
+        raise AdvcliError(f"{spec}: the pattern matches no file")
+    return [Path(match) for match in matches]
 
 
 def _expand_path(path: Path, spec: str) -> list[Path]:
@@ -162,9 +180,11 @@ def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
             raise ValueError("reading standard input needs a spool folder")
         files = [spool_stdin(spool)]
         labels: tuple[str, ...] = ("<stdin>",)
+        folders: tuple[Path, ...] = ()
     else:
         files = resolve_inputs(specs)
         labels = tuple(str(path) for path in files)
+        folders = input_folders(specs)
     formats = {input_format_of(path) for path in files}
     if len(formats) > 1:
         raise AdvcliError(
@@ -177,7 +197,7 @@ def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
         row_counts.append(num_rows)
         schemas.append(schema)
     _check_schemas_agree(labels, schemas)
-    dataset = Dataset(tuple(files), schemas[0], tuple(row_counts), input_format, labels)
+    dataset = Dataset(tuple(files), schemas[0], tuple(row_counts), input_format, labels, folders)
     if dataset.num_rows == 0:
         raise AdvcliError(f"{dataset.describe()}: the input has no rows")
     return dataset

@@ -7,6 +7,7 @@ attaches each row's score and advantage by row number and writes the result thro
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,7 +19,7 @@ import pyarrow as pa
 from advcli.atomic import atomic_output, check_output_path
 from advcli.columns import OUTPUT_COLUMNS, ColumnRoles, unused_name
 from advcli.errors import AdvcliError, first_line
-from advcli.inputs import STDIN, Dataset
+from advcli.inputs import FOLDER_SUFFIXES, STDIN, Dataset
 from advcli.keys import ROW, SCORE
 from advcli.native_stderr import cancelled_tasks_unreported
 from advcli.process import available_memory, require_stdout
@@ -268,12 +269,38 @@ def padded(lists: pl.Series) -> np.ndarray:
 def check_output(
     output: Path, dataset: Dataset, *, force: bool, folder_output: bool = False
 ) -> None:
-    """Refuse an output that is one of the inputs, or that :func:`advcli.atomic.check_output_path`
-    refuses (``-``, standard output, is always fine)."""
+    """Refuse an output that would overwrite, remove or join the inputs
+    (:func:`check_not_an_input`), or that :func:`advcli.atomic.check_output_path` refuses
+    (``-``, standard output, is always fine)."""
     if str(output) == STDIN:
         require_stdout("the output")
         return
-    for path in dataset.files:
-        if output.resolve() == path.resolve():
-            raise AdvcliError(f"{output}: the output is also an input; choose another path")
+    check_not_an_input(output, dataset, folder_output=folder_output)
     check_output_path(output, force=force, folder_output=folder_output)
+
+
+def check_not_an_input(output: Path, dataset: Dataset, *, folder_output: bool = False) -> None:
+    """Refuse an output that is an input file, a folder holding an input at any depth (``--force``
+    would replace the folder, inputs and all), or, for a dataset folder or a file a directory's
+    reading picks up, a path inside an input directory (the next run would read it as an
+    input). A report beside the inputs is fine. Paths are compared resolved: symbolic links and
+    ``..`` followed."""
+    # Where the output points (a link followed) and where the rename puts it (the link itself).
+    targets = {output.resolve(), output.parent.resolve() / output.name}
+    for index, path in enumerate(dataset.files):
+        # The file's data and its name (a link in an input folder is removed with the folder).
+        sources = {path.resolve(), Path(os.path.abspath(path))}
+        if sources & targets:
+            raise AdvcliError(f"{output}: the output is also an input; choose another path")
+        if targets & {folder for source in sources for folder in source.parents}:
+            raise AdvcliError(
+                f"{output}: the output folder holds the input {dataset.label(index)}; choose "
+                "another path"
+            )
+    for folder in dataset.folders:
+        inside = any(folder.resolve() in target.parents for target in targets)
+        if inside and (folder_output or output.suffix in FOLDER_SUFFIXES):
+            raise AdvcliError(
+                f"{output}: the output is inside the input folder {folder}, whose files are "
+                "read as inputs; choose a path outside it"
+            )
