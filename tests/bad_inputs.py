@@ -100,6 +100,17 @@ def _good(folder: Path) -> list[str]:
     return [str(path)]
 
 
+def _dump_folder(folder: Path) -> list[str]:
+    (folder / "dump").mkdir()
+    GOOD.write_parquet(folder / "dump" / "part-00000.parquet")
+    return [str(folder / "dump")]
+
+
+def _good_glob(folder: Path) -> list[str]:
+    GOOD.write_parquet(folder / "dump.parquet")
+    return [str(folder / "*.parquet")]
+
+
 CASES: list[BadInput] = [
     frame_case(
         "missing group column",
@@ -294,6 +305,39 @@ CASES: list[BadInput] = [
         _good,
         ("out", "the file exists; pass --force"),
         existing_output=True,
+    ),
+    BadInput(
+        "output a symbolic link to an input",
+        _good,
+        ("link", "the output is also an input"),
+        output="link",
+        options=("--force",),
+        prepare_output=lambda output: output.symlink_to(output.parent / "dump.parquet"),
+    ),
+    # A report is .json or .md: these paths only make sense for compute's output.
+    BadInput(
+        "output through '..' equal to an input",
+        _good,
+        ("sub/../dump.parquet", "the output is also an input"),
+        output="sub/../dump.parquet",
+        options=("--force",),
+        commands=("compute",),
+        prepare_output=lambda output: (output.parent.parent).mkdir(),
+    ),
+    BadInput(
+        "output inside an input folder",
+        _dump_folder,
+        ("dump/out.parquet", "the output is inside the input folder", "read as inputs"),
+        output="dump/out",
+        commands=("compute",),
+    ),
+    BadInput(
+        "output matched by the input glob",
+        _good_glob,
+        ("out.parquet", "the output is also an input"),
+        options=("--force",),
+        commands=("compute",),
+        prepare_output=lambda output: GOOD.write_parquet(output),
     ),
 ]
 
@@ -607,6 +651,7 @@ NOT_FOR_INSPECT = {
     "output folder not writable",
     "output equal to an input",
     "existing output without --force",
+    "output a symbolic link to an input",
 }
 CASES = [
     dataclasses.replace(case, commands=("compute", "compare"))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import dump_frame
 
 from advcli import atomic
 from advcli.atomic import MARKER, PARTIAL_SUFFIX, atomic_output
@@ -320,3 +321,69 @@ def test_a_multibyte_name_at_the_limit_works(run, write_dump, tmp_path):
 
     assert result.exit_code == 0, result.stderr
     assert output.read_text().startswith("{")
+
+
+# ---------------------------------------------------------------------------------------------
+# An existing name is a file, not a pattern; an input is never replaced or removed
+
+
+@pytest.mark.parametrize(
+    ("name", "decoys"),
+    [
+        ("x[1].parquet", ["x1.parquet"]),
+        ("y*.parquet", ["y1.parquet", "y2.parquet"]),
+        ("z?.parquet", ["za.parquet"]),
+    ],
+)
+def test_an_existing_name_with_glob_characters_is_that_file(name, decoys, run, tmp_path):
+    named = [(0, "a", 0, 1.0, 2), (0, "b", 0, 0.0, 2)]
+    decoy = [(7, "c", 0, 0.5, 2), (7, "d", 0, 0.25, 2), (8, "e", 0, 1.0, 2)]
+    source = tmp_path / name
+    dump_frame(named).write_parquet(source)
+    for other in decoys:
+        dump_frame(decoy).write_parquet(tmp_path / other)
+    output = tmp_path / "out" / "advantages.parquet"
+    output.parent.mkdir()
+
+    result = run("compute", source, "-o", output, "-q", "--no-tokens")
+
+    assert result.exit_code == 0, result.stderr
+    written = pl.read_parquet(output)
+    assert written["data_id"].to_list() == [0, 0]
+    # GRPO over one group of scores 1 and 0: (score - 0.5) / (Bessel std sqrt(0.5) + 1e-6).
+    expected = 0.5 / (0.5**0.5 + 1e-6)
+    assert written["advantage"].to_list() == pytest.approx([expected, -expected], rel=1e-6)
+
+
+def test_a_name_that_does_not_exist_is_still_a_glob(run, tmp_path):
+    dump_frame([(0, "a", 0, 1.0, 2), (0, "b", 0, 0.0, 2)]).write_parquet(tmp_path / "x[1].parquet")
+    dump_frame([(5, "a", 0, 1.0, 2), (5, "b", 0, 0.0, 2)]).write_parquet(tmp_path / "x1.parquet")
+    output = tmp_path / "out" / "advantages.parquet"
+    output.parent.mkdir()
+
+    result = run("compute", tmp_path / "x[12].parquet", "-o", output, "-q", "--no-tokens")
+
+    assert result.exit_code == 0, result.stderr
+    assert pl.read_parquet(output)["data_id"].to_list() == [5, 5]
+
+
+def test_replacing_a_dataset_folder_never_removes_an_input(tmp_path):
+    # The output checks refuse such a folder first; the publishing step holds on its own.
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    source = folder / "part-00000.parquet"
+    dump_frame(ROWS).write_parquet(source)
+    before = sha256(source)
+
+    with (
+        pytest.raises(AdvcliError) as refused,
+        atomic_output(folder, force=True, folder=True, keep=[source]) as partial,
+    ):
+        (partial / "part-000000.parquet").write_bytes(b"a new result")
+
+    assert str(refused.value) == (
+        f"{folder}: the output folder holds the input {source}; choose another path"
+    )
+    assert sorted(p.name for p in folder.iterdir()) == ["part-00000.parquet"]
+    assert sha256(source) == before
+    assert partials(tmp_path) == []

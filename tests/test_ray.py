@@ -3,6 +3,7 @@ row for row, on a multi-file dump."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -176,3 +177,39 @@ def test_ray_engine_writes_skyrl_padding_rows_as_local(level, cluster, run, tmp_
     result = run("compute", dump, "-o", distributed, "-q", "--engine", "ray", "--level", level)
     assert result.exit_code == 0, result.stderr
     assert pl.read_parquet(sorted(distributed.glob("*.parquet"))).equals(pl.read_parquet(local))
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+@pytest.mark.parametrize(
+    ("source", "output", "problem"),
+    [
+        ("dump/", "dump/", "the output folder holds the input dump/part-00000.parquet"),
+        # The input's own folder, through '..'.
+        ("dump/part-00000.parquet", "./dump/../dump", "the output folder holds the input"),
+        ("dump", "link", "the output folder holds the input"),  # a link to the input folder
+        ("dump", "dump/ray-out", "the output is inside the input folder dump"),
+    ],
+)
+def test_force_never_replaces_a_folder_holding_an_input(
+    source, output, problem, cluster, parts, run, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dump").mkdir()
+    pl.read_parquet(parts[0]).write_parquet(tmp_path / "dump" / "part-00000.parquet")
+    (tmp_path / "link").symlink_to(tmp_path / "dump")
+    before = _hashes(tmp_path)
+
+    result = run("compute", source, "-o", output, "--engine", "ray", "--force")
+
+    assert result.exit_code == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {Path(output)}: {problem}")
+    assert "Traceback" not in result.stderr
+    assert _hashes(tmp_path) == before
