@@ -271,8 +271,7 @@ def test_skyrl_last_step_flag_must_be_boolean(run, tmp_path):
     dump = write_batch(tmp_path / "dump.parquet", batch)
     line = error_line(run("inspect", dump))
     assert line == (
-        f"Error: {dump}: column 'is_last_step' (last-step flag) has type Int64; expected "
-        "booleans"
+        f"Error: {dump}: column 'is_last_step' (last-step flag) has type Int64; expected booleans"
     )
 
 
