@@ -27,6 +27,7 @@ import advcli
 from advcli.errors import AdvcliError, MissingRoles, UsageError
 from advcli.process import (
     StdoutText,
+    drop_bad_thread_count,
     require_stdout,
     silence_stdout,
     use_threads,
@@ -89,6 +90,9 @@ def stdout() -> Console:
     return _StdoutConsole(file=StdoutText(), highlight=False)  # type: ignore[arg-type]
 
 
+# More threads than this only cost memory on any machine advcli runs on.
+MAX_THREADS = 1024
+
 F = TypeVar("F", bound=Callable[..., Any])
 # Option defaults are the settings' own.
 DEFAULTS = AdvantageConfig()
@@ -148,6 +152,9 @@ def main(
     ] = False,
 ) -> None:
     """Trajectory-level advantages for multi-turn agent RL rollout dumps."""
+    warning = drop_bad_thread_count(MAX_THREADS)
+    if warning is not None:
+        typer.echo(warning, err=True)
 
 
 # Options shared by the commands that read a dump.
@@ -237,8 +244,6 @@ DropDuplicatesOpt = Annotated[
         "statistics [default: every row counts, as the trainer counted it].",
     ),
 ]
-# More threads than this only cost memory on any machine advcli runs on.
-MAX_THREADS = 1024
 ThreadsOpt = Annotated[
     int | None,
     typer.Option(

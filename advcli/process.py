@@ -182,6 +182,24 @@ def flush_stdout() -> str | None:
     return None
 
 
+def drop_bad_thread_count(most: int) -> str | None:
+    """Remove a ``POLARS_MAX_THREADS`` that is not a whole number from 1 to ``most`` (Polars
+    panics on 0 and would start any number of threads) and say so; call it before Polars loads."""
+    value = os.environ.get("POLARS_MAX_THREADS")
+    if value is None:
+        return None
+    try:
+        if 1 <= int(value) <= most:
+            return None
+    except ValueError:
+        pass
+    del os.environ["POLARS_MAX_THREADS"]
+    return (
+        f"advcli: ignoring POLARS_MAX_THREADS={value!r} (not a whole number from 1 to {most}); "
+        "using all cores"
+    )
+
+
 def use_threads(threads: int | None) -> None:
     """Size Polars' and Arrow's thread pools. Polars reads its setting once, when it is first
     imported: call this before that."""

@@ -9,6 +9,7 @@ import base64
 import io
 import json
 import math
+import os
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
@@ -395,6 +396,9 @@ def figure_png(report: BiasReport, where: Path | str = "the figure") -> bytes:
     per-trajectory differences, (c) each group's baseline shift against the share of its rows
     held by its longest trajectory, (d) each loss mode's weight by turn count, and with
     ``--by`` (e) the headline figures over the steps."""
+    # The figure is drawn off screen whatever backend the environment names: a bad name in
+    # MPLBACKEND would fail matplotlib's import.
+    os.environ["MPLBACKEND"] = "Agg"
     try:
         import matplotlib
     except ImportError:
