@@ -90,6 +90,8 @@ def stdout() -> Console:
     return _StdoutConsole(file=StdoutText(), highlight=False)  # type: ignore[arg-type]
 
 
+# A list longer than this is no report; Polars takes a count below 2**32.
+MAX_TOP = 1_000_000
 # More threads than this only cost memory on any machine advcli runs on.
 MAX_THREADS = 1024
 
@@ -603,7 +605,8 @@ def compare_command(
     reward_col: RewardCol = None,
     mask_col: MaskCol = None,
     top: Annotated[
-        int, typer.Option("--top", min=1, help="How many groups and trajectories to list.")
+        int,
+        typer.Option("--top", min=1, max=MAX_TOP, help="How many groups and trajectories to list."),
     ] = 10,
     json_path: Annotated[
         str | None, typer.Option("--json", help="Write the report as JSON ('-' for stdout).")

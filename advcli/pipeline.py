@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 
 from advcli.atomic import writes_in_place
-from advcli.columns import ColumnRoles
+from advcli.columns import ColumnRoles, is_enum
 from advcli.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
 from advcli.errors import AdvcliError, UsageError
 from advcli.estimators import (
@@ -226,6 +226,8 @@ def _step_labels(dataset: Dataset, by: str) -> pl.Series:
     if by == "file":
         return pl.Series("file", np.repeat(np.arange(len(dataset.files)), dataset.row_counts))
     labels = dataset.read_columns([by]).to_series().alias("step")
+    if labels.dtype == pl.Categorical or is_enum(labels.dtype):
+        labels = labels.cast(pl.String)  # steps in the order of their text
     if labels.null_count():
         row = int(labels.is_null().arg_max() or 0)
         raise AdvcliError(f"{dataset.locate(row)}: column '{by}' (--by) is null")
@@ -637,7 +639,7 @@ def _check_by(dataset: Dataset, by: str) -> None:
             "column such as 'step'"
         )
     dtype = dataset.schema[by]
-    if not (dtype.is_integer() or dtype == pl.String):
+    if not (dtype.is_integer() or dtype in (pl.String, pl.Categorical) or is_enum(dtype)):
         raise AdvcliError(
             f"{dataset.describe()}: column '{by}' (--by) has type {dtype}; steps are integers "
             "or strings"

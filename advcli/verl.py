@@ -49,6 +49,12 @@ def compute_advantage(
     Returns ``{prefix}rows``, ``trajectories``, ``multi_row_trajectories``,
     ``max_rows_per_trajectory``, ``groups``, ``singleton_groups`` and ``zero_std_groups``.
     """
+    if not (hasattr(data, "batch") and hasattr(data, "non_tensor_batch")):
+        # Checked first: the advantages are written back into the batch once computed.
+        raise TypeError(
+            "compute_advantage takes a verl DataProto (with .batch and .non_tensor_batch), "
+            f"not {type(data).__name__}"
+        )
     entries = batch_entries(data)
     try:
         roles = batch_roles(
