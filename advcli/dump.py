@@ -94,6 +94,9 @@ def write_batch(
             entries[name] = value
             given[role] = name
     rows = _row_count(entries)
+    if rows == 0:
+        # Its id columns would have no type, and the folder's other files would not read with it.
+        raise AdvcliError("the batch has no rows: nothing to write")
     roles = batch_roles(
         entries,
         group=given["group"],

@@ -45,3 +45,21 @@ def test_compute_advantage_refuses_what_is_not_a_batch_before_computing():
     }
     with pytest.raises(TypeError, match=r"takes a verl DataProto .* not dict"):
         compute_advantage(batch)
+
+
+def test_write_batch_refuses_an_empty_batch_and_leaves_the_folder_readable(run, tmp_path):
+    from advcli.dump import write_batch
+    from advcli.errors import AdvcliError
+
+    batch = {
+        "uid": np.array(["p", "p"], dtype=object),
+        "traj_uid": np.array(["a", "b"], dtype=object),
+        "token_level_rewards": np.array([[0.0, 1.0], [0.0, 0.0]], dtype=np.float32),
+        "response_mask": np.ones((2, 2), dtype=np.int64),
+    }
+    write_batch(batch, tmp_path, step=1)
+    empty = {key: value[:0] for key, value in batch.items()}
+    with pytest.raises(AdvcliError, match="the batch has no rows"):
+        write_batch(empty, tmp_path, step=2)
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000001.parquet"]
+    assert run("inspect", tmp_path).exit_code == 0
