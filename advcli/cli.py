@@ -22,6 +22,7 @@ import typer
 import typer.core
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 import advcli
 from advcli.errors import AdvcliError, MissingRoles, UsageError
@@ -527,9 +528,11 @@ def compute_command(
             drop_duplicates=drop_duplicates,
         )
     if not quiet:
+        from advcli.render import visible
+
         table = _summary_table(summary)
         if config_path is not None:
-            table.add_row("config", str(config_path))
+            table.add_row("config", Text(visible(config_path)))
         stderr.print(table)
         if summary.duplicate_rows and not summary.duplicates_confirmed:
             stderr.print(
@@ -542,10 +545,14 @@ def compute_command(
                 "--drop-duplicates to count each once"
             )
         if report is not None:
-            stderr.print(f"report: {report}")
+            stderr.print(Text(f"report: {visible(report)}"))
 
 
 def _summary_table(summary: ComputeSummary) -> Table:
+    """The run's figures; text from the data or the command line is shown as plain text, ids
+    and column names shortened as the reports show them."""
+    from advcli.render import shown, visible
+
     table = Table(title="advcli compute", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
@@ -559,23 +566,25 @@ def _summary_table(summary: ComputeSummary) -> Table:
         ("duplicate rows", _duplicate_rows(summary)),
         ("level", config.level.value),
         ("estimator", config.describe()),
-        ("read as", summary.columns.read_as()),
+        ("read as", visible(summary.columns.read_as())),
         *(
             (
                 f"{role} column",
-                f"{entry['column']}: {entry['why']}" if entry["column"] else entry["why"],
+                visible(f"{shown(entry['column'])}: {entry['why']}")
+                if entry["column"]
+                else visible(entry["why"]),
             )
             for role, entry in summary.columns.reading()["roles"].items()
         ),
-        *(("note", note) for note in summary.columns.notes),
-        ("output", f"{summary.output} ({summary.output_format.value})"),
+        *(("note", visible(note)) for note in summary.columns.notes),
+        ("output", f"{visible(summary.output)} ({summary.output_format.value})"),
         ("seconds", f"{summary.seconds:.2f} ({summary.threads} threads)"),
     ]:
-        table.add_row(name, value)
+        table.add_row(name, Text(value))
     if summary.padding_rows:
         table.add_row("padding rows (advantage 0)", f"{summary.padding_rows:,}")
     if summary.replaced:
-        table.add_row("replaced input columns", ", ".join(summary.replaced))
+        table.add_row("replaced input columns", Text(", ".join(map(shown, summary.replaced))))
     return table
 
 
@@ -669,7 +678,7 @@ def compare_command(
     use_threads(threads)
     with held():  # Polars panics when a Ctrl-C lands inside its import
         from advcli.pipeline import ReportFiles, compare
-    from advcli.render import render_json, render_terminal
+    from advcli.render import render_json, render_terminal, visible
 
     report = compare(
         inputs or [],
@@ -697,7 +706,7 @@ def compare_command(
         console = stderr if json_to_stdout else stdout()
         render_terminal(report, console)
         if config_path is not None:
-            console.print(f"config: {config_path}")
+            console.print(Text(f"config: {visible(config_path)}"))
     diff_max = report.summary["trajectories"]["advantage_diff_max"] or 0.0
     if fail_above is not None and diff_max > fail_above:
         typer.echo(
@@ -745,12 +754,12 @@ def inspect_command(
     if json_output:
         write_stdout_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", "the JSON")
     else:
-        from advcli.render import render_inspection
+        from advcli.render import render_inspection, visible
 
         console = stdout()
         render_inspection(summary, console)
         if config_path is not None:
-            console.print(f"config: {config_path}")
+            console.print(Text(f"config: {visible(config_path)}"))
 
 
 @app.command("sample")
@@ -773,6 +782,7 @@ def sample_command(
 
     Example: advcli sample rollouts.parquet --groups 64 --rollouts 8 --seed 0
     """
+    from advcli.render import visible
     from advcli.sample import write_sample
 
     rows = write_sample(
@@ -785,4 +795,9 @@ def sample_command(
         force=force,
     )
     if not quiet:
-        stderr.print(f"wrote {rows:,} turn rows of {groups * rollouts:,} trajectories to {output}")
+        stderr.print(
+            Text(
+                f"wrote {rows:,} turn rows of {groups * rollouts:,} trajectories to "
+                f"{visible(output)}"
+            )
+        )

@@ -10,18 +10,23 @@ import io
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from advcli.atomic import atomic_output
 from advcli.errors import AdvcliError
-from advcli.report import BiasReport
+
+if TYPE_CHECKING:
+    # Only a type here: `advcli sample` shows its path through this module without Polars.
+    from advcli.report import BiasReport
 
 # Short headers so the tables fit an 80-column terminal; "traj" = trajectory level.
 BY_TURNS_HEADERS = (
@@ -56,6 +61,67 @@ TOP_TRAJECTORY_HEADERS = (
 )
 
 
+# A text from the data (an id, a column name, a step label) is shown whole up to this many
+# characters; a longer one keeps its head and tail around an ellipsis, so that a view's size and
+# the time to draw it do not grow with the id. The JSON report holds every id whole.
+SHOWN_CHARS = 64
+SHORTENED_NOTE = (
+    f"Ids and names longer than {SHOWN_CHARS} characters are shown shortened (head…tail); "
+    "the JSON report holds them whole."
+)
+# Control characters and line breaks from the data are written as escapes (a newline as \n):
+# a raw one would break a table row or move the terminal's cursor.
+_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+}
+
+
+def visible(value: Any) -> str:
+    """``value`` as text with its control characters written as escapes."""
+    return str(value).translate(_ESCAPES)
+
+
+def shown(value: Any) -> str:
+    """An id or a name from the data as the views show it: :func:`visible`, and at most
+    :data:`SHOWN_CHARS` characters of it."""
+    text = str(value)
+    if len(text) > SHOWN_CHARS:
+        head = (SHOWN_CHARS - 1) // 2
+        text = text[:head] + "…" + text[len(text) - (SHOWN_CHARS - 1 - head) :]
+    return visible(text)
+
+
+def _too_long(values: Any) -> bool:
+    return any(len(str(value)) > SHOWN_CHARS for value in values)
+
+
+def _shortened(report: BiasReport) -> bool:
+    """Whether a view of ``report`` shows an id or a name shortened."""
+    summary = report.summary
+    reading = summary["settings"]["reading"]
+    by_step = summary.get("by_step") or {}
+    return _too_long(
+        [
+            by_step.get("by", ""),
+            *(group["group"] for group in summary["top_groups"]),
+            *(group["group"] for group in summary["top_trajectories"]),
+            *(entry["trajectory"] for entry in summary["top_trajectories"]),
+            *(entry["step"] for entry in by_step.get("steps") or []),
+            *(entry["column"] or "" for entry in reading["roles"].values()),
+        ]
+    )
+
+
+def _add_rows(table: Table, rows: Sequence[Sequence[str]]) -> None:
+    """Rows of plain text: a '[' from the data is not rich markup, nor ':name:' an emoji."""
+    for row in rows:
+        table.add_row(*map(Text, row))
+
+
 def _fmt(value: Any, digits: int = 4) -> str:
     if value is None:
         return "n/a"
@@ -84,7 +150,7 @@ def _by_turns_rows(report: BiasReport) -> list[list[str]]:
 def _top_group_rows(report: BiasReport) -> list[list[str]]:
     return [
         [
-            str(group["group"]),
+            shown(group["group"]),
             _fmt(group["rows"]),
             _fmt(group["trajectories"]),
             _fmt(group["baseline_turn"]),
@@ -100,8 +166,8 @@ def _top_group_rows(report: BiasReport) -> list[list[str]]:
 def _top_trajectory_rows(report: BiasReport) -> list[list[str]]:
     return [
         [
-            str(entry["group"]),
-            str(entry["trajectory"]),
+            shown(entry["group"]),
+            shown(entry["trajectory"]),
             _fmt(entry["turns"]),
             _fmt(entry["score"]),
             _fmt(entry["advantage_turn"]),
@@ -206,8 +272,8 @@ def reading_rows(reading: dict[str, Any]) -> list[tuple[str, str, str]]:
     """How the dump was read, a row a role: (role, column or '-', why), after the layout."""
     rows = [("layout", "", reading["read_as"])]
     for role, entry in reading["roles"].items():
-        rows.append((role, entry["column"] or "-", entry["why"]))
-    rows += [("note", "", note) for note in reading["notes"]]
+        rows.append((role, shown(entry["column"] or "-"), visible(entry["why"])))
+    rows += [("note", "", visible(note)) for note in reading["notes"]]
     return rows
 
 
@@ -215,8 +281,7 @@ def _reading_table(report: BiasReport) -> Table:
     table = Table(title="How the dump was read", title_justify="left", show_edge=False)
     for header in READING_HEADERS:
         table.add_column(header, overflow="fold")
-    for row in reading_rows(report.summary["settings"]["reading"]):
-        table.add_row(*row)
+    _add_rows(table, reading_rows(report.summary["settings"]["reading"]))
     return table
 
 
@@ -230,8 +295,7 @@ def render_terminal(report: BiasReport, console: Console) -> None:
     )
     headline.add_column(style="bold")
     headline.add_column(justify="right")
-    for name, value in _headline_rows(report):
-        headline.add_row(name, value)
+    _add_rows(headline, _headline_rows(report))
 
     histogram = Table(title="Turns per trajectory", title_justify="left", show_edge=False)
     histogram.add_column("turns", justify="right")
@@ -249,25 +313,23 @@ def render_terminal(report: BiasReport, console: Console) -> None:
     )
     for header in BY_TURNS_HEADERS:
         by_turns.add_column(header, justify="right")
-    for row in _by_turns_rows(report):
-        by_turns.add_row(*row)
+    _add_rows(by_turns, _by_turns_rows(report))
 
     top = Table(
         title="Most affected groups (baseline shift)", title_justify="left", show_edge=False
     )
     for header in TOP_GROUP_HEADERS:
-        # Ids are never cut: two uuids that share a prefix must stay apart.
+        # Ids are folded, not cut at the column's width: two uuids that share a prefix must stay
+        # apart.
         top.add_column(header, justify="right", overflow="fold")
-    for row in _top_group_rows(report):
-        top.add_row(*row)
+    _add_rows(top, _top_group_rows(report))
 
     worst = Table(
         title="Most affected trajectories (|diff|)", title_justify="left", show_edge=False
     )
     for header in TOP_TRAJECTORY_HEADERS:
         worst.add_column(header, justify="right", overflow="fold")
-    for row in _top_trajectory_rows(report):
-        worst.add_row(*row)
+    _add_rows(worst, _top_trajectory_rows(report))
 
     parts: list[Any] = [
         _reading_table(report),
@@ -292,21 +354,23 @@ def render_terminal(report: BiasReport, console: Console) -> None:
         )
         for header in loss[0]:
             weights.add_column(header, justify="right", overflow="fold")
-        for row in loss[1]:
-            weights.add_row(*row)
+        _add_rows(weights, loss[1])
         parts += [weights, ""]
     step_rows = _step_rows(report)
     if step_rows:
         steps = Table(
-            title=f"By {report.summary['by_step']['by']}", title_justify="left", show_edge=False
+            title=Text(f"By {shown(report.summary['by_step']['by'])}"),
+            title_justify="left",
+            show_edge=False,
         )
         for header in STEP_HEADERS:
             steps.add_column(header, justify="right", overflow="fold")
-        for row in step_rows:
-            steps.add_row(*row)
+        _add_rows(steps, step_rows)
         parts += [steps, ""]
+    if _shortened(report):
+        parts += [Text(SHORTENED_NOTE), ""]
     verdict = report.summary["verdict"] + "\n\n" + _assessment_line(report)
-    parts.append(Panel(verdict, title="Verdict", title_align="left"))
+    parts.append(Panel(Text(verdict), title="Verdict", title_align="left"))
     console.print(Group(*parts))
 
 
@@ -316,16 +380,33 @@ def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> st
     return "\n".join(lines)
 
 
+# Markdown's inline syntax: emphasis, code, links and strikethrough, and the backslash itself;
+# an underscore inside a word (data_id) emphasizes nothing and stays as it is.
+_MARKDOWN_SYNTAX = re.compile(r"[\\`*\[\]~]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+
+
 def _cell(text: str) -> str:
-    """A Markdown table cell: a '|' in the text (as in |advantage diff|) would end the cell."""
-    return str(text).replace("|", "\\|")
+    """A Markdown table cell, read literally: a '|' in the text (as in |advantage diff|) would end
+    the cell, a line break the row, '<' '>' '&' would be read as HTML and '*' '[' '`' as
+    Markdown."""
+    text = _MARKDOWN_SYNTAX.sub(r"\\\g<0>", escape(visible(text), quote=False))
+    return text.replace("|", "\\|")
+
+
+def _code(text: str) -> str:
+    """A Markdown code span holding ``text`` literally: its fence is longer than any run of
+    backticks in it (CommonMark), and a space pads a backtick at either end."""
+    text = visible(text)
+    fence = "`" * (max(map(len, re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def render_markdown(report: BiasReport) -> str:
     """The report as Markdown tables, to paste into a PR or an experiment log."""
     summary = report.summary
     histogram = summary["turns_per_trajectory"]["histogram"]
-    inputs = ", ".join(f"`{name}`" for name in summary["settings"]["inputs"])
+    inputs = ", ".join(map(_code, summary["settings"]["inputs"]))
     return (
         "\n\n".join(
             [
@@ -354,6 +435,7 @@ def render_markdown(report: BiasReport) -> str:
                     if _step_rows(report)
                     else []
                 ),
+                *([SHORTENED_NOTE] if _shortened(report) else []),
                 "## Verdict",
                 _assessment_line(report),
             ]
@@ -404,6 +486,14 @@ def figure_png(report: BiasReport, where: Path | str = "the figure") -> bytes:
     except ImportError:
         raise AdvcliError(f"{where}: a plot needs matplotlib: pip install 'advcli[plot]'") from None
     matplotlib.use("Agg")
+
+    # Text from the data ($^$, $\\frac{1}{2}$ as a step label) is drawn as written, never as
+    # mathtext or TeX, which would fail on it or draw something else.
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        return _figure(report)
+
+
+def _figure(report: BiasReport) -> bytes:
     import matplotlib.pyplot as plt
 
     summary = report.summary
@@ -482,8 +572,10 @@ def figure_png(report: BiasReport, where: Path | str = "the figure") -> bytes:
             marker="s",
             label="mean |baseline shift|",
         )
-        steps.set_xticks(positions, [str(e["step"]) for e in series], rotation=30, fontsize="small")
-        steps.set_xlabel(f"{summary['by_step']['by']}")
+        steps.set_xticks(
+            positions, [shown(e["step"]) for e in series], rotation=30, fontsize="small"
+        )
+        steps.set_xlabel(shown(summary["by_step"]["by"]))
         steps.legend(fontsize="small")
         steps.set_title("(e) Over training steps")
     else:
@@ -570,7 +662,7 @@ def _step_rows(report: BiasReport) -> list[list[str]]:
     series = (report.summary.get("by_step") or {}).get("steps") or []
     return [
         [
-            _fmt(entry["step"]),
+            shown(_fmt(entry["step"])),
             _fmt(entry["rows"]),
             _fmt(entry["trajectories"]),
             _fmt(entry["advantage_diff_mean"]),
@@ -586,14 +678,19 @@ def _step_rows(report: BiasReport) -> list[list[str]]:
 def render_inspection(summary: dict[str, Any], console: Console) -> None:
     """`advcli inspect` as rich tables: roles, counts, turns, scores, then anything to fix."""
     roles = Table(
-        title=f"Columns, read as {summary['inputs']['read_as']}",
+        title=Text(f"Columns, read as {visible(summary['inputs']['read_as'])}"),
         title_justify="left",
         show_edge=False,
     )
     for header in ("role", "column", "why"):
         roles.add_column(header)
-    for role, entry in summary["columns"].items():
-        roles.add_row(role, entry["column"] or "-", entry["why"])
+    _add_rows(
+        roles,
+        [
+            (role, shown(entry["column"] or "-"), visible(entry["why"]))
+            for role, entry in summary["columns"].items()
+        ],
+    )
 
     counts, spread, scores = summary["counts"], summary["turns_per_trajectory"], summary["scores"]
     facts = Table(title="Dump", title_justify="left", show_header=False, show_edge=False)
@@ -631,6 +728,7 @@ def render_inspection(summary: dict[str, Any], console: Console) -> None:
     checks = Table(title="Before compute", title_justify="left", show_edge=False)
     for header in ("check", "count", "examples"):
         checks.add_column(header)
+    examples = []
     for key, label in (
         ("singleton_groups", "singleton groups (one trajectory)"),
         ("zero_std_groups", "zero-std groups (trajectory level)"),
@@ -638,7 +736,8 @@ def render_inspection(summary: dict[str, Any], console: Console) -> None:
         ("duplicate_turns", "repeated (group, trajectory, turn)"),
     ):
         entry = summary[key]
-        checks.add_row(label, f"{entry['count']:,}", _examples(entry["examples"]))
+        examples += _example_values(entry["examples"])
+        checks.add_row(label, f"{entry['count']:,}", Text(_examples(entry["examples"])))
     duplicates = summary["duplicate_rows"]
     checks.add_row(
         "duplicated rows (a copy of an earlier row)"
@@ -647,14 +746,31 @@ def render_inspection(summary: dict[str, Any], console: Console) -> None:
         f"{duplicates['count']:,}",
         "; ".join(f"{copy['row']} = {copy['copy_of_row']}" for copy in duplicates["first"]),
     )
-    console.print(Group(roles, "", facts, "", histogram, "", checks))
+    parts: list[Any] = [roles, "", facts, "", histogram, "", checks]
+    columns = [entry["column"] or "" for entry in summary["columns"].values()]
+    if _too_long([*columns, *examples]):
+        parts += ["", Text(SHORTENED_NOTE)]
+    console.print(Group(*parts))
+
+
+def _example_values(examples: list[Any]) -> list[Any]:
+    """The ids and values that :func:`_examples` shows."""
+    return [
+        value
+        for example in examples
+        for value in (
+            [v for k, v in example.items() if k != "where"]
+            if isinstance(example, dict)
+            else [example]
+        )
+    ]
 
 
 def _examples(examples: list[Any]) -> str:
     parts = []
     for example in examples:
         if isinstance(example, dict):
-            parts.append(", ".join(f"{k}={v}" for k, v in example.items() if k != "where"))
+            parts.append(", ".join(f"{k}={shown(v)}" for k, v in example.items() if k != "where"))
         else:
-            parts.append(str(example))
+            parts.append(shown(example))
     return "; ".join(parts)
