@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 import torch
 from reference import reference_advantages
-from test_trainer_dumps import SEED, WIDTH, append, at, error_line, plan, stored, write_batch
+from test_trainer_dumps import SEED, WIDTH, append, error_line, skyrl_steps, write_batch
 
 from advcli.dump import write_batch as write_dump_of_batch
 from advcli.errors import AdvcliError
@@ -31,22 +31,7 @@ def skyrl_batch(version: str, pads: int = PADS) -> tuple[dict[str, Any], list[tu
     metadata list of bools. Then pad_batch's rows: ids "pad0", "pad1", ..., is_last_step True,
     loss_mask 0, the other tensors copies of the first rows'.
     """
-    rng = np.random.default_rng(SEED)
-    cols: dict[str, list] = {}
-    rows = []
-    for traj in plan(rng):
-        uid = str(100 + traj.group)
-        traj_id = f"{uid}_{traj.rollout}"
-        for turn, (llm, tool) in enumerate(traj.segments):
-            last_step = turn == traj.turns - 1
-            reward = traj.reward if last_step else float(rng.choice([0.0, 0.2]))
-            loss_mask = torch.zeros(WIDTH)
-            loss_mask[:llm] = 1
-            response_mask = torch.zeros(WIDTH, dtype=torch.int64)
-            response_mask[: llm + tool] = 1
-            append(cols, uids=uid, trajectory_ids=traj_id, rewards=at(reward, llm - 1))
-            append(cols, loss_mask=loss_mask, response_mask=response_mask, is_last_step=last_step)
-            rows.append((uid, traj_id, turn, stored(reward), llm))
+    cols, rows = skyrl_steps(np.random.default_rng(SEED))
     for i in range(pads):
         append(cols, uids=f"pad{i}", trajectory_ids=f"pad{i}", rewards=cols["rewards"][i].clone())
         append(cols, loss_mask=torch.zeros(WIDTH), response_mask=cols["response_mask"][i].clone())

@@ -391,14 +391,11 @@ def test_trl(run, tmp_path):
     check_trainer(one_row_case(np.random.default_rng(SEED), "trl"), run, tmp_path)
 
 
-def test_skyrl_stepwise(run, tmp_path):
-    """skyrl-train 0.3.1 (skyrl_train/generators/base.py, the trainer's step-wise batch): uids
-    str(dataset index), trajectory_ids "{instance_id}_{repetition_id}", per-step `rewards`
-    (only the last step's is the outcome), loss_mask float32 the trainable mask while
-    response_mask covers every response token, is_last_step; rows contiguous in step order.
-    SkyRL's rule (the is_last_step row's reward) needs no --traj-score; tests/test_skyrl.py has
-    its padding rows and skyrl 0.4.0."""
-    rng = np.random.default_rng(SEED)
+def skyrl_steps(rng: np.random.Generator) -> tuple[dict[str, list], list[tuple]]:
+    """SkyRL's step-wise rows (the columns as lists, and the reference rows): uids
+    str(dataset index), trajectory_ids "{instance_id}_{repetition_id}", each step's own reward
+    (the outcome on the last step only), loss_mask the trainable tokens while response_mask
+    covers the observation tokens too, is_last_step."""
     cols: dict[str, list] = {}
     rows = []
     for traj in plan(rng):
@@ -410,10 +407,21 @@ def test_skyrl_stepwise(run, tmp_path):
             loss_mask = torch.zeros(WIDTH)
             loss_mask[:llm] = 1
             response_mask = torch.zeros(WIDTH, dtype=torch.int64)
-            response_mask[: llm + tool] = 1  # the observation tokens too
+            response_mask[: llm + tool] = 1
             append(cols, uids=uid, trajectory_ids=traj_id, rewards=at(reward, llm - 1))
             append(cols, loss_mask=loss_mask, response_mask=response_mask, is_last_step=last_step)
-            rows.append((traj.group, traj_id, turn, stored(reward), llm))
+            rows.append((uid, traj_id, turn, stored(reward), llm))
+    return cols, rows
+
+
+def test_skyrl_stepwise(run, tmp_path):
+    """skyrl-train 0.3.1 (skyrl_train/generators/base.py, the trainer's step-wise batch): uids
+    str(dataset index), trajectory_ids "{instance_id}_{repetition_id}", per-step `rewards`
+    (only the last step's is the outcome), loss_mask float32 the trainable mask while
+    response_mask covers every response token, is_last_step; rows contiguous in step order.
+    SkyRL's rule (the is_last_step row's reward) needs no --traj-score; tests/test_skyrl.py has
+    its padding rows and skyrl 0.4.0."""
+    cols, rows = skyrl_steps(np.random.default_rng(SEED))
     batch = {
         key: torch.stack(value) if isinstance(value[0], torch.Tensor) else np.array(value)
         for key, value in cols.items()
