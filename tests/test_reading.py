@@ -52,6 +52,15 @@ def verl_frame(rows: list[tuple], trajectory_name: str) -> pl.DataFrame:
     )
 
 
+def named_frame(
+    rows: list[tuple], group: str, trajectory: str, turn: str, reward: str
+) -> pl.DataFrame:
+    """(group, trajectory, turn, score, ...) rows as four columns of the given names."""
+    return pl.DataFrame(
+        {name: [r[i] for r in rows] for i, name in enumerate((group, trajectory, turn, reward))}
+    )
+
+
 def error_line(result) -> str:
     assert result.exit_code == 1, (result.exit_code, result.output)
     lines = result.stderr.strip().splitlines()
@@ -152,14 +161,7 @@ def test_a_hand_written_dump_reads_with_no_flags_in_turn_order(run, tmp_path):
     ]
     order = np.random.default_rng(3).permutation(len(rows))
     rows = [rows[i] for i in order]
-    frame = pl.DataFrame(
-        {
-            "prompt_id": [r[0] for r in rows],
-            "traj_id": [r[1] for r in rows],
-            "turn": [r[2] for r in rows],
-            "reward": [r[3] for r in rows],
-        }
-    )
+    frame = named_frame(rows, "prompt_id", "traj_id", "turn", "reward")
     path = tmp_path / "hand.parquet"
     frame.write_parquet(path)
     out = tmp_path / "out.parquet"
@@ -174,17 +176,10 @@ def test_a_hand_written_dump_reads_with_no_flags_in_turn_order(run, tmp_path):
 
 def test_every_missing_role_in_one_error_with_a_command_that_works(tmp_path):
     """Columns no name gives away: one error lists every missing role with its likeliest
-    columns (the group has fewer values than the trajectory; the turn index, with fewer still,
-    holds no trajectory nested in it), and the command line it proposes runs."""
+    columns (the group has fewer values than the trajectory; the turn index, whose counts fall
+    as it rises, goes to --turn-col), and the command line it proposes runs."""
     rows = multi_turn_rows()
-    frame = pl.DataFrame(
-        {
-            "a": [r[0] for r in rows],
-            "b": [r[1] for r in rows],
-            "c": [r[2] for r in rows],
-            "r": [r[3] for r in rows],
-        }
-    )
+    frame = named_frame(rows, "a", "b", "c", "r")
     path = tmp_path / "anon.parquet"
     frame.write_parquet(path)
     failed = subprocess.run([*ADVCLI, "compare", str(path)], capture_output=True, text=True)
@@ -459,13 +454,8 @@ def test_a_trajectory_named_column_of_another_type_is_refused(run, tmp_path, dty
 
 def test_a_float_turn_column_is_refused_not_passed_over(run, tmp_path):
     rows = multi_turn_rows()
-    frame = pl.DataFrame(
-        {
-            "prompt_id": [r[0] for r in rows],
-            "traj_id": [r[1] for r in rows],
-            "turn": [float(r[2]) for r in rows],
-            "reward": [r[3] for r in rows],
-        }
+    frame = named_frame(rows, "prompt_id", "traj_id", "turn", "reward").with_columns(
+        pl.col("turn").cast(pl.Float64)
     )
     path = tmp_path / "dump.parquet"
     frame.write_parquet(path)
@@ -505,14 +495,7 @@ def training_steps(repeat_ids: bool) -> pl.DataFrame:
             for k in range(4):
                 group_id = group if repeat_ids else 10 * step + group
                 rows.append((group_id, f"t{k}", step, float((group + k + step) % 2)))
-    return pl.DataFrame(
-        {
-            "prompt_id": [r[0] for r in rows],
-            "traj_id": [r[1] for r in rows],
-            "step": [r[2] for r in rows],
-            "reward": [r[3] for r in rows],
-        }
-    )
+    return named_frame(rows, "prompt_id", "traj_id", "step", "reward")
 
 
 def test_a_hand_written_training_step_is_not_read_as_the_turn(run, tmp_path):
