@@ -85,6 +85,10 @@ class Dataset:
                 f"{self.describe()}: cannot read the columns {listed} ({first_line(error)})"
             ) from None
 
+    def file_numbers(self) -> pl.Series:
+        """Each input row's file, as its position among ``files`` (``file``, one per row)."""
+        return pl.Series("file", np.repeat(np.arange(len(self.files)), self.row_counts))
+
     def file_of(self, row: int) -> int:
         """The index of the file that holds global row number ``row``."""
         starts = np.cumsum((0, *self.row_counts[:-1])).tolist()

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from advcli.atomic import writes_in_place
@@ -204,8 +203,7 @@ def _spanning_files(dataset: Dataset, projection: pl.DataFrame) -> tuple[str, ..
     index), which nothing else may contradict."""
     if len(dataset.files) < 2:
         return ()
-    starts = np.cumsum((0, *dataset.row_counts[:-1]))
-    files = pl.Series(np.searchsorted(starts, projection[ROW].to_numpy(), side="right") - 1)
+    files = dataset.file_numbers().gather(projection[ROW])
     spanning = (
         projection.select(GROUP, files.alias("__file"))
         .group_by(GROUP)
@@ -224,7 +222,7 @@ def _spanning_files(dataset: Dataset, projection: pl.DataFrame) -> tuple[str, ..
 def _step_labels(dataset: Dataset, by: str) -> pl.Series:
     """Each input row's step: its file's number (``by="file"``) or its value of column ``by``."""
     if by == "file":
-        return pl.Series("file", np.repeat(np.arange(len(dataset.files)), dataset.row_counts))
+        return dataset.file_numbers()
     labels = dataset.read_columns([by]).to_series().alias("step")
     if labels.dtype == pl.Categorical or is_enum(labels.dtype):
         labels = labels.cast(pl.String)  # steps in the order of their text
