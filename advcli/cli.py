@@ -169,7 +169,7 @@ Inputs = Annotated[
         show_default=False,
     ),
 ]
-DIALECT_DEFAULT = "[default: the trainer's name for it: see the README's 'Trainers' table]"
+DIALECT_DEFAULT = "[default: the trainer's name for it: see the docs' input schema page]"
 GroupCol = Annotated[
     str | None, typer.Option("--group-col", help=f"Group column {DIALECT_DEFAULT}.")
 ]

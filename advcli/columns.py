@@ -53,9 +53,9 @@ class Dialect:
         return tuple(getattr(self, role))
 
 
-# The trainers' dialects, in the README's order. The most specific dialect a dump speaks (the
-# one whose signature holds every other matching signature) decides; two that neither contains
-# are an error, so no order here is ever a tie-break.
+# The trainers' dialects, in the order of the docs' trainers table. The most specific dialect a
+# dump speaks (the one whose signature holds every other matching signature) decides; two that
+# neither contains are an error, so no order here is ever a tie-break.
 ADVCLI = Dialect(
     "advcli",
     ("data_id", "rollout_id"),
@@ -677,7 +677,7 @@ def _present(schema: pl.Schema, role: Role, names: Sequence[str]) -> list[str]:
 ROLLOUT_DATA_DIR = (
     "this looks like verl's trainer.rollout_data_dir dump (input, output, score), which holds no "
     "group or trajectory ids (its 'uid', where present, is each row's own key); write the batch "
-    "with advcli.dump.write_batch instead (README: 'Getting a dump out of a trainer'), or name "
+    "with advcli.dump.write_batch instead (docs: 'Inside a trainer'), or name "
     "the group column with --group-col"
 )
 

@@ -34,7 +34,7 @@ def inspect_dump(
     locate: Callable[[int], str],
     padding_rows: int = 0,
 ) -> dict[str, Any]:
-    """The inspection report of a checked key projection (see the README for every key);
+    """The inspection report of a checked key projection (see docs/inspect.md for every key);
     ``padding_rows``: how many padding rows stage 1 left out of it."""
     # The figures over rows first, while the projection is all that is held: the trajectory
     # index and its units are not yet made when their hash tables and sorted copies are.

@@ -96,7 +96,7 @@ class AdvantageConfig:
     level
         ``trajectory``: each trajectory counts once in its group; ``turn``: every row counts.
     estimator
-        One of :class:`Estimator`; the README's table gives each formula.
+        One of :class:`Estimator`; the docs' estimators page gives each formula.
     epsilon
         Added to the std before dividing.
     traj_score

@@ -1,4 +1,4 @@
-"""Finding each role's column: the trainers' dialects, ties, suggestions and the README table."""
+"""Finding each role's column: the trainers' dialects, ties, suggestions and the docs' table."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from advcli.errors import AdvcliError, UsageError
 from advcli.roles import read_roles
 from advcli.settings import ColumnNames
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+SCHEMA_PAGE = (Path(__file__).resolve().parent.parent / "docs" / "input-schema.md").read_text()
 
 TOKENS = pl.Array(pl.Float32, 4)
 MASK = pl.Array(pl.Int64, 4)
@@ -24,10 +24,10 @@ def _schema(**columns: pl.DataType) -> pl.Schema:
 
 
 def _table_rows() -> dict[str, list[str]]:
-    """The README's trainers table: trainer → its cells."""
-    start = README.index("| trainer | signature |")
+    """The docs' trainers table: trainer → its cells."""
+    start = SCHEMA_PAGE.index("| trainer | signature |")
     rows = {}
-    for line in README[start:].splitlines()[2:]:
+    for line in SCHEMA_PAGE[start:].splitlines()[2:]:
         if not line.startswith("|"):
             break
         cells = [cell.strip() for cell in line.strip("|").split("|")]
@@ -39,7 +39,7 @@ def _names(cell: str) -> tuple[str, ...]:
     return tuple(re.findall(r"`([^`]+)`", cell))
 
 
-def test_readme_table_states_the_dialects():
+def test_the_docs_table_states_the_dialects():
     table = _table_rows()
     assert list(table) == [dialect.trainer for dialect in DIALECTS]
     for dialect in DIALECTS:

@@ -3,8 +3,8 @@ with --drop-duplicates, once.
 
 verl-agent (agent_system/multi_turn_rollout/utils.py, `adjust_batch(mode="copy")`) and ROLL
 (`batch_adjust_mode: copy`) pad a batch to the data-parallel size by appending copies of random
-rows before the advantages are computed (docs/trainers.md, sections 2 and 8). Expected values
-come from tests/reference.py over the rows the trainer counted, never from advcli.
+rows before the advantages are computed (docs/reference/trainer-sources.md, sections 2 and 8).
+Expected values come from tests/reference.py over the rows the trainer counted, never from advcli.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The package's shape: the README's Layout table names every module, and imports point down the
+"""The package's shape: the architecture page's table names every module, and imports point down the
 data flow (the math imports no I/O, nothing imports the command line)."""
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ def advcli_imports(module: Path) -> set[str]:
     return found
 
 
-def test_the_readme_layout_names_every_module():
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Layout") : readme.index("## Development")]
+def test_the_architecture_page_names_every_module():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    section = page[: page.index("## Development")]
     listed = set(re.findall(r"^\| `advcli/(\w+)\.py` \|", section, flags=re.MULTILINE))
     modules = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
     assert listed == modules

@@ -1,5 +1,5 @@
 """Issue 8: stdin/stdout with real pipes between real processes, JSON-lines dumps, `inspect`,
-and the README's pipeline examples run as written."""
+and the docs' pipeline examples run as written."""
 
 from __future__ import annotations
 
@@ -261,19 +261,19 @@ def test_help_everywhere_version_and_completion(run):
     assert run("--version").stdout.startswith("advcli ")
 
 
-def readme_pipeline_examples() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## In a pipeline", 1)[1].split("\n## ", 1)[0]
+def pipeline_examples() -> list[str]:
+    text = (ROOT / "docs" / "pipelines.md").read_text()
+    section = text.split("\n## ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block is not None
     return [line for line in block.group(1).splitlines() if line.strip()]
 
 
 @pytest.mark.skipif(shutil.which("jq") is None, reason="needs jq (.ci/run installs it)")
-def test_readme_pipeline_examples_run_as_written(tmp_path):
+def test_the_pipeline_examples_run_as_written(tmp_path):
     (tmp_path / "sample_data").mkdir()
     shutil.copy(SAMPLE, tmp_path / "sample_data" / "rollouts.parquet")
-    commands = readme_pipeline_examples()
+    commands = pipeline_examples()
     assert len(commands) == 3
     outputs = []
     for command in commands:

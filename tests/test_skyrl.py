@@ -1,6 +1,7 @@
-"""SkyRL's step-wise batches as its trainers build them (docs/trainers.md section 4), read with no
-flags: its own score rule (the `is_last_step` row's reward), its padding rows, and skyrl 0.4.0's
-trajectories recovered from `is_last_step` alone. Expected advantages come from tests/reference.py.
+"""SkyRL's step-wise batches as its trainers build them (docs/reference/trainer-sources.md
+section 4), read with no flags: its own score rule (the `is_last_step` row's reward), its padding
+rows, and skyrl 0.4.0's trajectories recovered from `is_last_step` alone. Expected advantages come
+from tests/reference.py.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Each trainer's batch, built with torch the way the trainer fills it and written to Parquet the
 natural way, read by `compute`, `compare` and `inspect` with no column options.
 
-The facts come from docs/trainers.md (the source file each test names is the one read
-there). Expected advantages come from tests/reference.py, never from advcli.
+The facts come from docs/reference/trainer-sources.md (the source file each test names is the
+one read there). Expected advantages come from tests/reference.py, never from advcli.
 """
 
 from __future__ import annotations

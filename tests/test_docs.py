@@ -1,0 +1,141 @@
+"""The docs: the site builds strictly, every example meant to run runs as written, the generated
+command-line reference is current, and the README stays a front door that shows real output."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+PAGES = sorted([README, *DOCS.rglob("*.md")])
+NOT_RUN = re.compile(r"<!-- not run: (?P<reason>[^>]+) -->\n$")
+BLOCK = re.compile(r"^```(?P<language>bash|python)\n(?P<code>.*?)^```$", re.S | re.M)
+
+
+def examples(page: Path) -> list[tuple[str, str]]:
+    """The page's bash and python blocks that are meant to run, in page order. A block that is
+    not meant to run says why in a ``<!-- not run: REASON -->`` line just above it."""
+    text = page.read_text()
+    found = []
+    for block in BLOCK.finditer(text):
+        if NOT_RUN.search(text[: block.start()].rsplit("\n\n", 1)[-1]):
+            continue
+        found.append((block["language"], block["code"]))
+    return found
+
+
+def run_example(language: str, code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """One example in ``cwd``, where ``advcli`` and ``python`` are this environment's."""
+    bin_dir = cwd / ".bin"
+    bin_dir.mkdir(exist_ok=True)
+    launcher = bin_dir / "advcli"
+    launcher.write_text(f'#!/bin/sh\nexec {sys.executable} -m advcli "$@"\n')
+    launcher.chmod(0o755)
+    path = os.environ.get("PATH", "/usr/bin:/bin")
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{path}",
+        "MPLBACKEND": "Agg",
+    }
+    command = (
+        ["bash", "-euo", "pipefail", "-c", code]
+        if language == "bash"
+        else [sys.executable, "-c", code]
+    )
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    "page", [page for page in PAGES if examples(page)], ids=lambda page: str(page.relative_to(ROOT))
+)
+def test_every_example_runs_as_written(page, tmp_path):
+    runnable = examples(page)
+    if any("jq" in code for _, code in runnable) and shutil.which("jq") is None:
+        pytest.skip("needs jq (.ci/run installs it)")
+    shutil.copytree(ROOT / "sample_data", tmp_path / "sample_data")
+    for language, code in runnable:
+        result = run_example(language, code, tmp_path)
+        assert result.returncode == 0, (code, result.stderr)
+
+
+def test_blocks_not_run_say_why():
+    """A block marked not to run names a reason, and every bash or python block is either run or
+    marked (nothing is left out by accident)."""
+    for page in PAGES:
+        text = page.read_text()
+        marked = len(re.findall(r"<!-- not run: \S[^>]* -->\n```(?:bash|python)\n", text))
+        assert len(BLOCK.findall(text)) == len(examples(page)) + marked, page
+
+
+def test_the_site_builds_strictly(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "site" / "trainers" / "skyrl" / "index.html").exists()
+
+
+def test_every_page_is_in_the_navigation():
+    config = (ROOT / "mkdocs.yml").read_text()
+    listed = set(re.findall(r":\s+(\S+\.md)$", config, re.M))
+    assert listed == {str(page.relative_to(DOCS)) for page in DOCS.rglob("*.md")}
+
+
+def test_the_command_line_reference_is_current():
+    spec = importlib.util.spec_from_file_location(
+        "make_cli_reference", DOCS / "make_cli_reference.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (DOCS / "cli.md").read_text() == module.reference(), (
+        "docs/cli.md is stale: run python docs/make_cli_reference.py"
+    )
+
+
+def test_the_readme_is_a_front_door():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300
+    for page in DOCS.rglob("*.md"):
+        if "reference" not in page.parts:
+            assert f"(docs/{page.relative_to(DOCS)})" in text, f"the README does not link {page}"
+
+
+def test_the_readme_shows_the_verdict_compare_prints():
+    shown = re.search(r"```\n(╭─ Verdict.*?╯)\n```", README.read_text(), re.S)
+    assert shown is not None
+    result = subprocess.run(
+        [sys.executable, "-m", "advcli", "compare", "sample_data/rollouts.parquet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80", "NO_COLOR": "1", "TERM": "dumb"},
+    )
+    assert result.returncode == 0, result.stderr
+    printed = re.search(r"╭─ Verdict.*?╯", result.stdout + result.stderr, re.S)
+    assert printed is not None
+    assert [line.rstrip() for line in shown[1].splitlines()] == [
+        line.rstrip() for line in printed[0].splitlines()
+    ]
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    command = re.search(r"^apt-get install -y (.*?) && (.*)$", README.read_text(), re.M)
+    assert command is not None
+    ci = (ROOT / ".ci" / "run").read_text()
+    for package in command[1].split():
+        assert f'missing="$missing {package}"' in ci, package
+    for step in command[2].split(" && "):
+        assert step.replace("pip install", "python -m pip install --quiet") in ci, step
