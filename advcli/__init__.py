@@ -12,23 +12,27 @@ Names are imported on first use; ``compute``, ``compare`` and the rest load Pola
 
 import importlib
 
-from advcli.errors import AdvcliError
+from advcli.errors import AdvcliError, UsageError
 
 # Everything else is imported on first use, so that starting the command line (where a Ctrl-C
 # has no handler yet) imports next to nothing.
 _LAZY = {
+    "compute": "advcli.pipeline",
+    "compare": "advcli.pipeline",
+    "inspect": "advcli.pipeline",
+    "ComputeSummary": "advcli.pipeline",
+    "ReportFiles": "advcli.pipeline",
+    "BiasReport": "advcli.report",
     "AdvantageConfig": "advcli.settings",
     "ColumnNames": "advcli.settings",
+    "Engine": "advcli.settings",
     "Estimator": "advcli.settings",
     "Level": "advcli.settings",
+    "LossMode": "advcli.settings",
+    "OutputFormat": "advcli.settings",
     "Scale": "advcli.settings",
     "Singleton": "advcli.settings",
     "TrajScore": "advcli.settings",
-    "compute": "advcli.pipeline",
-    "compare": "advcli.pipeline",
-    "load_dump": "advcli.pipeline",
-    "Advantages": "advcli.estimators",
-    "compute_advantages": "advcli.estimators",
 }
 
 
@@ -47,17 +51,22 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AdvantageConfig",
-    "Advantages",
     "AdvcliError",
+    "BiasReport",
     "ColumnNames",
+    "ComputeSummary",
+    "Engine",
     "Estimator",
     "Level",
+    "LossMode",
+    "OutputFormat",
+    "ReportFiles",
     "Scale",
     "Singleton",
     "TrajScore",
+    "UsageError",
     "__version__",
     "compare",
     "compute",
-    "compute_advantages",
-    "load_dump",
+    "inspect",
 ]

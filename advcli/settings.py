@@ -15,11 +15,15 @@ from advcli.rules import RULES
 
 
 class Level(str, Enum):
+    """Which unit counts once in its group's statistics: a trajectory, or every row (turn)."""
+
     TRAJECTORY = "trajectory"
     TURN = "turn"
 
 
 class Estimator(str, Enum):
+    """The advantage estimators, by their verl names (the docs' estimators page has each rule)."""
+
     GRPO = "grpo"
     DRGRPO = "drgrpo"
     RLOO = "rloo"
