@@ -51,7 +51,8 @@ class Trajectories:
 
     def mean(self, rows: pl.DataFrame, value: pl.Expr) -> np.ndarray:
         """Each trajectory's mean of ``value`` over its rows."""
-        return self.sum(rows, value) / self.table["turns"].to_numpy()
+        means: np.ndarray = self.sum(rows, value) / self.table["turns"].to_numpy()
+        return means
 
     def first_position(self, order: np.ndarray | None = None) -> np.ndarray:
         """The projection position of each trajectory's first row, or, given ``order`` (one
@@ -182,14 +183,8 @@ def count_trajectories(projection: pl.DataFrame) -> int:
     """How many distinct ``(group, trajectory)`` keys the projection holds, where no index is
     needed: a streaming count takes about a third of the index's time (0.2–0.3 s against 0.8 s
     on 4.3M rows)."""
-    return (
-        projection.lazy()
-        .group_by(GROUP, TRAJECTORY)
-        .len()
-        .select(pl.len())
-        .collect(engine="streaming")
-        .item()
-    )
+    keys = projection.lazy().group_by(GROUP, TRAJECTORY).len()
+    return int(keys.select(pl.len()).collect(engine="streaming").item())
 
 
 def _reduce(pick: np.ufunc, values: np.ndarray, into: np.ndarray, count: int) -> np.ndarray:
