@@ -216,8 +216,7 @@ def tune_allocator() -> None:
 
     - Polars' jemalloc: after half a second. It keeps freed memory for 10 s by default, longer
       than a stage lasts, so the statistics' scratch memory was still held while the write filled
-      Arrow's (a different allocator): peak memory grew with the rows. Measured at no cost in
-      speed.
+      Arrow's (a different allocator): peak memory grew with the rows.
     - The C library's malloc, which serves numpy: every block of 128 KiB or more gets pages of its
       own, returned when freed. glibc otherwise raises that threshold to the size of the last big
       block freed (up to 32 MiB), and the index's and the sums' arrays of a million values then
@@ -237,8 +236,8 @@ MMAP_THRESHOLD_BYTES = 128 * 1024
 
 def _map_large_blocks() -> None:
     """Fix glibc's mmap threshold at its initial 128 KiB, which also turns its adjustment off.
-    Measured on 4.3 M rows: ``compare`` peaks some 50 MiB lower; nothing where the C library
-    is not glibc (``mallopt`` is missing, or a no-op as in musl)."""
+    It lowers ``compare``'s peak (docs/performance.md); nothing where the C library is not
+    glibc (``mallopt`` is missing, or a no-op as in musl)."""
     if not sys.platform.startswith("linux"):
         return
     try:

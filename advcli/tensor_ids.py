@@ -27,7 +27,7 @@ _DIRECT_RANGE_MIN = 1 << 16
 # Combined (group, trajectory) keys must stay below this to be formed without overflow.
 KEY_LIMIT = 1 << 62
 _INT32_LIMIT = 1 << 31
-# Python ints kept for the hash factorization of object ids (about 9 MB at most).
+# Python ints kept for the hash factorization of object ids: a bounded cache.
 _POSITIONS_CACHED = 1 << 18
 
 

@@ -3,9 +3,9 @@
 :func:`index_trajectories` ranks the key projection's ``(group, trajectory)`` keys once (a sort of
 the two key columns) and numbers the trajectories in input order. Each per-trajectory figure is
 then a numpy reduction over that number: 8 bytes a trajectory per figure. A Polars group-by on the
-same keys holds some 200 bytes a key while it runs (measured: 300 MiB for 1.5M trajectories), more
-than the rows themselves, and the commands used to run three of them; the trajectory level's
-units, the report's turn-level sums and ``inspect``'s counts now all come from this one index.
+same keys holds more than the rows themselves while it runs (docs/performance.md, "What brought
+them down"); the trajectory level's units, the report's turn-level sums and ``inspect``'s counts
+all come from this one index.
 
 Sums over a trajectory's rows are taken in input order, one row at a time, so they do not depend
 on the thread count.
@@ -123,16 +123,16 @@ def _rank_keys(projection: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     and the position of each key's first row."""
     if not all(projection[name].dtype in NUMPY_INTEGERS for name in (GROUP, TRAJECTORY)):
         # String ids, and 128-bit integers (JSON lines read ids from 2**63 up as Int128), which
-        # numpy has not: Polars ranks the pair at once (a numpy sort of each string column's
-        # rank took three times as long: 3.3 s against 1.0 s on 2.1M rows of 36-character ids).
+        # numpy has not: Polars ranks the pair at once, faster than a numpy sort of each string
+        # column's rank (docs/performance.md).
         dense = projection.select(pl.struct(GROUP, TRAJECTORY).rank("dense")).to_series()
         of_row = dense.to_numpy() - np.uint32(1)
         count = int(of_row.max()) + 1 if len(of_row) else 0
         return of_row, _reduce(np.minimum, np.arange(len(of_row), dtype=np.int64), of_row, count)
     # Integer ids: a stable sort of the positions by the two keys (numpy.lexsort) puts each key's
     # rows together in input order, and a key starts where either column differs from the row
-    # before. It holds about 24 bytes a row while it runs, where Polars' dense rank of the two
-    # columns as a struct held 43 (measured on 4.3M rows: +97 against +175 MiB).
+    # before. It holds less while it runs than Polars' dense rank of the two columns as a struct
+    # (python bench/bench_compute.py --rows 2000000 --commands-only).
     keys = [projection[name].to_numpy() for name in (TRAJECTORY, GROUP)]
     order = np.lexsort(keys)  # the last key sorts first
     starts = np.zeros(len(order), dtype=bool)
@@ -181,8 +181,7 @@ def sorted_sum(projection: pl.DataFrame, trajectories: Trajectories) -> np.ndarr
 
 def count_trajectories(projection: pl.DataFrame) -> int:
     """How many distinct ``(group, trajectory)`` keys the projection holds, where no index is
-    needed: a streaming count takes about a third of the index's time (0.2–0.3 s against 0.8 s
-    on 4.3M rows)."""
+    needed: a streaming count is faster than making the index."""
     keys = projection.lazy().group_by(GROUP, TRAJECTORY).len()
     return int(keys.select(pl.len()).collect(engine="streaming").item())
 
