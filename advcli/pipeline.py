@@ -600,8 +600,8 @@ def compare(
             drop_duplicates,
         )
         settings = report_settings(dump, drop_duplicates)
-        turn, trajectory = dump.both_levels(config)
         steps = _step_order(dump, by) if by is not None else None
+        turn, trajectory = dump.both_levels(config)
         # The report needs the trajectories only: the rows (and their index) go first.
         del dump
         trajectory = trajectory.without_index()
@@ -660,7 +660,18 @@ def _step_order(dump: LoadedDump, by: str) -> tuple[pl.Series, list[Any]]:
         labels = [dump.dataset.label(i) for i in files]
         return pl.Series(steps.name, files, dtype=steps.dtype), labels
     values = steps.unique().sort()
+    if values.len() > MAX_STEPS:
+        raise AdvcliError(
+            f"{dump.dataset.describe()}: column '{by}' (--by) has {values.len():,} distinct "
+            f"values; compare --by reports at most {MAX_STEPS:,} steps (is '{by}' the training "
+            "step?)"
+        )
     return values, values.to_list()
+
+
+# The most steps compare --by reports (README, "Step files"): a column of more distinct values
+# is not a training step (a row or trajectory id, say).
+MAX_STEPS = 100_000
 
 
 def inspect(inputs: Sequence[str], names: ColumnNames = ColumnNames()) -> dict[str, Any]:
