@@ -1,0 +1,152 @@
+"""Bounds on what an option may ask for: compare --by over many steps, option values whose
+results would not be finite, SkyRL rows out of step order, and Ray's session folder."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+STEP_FIGURES = (
+    "rows",
+    "trajectories",
+    "baseline_shift_mean",
+    "advantage_diff_mean",
+    "advantage_diff_max",
+    "sign_flips",
+    "token_mean_longest_vs_shortest",
+    "level",
+)
+
+
+def folder_digest(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` by its sha256."""
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def one_error_line(result) -> str:
+    """The run's only stderr line, an ``Error:`` line, with no traceback."""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    return lines[0]
+
+
+def step_dump(steps: int, seed: int = 0) -> pl.DataFrame:
+    """``steps`` steps whose string group ids repeat in every step, trajectories of one to
+    three turns with non-round scores (their rows agree), token counts one to five."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for step in range(steps):
+        for group in range(3):
+            for rollout in range(int(rng.integers(1, 5))):
+                score = float(rng.normal()) * 0.37
+                for turn in range(int(rng.integers(1, 4))):
+                    rows.append((step * 7 % steps, f"q{group}", rollout, turn, score))
+    tokens = rng.integers(1, 6, size=len(rows))
+    return pl.DataFrame(
+        {
+            "step": [r[0] for r in rows],
+            "data_id": [r[1] for r in rows],
+            "rollout_id": [r[2] for r in rows],
+            "turn_index": [r[3] for r in rows],
+            "token_level_rewards": [
+                [0.0] * (int(n) - 1) + [r[4]] for r, n in zip(rows, tokens, strict=True)
+            ],
+            "response_mask": [[1] * int(n) for n in tokens],
+        },
+        schema_overrides={"response_mask": pl.List(pl.Int8)},
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        (),
+        ("--scale", "batch"),
+        ("--estimator", "reinforce_pp_baseline"),
+        ("--estimator", "rloo", "--singleton", "zero"),
+    ],
+    ids=["grpo", "grpo-batch", "reinforce_pp", "rloo"],
+)
+def test_by_step_figures_equal_each_step_compared_alone(run, tmp_path, options):
+    """One grouped pass gives each step the figures of its rows compared alone, exactly, also
+    for the batch-wide quantities (each step is its own batch)."""
+    frame = step_dump(5)
+    path = tmp_path / "run.parquet"
+    frame.write_parquet(path)
+    result = run(
+        "compare", path, "--by", "step", "--json", "-", "-q", "--traj-score", "mean", *options
+    )
+    assert result.exit_code == 0, result.stderr
+    series = json.loads(result.stdout)["by_step"]["steps"]
+    assert [entry["step"] for entry in series] == list(range(5))
+    for entry in series:
+        alone_path = tmp_path / f"step-{entry['step']}.parquet"
+        frame.filter(pl.col("step") == entry["step"]).write_parquet(alone_path)
+        alone = run("compare", alone_path, "--json", "-", "-q", "--traj-score", "mean", *options)
+        summary = json.loads(alone.stdout)
+        expected = {
+            "rows": summary["counts"]["rows"],
+            "trajectories": summary["counts"]["trajectories"],
+            "baseline_shift_mean": summary["groups"]["baseline_shift_mean"],
+            "advantage_diff_mean": summary["trajectories"]["advantage_diff_mean"],
+            "advantage_diff_max": summary["trajectories"]["advantage_diff_max"],
+            "sign_flips": summary["trajectories"]["sign_flips"],
+            "token_mean_longest_vs_shortest": summary["loss_weights"]["token-mean"][
+                "longest_vs_shortest"
+            ],
+            "level": summary["assessment"]["level"],
+        }
+        assert {key: entry[key] for key in STEP_FIGURES} == expected, entry["step"]
+
+
+def test_by_refuses_more_steps_than_it_reports(run, tmp_path):
+    """A --by column of 100,001 distinct values (an id, not a step) is refused, naming the
+    count and the limit, and nothing is written."""
+    count = 100_001
+    frame = pl.DataFrame(
+        {
+            "row_id": np.arange(count),
+            "data_id": np.arange(count) % 50,
+            "rollout_id": np.arange(count) // 50,
+            "score": np.linspace(0.0, 1.0, count),
+            "response_length": np.full(count, 3),
+        }
+    )
+    folder = tmp_path / "in"
+    folder.mkdir()
+    frame.write_parquet(folder / "run.parquet")
+    before = folder_digest(tmp_path)
+    result = run("compare", folder / "run.parquet", "--by", "row_id", "--json", tmp_path / "r.json")
+    assert result.exit_code == 1
+    line = one_error_line(result)
+    assert "column 'row_id' (--by) has 100,001 distinct values" in line
+    assert "at most 100,000 steps" in line and "run.parquet" in line
+    assert folder_digest(tmp_path) == before
+
+
+def test_views_list_at_most_40_steps_and_the_json_every_one(run, tmp_path):
+    frame = step_dump(45)
+    path = tmp_path / "run.parquet"
+    frame.write_parquet(path)
+    markdown = tmp_path / "r.md"
+    result = run(
+        "compare", path, "--by", "step", "--json", tmp_path / "r.json", "--markdown", markdown
+    )
+    assert result.exit_code == 0, result.stderr
+    assert len(json.loads((tmp_path / "r.json").read_text())["by_step"]["steps"]) == 45
+    table = markdown.read_text().split("## By step")[1]
+    rows = [line for line in table.splitlines() if line.startswith("|")][2:]
+    # 20 first steps, the note, 20 last: steps 0-19 and 25-44.
+    assert len(rows) == 41 and "… 5 more (by_step in the JSON)" in rows[20]
+    assert rows[19].startswith("| 19 |") and rows[21].startswith("| 25 |")
+    assert "… 5 more (by_step in the JSON)" in result.stdout
