@@ -31,8 +31,8 @@ from advcli.estimators import (
 )
 from advcli.inputs import STDIN, Dataset, open_dataset
 from advcli.inspection import inspect_dump
-from advcli.keys import GROUP, ROW, SCORE
-from advcli.loss import token_weight
+from advcli.keys import GROUP, ROW, SCORE, TOKENS
+from advcli.loss import token_weight, unwritable_weight
 from advcli.process import copy_to_stdout
 from advcli.projection import check_unique_turns, key_projection, split_padding
 from advcli.render import render_html, render_json, render_markdown, write_plot, write_text
@@ -467,9 +467,21 @@ def _loss_weights(dump: LoadedDump, mode: LossMode, scale_factor: float | None) 
                 "default the padded response length, which a list mask does not state): pass "
                 "--loss-scale-factor N"
             )
-    return dump.projection.select(
-        ROW, token_weight(mode.value, scale_factor or 1.0).alias("loss_weight")
+    weights = dump.projection.select(
+        ROW, TOKENS, token_weight(mode.value, scale_factor or 1.0).alias("loss_weight")
     )
+    bad = unwritable_weight(weights)
+    if bad is not None:
+        kind = "overflows a float32 to infinity" if abs(bad) > 1 else "underflows a float32 to 0"
+        message = f"--loss-weight {mode.value}: the rows' loss_weight ({bad:g}) {kind}"
+        if mode is LossMode.SEQ_MEAN_TOKEN_SUM_NORM:
+            message = (
+                f"--loss-scale-factor {scale_factor:g}: the rows' loss_weight 1 / (rows × "
+                f"{scale_factor:g}) = {bad:g} {kind}; pass a factor near the padded response "
+                "length"
+            )
+        raise UsageError(message)
+    return weights.drop(TOKENS)
 
 
 def _mask_needed_for(config: AdvantageConfig, fmt: OutputFormat, tokens: bool) -> str | None:

@@ -150,3 +150,67 @@ def test_views_list_at_most_40_steps_and_the_json_every_one(run, tmp_path):
     assert len(rows) == 41 and "… 5 more (by_step in the JSON)" in rows[20]
     assert rows[19].startswith("| 19 |") and rows[21].startswith("| 25 |")
     assert "… 5 more (by_step in the JSON)" in result.stdout
+
+
+def usage_error_line(result) -> str:
+    """A usage error's one ``Error:`` line (after click's usage text), exit 2, no traceback."""
+    assert result.exit_code == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    return errors[0]
+
+
+TWO_ROWS = [(0, "a", 0, 1.0, 2), (0, "b", 0, 0.0, 2)]
+
+
+@pytest.mark.parametrize(
+    ("factor", "kind"),
+    [("1e-310", "(rows × 1e-310) = inf overflows a float32 to infinity"), ("1e308", "underflows")],
+)
+def test_loss_scale_factors_whose_weights_do_not_fit_are_refused(
+    run, write_dump, tmp_path, factor, kind
+):
+    source = write_dump([*TWO_ROWS, (0, "c", 0, 0.5, 2)])
+    before = folder_digest(tmp_path)
+    result = run(
+        "compute", source, "-o", tmp_path / "out.parquet", "--loss-weight",
+        "seq-mean-token-sum-norm", "--loss-scale-factor", factor,
+    )  # fmt: skip
+    line = usage_error_line(result)
+    assert f"--loss-scale-factor {float(factor):g}" in line and kind in line
+    assert folder_digest(tmp_path) == before
+
+
+def test_a_small_loss_scale_factor_that_fits_is_written(run, write_dump, tmp_path):
+    out = tmp_path / "out.parquet"
+    result = run(
+        "compute", write_dump(TWO_ROWS), "-o", out, "--loss-weight",
+        "seq-mean-token-sum-norm", "--loss-scale-factor", "1e-30", "-q",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    # 1 / (B · H) with B = 2 rows with tokens: 5e29.
+    assert pl.read_parquet(out)["loss_weight"].to_list() == [np.float32(5e29)] * 2
+
+
+@pytest.mark.parametrize("epsilon", ["nan", "inf", "-inf"])
+def test_epsilons_that_are_not_finite_are_refused(run, write_dump, tmp_path, epsilon):
+    before = folder_digest(tmp_path)
+    result = run(
+        "compute", write_dump(TWO_ROWS), "-o", tmp_path / "o.parquet", "--epsilon", epsilon
+    )
+    line = usage_error_line(result)
+    assert "epsilon" in line
+    assert folder_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("epsilon", ["0", "-0.0", "1e-320"])
+def test_zero_negative_zero_and_subnormal_epsilons_divide_by_the_std(
+    run, write_dump, tmp_path, epsilon
+):
+    """Scores 1 and 0: mean 0.5, std sqrt(0.5); a subnormal epsilon is lost in the sum, so each
+    advantage is ±0.5 / sqrt(0.5) = ±1/sqrt(2)."""
+    out = tmp_path / "out.parquet"
+    result = run("compute", write_dump(TWO_ROWS), "-o", out, "--epsilon", epsilon, "-q")
+    assert result.exit_code == 0, result.stderr
+    half = np.float32(0.5 / np.sqrt(0.5))
+    assert pl.read_parquet(out)["advantage"].to_list() == [half, -half]
