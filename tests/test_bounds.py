@@ -194,10 +194,9 @@ def test_a_small_loss_scale_factor_that_fits_is_written(run, write_dump, tmp_pat
 
 @pytest.mark.parametrize("epsilon", ["nan", "inf", "-inf"])
 def test_epsilons_that_are_not_finite_are_refused(run, write_dump, tmp_path, epsilon):
+    source = write_dump(TWO_ROWS)
     before = folder_digest(tmp_path)
-    result = run(
-        "compute", write_dump(TWO_ROWS), "-o", tmp_path / "o.parquet", "--epsilon", epsilon
-    )
+    result = run("compute", source, "-o", tmp_path / "o.parquet", "--epsilon", epsilon)
     line = usage_error_line(result)
     assert "epsilon" in line
     assert folder_digest(tmp_path) == before
