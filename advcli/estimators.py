@@ -137,7 +137,13 @@ def build_units(
     order = projection[TURN].to_numpy() if TURN in projection.columns else None
     rule = config.traj_score
     table = trajectories.table
-    if rule is TrajScore.LAST:
+    flagged = LAST_STEP in projection.columns
+    if rule is TrajScore.LAST and flagged:
+        # The flagged row is the last step whatever the rows' order (SkyRL's own rule).
+        score = projection[SCORE].gather(
+            _last_step_positions(projection, trajectories, naming, in_row_order=False)
+        )
+    elif rule is TrajScore.LAST:
         score = projection[SCORE].gather(trajectories.last_position(order))
     elif rule is TrajScore.MAX:
         score = table["score_max"]
@@ -150,45 +156,74 @@ def build_units(
             # of them stays zero-std.
             agree = table["score_min"] == table["score_max"]
             score = pl.select(pl.when(agree).then(table["score_min"]).otherwise(score)).to_series()
-    elif rule is None and LAST_STEP in projection.columns:
+    elif rule is None and flagged:
         score = projection[SCORE].gather(_last_step_positions(projection, trajectories, naming))
     else:  # the first turn's score: rule "first", or rows that agree (checked below)
+        if rule is TrajScore.FIRST and flagged and order is None:
+            # Without a turn column "first" is the first row: the rows must be in step order,
+            # which the flag on each trajectory's last row shows.
+            _last_step_positions(projection, trajectories, naming, rule="--traj-score first")
         score = projection[SCORE].gather(trajectories.first_position(order))
     units = table.with_columns(score.alias(SCORE))
-    if rule is None and LAST_STEP not in projection.columns:
+    if rule is None and not flagged:
         _check_consistent_scores(projection, units, naming)
     return units.select(GROUP, TRAJECTORY, SCORE, TOKENS, "turns", "first_row")
 
 
 def _last_step_positions(
-    projection: pl.DataFrame, trajectories: Trajectories, naming: Naming
+    projection: pl.DataFrame,
+    trajectories: Trajectories,
+    naming: Naming,
+    *,
+    in_row_order: bool = True,
+    rule: str = "",
 ) -> np.ndarray:
     """The projection position of each trajectory's last-step row, SkyRL's score rule: its
     step-wise advantage runs the estimator on the last-step rows only and broadcasts the result
-    to the trajectory's other steps. Each trajectory must have exactly one such row, its last in
-    row order (SkyRL's steps of a trajectory are contiguous, the flagged one last)."""
+    to the trajectory's other steps. Each trajectory must have exactly one such row and, with
+    ``in_row_order``, it must be its last in row order (SkyRL's steps of a trajectory are
+    contiguous, the flagged one last). ``rule``: the option that relies on that order, for the
+    error message."""
     flagged = projection[LAST_STEP].to_numpy()
     last = trajectories.last_position()
     flags = np.bincount(trajectories.of_row, weights=flagged, minlength=trajectories.count)
-    broken = np.flatnonzero((flags != 1) | ~flagged[last])
+    broken = flags != 1
+    if in_row_order:
+        broken |= ~flagged[last]
+    broken = np.flatnonzero(broken)
     if not len(broken):
-        return last
+        if in_row_order:
+            return last
+        positions = np.flatnonzero(flagged)
+        out = np.empty(trajectories.count, dtype=np.int64)
+        out[trajectories.of_row[positions]] = positions
+        return out
     trajectory = int(broken[0])  # the trajectories are in input order
     positions = np.flatnonzero(trajectories.of_row == trajectory)
     key = trajectories.table.row(trajectory, named=True)
     named = f"trajectory ({naming.group}={key[GROUP]!r}, {naming.trajectory}={key[TRAJECTORY]!r})"
     rows = projection[ROW]
+    relies = f"; {rule} takes its first row, which needs its steps in row order" if rule else ""
+    other_rules = " (or choose a rule with --traj-score first|last|mean|max|sum)"
+    if not in_row_order:
+        count = int(flags[trajectory])
+        where = positions[flagged[positions]][1] if count > 1 else last[trajectory]
+        raise AdvcliError(
+            f"{naming.locate(rows[int(where)])}: {named} has {count} rows flagged "
+            "'is_last_step'; SkyRL flags exactly one, a trajectory's last step, whose reward "
+            "--traj-score last takes"
+        )
     early = positions[flagged[positions] & (positions != last[trajectory])]
     if len(early):
         raise AdvcliError(
             f"{naming.locate(rows[int(early[0])])}: {named} has a row flagged 'is_last_step' "
             f"before its last row ({naming.locate(rows[int(last[trajectory])])}); SkyRL flags only "
-            "a trajectory's last step, whose reward is the trajectory's score"
+            f"a trajectory's last step, whose reward is the trajectory's score{relies}"
         )
     raise AdvcliError(
         f"{naming.locate(rows[int(last[trajectory])])}: {named} ends at this row, which is not "
         "flagged 'is_last_step'; SkyRL flags a trajectory's last step, whose reward is the "
-        "trajectory's score (or choose a rule with --traj-score first|last|mean|max|sum)"
+        f"trajectory's score{relies or other_rules}"
     )
 
 

@@ -213,3 +213,88 @@ def test_zero_negative_zero_and_subnormal_epsilons_divide_by_the_std(
     assert result.exit_code == 0, result.stderr
     half = np.float32(0.5 / np.sqrt(0.5))
     assert pl.read_parquet(out)["advantage"].to_list() == [half, -half]
+
+
+def skyrl_rows(steps: list[tuple[str, float, bool]]) -> pl.DataFrame:
+    """SkyRL step-wise rows of one group '7', in the order given: (trajectory id, the step's
+    reward, is_last_step); the reward on the last of two trainable tokens."""
+    return pl.DataFrame(
+        {
+            "uids": ["7"] * len(steps),
+            "trajectory_ids": [f"7_{t}" for t, _, _ in steps],
+            "rewards": [[0.0, reward] for _, reward, _ in steps],
+            "loss_mask": [[1.0, 1.0]] * len(steps),
+            "response_mask": [[1, 1]] * len(steps),
+            "is_last_step": [last for _, _, last in steps],
+        }
+    )
+
+
+# Trajectory 0's last step (reward 1.0, flagged) sits between its other two steps.
+OUT_OF_ORDER = [("0", 0.25, False), ("0", 1.0, True), ("0", 0.0, False), ("1", 0.0, False)]
+OUT_OF_ORDER.append(("1", 0.0, True))
+
+
+def test_traj_score_last_takes_the_flagged_step_whatever_the_row_order(run, tmp_path):
+    """Scores 1.0 (the flagged step, not the last row's 0.0) and 0.0: ±0.5 / (sqrt(0.5) + 1e-6)."""
+    source, out = tmp_path / "steps.parquet", tmp_path / "out.parquet"
+    skyrl_rows(OUT_OF_ORDER).write_parquet(source)
+    result = run("compute", source, "-o", out, "--traj-score", "last", "--no-tokens", "-q")
+    assert result.exit_code == 0, result.stderr
+    advantage = np.float32(0.5 / (np.sqrt(0.5) + 1e-6))
+    assert pl.read_parquet(out)["advantage"].to_list() == [advantage] * 3 + [-advantage] * 2
+
+
+@pytest.mark.parametrize(
+    ("steps", "options", "expected"),
+    [
+        (
+            OUT_OF_ORDER,
+            ("--traj-score", "first"),
+            "row 1: trajectory (uids='7', trajectory_ids='7_0') has a row flagged 'is_last_step' "
+            "before its last row",
+        ),
+        (
+            [("0", 0.0, True), ("0", 1.0, True), ("1", 0.0, True)],
+            ("--traj-score", "last"),
+            "row 1: trajectory (uids='7', trajectory_ids='7_0') has 2 rows flagged 'is_last_step'",
+        ),
+        (
+            [("0", 0.0, False), ("0", 1.0, False), ("1", 0.0, True)],
+            ("--traj-score", "last"),
+            "row 1: trajectory (uids='7', trajectory_ids='7_0') has 0 rows flagged 'is_last_step'",
+        ),
+    ],
+    ids=["first-out-of-order", "last-two-flags", "last-no-flag"],
+)
+def test_skyrl_rules_that_rely_on_the_step_order_check_it(run, tmp_path, steps, options, expected):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    skyrl_rows(steps).write_parquet(folder / "steps.parquet")
+    before = folder_digest(tmp_path)
+    for command in ("compute", "compare"):
+        output = (
+            ("-o", tmp_path / "out.parquet")
+            if command == "compute"
+            else ("--json", tmp_path / "r.json")
+        )
+        result = run(command, folder / "steps.parquet", *output, *options)
+        assert result.exit_code == 1, result.stderr
+        line = one_error_line(result)
+        assert f"steps.parquet {expected}" in line
+        if options[1] == "first":
+            assert (
+                "--traj-score first takes its first row, which needs its steps in row order" in line
+            )
+    assert folder_digest(tmp_path) == before
+
+
+def test_traj_score_first_on_skyrl_rows_in_step_order(run, tmp_path):
+    """Rows in order: first steps' rewards 0.25 and 0.0, ±0.125 / (sqrt(0.03125) + 1e-6)."""
+    in_order = [OUT_OF_ORDER[i] for i in (0, 2, 1, 3, 4)]
+    source, out = tmp_path / "steps.parquet", tmp_path / "out.parquet"
+    skyrl_rows(in_order).write_parquet(source)
+    result = run("compute", source, "-o", out, "--traj-score", "first", "--no-tokens", "-q")
+    assert result.exit_code == 0, result.stderr
+    advantage = np.float32(0.125 / (np.sqrt(0.03125) + 1e-6))
+    assert pl.read_parquet(out)["advantage"].to_list() == [advantage] * 3 + [-advantage] * 2
