@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -298,3 +303,49 @@ def test_traj_score_first_on_skyrl_rows_in_step_order(run, tmp_path):
     assert result.exit_code == 0, result.stderr
     advantage = np.float32(0.125 / (np.sqrt(0.03125) + 1e-6))
     assert pl.read_parquet(out)["advantage"].to_list() == [advantage] * 3 + [-advantage] * 2
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_local_ray_cluster_leaves_no_session_folder(tmp_path):
+    """advcli's own local cluster keeps its session files in a folder advcli made under TMPDIR
+    (short: Ray's socket paths are limited), which is gone after a run that succeeds and after
+    one that fails once the cluster is up."""
+    pytest.importorskip("ray")
+    temporary = Path(tempfile.mkdtemp(prefix="advcli-t-", dir="/tmp"))
+    try:
+        environment = {**os.environ, "TMPDIR": str(temporary)}
+        environment.pop("RAY_ADDRESS", None)
+        good = tmp_path / "good.jsonl"
+        good.write_text(
+            '{"data_id": 0, "rollout_id": "a", "score": 1.0, "response_length": 2}\n'
+            '{"data_id": 0, "rollout_id": "b", "score": 0.0, "response_length": 2}\n'
+        )
+        source = tmp_path / "good.parquet"
+        pl.read_ndjson(good).write_parquet(source)
+        runs = [
+            ((source, "-o", tmp_path / "out", "--no-tokens", "-q"), 0),
+            # Refused once the cluster is up: the engine reads Parquet only.
+            ((good, "-o", tmp_path / "out2", "--no-tokens", "-q"), 1),
+        ]
+        for arguments, code in runs:
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "advcli",
+                    "compute",
+                    *map(str, arguments),
+                    "--engine",
+                    "ray",
+                ],
+                env=environment,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert result.returncode == code, result.stderr
+            assert list(temporary.iterdir()) == [], list(temporary.rglob("*"))[:5]
+        assert "--engine ray reads Parquet inputs" in result.stderr
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
