@@ -11,7 +11,6 @@ Every numeric rule is stated where it is applied; the README's table lists them 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -138,7 +137,13 @@ def build_units(
     order = projection[TURN].to_numpy() if TURN in projection.columns else None
     rule = config.traj_score
     table = trajectories.table
-    if rule is TrajScore.LAST:
+    flagged = LAST_STEP in projection.columns
+    if rule is TrajScore.LAST and flagged:
+        # The flagged row is the last step whatever the rows' order (SkyRL's own rule).
+        score = projection[SCORE].gather(
+            _last_step_positions(projection, trajectories, naming, in_row_order=False)
+        )
+    elif rule is TrajScore.LAST:
         score = projection[SCORE].gather(trajectories.last_position(order))
     elif rule is TrajScore.MAX:
         score = table["score_max"]
@@ -151,45 +156,74 @@ def build_units(
             # of them stays zero-std.
             agree = table["score_min"] == table["score_max"]
             score = pl.select(pl.when(agree).then(table["score_min"]).otherwise(score)).to_series()
-    elif rule is None and LAST_STEP in projection.columns:
+    elif rule is None and flagged:
         score = projection[SCORE].gather(_last_step_positions(projection, trajectories, naming))
     else:  # the first turn's score: rule "first", or rows that agree (checked below)
+        if rule is TrajScore.FIRST and flagged and order is None:
+            # Without a turn column "first" is the first row: the rows must be in step order,
+            # which the flag on each trajectory's last row shows.
+            _last_step_positions(projection, trajectories, naming, rule="--traj-score first")
         score = projection[SCORE].gather(trajectories.first_position(order))
     units = table.with_columns(score.alias(SCORE))
-    if rule is None and LAST_STEP not in projection.columns:
+    if rule is None and not flagged:
         _check_consistent_scores(projection, units, naming)
     return units.select(GROUP, TRAJECTORY, SCORE, TOKENS, "turns", "first_row")
 
 
 def _last_step_positions(
-    projection: pl.DataFrame, trajectories: Trajectories, naming: Naming
+    projection: pl.DataFrame,
+    trajectories: Trajectories,
+    naming: Naming,
+    *,
+    in_row_order: bool = True,
+    rule: str = "",
 ) -> np.ndarray:
     """The projection position of each trajectory's last-step row, SkyRL's score rule: its
     step-wise advantage runs the estimator on the last-step rows only and broadcasts the result
-    to the trajectory's other steps. Each trajectory must have exactly one such row, its last in
-    row order (SkyRL's steps of a trajectory are contiguous, the flagged one last)."""
+    to the trajectory's other steps. Each trajectory must have exactly one such row and, with
+    ``in_row_order``, it must be its last in row order (SkyRL's steps of a trajectory are
+    contiguous, the flagged one last). ``rule``: the option that relies on that order, for the
+    error message."""
     flagged = projection[LAST_STEP].to_numpy()
     last = trajectories.last_position()
     flags = np.bincount(trajectories.of_row, weights=flagged, minlength=trajectories.count)
-    broken = np.flatnonzero((flags != 1) | ~flagged[last])
+    broken = flags != 1
+    if in_row_order:
+        broken |= ~flagged[last]
+    broken = np.flatnonzero(broken)
     if not len(broken):
-        return last
+        if in_row_order:
+            return last
+        positions = np.flatnonzero(flagged)
+        out = np.empty(trajectories.count, dtype=np.int64)
+        out[trajectories.of_row[positions]] = positions
+        return out
     trajectory = int(broken[0])  # the trajectories are in input order
     positions = np.flatnonzero(trajectories.of_row == trajectory)
     key = trajectories.table.row(trajectory, named=True)
     named = f"trajectory ({naming.group}={key[GROUP]!r}, {naming.trajectory}={key[TRAJECTORY]!r})"
     rows = projection[ROW]
+    relies = f"; {rule} takes its first row, which needs its steps in row order" if rule else ""
+    other_rules = " (or choose a rule with --traj-score first|last|mean|max|sum)"
+    if not in_row_order:
+        count = int(flags[trajectory])
+        where = positions[flagged[positions]][1] if count > 1 else last[trajectory]
+        raise AdvcliError(
+            f"{naming.locate(rows[int(where)])}: {named} has {count} rows flagged "
+            "'is_last_step'; SkyRL flags exactly one, a trajectory's last step, whose reward "
+            "--traj-score last takes"
+        )
     early = positions[flagged[positions] & (positions != last[trajectory])]
     if len(early):
         raise AdvcliError(
             f"{naming.locate(rows[int(early[0])])}: {named} has a row flagged 'is_last_step' "
             f"before its last row ({naming.locate(rows[int(last[trajectory])])}); SkyRL flags only "
-            "a trajectory's last step, whose reward is the trajectory's score"
+            f"a trajectory's last step, whose reward is the trajectory's score{relies}"
         )
     raise AdvcliError(
         f"{naming.locate(rows[int(last[trajectory])])}: {named} ends at this row, which is not "
         "flagged 'is_last_step'; SkyRL flags a trajectory's last step, whose reward is the "
-        "trajectory's score (or choose a rule with --traj-score first|last|mean|max|sum)"
+        f"trajectory's score{relies or other_rules}"
     )
 
 
@@ -272,10 +306,18 @@ def _group_figures(units: pl.DataFrame) -> pl.DataFrame:
     # Sorting by (group, score, tokens) first fixes the order in which each group's floats are
     # summed, so the statistics are bit-identical whatever the input files' order or the thread
     # count.
+    in_order = units.sort(GROUP, SCORE, TOKENS)
+    key, keyed = GROUP, []
+    if isinstance(units.schema[GROUP], pl.Struct):
+        # The (step, group) keys of --by: Polars sums a sorted struct key's groups another way
+        # than a sorted integer or string key's; grouped by the run number of the sorted key,
+        # each group's figures are those of its step compared alone, bit for bit.
+        in_order = in_order.with_columns(pl.col(GROUP).rle_id().set_sorted().alias(RUN))
+        key, keyed = RUN, [pl.col(GROUP).first()]
     return (
-        units.sort(GROUP, SCORE, TOKENS)
-        .group_by(GROUP)
+        in_order.group_by(key)
         .agg(
+            *keyed,
             pl.len().alias("units"),
             pl.col(SCORE).mean().alias("mean"),
             pl.col(SCORE).std(ddof=STD_DDOF).alias("std"),
@@ -287,19 +329,47 @@ def _group_figures(units: pl.DataFrame) -> pl.DataFrame:
             (pl.col(TOKENS) * pl.col(SCORE)).sum().alias("tokens_score_sum"),
             pl.col("first_row").min().alias("first_row"),
         )
+        .select(pl.exclude(RUN))
     )
 
 
-def _batch_std(units: pl.DataFrame) -> float:
-    """The std (ddof=1) of every unit's score in the input: the divisor of ``--scale batch``.
+# The run number of a sorted struct group key, while _group_figures runs.
+RUN = "__run"
 
-    A single unit has std 1 (as a singleton group); identical scores have std 0."""
-    scores = units[SCORE].sort()  # a fixed summation order, as in group_statistics
-    if scores.len() == 1:
-        return SINGLETON_STD
-    if scores.min() == scores.max():
-        return 0.0
-    return float(scores.std(ddof=STD_DDOF))  # type: ignore[arg-type]
+
+def _batch_stds(units: pl.DataFrame, batch: str | None) -> pl.DataFrame:
+    """The std (ddof=1) of every unit's score in each batch: the divisor of ``--scale batch``.
+    One row per batch, ``__batch`` and ``batch_std``; one batch (key 0) when ``batch`` is None.
+
+    A single unit has std 1 (as a singleton group); identical scores have std 0. The scores are
+    sorted first (a fixed summation order, as in group_statistics), and the key is flagged
+    sorted, so that each batch's std is that of its scores as one Series, bit for bit."""
+    return (
+        units.select(_batch_key(batch), SCORE)
+        .sort(BATCH, SCORE)
+        .with_columns(pl.col(BATCH).set_sorted())
+        .group_by(BATCH, maintain_order=True)
+        .agg(
+            pl.when(pl.len() == 1)
+            .then(SINGLETON_STD)
+            .when(pl.col(SCORE).min() == pl.col(SCORE).max())
+            .then(0.0)
+            .otherwise(pl.col(SCORE).std(ddof=STD_DDOF))
+            .alias("batch_std")
+        )
+    )
+
+
+# The column naming each unit's (or row's) batch while batch-wide quantities are computed.
+BATCH = "__batch"
+
+
+def _batch_key(batch: str | None) -> pl.Expr:
+    """Each unit's batch: field ``batch`` of its group key (``--by``: each step is its own batch),
+    or one batch for the whole input."""
+    if batch is None:
+        return pl.lit(0, dtype=pl.UInt8).alias(BATCH)
+    return pl.col(GROUP).struct.field(batch).alias(BATCH)
 
 
 def _baseline(rule: EstimatorRule) -> pl.Expr:
@@ -320,11 +390,11 @@ def _baseline(rule: EstimatorRule) -> pl.Expr:
     return pl.col("mean")
 
 
-def _divisor(config: AdvantageConfig, batch_std: float) -> pl.Expr:
+def _divisor(config: AdvantageConfig) -> pl.Expr:
     """What a centred score is divided by before epsilon (1 when the estimator does not divide)."""
     return {
         Scale.GROUP: pl.col("std"),
-        Scale.BATCH: pl.lit(batch_std),
+        Scale.BATCH: pl.col("batch_std"),
         Scale.NONE: pl.lit(1.0),
     }[config.effective_scale]
 
@@ -344,7 +414,7 @@ def _unit_advantage(rule: EstimatorRule, config: AdvantageConfig) -> pl.Expr:
     return pl.when(centred == 0).then(0.0).otherwise(centred / (pl.col("divisor") + config.epsilon))
 
 
-def _singleton_advantage(rule: EstimatorRule, config: AdvantageConfig, batch_std: float) -> pl.Expr:
+def _singleton_advantage(rule: EstimatorRule, config: AdvantageConfig) -> pl.Expr:
     """A single-unit group's advantage: with ``--singleton raw`` the unit keeps its score, as
     (s − SINGLETON_MEAN) / (std + ε) when the estimator divides, the std being SINGLETON_STD
     with the group scale and the batch std, which every other unit shares, with ``--scale
@@ -355,8 +425,13 @@ def _singleton_advantage(rule: EstimatorRule, config: AdvantageConfig, batch_std
     centred = pl.col(SCORE) - SINGLETON_MEAN
     if config.effective_scale is Scale.NONE:
         return centred
-    std = batch_std if config.effective_scale is Scale.BATCH and batch_std else SINGLETON_STD
-    return centred / (std + config.epsilon)
+    if config.effective_scale is Scale.BATCH:
+        batch_std = pl.col("batch_std")
+        std = pl.when(batch_std != 0).then(batch_std).otherwise(SINGLETON_STD)
+        # Times the reciprocal: what Polars makes of a division by a constant, so one batch's
+        # numbers are the same whether its std is a constant or a column of one per batch.
+        return centred * (1.0 / (std + config.epsilon))
+    return centred / (SINGLETON_STD + config.epsilon)
 
 
 def compute_advantages(
@@ -364,9 +439,14 @@ def compute_advantages(
     config: AdvantageConfig,
     naming: Naming | None = None,
     trajectories: Trajectories | None = None,
+    batch: str | None = None,
 ) -> Advantages:
     """Stage 2: the key projection in, per-unit and per-group advantages out (and each row's,
-    through :meth:`Advantages.rows`). ``trajectories``: the projection's index, if already made."""
+    through :meth:`Advantages.rows`). ``trajectories``: the projection's index, if already made.
+
+    ``batch``: a field of the projection's (struct) group key whose each value is its own batch
+    (``--by``: the step), for the batch-wide quantities (``--scale batch``, REINFORCE++
+    whitening); by default the whole input is one batch."""
     naming = naming or Naming()
     if config.level is Level.TRAJECTORY:
         trajectories = trajectories or index_trajectories(projection)
@@ -374,7 +454,12 @@ def compute_advantages(
         trajectories = None
     units = build_units(projection, config, naming, trajectories)
     stats = group_statistics(units)
-    batch_std = _batch_std(units) if config.effective_scale is Scale.BATCH else 1.0
+    by_batch = config.effective_scale is Scale.BATCH
+    if by_batch:
+        stats = stats.with_columns(_batch_key(batch)).join(
+            _batch_stds(units, batch), on=BATCH, how="left", maintain_order="left"
+        )
+    batch_columns = ["batch_std"] if by_batch else []
 
     rule = RULES[config.estimator]
     singleton = pl.col("units") == 1
@@ -383,11 +468,9 @@ def compute_advantages(
         pl.col("units"),
         pl.col("top_row"),
         pl.when(singleton).then(SINGLETON_MEAN).otherwise(_baseline(rule)).alias("baseline"),
-        pl.when(singleton)
-        .then(SINGLETON_STD)
-        .otherwise(_divisor(config, batch_std))
-        .alias("divisor"),
+        pl.when(singleton).then(SINGLETON_STD).otherwise(_divisor(config)).alias("divisor"),
         pl.col("zero_std"),
+        *batch_columns,
     )
     # Streaming, and only the advantage comes out: the group columns are never copied out to
     # every unit (at turn level, every row).
@@ -395,14 +478,14 @@ def compute_advantages(
         units.lazy()
         .select(GROUP, SCORE, "first_row")
         .join(
-            groups.lazy().select(GROUP, "units", "top_row", "baseline", "divisor"),
+            groups.lazy().select(GROUP, "units", "top_row", "baseline", "divisor", *batch_columns),
             on=GROUP,
             how="left",
             maintain_order="left",
         )
         .select(
             pl.when(singleton)
-            .then(_singleton_advantage(rule, config, batch_std))
+            .then(_singleton_advantage(rule, config))
             .otherwise(_unit_advantage(rule, config))
             .alias("advantage")
         )
@@ -412,22 +495,28 @@ def compute_advantages(
     units = units.with_columns(advantage)
     if rule.whitens:
         if trajectories is None:  # turn level: the units are the rows
-            rows = units.select("advantage", TOKENS)
+            rows = units.select("advantage", TOKENS, _batch_key(batch))
         else:
-            rows = pl.DataFrame(
-                [units["advantage"].gather(pl.Series(trajectories.of_row)), projection[TOKENS]]
+            rows = projection.select(TOKENS, _batch_key(batch)).with_columns(
+                units["advantage"].gather(pl.Series(trajectories.of_row))
             )
-        mean, scale = _token_whitening(rows)
+        whitening = _token_whitening(rows, batch)
         del rows
-        whitened = (pl.col("advantage") - mean) / scale
+        units = units.with_columns(_batch_key(batch)).join(
+            whitening, on=BATCH, how="left", maintain_order="left"
+        )
+        # Times the reciprocal, as for --scale batch's singletons (_singleton_advantage).
+        whitened = (pl.col("advantage") - pl.col("whiten_mean")) * (1.0 / pl.col("whiten_scale"))
         # verl multiplies the whitened values by the mask: a row without response tokens gets 0
         # (at turn level the units are the rows; at trajectory level Advantages.rows does it).
         if trajectories is None:
             whitened = pl.when(pl.col(TOKENS) > 0).then(whitened).otherwise(0.0)
-        units = units.with_columns(whitened.alias("advantage"))
+        units = units.with_columns(whitened.alias("advantage")).drop(
+            BATCH, "whiten_mean", "whiten_scale"
+        )
     masked_rows = (projection, trajectories) if rule.whitens and trajectories is not None else None
     _check_finite(units, naming, masked_rows)
-    groups = groups.rename({"divisor": "std"}).drop("top_row")
+    groups = groups.rename({"divisor": "std"}).drop("top_row", *batch_columns)
     return Advantages(
         level=config.level,
         units=units,
@@ -472,24 +561,47 @@ def _check_finite(
         )
 
 
-def _token_whitening(rows: pl.DataFrame) -> tuple[float, float]:
-    """REINFORCE++ whitening over every response token of the input: (μ, sqrt(σ² + 1e-8)).
+def _token_whitening(rows: pl.DataFrame, batch: str | None) -> pl.DataFrame:
+    """REINFORCE++ whitening over every response token of each batch (``rows``' ``__batch``):
+    one row per batch with ``whiten_mean`` μ and ``whiten_scale`` sqrt(σ² + 1e-8).
 
     Every token of a row carries the row's value x, so with T = Σ tokens the token mean is
     μ = Σ tokens·x / T and the unbiased token variance σ² = Σ tokens·(x − μ)² / (T − 1);
     x becomes (x − μ) / sqrt(σ² + 1e-8), as verl's masked_whiten.
     """
-    total = int(rows[TOKENS].sum())
-    if total < 2:
+    weight = pl.col(TOKENS).cast(pl.Float64)
+    # Summed in a fixed order (sorted values), so the result does not depend on the row order;
+    # the batch key flagged sorted, so each batch's sums are those of its rows alone.
+    in_order = (
+        rows.select(BATCH, "advantage", TOKENS)
+        .sort(BATCH, "advantage", TOKENS)
+        .with_columns(pl.col(BATCH).set_sorted())
+    )
+    totals = in_order.group_by(BATCH, maintain_order=True).agg(
+        pl.col(TOKENS).sum().alias("total"),
+        (weight * pl.col("advantage")).sum().alias("weighted"),
+    )
+    short = totals.filter(pl.col("total") < 2)
+    if not short.is_empty():
+        total = short["total"][0]
+        where = "the input" if batch is None else f"{batch} {short[BATCH][0]!r} (--by)"
         raise AdvcliError(
             f"reinforce_pp_baseline whitens over response tokens and needs at least 2; "
-            f"the input has {total}"
+            f"{where} has {total}"
         )
-    weight = pl.col(TOKENS).cast(pl.Float64)
-    # Summed in a fixed order (sorted values), so the result does not depend on the row order.
-    in_order = rows.select("advantage", TOKENS).sort("advantage", TOKENS)
-    mean = in_order.select((weight * pl.col("advantage")).sum()).item() / total
-    variance = in_order.select((weight * (pl.col("advantage") - mean) ** 2).sum()).item() / (
-        total - 1
+    means = totals.select(BATCH, "total", (pl.col("weighted") / pl.col("total")).alias("mean"))
+    return (
+        in_order.join(means, on=BATCH, how="left", maintain_order="left")
+        .with_columns(pl.col(BATCH).set_sorted())
+        .group_by(BATCH, maintain_order=True)
+        .agg(
+            pl.col("mean").first().alias("whiten_mean"),
+            (
+                (weight * (pl.col("advantage") - pl.col("mean")) ** 2).sum()
+                / (pl.col("total").first() - 1)
+                + WHITEN_EPSILON
+            )
+            .sqrt()
+            .alias("whiten_scale"),
+        )
     )
-    return mean, math.sqrt(variance + WHITEN_EPSILON)

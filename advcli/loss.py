@@ -107,3 +107,12 @@ def trajectory_weight(
     if constant is None:
         raise ValueError(f"unknown loss mode {mode!r}; one of {', '.join(LOSS_MODES)}")
     return tokens / constant, tokens_advantage / constant
+
+
+def unwritable_weight(weights: pl.DataFrame) -> float | None:
+    """The first ``loss_weight`` of a row with tokens (``weights``: ``loss_weight`` and
+    ``tokens``) that its float32 column would hold as 0 or infinity, if any: a weight that
+    overflows or underflows is a wrong answer, not a weight."""
+    as_written = pl.col("loss_weight").cast(pl.Float32)
+    bad = (pl.col(TOKENS) > 0) & (~as_written.is_finite() | (as_written == 0))
+    return weights.select(pl.col("loss_weight").filter(bad).first()).item()

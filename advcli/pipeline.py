@@ -31,12 +31,12 @@ from advcli.estimators import (
 )
 from advcli.inputs import STDIN, Dataset, open_dataset
 from advcli.inspection import inspect_dump
-from advcli.keys import GROUP, ROW, SCORE
-from advcli.loss import token_weight
+from advcli.keys import GROUP, ROW, SCORE, TOKENS
+from advcli.loss import token_weight, unwritable_weight
 from advcli.process import copy_to_stdout
 from advcli.projection import check_unique_turns, key_projection, split_padding
 from advcli.render import render_html, render_json, render_markdown, write_plot, write_text
-from advcli.report import BiasReport, TurnLevel, bias_report, empty_step, step_figures, turn_level
+from advcli.report import BiasReport, TurnLevel, bias_report, by_step, turn_level
 from advcli.roles import read_roles
 from advcli.rules import RULES
 from advcli.scan import release_freed_memory
@@ -80,7 +80,9 @@ class LoadedDump:
             _turn_hint(self.columns),
         )
         trajectories = self.trajectories if config.level is Level.TRAJECTORY else None
-        return compute_advantages(self.projection, config, naming, trajectories)
+        # With --by each step is its own batch, for the batch-wide quantities too.
+        batch = self.steps.name if self.steps is not None else None
+        return compute_advantages(self.projection, config, naming, trajectories, batch)
 
     def trajectory_count(self) -> int:
         """How many trajectories the dump holds: the index's count when it was made anyway (at
@@ -465,9 +467,21 @@ def _loss_weights(dump: LoadedDump, mode: LossMode, scale_factor: float | None) 
                 "default the padded response length, which a list mask does not state): pass "
                 "--loss-scale-factor N"
             )
-    return dump.projection.select(
-        ROW, token_weight(mode.value, scale_factor or 1.0).alias("loss_weight")
+    weights = dump.projection.select(
+        ROW, TOKENS, token_weight(mode.value, scale_factor or 1.0).alias("loss_weight")
     )
+    bad = unwritable_weight(weights)
+    if bad is not None:
+        kind = "overflows a float32 to infinity" if abs(bad) > 1 else "underflows a float32 to 0"
+        message = f"--loss-weight {mode.value}: the rows' loss_weight ({bad:g}) {kind}"
+        if mode is LossMode.SEQ_MEAN_TOKEN_SUM_NORM:
+            message = (
+                f"--loss-scale-factor {scale_factor:g}: the rows' loss_weight 1 / (rows × "
+                f"{scale_factor:g}) = {bad:g} {kind}; pass a factor near the padded response "
+                "length"
+            )
+        raise UsageError(message)
+    return weights.drop(TOKENS)
 
 
 def _mask_needed_for(config: AdvantageConfig, fmt: OutputFormat, tokens: bool) -> str | None:
@@ -598,15 +612,19 @@ def compare(
             drop_duplicates,
         )
         settings = report_settings(dump, drop_duplicates)
+        steps = _step_order(dump, by) if by is not None else None
         turn, trajectory = dump.both_levels(config)
-        steps = _by_step(dump, config, by, top) if by is not None else None
         # The report needs the trajectories only: the rows (and their index) go first.
         del dump
         trajectory = trajectory.without_index()
         release_freed_memory()
         report = bias_report(turn, trajectory, config=config, settings=settings, top=top)
         if steps is not None:
-            report.summary["by_step"] = {"by": by, "steps": steps}
+            values, labels = steps
+            report.summary["by_step"] = {
+                "by": by,
+                "steps": by_step(report, values.name, values, labels),
+            }
         report.summary["duplicate_rows"] = duplicates.report(dataset.locate)
     writers: list[tuple[Path | None, Callable[[Path], None]]] = [
         (files.json, lambda path: write_text(path, render_json(report), force=force)),
@@ -644,35 +662,28 @@ def _check_by(dataset: Dataset, by: str) -> None:
         )
 
 
-def _by_step(dump: LoadedDump, config: AdvantageConfig, by: str, top: int) -> list[dict[str, Any]]:
-    """The report's headline figures for each input file, or each value of column ``by``, in
-    order (files as given, values sorted): each part compared alone."""
-    dataset, steps = dump.dataset, dump.steps
+def _step_order(dump: LoadedDump, by: str) -> tuple[pl.Series, list[Any]]:
+    """The steps of ``compare --by``'s series in order, and how the report names each: every
+    input file as given (one without rows too), by its label, or the column's values sorted."""
+    steps = dump.steps
     assert steps is not None
     if by == "file":
-        # Every file has its place in the series, one without rows too, named by its label.
-        names: dict[Any, Any] = {i: dataset.label(i) for i in range(len(dataset.files))}
-    else:
-        names = {value: value for value in sorted(steps.unique().to_list())}
-    # Each part with its own group ids, not the (step, group) pairs: its figures are then those
-    # of the part compared alone, bit for bit.
-    rows = dump.projection.with_columns(
-        steps.gather(dump.projection[ROW]).alias("__step"), pl.col(GROUP).struct.field("group")
-    )
-    series = []
-    for value, name in names.items():
-        part = LoadedDump(
-            dataset, dump.columns, rows.filter(pl.col("__step") == value).drop("__step")
+        files = range(len(dump.dataset.files))
+        labels = [dump.dataset.label(i) for i in files]
+        return pl.Series(steps.name, files, dtype=steps.dtype), labels
+    values = steps.unique().sort()
+    if values.len() > MAX_STEPS:
+        raise AdvcliError(
+            f"{dump.dataset.describe()}: column '{by}' (--by) has {values.len():,} distinct "
+            f"values; compare --by reports at most {MAX_STEPS:,} steps (is '{by}' the training "
+            "step?)"
         )
-        if part.projection.is_empty():
-            series.append(empty_step(name))
-            continue
-        turn, trajectory = part.both_levels(config)
-        step_report = bias_report(
-            turn, trajectory, config=config, settings=part.report_settings(), top=top
-        )
-        series.append(step_figures(name, step_report.summary))
-    return series
+    return values, values.to_list()
+
+
+# The most steps compare --by reports (README, "Step files"): a column of more distinct values
+# is not a training step (a row or trajectory id, say).
+MAX_STEPS = 100_000
 
 
 def inspect(inputs: Sequence[str], names: ColumnNames = ColumnNames()) -> dict[str, Any]:

@@ -16,7 +16,11 @@ imports this module.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,22 +45,56 @@ def start(address: str | None) -> None:
     """Connect to the cluster at ``address``, or start a local one; quietly, and in an order
     the output rows can rely on."""
     if not ray.is_initialized():
+        # A cluster advcli starts keeps its session folder in a folder of advcli's own, removed
+        # with the cluster; one it joins (an address, RAY_ADDRESS) keeps the cluster's.
+        own_folder = None if address or os.environ.get("RAY_ADDRESS") else _session_folder()
         try:
             ray.init(
                 address=address,
                 include_dashboard=False,
                 log_to_driver=False,
                 logging_level=logging.ERROR,
+                _temp_dir=own_folder,
             )
-        except (ConnectionError, RuntimeError, ValueError) as error:
+        except (ConnectionError, RuntimeError, ValueError, OSError) as error:
+            if own_folder is not None:
+                shutil.rmtree(own_folder, ignore_errors=True)
             raise AdvcliError(
                 f"cannot start or reach Ray at {address or 'local'}: {error}"
             ) from None
+        if own_folder is not None:
+            # Registered after ray.init's own exit hook, so it runs first: the cluster is
+            # stopped before its folder goes (also after an error or an interrupt, both of
+            # which end the process through its exit hooks).
+            atexit.register(_stop_local_cluster, own_folder)
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True
     context.enable_progress_bars = False
     # Ray Data narrates every execution at INFO on stderr; advcli prints its own summary.
     logging.getLogger("ray.data").setLevel(logging.ERROR)
+
+
+# What Ray adds under its temporary folder for its longest Unix socket path
+# ("/session_<date>_<time>_<microseconds>_<pid>/sockets/plasma_store"), and that path's limit.
+SOCKET_SUFFIX = 72
+SOCKET_PATH_LIMIT = 107
+
+
+def _session_folder() -> str:
+    """A new folder for a local cluster's session files, in Ray's own base folder (RAY_TMPDIR,
+    else the temporary folder) unless its path is too long for Ray's socket paths there (then in
+    /tmp)."""
+    prefix = "advcli-ray-"
+    base = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()
+    if len(os.fsencode(base)) + len(prefix) + 10 + SOCKET_SUFFIX > SOCKET_PATH_LIMIT:
+        base = "/tmp"
+    return tempfile.mkdtemp(prefix=prefix, dir=base)
+
+
+def _stop_local_cluster(folder: str) -> None:
+    """Stop the local cluster advcli started, then remove its session folder."""
+    ray.shutdown()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _read(dataset: Dataset) -> Any:

@@ -560,20 +560,24 @@ def _figure(report: BiasReport) -> bytes:
     series = (summary.get("by_step") or {}).get("steps")
     if series:
         positions = list(range(len(series)))
+        few = len(series) <= SHOWN_STEPS
         steps.plot(
             positions,
             [e["advantage_diff_mean"] if e["rows"] else math.nan for e in series],
-            marker="o",
+            marker="o" if few else None,
             label="mean |advantage diff|",
         )
         steps.plot(
             positions,
             [e["baseline_shift_mean"] if e["rows"] else math.nan for e in series],
-            marker="s",
+            marker="s" if few else None,
             label="mean |baseline shift|",
         )
+        # At most PLOT_STEP_LABELS names, evenly spaced, the last step's among them.
+        every = -(-len(series) // PLOT_STEP_LABELS)
+        named = sorted({*positions[::every], positions[-1]})
         steps.set_xticks(
-            positions, [shown(e["step"]) for e in series], rotation=30, fontsize="small"
+            named, [shown(series[i]["step"]) for i in named], rotation=30, fontsize="small"
         )
         steps.set_xlabel(shown(summary["by_step"]["by"]))
         steps.legend(fontsize="small")
@@ -659,19 +663,37 @@ STEP_HEADERS = ("step", "rows", "trajs", "mean |diff|", "max |diff|", "shift", "
 
 
 def _step_rows(report: BiasReport) -> list[list[str]]:
+    """The series' rows for the terminal, Markdown and HTML: every step up to
+    :data:`SHOWN_STEPS`, else the first and last halves of them around a row saying how many
+    are left out (the JSON's ``by_step`` holds every one)."""
     series = (report.summary.get("by_step") or {}).get("steps") or []
+    if len(series) <= SHOWN_STEPS:
+        return [_step_row(entry) for entry in series]
+    half = SHOWN_STEPS // 2
+    left_out = len(series) - 2 * half
+    note = [f"… {left_out:,} more (by_step in the JSON)", *[""] * (len(STEP_HEADERS) - 1)]
     return [
-        [
-            shown(_fmt(entry["step"])),
-            _fmt(entry["rows"]),
-            _fmt(entry["trajectories"]),
-            _fmt(entry["advantage_diff_mean"]),
-            _fmt(entry["advantage_diff_max"]),
-            _fmt(entry["baseline_shift_mean"]),
-            _fmt(entry["sign_flips"]),
-            entry["level"] or "no rows",
-        ]
-        for entry in series
+        *(_step_row(entry) for entry in series[:half]),
+        note,
+        *(_step_row(entry) for entry in series[-half:]),
+    ]
+
+
+# The most steps a view lists, and the most step names under the plot's panel (e).
+SHOWN_STEPS = 40
+PLOT_STEP_LABELS = 20
+
+
+def _step_row(entry: dict[str, Any]) -> list[str]:
+    return [
+        shown(_fmt(entry["step"])),
+        _fmt(entry["rows"]),
+        _fmt(entry["trajectories"]),
+        _fmt(entry["advantage_diff_mean"]),
+        _fmt(entry["advantage_diff_max"]),
+        _fmt(entry["baseline_shift_mean"]),
+        _fmt(entry["sign_flips"]),
+        entry["level"] or "no rows",
     ]
 
 
