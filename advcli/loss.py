@@ -24,6 +24,8 @@ tokens. A row without tokens weighs nothing.
 
 from __future__ import annotations
 
+import sys
+
 import polars as pl
 
 from advcli.keys import GROUP, TOKENS, TRAJECTORY
@@ -33,6 +35,7 @@ from advcli.settings import LossMode
 LOSS_MODES = tuple(mode.value for mode in LossMode)
 # What verl's seq-mean-token-mean adds to a row's token count before dividing.
 SEQ_MEAN_EPSILON = 1e-8
+FLOAT64_SMALLEST_NORMAL = sys.float_info.min
 # Whose each mode is, for the report.
 MODE_SOURCES = {
     "token-mean": "verl's default loss_agg_mode",
@@ -111,8 +114,8 @@ def trajectory_weight(
 
 def unwritable_weight(weights: pl.DataFrame) -> float | None:
     """The first ``loss_weight`` of a row with tokens (``weights``: ``loss_weight`` and
-    ``tokens``) that its float32 column would hold as 0 or infinity, if any: a weight that
-    overflows or underflows is a wrong answer, not a weight."""
-    as_written = pl.col("loss_weight").cast(pl.Float32)
-    bad = (pl.col(TOKENS) > 0) & (~as_written.is_finite() | (as_written == 0))
+    ``tokens``) that is infinite, 0 or below float64's normal range (where its digits are lost),
+    if any: a weight that overflows or underflows is a wrong answer, not a weight."""
+    weight = pl.col("loss_weight")
+    bad = (pl.col(TOKENS) > 0) & (~weight.is_finite() | (weight.abs() < FLOAT64_SMALLEST_NORMAL))
     return weights.select(pl.col("loss_weight").filter(bad).first()).item()

@@ -472,7 +472,7 @@ def _loss_weights(dump: LoadedDump, mode: LossMode, scale_factor: float | None) 
     )
     bad = unwritable_weight(weights)
     if bad is not None:
-        kind = "overflows a float32 to infinity" if abs(bad) > 1 else "underflows a float32 to 0"
+        kind = "overflows to infinity" if abs(bad) > 1 else "underflows float64's range"
         message = f"--loss-weight {mode.value}: the rows' loss_weight ({bad:g}) {kind}"
         if mode is LossMode.SEQ_MEAN_TOKEN_SUM_NORM:
             message = (

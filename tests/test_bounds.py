@@ -170,7 +170,11 @@ TWO_ROWS = [(0, "a", 0, 1.0, 2), (0, "b", 0, 0.0, 2)]
 
 @pytest.mark.parametrize(
     ("factor", "kind"),
-    [("1e-310", "(rows × 1e-310) = inf overflows a float32 to infinity"), ("1e308", "underflows")],
+    [
+        ("1e-310", "(rows × 1e-310) = inf overflows to infinity"),
+        ("1e308", "underflows float64's range"),
+        ("2e307", "underflows float64's range"),  # 1 / (3 × 2e307): a subnormal, digits lost
+    ],
 )
 def test_loss_scale_factors_whose_weights_do_not_fit_are_refused(
     run, write_dump, tmp_path, factor, kind
@@ -193,8 +197,9 @@ def test_a_small_loss_scale_factor_that_fits_is_written(run, write_dump, tmp_pat
         "seq-mean-token-sum-norm", "--loss-scale-factor", "1e-30", "-q",
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    # 1 / (B · H) with B = 2 rows with tokens: 5e29.
-    assert pl.read_parquet(out)["loss_weight"].to_list() == [np.float32(5e29)] * 2
+    # 1 / (B · H) with B = 2 rows with tokens: 5e29, in the float64 column.
+    written = pl.read_parquet(out)["loss_weight"]
+    assert written.dtype == pl.Float64 and written.to_list() == [1 / (2 * 1e-30)] * 2
 
 
 @pytest.mark.parametrize("epsilon", ["nan", "inf", "-inf"])
