@@ -47,15 +47,20 @@ MODE_SOURCES = {
 }
 
 
-def token_weight(mode: str, scale_factor: float = 1.0) -> pl.Expr:
+def token_weight(mode: str, scale_factor: float = 1.0, batch: str | None = None) -> pl.Expr:
     """The per-token weight ``w`` of each row, over a frame with ``group``, ``trajectory`` and
     ``tokens`` (one row per row of the batch). ``scale_factor`` is H, for
-    ``seq-mean-token-sum-norm`` only."""
+    ``seq-mean-token-sum-norm`` only. ``batch``: the field of a struct ``group`` that says each
+    row's batch (``--by``'s step), where the frame holds several batches."""
+
+    def over_batch(total: pl.Expr) -> pl.Expr:
+        return total if batch is None else total.over(pl.col(GROUP).struct.field(batch))
+
     tokens = pl.col(TOKENS).cast(pl.Float64)
     has_tokens = pl.col(TOKENS) > 0
-    nonempty_rows = has_tokens.sum().cast(pl.Float64)
+    nonempty_rows = over_batch(has_tokens.sum()).cast(pl.Float64)
     if mode == "token-mean":
-        weight = 1.0 / tokens.sum()
+        weight = 1.0 / over_batch(tokens.sum())
     elif mode == "token-sum":
         weight = pl.lit(1.0)
     elif mode == "seq-mean-token-sum":
@@ -68,7 +73,8 @@ def token_weight(mode: str, scale_factor: float = 1.0) -> pl.Expr:
     elif mode == "per-rollout-mean":
         trajectory_tokens = tokens.sum().over(GROUP, TRAJECTORY)
         # agent-lightning clamps the divisor at 1.
-        weight = 1.0 / pl.max_horizontal(trajectory_tokens * pl.len().cast(pl.Float64), 1.0)
+        rows = over_batch(pl.len()).cast(pl.Float64)
+        weight = 1.0 / pl.max_horizontal(trajectory_tokens * rows, 1.0)
     else:
         raise ValueError(f"unknown loss mode {mode!r}; one of {', '.join(LOSS_MODES)}")
     return pl.when(has_tokens).then(weight).otherwise(0.0)

@@ -467,9 +467,10 @@ def _loss_weights(dump: LoadedDump, mode: LossMode, scale_factor: float | None) 
                 "default the padded response length, which a list mask does not state): pass "
                 "--loss-scale-factor N"
             )
-    weights = dump.projection.select(
-        ROW, TOKENS, token_weight(mode.value, scale_factor or 1.0).alias("loss_weight")
-    )
+    # With --by each step is its own batch, as for the advantages.
+    batch = dump.steps.name if dump.steps is not None else None
+    weight = token_weight(mode.value, scale_factor or 1.0, batch)
+    weights = dump.projection.select(ROW, TOKENS, weight.alias("loss_weight"))
     bad = unwritable_weight(weights)
     if bad is not None:
         kind = "overflows to infinity" if abs(bad) > 1 else "underflows float64's range"

@@ -140,3 +140,25 @@ def test_report_loss_weights_by_hand(run, tmp_path):
     for entry in weights["per-rollout-mean"]["by_turns"]:
         assert entry["relative_weight"] == pytest.approx(1.0)
     assert weights["per-rollout-mean"]["longest_vs_shortest"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        # Step 0: rows of 2 and 3 tokens (T = 5, B = N = 2); step 1: one row of 4 (T = B = N = 1).
+        ("token-mean", [1 / 5, 1 / 5, 1 / 4]),
+        ("seq-mean-token-sum", [1 / 2, 1 / 2, 1.0]),
+        ("per-rollout-mean", [1 / (2 * 2), 1 / (3 * 2), 1 / (4 * 1)]),
+    ],
+)
+def test_with_by_each_step_is_its_own_batch(mode, expected, run, write_dump, tmp_path):
+    """compute --by weighs each step's rows over that step's batch, as it computes their
+    advantages (the same group id in both files stays two groups)."""
+    first = write_dump([(0, 0, 0, 1.0, 2), (0, 1, 0, 0.0, 3)], "step-0.parquet")
+    second = write_dump([(0, 0, 0, 1.0, 4)], "step-1.parquet")
+    out = tmp_path / "out.parquet"
+    result = run(
+        "compute", first, second, "-o", out, "--by", "file", "--loss-weight", mode, "-q"
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert pl.read_parquet(out)["loss_weight"].to_list() == pytest.approx(expected, rel=1e-12)
