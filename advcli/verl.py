@@ -15,7 +15,7 @@ from typing import Any
 
 from advcli.dump import batch_entries, batch_roles
 from advcli.errors import AdvcliError
-from advcli.torch import compute_advantage_with_metrics
+from advcli.torch import RewardError, compute_advantage_with_metrics
 
 
 def compute_advantage(
@@ -74,20 +74,26 @@ def compute_advantage(
             "response_length) tensors, with a group id key"
         )
     assert roles.mask is not None
-    result = compute_advantage_with_metrics(
-        entries[roles.reward],
-        entries[roles.mask],
-        entries[roles.group],
-        entries[roles.trajectory] if roles.trajectory is not None else None,
-        estimator=estimator,
-        level=level,
-        scale=scale,
-        singleton=singleton,
-        traj_score=traj_score,
-        turn_index=entries[roles.turn] if roles.turn is not None else None,
-        epsilon=epsilon,
-        unit_tokens=unit_tokens,
-    )
+    try:
+        result = compute_advantage_with_metrics(
+            entries[roles.reward],
+            entries[roles.mask],
+            entries[roles.group],
+            entries[roles.trajectory] if roles.trajectory is not None else None,
+            estimator=estimator,
+            level=level,
+            scale=scale,
+            singleton=singleton,
+            traj_score=traj_score,
+            turn_index=entries[roles.turn] if roles.turn is not None else None,
+            epsilon=epsilon,
+            unit_tokens=unit_tokens,
+        )
+    except RewardError as error:
+        # The tensors' names in the batch, which the message of advcli.torch cannot know.
+        raise RewardError(
+            f"batch '{roles.reward}' (reward), '{roles.mask}' (mask): {error}"
+        ) from None
     data.batch["advantages"] = result.advantages
     data.batch["returns"] = result.advantages
     return result.metrics.as_dict(metrics_prefix)
