@@ -20,6 +20,14 @@ Semantics (``s`` is a row's score, the sum of its token-level rewards):
   the std 0, so a row with that score gets exactly 0.
 * Statistics are accumulated in float64; the result is float32 ``(bs, response_length)``, the
   scalar advantage times ``response_mask``, on the rewards' device, with no autograd graph.
+* Before any statistic, a NaN or infinite reward on any token (the score sums every token, masked
+  out or not, as verl's estimators do) or mask value, and integer rewards of a row that add up
+  beyond 2^53 in absolute value (float64 would round the score; 2^53 itself is kept), raise
+  :class:`RewardError` naming the row (batch index), the token and the value; so do finite
+  scores whose advantages do not fit the float32 result ("too large"). verl 0.9.1's own
+  estimators return NaN for every row of that reward's group instead, with no error.
+* An empty batch (0 rows) gives float32 ``(0, response_length)`` advantages and metrics that
+  count 0.
 """
 
 from __future__ import annotations
@@ -128,6 +136,15 @@ def compute_grpo_outcome_advantage(
     advantages, returns
         The same float32 ``(bs, response_length)`` tensor twice, as verl returns it.
 
+    Raises
+    ------
+    RewardError
+        A NaN or infinite reward (on any token, masked out or not: the score sums them all) or
+        mask value, integer rewards of a row adding up beyond 2^53 in absolute value, or scores
+        whose advantages do not fit a float32; the message names the row and token. Here advcli
+        does not keep verl's behaviour for parity: verl 0.9.1's function returns NaN for every
+        row of the group (NaN at the token, for a mask value), with no error.
+
     Examples
     --------
     >>> import numpy as np, torch
@@ -200,6 +217,12 @@ def compute_rloo_outcome_advantage(
     -------
     advantages, returns
         The same float32 ``(bs, response_length)`` tensor twice.
+
+    Raises
+    ------
+    RewardError
+        As :func:`compute_grpo_outcome_advantage` (verl 0.9.1's RLOO returns NaN or inf for the
+        group instead).
 
     Examples
     --------
@@ -506,6 +529,12 @@ def compute_advantage(
     -------
     advantages, returns
         The same float32 ``(bs, response_length)`` tensor twice, on the rewards' device.
+
+    Raises
+    ------
+    RewardError
+        As :func:`compute_grpo_outcome_advantage`, with the command line's rules for the same
+        rows.
 
     Examples
     --------

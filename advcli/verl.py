@@ -44,7 +44,12 @@ def compute_advantage(
     ``token_level_scores``) and ``response_mask``; the ``*_key`` arguments name them instead.
     A trajectory whose rows carry different scores is refused (``ValueError``) unless
     ``traj_score`` picks a rule; the other settings are those of
-    :func:`advcli.torch.compute_advantage`.
+    :func:`advcli.torch.compute_advantage`. A NaN or infinite reward or mask value, integer
+    rewards beyond 2^53 and scores too large for float32 raise
+    :class:`advcli.torch.RewardError` (an ``AdvcliError`` and a ``ValueError``) naming the
+    batch's keys, the row and the token, and leave the batch as it was (verl's estimators
+    return NaN for the group). An empty batch gets ``(0, response_length)`` advantages and
+    metrics of 0.
 
     Returns ``{prefix}rows``, ``trajectories``, ``multi_row_trajectories``,
     ``max_rows_per_trajectory``, ``groups``, ``singleton_groups`` and ``zero_std_groups``.
