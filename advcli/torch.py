@@ -365,6 +365,7 @@ def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> t
 
 
 def _sum_rows(rewards: torch.Tensor) -> torch.Tensor:
+    """Each row's sum in float64 (exact for the integer rewards _check_integers lets through)."""
     rows, length = rewards.shape
     if length == 1:  # the sum of one token; torch reduces a length-1 dim slowly
         return rewards[:, 0].to(torch.float64)
@@ -432,6 +433,8 @@ def _check_scores(rewards: torch.Tensor, scores: torch.Tensor) -> None:
     """Refuse a NaN or infinite reward, naming its row and token: it would make its group's
     statistics NaN. Every token counts, masked out or not: the score sums them all (as verl's
     estimators do). A row of finite float64 rewards whose sum overflows is "too large"."""
+    if _fits_float32(scores):
+        return  # the usual case, one pass; finite scores beyond float32 are _check_fits's
     finite = torch.isfinite(scores)
     if bool(finite.all()):
         return
@@ -454,8 +457,11 @@ def _check_mask(mask: torch.Tensor) -> None:
     advantage times it would be NaN there (and the token counts NaN)."""
     if not mask.is_floating_point() or not mask.numel():
         return
-    # Row sums are a cheap screen: a non-finite value makes its row's sum non-finite. A sum
-    # that overflows with finite values only (a float16 mask over 65504 tokens) is let through.
+    # Sums are a cheap screen (no per-value result): a non-finite value makes the total and its
+    # row's sum non-finite. A sum that overflows with finite values only (a float16 mask of more
+    # than 65504 ones) is let through.
+    if bool(torch.isfinite(mask.sum())):
+        return
     suspect = torch.nonzero(~torch.isfinite(mask.sum(dim=-1))).squeeze(1)
     if not suspect.numel():
         return
@@ -1041,5 +1047,8 @@ def _check_fits(
 
 
 def _fits_float32(values: torch.Tensor) -> bool:
-    # A NaN maximum compares False: it does not fit.
-    return not values.numel() or bool(values.abs().max() <= _FLOAT32_MAX)
+    if not values.numel():
+        return True
+    low, high = torch.aminmax(values)
+    # aminmax propagates NaN, which compares False: it does not fit.
+    return bool((low >= -_FLOAT32_MAX) & (high <= _FLOAT32_MAX))
