@@ -20,6 +20,14 @@ Semantics (``s`` is a row's score, the sum of its token-level rewards):
   the std 0, so a row with that score gets exactly 0.
 * Statistics are accumulated in float64; the result is float32 ``(bs, response_length)``, the
   scalar advantage times ``response_mask``, on the rewards' device, with no autograd graph.
+* Before any statistic, a NaN or infinite reward on any token (the score sums every token, masked
+  out or not, as verl's estimators do) or mask value, and integer rewards of a row that add up
+  beyond 2^53 in absolute value (float64 would round the score; 2^53 itself is kept), raise
+  :class:`RewardError` naming the row (batch index), the token and the value; so do finite
+  scores whose advantages do not fit the float32 result ("too large"). verl 0.9.1's own
+  estimators return NaN for every row of that reward's group instead, with no error.
+* An empty batch (0 rows) gives float32 ``(0, response_length)`` advantages and metrics that
+  count 0.
 """
 
 from __future__ import annotations
@@ -36,8 +44,9 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("advcli.torch needs torch: pip install 'advcli[torch]'") from error
 
-from advcli.errors import UsageError
+from advcli.errors import AdvcliError, UsageError
 from advcli.rules import (
+    EXACT_INTEGER_LIMIT,
     RULES,
     SCORE_TOLERANCE,
     SINGLETON_MEAN,
@@ -71,6 +80,7 @@ from advcli.tensor_ids import (
 __all__ = [
     "AdvantageMetrics",
     "AdvantageResult",
+    "RewardError",
     "compute_advantage",
     "compute_advantage_with_metrics",
     "compute_grpo_outcome_advantage",
@@ -79,6 +89,13 @@ __all__ = [
 
 # Rewards are summed in float64 by blocks of about this many values (see _scores).
 _SUM_BLOCK = 1 << 20
+
+
+class RewardError(AdvcliError, ValueError):
+    """Rewards or a mask no advantage can be computed from: a NaN or infinite value, integer
+    rewards beyond 2^53, scores too large for the float32 result. The message names the row
+    (batch index) and the value. An :class:`~advcli.errors.AdvcliError`, as the command line
+    raises for the same rows, and a ``ValueError``, as every other bad input of this module."""
 
 
 def compute_grpo_outcome_advantage(
@@ -119,6 +136,15 @@ def compute_grpo_outcome_advantage(
     advantages, returns
         The same float32 ``(bs, response_length)`` tensor twice, as verl returns it.
 
+    Raises
+    ------
+    RewardError
+        A NaN or infinite reward (on any token, masked out or not: the score sums them all) or
+        mask value, integer rewards of a row adding up beyond 2^53 in absolute value, or scores
+        whose advantages do not fit a float32; the message names the row and token. Here advcli
+        does not keep verl's behaviour for parity: verl 0.9.1's function returns NaN for every
+        row of the group (NaN at the token, for a mask value), with no error.
+
     Examples
     --------
     >>> import numpy as np, torch
@@ -138,7 +164,9 @@ def compute_grpo_outcome_advantage(
     with torch.no_grad():
         scores = _scores(token_level_rewards, response_mask)
         stats = _group_statistics(scores, index, traj_index, compute_mean_std_cross_all_data)
-        out = _broadcast(_advantages(rule, stats, epsilon), response_mask)
+        advantage = _advantages(rule, stats, epsilon)
+        _check_fits(scores, advantage, None)
+        out = _broadcast(advantage, response_mask)
     return out, out
 
 
@@ -190,6 +218,12 @@ def compute_rloo_outcome_advantage(
     advantages, returns
         The same float32 ``(bs, response_length)`` tensor twice.
 
+    Raises
+    ------
+    RewardError
+        As :func:`compute_grpo_outcome_advantage` (verl 0.9.1's RLOO returns NaN or inf for the
+        group instead).
+
     Examples
     --------
     >>> import torch
@@ -201,7 +235,9 @@ def compute_rloo_outcome_advantage(
     with torch.no_grad():
         scores = _scores(token_level_rewards, response_mask)
         stats = _group_statistics(scores, index, traj_index, compute_mean_std_cross_all_data)
-        out = _broadcast(_advantages(RULES["rloo"], stats, 0.0), response_mask)
+        advantage = _advantages(RULES["rloo"], stats, 0.0)
+        _check_fits(scores, advantage, None)
+        out = _broadcast(advantage, response_mask)
     return out, out
 
 
@@ -307,7 +343,9 @@ def _moments(
 
 
 def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Each row's score, the sum of its token-level rewards, in float64."""
+    """Each row's score, the sum of its token-level rewards, in float64, after the checks that
+    no reward or mask value can make a NaN or a rounded score (:func:`_check_integers`,
+    :func:`_check_scores`, :func:`_check_mask`)."""
     if token_level_rewards.dim() != 2:
         raise ValueError(
             "token_level_rewards must be (bs, response_length), got shape "
@@ -319,6 +357,15 @@ def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> t
             f"{tuple(token_level_rewards.shape)}"
         )
     rewards = token_level_rewards.detach()
+    _check_integers(rewards)
+    scores = _sum_rows(rewards)
+    _check_scores(rewards, scores)
+    _check_mask(response_mask.detach())
+    return scores
+
+
+def _sum_rows(rewards: torch.Tensor) -> torch.Tensor:
+    """Each row's sum in float64 (exact for the integer rewards _check_integers lets through)."""
     rows, length = rewards.shape
     if length == 1:  # the sum of one token; torch reduces a length-1 dim slowly
         return rewards[:, 0].to(torch.float64)
@@ -336,6 +383,96 @@ def _scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> t
         piece.copy_(rewards[start:stop])
         torch.sum(piece, dim=-1, out=scores[start:stop])
     return scores
+
+
+# Integer sums below this are exact in int64 (with room for the float64 rounding of the
+# |rewards| sum that selects them).
+_INT64_EXACT_SUMS = 2.0**61
+
+
+def _check_integers(rewards: torch.Tensor) -> None:
+    """Refuse integer rewards whose float64 score could be rounded, as the command line does:
+    a row whose rewards add up, in absolute value, beyond 2^53 (every partial sum of a row within
+    it is an integer float64 holds exactly, so the score is the exact sum)."""
+    if rewards.is_floating_point() or rewards.dtype == torch.bool or not rewards.numel():
+        return
+    info = torch.iinfo(rewards.dtype)
+    largest = max(-info.min, info.max)
+    if largest * rewards.shape[1] > EXACT_INTEGER_LIMIT and rewards.dtype == torch.int64:
+        low, high = torch.aminmax(rewards)
+        largest = max(-int(low), int(high))
+    if largest * rewards.shape[1] <= EXACT_INTEGER_LIMIT:
+        return  # no row can add up beyond 2^53
+    magnitude = rewards.to(torch.float64).abs_().sum(dim=-1)
+    # The float64 sum of |rewards| is exact up to 2^53 and at least 2^53 beyond it (rounding is
+    # monotone), so only rows that reach 2^53 are looked at, with exact int64 sums where those
+    # cannot overflow.
+    suspect = torch.nonzero(magnitude >= EXACT_INTEGER_LIMIT).squeeze(1)
+    if not suspect.numel():
+        return
+    near = suspect[magnitude.index_select(0, suspect) <= _INT64_EXACT_SUMS]
+    exact = rewards.index_select(0, near).to(torch.int64).abs_().sum(dim=-1)
+    far = suspect[magnitude.index_select(0, suspect) > _INT64_EXACT_SUMS]
+    beyond = torch.cat([near[exact > EXACT_INTEGER_LIMIT], far])
+    if not beyond.numel():
+        return
+    row = int(beyond.min())
+    at = torch.nonzero(near == row)
+    total = f"{int(exact[at[0, 0]])}" if at.numel() else f"about {float(magnitude[row]):.6g}"
+    raise RewardError(
+        f"row {row}: the integer rewards of the row add up (in absolute value) to {total}, "
+        "beyond 2^53, where float64 cannot hold every integer"
+    )
+
+
+def _non_finite_name(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
+
+
+def _check_scores(rewards: torch.Tensor, scores: torch.Tensor) -> None:
+    """Refuse a NaN or infinite reward, naming its row and token: it would make its group's
+    statistics NaN. Every token counts, masked out or not: the score sums them all (as verl's
+    estimators do). A row of finite float64 rewards whose sum overflows is "too large"."""
+    if _fits_float32(scores):
+        return  # the usual case, one pass; finite scores beyond float32 are _check_fits's
+    finite = torch.isfinite(scores)
+    if bool(finite.all()):
+        return
+    row = int(torch.nonzero(~finite)[0, 0])
+    values = rewards[row]
+    tokens = torch.nonzero(~torch.isfinite(values))
+    if tokens.numel():
+        token = int(tokens[0, 0])
+        raise RewardError(
+            f"row {row}: the reward at token {token} is {_non_finite_name(float(values[token]))}"
+        )
+    raise RewardError(
+        f"row {row}: the rewards of the row add up beyond float64 (the scores are too large; "
+        "rescale the rewards)"
+    )
+
+
+def _check_mask(mask: torch.Tensor) -> None:
+    """Refuse a NaN or infinite value in a floating mask, naming its row and token: the
+    advantage times it would be NaN there (and the token counts NaN)."""
+    if not mask.is_floating_point() or not mask.numel():
+        return
+    # Sums are a cheap screen (no per-value result): a non-finite value makes the total and its
+    # row's sum non-finite. A sum that overflows with finite values only (a float16 mask of more
+    # than 65504 ones) is let through.
+    if bool(torch.isfinite(mask.sum())):
+        return
+    suspect = torch.nonzero(~torch.isfinite(mask.sum(dim=-1))).squeeze(1)
+    if not suspect.numel():
+        return
+    bad = torch.nonzero(~torch.isfinite(mask.index_select(0, suspect)))
+    if not bad.numel():
+        return
+    row, token = int(suspect[bad[0, 0]]), int(bad[0, 1])
+    raise RewardError(
+        f"row {row}: the response mask at token {token} is "
+        f"{_non_finite_name(float(mask[row, token]))}"
+    )
 
 
 def _broadcast(advantage: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -398,6 +535,12 @@ def compute_advantage(
     -------
     advantages, returns
         The same float32 ``(bs, response_length)`` tensor twice, on the rewards' device.
+
+    Raises
+    ------
+    RewardError
+        As :func:`compute_grpo_outcome_advantage`, with the command line's rules for the same
+        rows.
 
     Examples
     --------
@@ -524,7 +667,7 @@ def compute_advantage_with_metrics(
             # agent-lightning whitens its representative rows, one per trajectory.
             assert units.tokens is not None
             unit_advantage = _whiten(unit_advantage, units.tokens)
-        _check_finite(scores, unit_advantage)
+        _check_fits(scores, unit_advantage, units.first_row)
         advantage = unit_advantage
         if units.first_row is not None:  # trajectories: each row takes its trajectory's
             assert trajectories is not None
@@ -665,11 +808,16 @@ def _trajectory_units(
 
 def _turn_numbers(turn_index: Ids, n: int, device: torch.device) -> torch.Tensor:
     """The turn numbers as int64, in their own order (never hash-coded, which would order them
-    by first appearance); anything but integers is refused."""
+    by first appearance); anything but integers is refused. An empty 1-D sequence (of an empty
+    batch) holds no value that is not one, whatever its dtype (``np.asarray([])`` is float64)."""
     if isinstance(turn_index, torch.Tensor):
         turns = turn_index.detach()
+        if turns.dim() == 1 and not turns.numel():
+            turns = turns.to(torch.int64)
     else:
         array = np.asarray(turn_index)
+        if array.ndim == 1 and not array.size:
+            array = array.astype(np.int64)
         if array.dtype == object:
             try:
                 array = array.astype(np.int64)
@@ -858,7 +1006,10 @@ def _batch_std(x: torch.Tensor) -> float:
 
 def _whiten(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """REINFORCE++'s whitening over every response token: each row counts its tokens' times;
-    a row without tokens gets 0 (verl multiplies by the mask)."""
+    a row without tokens gets 0 (verl multiplies by the mask). An empty batch has nothing to
+    whiten: its empty result, as every estimator's."""
+    if not values.numel():
+        return values
     total = float(tokens.sum())
     if total < 2:
         raise ValueError(
@@ -875,19 +1026,29 @@ def _whiten(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 _FLOAT32_MAX = 3.4028234663852886e38
 
 
-def _check_finite(scores: torch.Tensor, advantage: torch.Tensor) -> None:
+def _check_fits(
+    scores: torch.Tensor, advantage: torch.Tensor, unit_rows: torch.Tensor | None
+) -> None:
     """Refuse scores or advantages that do not fit a float32 (the result's type), as the
-    command line does, never a silent inf or NaN. ``advantage`` may be per unit: every row's
-    is one of them."""
-    low, high = torch.aminmax(scores)
-    too_large = max(-float(low), float(high)) > _FLOAT32_MAX
-    if too_large or not bool(torch.isfinite(advantage).all()):
-        too_large = True
-    elif advantage.numel():
-        low, high = torch.aminmax(advantage)
-        too_large = max(-float(low), float(high)) > _FLOAT32_MAX
-    if too_large:
-        raise ValueError(
-            "the scores or their advantages do not fit a float32 (the scores are too large; "
-            "rescale the rewards)"
-        )
+    command line does, naming the first row: never a silent inf or NaN. The rewards are finite
+    (:func:`_check_scores`), so only finite scores that overflow end here. ``advantage`` may be
+    per unit, ``unit_rows`` each unit's first row (None: per row)."""
+    if _fits_float32(scores) and _fits_float32(advantage):
+        return
+    rows = torch.nonzero(~(scores.abs() <= _FLOAT32_MAX)).squeeze(1)
+    bad_units = torch.nonzero(~(advantage.abs() <= _FLOAT32_MAX)).squeeze(1)
+    if unit_rows is not None:
+        bad_units = unit_rows.index_select(0, bad_units)
+    row = int(torch.cat([rows, bad_units]).min())
+    raise RewardError(
+        f"row {row}: the score or its advantage does not fit a float32 (the scores are too "
+        "large; rescale the rewards)"
+    )
+
+
+def _fits_float32(values: torch.Tensor) -> bool:
+    if not values.numel():
+        return True
+    low, high = torch.aminmax(values)
+    # aminmax propagates NaN, which compares False: it does not fit.
+    return bool((low >= -_FLOAT32_MAX) & (high <= _FLOAT32_MAX))

@@ -15,7 +15,7 @@ from typing import Any
 
 from advcli.dump import batch_entries, batch_roles
 from advcli.errors import AdvcliError
-from advcli.torch import compute_advantage_with_metrics
+from advcli.torch import RewardError, compute_advantage_with_metrics
 
 
 def compute_advantage(
@@ -44,7 +44,12 @@ def compute_advantage(
     ``token_level_scores``) and ``response_mask``; the ``*_key`` arguments name them instead.
     A trajectory whose rows carry different scores is refused (``ValueError``) unless
     ``traj_score`` picks a rule; the other settings are those of
-    :func:`advcli.torch.compute_advantage`.
+    :func:`advcli.torch.compute_advantage`. A NaN or infinite reward or mask value, integer
+    rewards beyond 2^53 and scores too large for float32 raise
+    :class:`advcli.torch.RewardError` (an ``AdvcliError`` and a ``ValueError``) naming the
+    batch's keys, the row and the token, and leave the batch as it was (verl's estimators
+    return NaN for the group). An empty batch gets ``(0, response_length)`` advantages and
+    metrics of 0.
 
     Returns ``{prefix}rows``, ``trajectories``, ``multi_row_trajectories``,
     ``max_rows_per_trajectory``, ``groups``, ``singleton_groups`` and ``zero_std_groups``.
@@ -74,20 +79,26 @@ def compute_advantage(
             "response_length) tensors, with a group id key"
         )
     assert roles.mask is not None
-    result = compute_advantage_with_metrics(
-        entries[roles.reward],
-        entries[roles.mask],
-        entries[roles.group],
-        entries[roles.trajectory] if roles.trajectory is not None else None,
-        estimator=estimator,
-        level=level,
-        scale=scale,
-        singleton=singleton,
-        traj_score=traj_score,
-        turn_index=entries[roles.turn] if roles.turn is not None else None,
-        epsilon=epsilon,
-        unit_tokens=unit_tokens,
-    )
+    try:
+        result = compute_advantage_with_metrics(
+            entries[roles.reward],
+            entries[roles.mask],
+            entries[roles.group],
+            entries[roles.trajectory] if roles.trajectory is not None else None,
+            estimator=estimator,
+            level=level,
+            scale=scale,
+            singleton=singleton,
+            traj_score=traj_score,
+            turn_index=entries[roles.turn] if roles.turn is not None else None,
+            epsilon=epsilon,
+            unit_tokens=unit_tokens,
+        )
+    except RewardError as error:
+        # The tensors' names in the batch, which the message of advcli.torch cannot know.
+        raise RewardError(
+            f"batch '{roles.reward}' (reward), '{roles.mask}' (mask): {error}"
+        ) from None
     data.batch["advantages"] = result.advantages
     data.batch["returns"] = result.advantages
     return result.metrics.as_dict(metrics_prefix)

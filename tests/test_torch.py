@@ -16,8 +16,11 @@ from reference import reference_own_score
 
 torch = pytest.importorskip("torch")
 
+from advcli.errors import AdvcliError  # noqa: E402
 from advcli.torch import (  # noqa: E402
+    RewardError,
     compute_advantage,
+    compute_advantage_with_metrics,
     compute_grpo_outcome_advantage,
     compute_rloo_outcome_advantage,
 )
@@ -275,12 +278,278 @@ def test_long_dense_rewards_are_summed_in_float64(dtype):
         )
 
 
-def test_empty_batch():
+# --------------------------------------------------------------------------------------------
+# Empty batches and reward values no advantage can be computed from
+# --------------------------------------------------------------------------------------------
+
+ESTIMATORS = ["grpo", "drgrpo", "rloo", "opo", "grpo_passk", "reinforce_pp_baseline"]
+EMPTY_IDS = {
+    "list": lambda: [],
+    "numpy float64 (np.asarray([]))": lambda: np.array([]),
+    "numpy object": lambda: np.array([], dtype=object),
+    "numpy str": lambda: np.array([], dtype=str),
+    "torch int64": lambda: torch.tensor([], dtype=torch.int64),
+    "torch float32 (torch.tensor([]))": lambda: torch.tensor([]),
+}
+
+
+def every_function(rewards, mask, index, traj=None):
+    """Each public function of advcli.torch on one batch (verl's drop-ins with and without
+    trajectory statistics, compute_advantage for every estimator at both levels), as (name,
+    advantages) pairs."""
+    for norm in (True, False):
+        for cross in (True, False):
+            yield (
+                f"grpo norm={norm} cross={cross}",
+                compute_grpo_outcome_advantage(
+                    rewards,
+                    mask,
+                    index,
+                    traj,
+                    norm_adv_by_std_in_grpo=norm,
+                    compute_mean_std_cross_all_data=cross,
+                )[0],
+            )
     for cross in (True, False):
-        adv, _ = compute_grpo_outcome_advantage(
-            torch.zeros(0, 4), torch.zeros(0, 4), [], [], compute_mean_std_cross_all_data=cross
+        yield (
+            f"rloo cross={cross}",
+            compute_rloo_outcome_advantage(
+                rewards, mask, index, traj, compute_mean_std_cross_all_data=cross
+            )[0],
         )
-        assert adv.shape == (0, 4) and adv.dtype == torch.float32
+    for estimator in ESTIMATORS:
+        for level in ("trajectory", "turn"):
+            yield (
+                f"{estimator} {level}",
+                compute_advantage(rewards, mask, index, traj, estimator=estimator, level=level)[0],
+            )
+
+
+@pytest.mark.parametrize("width", [4, 0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("ids", sorted(EMPTY_IDS))
+def test_empty_batch_gives_empty_results(ids, dtype, width):
+    """0 rows: (0, response_length) float32 advantages from every function, whatever container
+    holds the (empty) ids."""
+    rewards, mask = torch.zeros(0, width, dtype=dtype), torch.zeros(0, width, dtype=dtype)
+    for traj in (None, EMPTY_IDS[ids]()):
+        for name, advantages in every_function(rewards, mask, EMPTY_IDS[ids](), traj):
+            assert advantages.shape == (0, width), name
+            assert advantages.dtype == torch.float32, name
+
+
+@pytest.mark.parametrize("traj_score", [None, "first", "last", "mean", "max", "sum"])
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_empty_batch_metrics_are_zero(estimator, traj_score):
+    """The metrics of an empty batch count nothing; an empty turn_index list (numpy makes it
+    float64) is an empty sequence of turns, not a refusal."""
+    for unit_tokens in ("sum", "first_row"):
+        result = compute_advantage_with_metrics(
+            torch.zeros(0, 3),
+            torch.zeros(0, 3, dtype=torch.int64),
+            [],
+            [],
+            estimator=estimator,
+            traj_score=traj_score,
+            turn_index=[],
+            unit_tokens=unit_tokens,
+        )
+        assert result.advantages.shape == (0, 3)
+        assert set(result.metrics.as_dict().values()) == {0}
+        assert result.metrics.rows == result.metrics.max_rows_per_trajectory == 0
+
+
+def test_ids_of_length_0_for_rows_are_refused():
+    rewards, mask = torch.zeros(3, 2), torch.ones(3, 2)
+    with pytest.raises(ValueError, match="index has 0 ids for 3 rows"):
+        compute_grpo_outcome_advantage(rewards, mask, np.array([], dtype=object))
+    with pytest.raises(ValueError, match="traj_index has 0 ids for 3 rows"):
+        compute_advantage(rewards, mask, [0, 0, 0], torch.tensor([], dtype=torch.int64))
+    with pytest.raises(ValueError, match="turn_index has 0 ids for 3 rows"):
+        compute_advantage(rewards, mask, [0, 0, 0], [0, 1, 2], turn_index=[], traj_score="last")
+    with pytest.raises(ValueError, match="index has 2 ids for 0 rows"):
+        compute_rloo_outcome_advantage(torch.zeros(0, 2), torch.zeros(0, 2), [1, 2])
+
+
+def refusal(rewards, mask, index, traj=None) -> set[str]:
+    """The message of every public function on this batch, each of which must refuse it with a
+    RewardError that is both an AdvcliError (the command line's type) and a ValueError."""
+    messages = set()
+    calls = [
+        lambda: compute_grpo_outcome_advantage(rewards, mask, index, traj),
+        lambda: compute_grpo_outcome_advantage(
+            rewards, mask, index, traj, compute_mean_std_cross_all_data=False
+        ),
+        lambda: compute_rloo_outcome_advantage(rewards, mask, index, traj),
+        *(
+            lambda estimator=estimator, level=level: compute_advantage(
+                rewards, mask, index, traj, estimator=estimator, level=level
+            )
+            for estimator in ESTIMATORS
+            for level in ("trajectory", "turn")
+        ),
+    ]
+    for call in calls:
+        with pytest.raises(RewardError) as caught:
+            call()
+        assert isinstance(caught.value, AdvcliError) and isinstance(caught.value, ValueError)
+        messages.add(str(caught.value))
+    return messages
+
+
+INT_DTYPES = [torch.int64, torch.uint64]
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES, ids=str)
+def test_integer_reward_of_2_53_is_kept_exactly(dtype):
+    """2^53 is an integer float64 (and float32) holds: RLOO of [0, 2^53] is -2^53, +2^53, with
+    no rounding; the singleton group keeps its raw 1."""
+    rewards = torch.tensor([[0], [2**53], [1]]).to(dtype)
+    advantages, _ = compute_rloo_outcome_advantage(rewards, torch.ones(3, 1), [0, 0, 1])
+    assert advantages[:, 0].tolist() == [-(2.0**53), 2.0**53, 1.0]
+    advantages, _ = compute_advantage(rewards, torch.ones(3, 1), [0, 0, 1], estimator="drgrpo")
+    assert advantages[:, 0].tolist() == [-(2.0**52), 2.0**52, 1.0]
+
+
+def test_integer_rewards_of_a_row_adding_up_to_2_53_are_kept():
+    """Two tokens of 2^52 add up to 2^53 exactly (the float64 screen flags the row; the exact
+    int64 sum keeps it)."""
+    rewards = torch.tensor([[0, 0], [2**52, 2**52], [1, 0]])
+    advantages, _ = compute_rloo_outcome_advantage(rewards, torch.ones(3, 2), [0, 0, 1])
+    assert advantages[:, 0].tolist() == [-(2.0**53), 2.0**53, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("row_rewards", "total"),
+    [
+        ([2**53 + 1, 0], "9007199254740993"),
+        ([-(2**53) - 1, 0], "9007199254740993"),
+        ([2**52, 2**52 + 1], "9007199254740993"),
+        # The score 2^53 - 1 would be exact in this order, but not in every order: the rule is on
+        # the sum of |rewards|, as the command line's.
+        ([2**53, -1], "9007199254740993"),
+        ([2**63 - 1, 0], "about 9.22337e+18"),
+        ([-(2**63), 0], "about 9.22337e+18"),
+    ],
+    ids=["2^53+1", "-2^53-1", "2^52+2^52+1", "2^53,-1", "int64 max", "int64 min"],
+)
+def test_integer_rewards_beyond_2_53_are_refused(row_rewards, total):
+    """Row 1's integer rewards add up beyond 2^53, where float64 would round the score (2^53 + 1
+    becomes 2^53): refused by every function, naming the row and the sum."""
+    rewards = torch.tensor([[0, 0], row_rewards, [1, 0]])
+    assert refusal(rewards, torch.ones(3, 2), [0, 0, 1]) == {
+        f"row 1: the integer rewards of the row add up (in absolute value) to {total}, beyond "
+        "2^53, where float64 cannot hold every integer"
+    }
+
+
+def test_uint64_reward_beyond_2_63_is_refused():
+    rewards = torch.tensor([[0], [2**63 + 5], [1]], dtype=torch.uint64)
+    assert refusal(rewards, torch.ones(3, 1), [0, 0, 1]) == {
+        "row 1: the integer rewards of the row add up (in absolute value) to about 9.22337e+18, "
+        "beyond 2^53, where float64 cannot hold every integer"
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8, torch.bool], ids=str)
+def test_narrow_integer_rewards_are_summed_exactly(dtype):
+    """Integer types that cannot reach 2^53 in a row: exact scores 1, 1, 0, 2 (RLOO by hand:
+    group [1, 1, 0] has mean 2/3; 1.5 * (1 - 2/3) = 0.5, 1.5 * (0 - 2/3) = -1)."""
+    rewards = torch.tensor([[1, 0], [0, 1], [0, 0], [1, 1]]).to(dtype)
+    advantages, _ = compute_rloo_outcome_advantage(rewards, torch.ones(4, 2), [0, 0, 0, 1])
+    assert advantages[:, 0].tolist() == pytest.approx([0.5, 0.5, -1.0, 2.0])
+
+
+NON_FINITE = {"NaN": math.nan, "+inf": math.inf, "-inf": -math.inf}
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float64, torch.bfloat16, torch.float16],
+    ids=["f32", "f64", "bf16", "f16"],
+)
+@pytest.mark.parametrize("name", sorted(NON_FINITE))
+def test_non_finite_reward_is_named(name, dtype):
+    """A NaN or infinite reward in row 2 (token 1): every function refuses it by row, token and
+    value, before any statistic (not as 'scores too large')."""
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.5, 0.0], [1.0, 0.0]], dtype=dtype)
+    rewards[2, 1] = NON_FINITE[name]
+    for traj in (None, ["a", "b", "c", "d"]):
+        assert refusal(rewards, torch.ones(4, 2), ["q"] * 4, traj) == {
+            f"row 2: the reward at token 1 is {name}"
+        }
+
+
+def test_non_finite_reward_on_a_masked_out_token_is_refused():
+    """The score is the sum of every token's reward, masked out or not (as verl's and the command
+    line's): a NaN on a masked-out token would make the group's statistics NaN."""
+    rewards = torch.tensor([[0.0, 1.0], [math.nan, 0.0], [0.5, 0.0]])
+    mask = torch.tensor([[1, 1], [0, 1], [1, 1]])
+    assert refusal(rewards, mask, [0, 0, 0]) == {"row 1: the reward at token 0 is NaN"}
+
+
+def test_the_first_bad_row_and_token_are_named():
+    """Rows 1 and 3 hold non-finite rewards: row 1, and its first such token (+inf and -inf
+    together would sum to NaN)."""
+    rewards = torch.zeros(4, 3)
+    rewards[3, 0] = math.nan
+    rewards[1, 1] = math.inf
+    rewards[1, 2] = -math.inf
+    assert refusal(rewards, torch.ones(4, 3), [0, 0, 1, 1]) == {
+        "row 1: the reward at token 1 is +inf"
+    }
+
+
+def test_finite_float64_rewards_whose_sum_overflows_are_too_large():
+    """1.7e308 + 1.7e308 is inf in float64: no reward is infinite, the scores are too large."""
+    rewards = torch.tensor([[0.0, 0.0], [1.7e308, 1.7e308], [1.0, 0.0]], dtype=torch.float64)
+    assert refusal(rewards, torch.ones(3, 2), [0, 0, 0]) == {
+        "row 1: the rewards of the row add up beyond float64 (the scores are too large; rescale "
+        "the rewards)"
+    }
+
+
+def test_a_score_beyond_float32_is_too_large_in_every_function():
+    """A float64 score of 1e39 does not fit the float32 result (RLOO's 1.5 * (1e39 - mean) was
+    inf in verl's drop-in before): its row, the first row at fault, is named. Another row's
+    advantage may overflow too (0 - mean in Dr. GRPO): the first such row is named, as the
+    command line names it."""
+    rewards = torch.tensor([[1e39], [0.0], [0.0]], dtype=torch.float64)
+    assert refusal(rewards, torch.ones(3, 1), [0, 0, 0]) == {
+        "row 0: the score or its advantage does not fit a float32 (the scores are too large; "
+        "rescale the rewards)"
+    }
+    # Dr. GRPO on [3e38, 3e38, -3e38]: every score fits, the mean is 1e38, and row 2's
+    # advantage, -4e38, does not.
+    rewards = torch.tensor([[3e38], [3e38], [-3e38]], dtype=torch.float64)
+    with pytest.raises(RewardError, match=r"^row 2: the score or its advantage does not fit"):
+        compute_grpo_outcome_advantage(
+            rewards, torch.ones(3, 1), [0, 0, 0], norm_adv_by_std_in_grpo=False
+        )
+
+
+@pytest.mark.parametrize("name", sorted(NON_FINITE))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+def test_non_finite_mask_value_is_named(dtype, name):
+    """A NaN or infinite mask value would be a NaN (or inf) advantage at that token and a NaN
+    token count: refused by row and token."""
+    mask = torch.ones(3, 2, dtype=dtype)
+    mask[2, 0] = NON_FINITE[name]
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.5, 0.0]])
+    assert refusal(rewards, mask, [0, 0, 0]) == {f"row 2: the response mask at token 0 is {name}"}
+
+
+def test_a_float16_mask_whose_row_sum_overflows_is_fine():
+    """70000 ones sum to inf in float16 (its maximum is 65504), with no value that is not
+    finite: the mask is used, not refused. Dr. GRPO by hand: scores 1 and 0, mean 0.5."""
+    width = 70_000
+    rewards = torch.zeros(2, width)
+    rewards[0, -1] = 1.0
+    advantages, _ = compute_grpo_outcome_advantage(
+        rewards, torch.ones(2, width, dtype=torch.float16), [0, 0], norm_adv_by_std_in_grpo=False
+    )
+    assert advantages[:, 0].tolist() == [0.5, -0.5]
+    assert bool((advantages[:, -1] == advantages[:, 0]).all())
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

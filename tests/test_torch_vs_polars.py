@@ -1,8 +1,11 @@
 """The two implementations of the rules agree: ``advcli.torch`` on a padded batch and the Polars
 path (stage 2, :func:`advcli.estimators.compute_advantages`) on the same rows give the same
-advantages, for every estimator both implement, at turn and trajectory level."""
+advantages, for every estimator both implement, at turn and trajectory level, and refuse the
+same rows (scores float64 cannot give exactly, NaN and infinite ones)."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import polars as pl
@@ -248,3 +251,73 @@ def test_turn_numbers_keep_their_order_whatever_their_container():
             traj_score="first",
             turn_index=["1", "0", "0"],
         )
+
+
+REFUSED_ROWS = {
+    # Row 1 of each: (its token rewards, its mask, the command line's words, advcli.torch's).
+    "integer 2^53+1": (
+        [2**53 + 1, 0],
+        [1, 1],
+        "the integer rewards of the row add up beyond 2^53",
+        "row 1: the integer rewards of the row add up (in absolute value) to 9007199254740993, "
+        "beyond 2^53",
+    ),
+    "integers 2^52 + (2^52+1)": (
+        [2**52, 2**52 + 1],
+        [1, 1],
+        "the integer rewards of the row add up beyond 2^53",
+        "row 1: the integer rewards of the row add up (in absolute value) to 9007199254740993, "
+        "beyond 2^53",
+    ),
+    "NaN on a masked-out token": (
+        [0.0, float("nan")],
+        [1, 0],
+        "the score is NaN",
+        "row 1: the reward at token 1 is NaN",
+    ),
+    "+inf": (
+        [float("inf"), 0.0],
+        [1, 1],
+        "the score is +inf",
+        "row 1: the reward at token 0 is +inf",
+    ),
+    "-inf": (
+        [0.0, float("-inf")],
+        [1, 1],
+        "the score is -inf",
+        "row 1: the reward at token 1 is -inf",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_ROWS))
+def test_the_command_line_and_torch_refuse_the_same_rows(case, tmp_path, run):
+    """A row whose score float64 cannot give exactly, or that is NaN or infinite: the command
+    line exits 1 naming the row, advcli.torch raises naming the same row."""
+    row_rewards, row_mask, cli_words, torch_words = REFUSED_ROWS[case]
+    integer = isinstance(row_rewards[0], int)
+    zero = 0 if integer else 0.0
+    rewards = [[zero, zero], row_rewards, [zero + 1, zero]]
+    masks = [[1, 1], row_mask, [1, 1]]
+    source = tmp_path / "dump.parquet"
+    pl.DataFrame(
+        {
+            "uid": ["p", "p", "q"],
+            "token_level_rewards": pl.Series(
+                rewards, dtype=pl.List(pl.Int64 if integer else pl.Float64)
+            ),
+            "response_mask": masks,
+        }
+    ).write_parquet(source)
+    output = tmp_path / "out.parquet"
+
+    result = run("compute", source, "-o", output, "--level", "turn", "-q")
+
+    assert result.exit_code == 1
+    assert result.stderr.startswith(
+        f"Error: {source} row 1: column 'token_level_rewards': {cli_words}"
+    )
+    assert not output.exists()
+    tensor = torch.tensor(rewards, dtype=torch.int64 if integer else torch.float64)
+    with pytest.raises(AdvcliError, match=rf"^{re.escape(torch_words)}"):
+        compute_advantage(tensor, torch.tensor(masks), ["p", "p", "q"], level="turn")

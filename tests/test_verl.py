@@ -4,6 +4,7 @@ the independent reference, and advcli compute on the same rows."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -14,6 +15,12 @@ from reference import reference_advantages
 from verl import DataProto
 
 from advcli.dump import write_batch
+from advcli.errors import AdvcliError
+from advcli.torch import (
+    RewardError,
+    compute_grpo_outcome_advantage,
+    compute_rloo_outcome_advantage,
+)
 from advcli.verl import compute_advantage
 
 with warnings.catch_warnings():
@@ -250,3 +257,97 @@ def test_the_command_lines_numbers(estimator, tmp_path, run):
         pl.read_parquet(output)["advantage"].to_numpy(),
         atol=1e-6,
     )
+
+
+# Group "p" (rows 0-2) and group "q" (rows 3-4); row 1's last token is masked out.
+EDGE_REWARDS = [[0.0, 1.0], [0.0, 0.0], [0.0, 0.5], [0.0, 1.0], [0.0, 0.0]]
+EDGE_UID = np.array(["p", "p", "p", "q", "q"], dtype=object)
+
+
+def _edge_mask() -> torch.Tensor:
+    mask = torch.ones(5, 2)
+    mask[1, 1] = 0
+    return mask
+
+
+VERL_ESTIMATORS = {
+    "grpo": (core_algos.compute_grpo_outcome_advantage, compute_grpo_outcome_advantage),
+    "rloo": (core_algos.compute_rloo_outcome_advantage, compute_rloo_outcome_advantage),
+}
+
+
+@pytest.mark.parametrize("estimator", sorted(VERL_ESTIMATORS))
+@pytest.mark.parametrize(
+    ("row", "token", "value", "name"),
+    [
+        (0, 1, math.nan, "NaN"),
+        (0, 1, math.inf, "+inf"),
+        (2, 1, -math.inf, "-inf"),
+        (1, 1, math.nan, "NaN"),  # a masked-out token: verl's score sums it too
+    ],
+    ids=["nan", "inf", "-inf", "masked-out nan"],
+)
+def test_a_non_finite_reward_is_refused_where_verl_returns_nan(estimator, row, token, value, name):
+    """verl 0.9.1's own estimator makes the whole group p non-finite (its mean is NaN or inf;
+    NaN * 0 is NaN on masked-out tokens) and group q unchanged, with no error. advcli's drop-in
+    refuses the batch naming the row, token and value, and so does advcli.verl on a DataProto,
+    naming the batch's keys and leaving the batch without advantages."""
+    verl_function, ours = VERL_ESTIMATORS[estimator]
+    rewards = torch.tensor(EDGE_REWARDS)
+    rewards[row, token] = value
+    expected, _ = verl_function(rewards.clone(), _edge_mask(), EDGE_UID)
+    assert not bool(torch.isfinite(expected[:3]).any())
+    clean, _ = verl_function(torch.tensor(EDGE_REWARDS), _edge_mask(), EDGE_UID)
+    torch.testing.assert_close(expected[3:], clean[3:])
+
+    message = f"row {row}: the reward at token {token} is {name}"
+    with pytest.raises(RewardError) as caught:
+        ours(rewards, _edge_mask(), EDGE_UID)
+    assert str(caught.value) == message
+    assert isinstance(caught.value, AdvcliError) and isinstance(caught.value, ValueError)
+
+    batch = DataProto.from_dict(
+        tensors={"token_level_scores": rewards, "response_mask": _edge_mask()},
+        non_tensors={"uid": EDGE_UID},
+    )
+    with pytest.raises(RewardError) as caught:
+        compute_advantage(batch, estimator)
+    assert (
+        str(caught.value)
+        == f"batch 'token_level_scores' (reward), 'response_mask' (mask): {message}"
+    )
+    assert "advantages" not in batch.batch.keys()  # noqa: SIM118 (a TensorDict iterates rows)
+
+
+def test_a_nan_mask_value_is_refused_where_verl_returns_nan_at_that_token():
+    """verl multiplies the advantage by the mask: a NaN there is a NaN at that one token."""
+    mask = _edge_mask()
+    mask[3, 0] = math.nan
+    rewards = torch.tensor(EDGE_REWARDS)
+    expected, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, EDGE_UID)
+    assert torch.isnan(expected).nonzero().tolist() == [[3, 0]]
+    with pytest.raises(RewardError, match=r"^row 3: the response mask at token 0 is NaN$"):
+        compute_grpo_outcome_advantage(rewards, mask, EDGE_UID)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_an_empty_batch_like_verls(dtype):
+    """0 rows: verl's estimators return (0, response_length); so do advcli's drop-ins, and
+    advcli.verl fills an empty DataProto with float32 (0, response_length) advantages and
+    reports zero counts."""
+    rewards, mask = torch.zeros(0, WIDTH, dtype=dtype), torch.zeros(0, WIDTH, dtype=torch.int64)
+    uid = np.array([], dtype=object)
+    for estimator, (verl_function, ours) in VERL_ESTIMATORS.items():
+        expected, _ = verl_function(rewards, mask, uid)
+        advantages, _ = ours(rewards, mask, uid)
+        assert advantages.shape == expected.shape == (0, WIDTH), estimator
+        assert advantages.dtype == torch.float32
+    for estimator in ("grpo", "rloo", "opo", "reinforce_pp_baseline"):
+        batch = DataProto.from_dict(
+            tensors={"token_level_rewards": rewards, "response_mask": mask},
+            non_tensors={"uid": uid, "traj_uid": np.array([], dtype=object)},
+        )
+        metrics = compute_advantage(batch, estimator)
+        assert batch.batch["advantages"].shape == (0, WIDTH)
+        assert batch.batch["advantages"].dtype == torch.float32
+        assert set(metrics.values()) == {0}
