@@ -124,4 +124,5 @@ def unwritable_weight(weights: pl.DataFrame) -> float | None:
     if any: a weight that overflows or underflows is a wrong answer, not a weight."""
     weight = pl.col("loss_weight")
     bad = (pl.col(TOKENS) > 0) & (~weight.is_finite() | (weight.abs() < FLOAT64_SMALLEST_NORMAL))
-    return weights.select(pl.col("loss_weight").filter(bad).first()).item()
+    first: float | None = weights.select(pl.col("loss_weight").filter(bad).first()).item()
+    return first

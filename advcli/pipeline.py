@@ -22,13 +22,7 @@ from advcli.atomic import writes_in_place
 from advcli.columns import ColumnRoles, is_enum
 from advcli.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
 from advcli.errors import AdvcliError, UsageError
-from advcli.estimators import (
-    AdvantageConfig,
-    Advantages,
-    Level,
-    Naming,
-    compute_advantages,
-)
+from advcli.estimators import Advantages, Naming, compute_advantages
 from advcli.inputs import STDIN, Dataset, open_dataset
 from advcli.inspection import inspect_dump
 from advcli.keys import GROUP, ROW, SCORE, TOKENS
@@ -40,7 +34,7 @@ from advcli.report import BiasReport, TurnLevel, bias_report, by_step, turn_leve
 from advcli.roles import read_roles
 from advcli.rules import RULES
 from advcli.scan import release_freed_memory
-from advcli.settings import ColumnNames, Engine, LossMode, OutputFormat
+from advcli.settings import AdvantageConfig, ColumnNames, Engine, Level, LossMode, OutputFormat
 from advcli.units import Trajectories, count_trajectories, index_trajectories
 from advcli.write import check_output, replaced_columns, with_padding, write_advantages
 

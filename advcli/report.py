@@ -16,9 +16,10 @@ import numpy as np
 import polars as pl
 
 from advcli import __version__
-from advcli.estimators import AdvantageConfig, Advantages
+from advcli.estimators import Advantages
 from advcli.keys import GROUP, SCORE, TOKENS, TRAJECTORY
 from advcli.loss import LOSS_MODES, MODE_SOURCES, trajectory_terms, trajectory_weight
+from advcli.settings import AdvantageConfig
 from advcli.units import Trajectories
 
 

@@ -894,7 +894,7 @@ def _check_consistent(
         return
     rows = torch.nonzero(trajectories.to_rows(disagree.to(torch.float64)) > 0).squeeze(1)
     row = int(rows[0])
-    values = scores[trajectories.slot == trajectories.slot[row]].unique().tolist()
+    values = torch.unique(scores[trajectories.slot == trajectories.slot[row]]).tolist()
     raise ValueError(
         f"row {row}: trajectory (index={_id_at(index, row)!r}, traj_index="
         f"{_id_at(traj_index, row)!r}) has rows with different scores {values}; pass traj_score "
