@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 import advcli
-from advcli.errors import AdvcliError, MissingRoles, UsageError
+from advcli.errors import AdvcliError, MissingRoles, UsageError, printable
 from advcli.process import (
     StdoutText,
     drop_bad_thread_count,
@@ -114,10 +114,10 @@ def reports_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except UsageError as error:
-            raise typer.BadParameter(str(error)) from None
+            raise typer.BadParameter(printable(str(error))) from None
         except AdvcliError as error:
             if received_signal() is None:
-                typer.echo(f"Error: {_with_command(error)}", err=True)
+                typer.echo(f"Error: {printable(_with_command(error))}", err=True)
             # Else the interrupt caused it (a query it cancelled fails): the entry point prints
             # the interrupt's line and exit code instead.
             raise typer.Exit(1) from None
