@@ -25,7 +25,8 @@ from rich.table import Table
 from rich.text import Text
 
 import advcli
-from advcli.errors import AdvcliError, MissingRoles, UsageError, printable
+from advcli.errors import AdvcliError, MissingRoles, UsageError
+from advcli.names import printable
 from advcli.process import (
     StdoutText,
     drop_bad_thread_count,
@@ -750,7 +751,7 @@ def inspect_command(
         ),
     )
     if config_path is not None:
-        summary["config"] = str(config_path)
+        summary["config"] = printable(str(config_path))
     if json_output:
         write_stdout_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", "the JSON")
     else:

@@ -37,17 +37,6 @@ class MissingRoles(AdvcliError):
         super().__init__(self.text + options)
 
 
-# A file name that is not UTF-8 reaches Python with each byte it cannot decode held as a lone
-# surrogate (U+DC80 to U+DCFF, PEP 383), which no UTF-8 stream can write: shown as the byte's
-# escape instead, so ``dump-\xff.parquet`` reads as the name's bytes.
-NOT_UTF8_ESCAPES = {0xDC00 + byte: f"\\x{byte:02x}" for byte in range(0x80, 0x100)}
-
-
-def printable(text: str) -> str:
-    """``text`` with the bytes of a name that is not UTF-8 written as escapes (``\\xff``)."""
-    return text.translate(NOT_UTF8_ESCAPES)
-
-
 def first_line(error: BaseException) -> str:
     """An error's first line of text (or its type name): Polars' and Arrow's messages run on."""
     text = str(error).strip()

@@ -9,7 +9,6 @@ naming the file (and line or row).
 from __future__ import annotations
 
 import bisect
-import contextlib
 import glob
 import io
 import json
@@ -17,7 +16,6 @@ import os
 import re
 import shutil
 import sys
-import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +25,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from advcli.errors import AdvcliError, first_line, printable
+from advcli.errors import AdvcliError, first_line
+from advcli.names import NativeNames, shown_path
 from advcli.process import stdin_closed
 from advcli.rules import EXACT_INTEGER_LIMIT
 from advcli.scan import closing_sources, open_parquet, scan_arrow_stream, scan_parquet
@@ -82,9 +81,9 @@ class Dataset:
         Arrow IPC stream, which Polars cannot scan: :func:`scan_arrow_stream`)."""
         files = [self.source(index) for index in range(len(self.files))]
         if self.input_format == "json":
-            return pl.scan_ndjson(files, schema=self.schema)
+            return pl.scan_ndjson([as_pattern(name) for name in files], schema=self.schema)
         if self.input_format == "arrow":
-            return pl.scan_ipc(files)
+            return pl.scan_ipc(files, glob=False)
         if self.input_format == "arrow_stream":
             return scan_arrow_stream(self)
         return scan_parquet(self)
@@ -130,79 +129,10 @@ class Dataset:
         return f"{self.label(file_number)} row {row - start}"
 
 
-def shown_path(path: Path | str) -> str:
-    """A path as messages and reports show it: the bytes of a name that is not UTF-8 as escapes
-    (``dump-\\xff.parquet``), since no UTF-8 text (a terminal line, JSON) can hold them."""
-    return printable(str(path))
-
-
-def is_utf8(path: Path | str) -> bool:
-    """Whether a path's name is UTF-8 text (else Python holds its bytes as surrogate escapes)."""
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-# Where an open descriptor can be opened again by name (Linux).
-OPEN_FILE_NAME = "/proc/self/fd/{}"
-
-
-class NativeNames:
-    """The names Polars and Arrow open files by.
-
-    Both take a path only as UTF-8 text, so a file whose name is not UTF-8 (bytes Python holds as
-    surrogate escapes) is opened here and read through ``/proc/self/fd/N``, its descriptor held
-    open as long as this object lives; any other file goes by its own path. The file is then the
-    one that was there when the inputs were opened, also if its name is taken over meanwhile.
-    """
-
-    def __init__(self, files: Sequence[Path], labels: Sequence[str]) -> None:
-        self._descriptors: list[int] = []
-        weakref.finalize(self, _close_all, self._descriptors)
-        names = []
-        for path, label in zip(files, labels, strict=True):
-            if is_utf8(path):
-                names.append(str(path))
-                continue
-            try:
-                descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError as error:
-                raise AdvcliError(f"{label}: cannot read the file ({error.strerror})") from None
-            self._descriptors.append(descriptor)
-            names.append(_reopenable(descriptor, label))
-        self.names = tuple(names)
-
-
-def _reopenable(descriptor: int, label: str) -> str:
-    name = OPEN_FILE_NAME.format(descriptor)
-    if not os.path.exists(name):
-        raise AdvcliError(
-            f"{label}: the file name is not UTF-8, which Polars and Arrow cannot open, and "
-            "/proc is not mounted to open it by its descriptor; rename the file"
-        )
-    return name
-
-
-def _close_all(descriptors: list[int]) -> None:
-    for descriptor in descriptors:
-        with contextlib.suppress(OSError):
-            os.close(descriptor)
-
-
-@contextlib.contextmanager
-def native_name(path: Path) -> Iterator[str]:
-    """The name Polars and Arrow can write an existing file ``path`` by (see
-    :class:`NativeNames`) for the length of the block."""
-    if is_utf8(path):
-        yield str(path)
-        return
-    descriptor = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        yield _reopenable(descriptor, shown_path(path))
-    finally:
-        os.close(descriptor)
+def as_pattern(name: str) -> str:
+    """A file name as a glob pattern that matches only that file, for Polars' JSON reader, which
+    reads every name as a pattern (``step[1].jsonl`` would match no file, ``a*.jsonl`` others)."""
+    return glob.escape(name) if GLOB_CHARS & set(name) else name
 
 
 def resolve_inputs(specs: Sequence[str]) -> list[Path]:
@@ -427,9 +357,9 @@ def _read_header(
                     )
                 mapped.seek(0)
                 _check_arrow_types(pa.ipc.open_file(mapped).schema, label)
-            frame = pl.scan_ipc(source)
+            frame = pl.scan_ipc(source, glob=False)
         else:
-            frame = pl.scan_ndjson(source, infer_schema_length=None)
+            frame = pl.scan_ndjson(as_pattern(source), infer_schema_length=None)
         return frame.select(pl.len()).collect().item(), frame.collect_schema()
     except AdvcliError:
         raise
@@ -593,6 +523,7 @@ def _lines_matching(source: str, pattern: str) -> Iterator[str]:
     text)."""
     lines = pl.scan_csv(
         source,
+        glob=False,
         has_header=False,
         separator="\x00",
         quote_char=None,

@@ -22,7 +22,8 @@ from rich.table import Table
 from rich.text import Text
 
 from advcli.atomic import atomic_output
-from advcli.errors import NOT_UTF8_ESCAPES, AdvcliError
+from advcli.errors import AdvcliError
+from advcli.names import NOT_UTF8_ESCAPES
 
 if TYPE_CHECKING:
     # Only a type here: `advcli sample` shows its path through this module without Polars.

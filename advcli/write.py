@@ -22,8 +22,9 @@ import pyarrow as pa
 from advcli.atomic import atomic_output, check_output_path
 from advcli.columns import OUTPUT_COLUMNS, ColumnRoles, unused_name
 from advcli.errors import AdvcliError, first_line
-from advcli.inputs import FOLDER_SUFFIXES, STDIN, Dataset, native_name
+from advcli.inputs import FOLDER_SUFFIXES, STDIN, Dataset
 from advcli.keys import ROW, SCORE
+from advcli.names import native_name
 from advcli.native_stderr import cancelled_tasks_unreported
 from advcli.process import available_memory, require_stdout
 from advcli.scan import closing_sources
