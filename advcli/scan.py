@@ -168,15 +168,18 @@ def scan_arrow_stream(dataset: Dataset) -> pl.LazyFrame:
 def _stream_frames(
     dataset: Dataset, columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None
 ) -> Generator[pl.DataFrame, None, None]:
-    """The stream files' rows in batches, validated as Parquet's are (:func:`_parquet_frames`)."""
+    """The stream files' rows in batches, validated and counted as Parquet's are
+    (:func:`_parquet_frames`)."""
     remaining = n_rows
     for index in range(len(dataset.files)):
+        read = 0
         try:
             with pa.memory_map(dataset.source(index)) as mapped:
                 for batch in pa.ipc.open_stream(mapped):
                     if remaining == 0:
                         return
                     batch.validate(full=True)
+                    read += batch.num_rows
                     frame = _frame_of(batch if columns is None else batch.select(columns))
                     if predicate is not None:
                         frame = frame.filter(predicate)
@@ -188,6 +191,11 @@ def _stream_frames(
             raise AdvcliError(
                 f"{dataset.label(index)}: cannot read the file ({first_line(error)})"
             ) from None
+        if read != dataset.row_counts[index]:
+            raise AdvcliError(
+                f"{dataset.label(index)}: the stream holds {read:,} rows but held "
+                f"{dataset.row_counts[index]:,} when it was opened; the file changed"
+            )
 
 
 def _frame_of(batch: pa.RecordBatch) -> pl.DataFrame:

@@ -297,3 +297,17 @@ def test_every_format_through_dev_stdout_into_a_pipe(output_format, tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted(
         ["dump.parquet", "piped", f"file.{output_format}"]
     )
+
+
+def test_a_stream_that_changed_after_it_was_opened_is_refused(tmp_path):
+    from advcli.errors import AdvcliError
+    from advcli.inputs import open_dataset
+
+    frame = sample_frame()
+    path = tmp_path / "dump.arrows"
+    write_as(frame, path, "arrows")
+    dataset = open_dataset([str(path)])
+    write_as(pl.concat([frame, frame]), path, "arrows")
+    changed = r"dump.arrows: the stream holds 76 rows but held 38 when it was opened"
+    with pytest.raises(AdvcliError, match=changed):
+        dataset.read_columns(["data_id"])
