@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 import glob
-import io
 import json
 import os
 import re
@@ -249,10 +248,9 @@ def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
 
 
 def spool_stdin(folder: Path) -> Path:
-    """Copy standard input to a file in ``folder``: Parquet, Arrow IPC files and JSON lines as
-    they are, an Arrow IPC stream rewritten as an IPC file (which Polars can scan). The format is
-    told by the first bytes: ``PAR1``, ``ARROW1``, an IPC stream's continuation marker, or a
-    ``{`` after any blank space (a JSON object)."""
+    """Copy standard input to a file in ``folder``, named for its format, which its first bytes
+    tell: ``PAR1`` Parquet, ``ARROW1`` an Arrow IPC file, an IPC stream's continuation marker a
+    stream, a ``{`` after any blank space JSON lines."""
     if stdin_closed():
         raise AdvcliError("<stdin>: standard input is closed")
     source = sys.stdin.buffer
@@ -269,53 +267,23 @@ def spool_stdin(folder: Path) -> Path:
         "stdin.parquet"
         if head.startswith(b"PAR1")
         else "stdin.arrow"
-        if head.startswith(b"ARROW1")
+        if head.startswith(IPC_FILE_MAGIC)
+        else "stdin.arrows"
+        if head.startswith(IPC_STREAM_MARKER)
         else "stdin.jsonl"
         if head.lstrip(JSON_BLANK).startswith(b"{")
         else None
     )
-    if name is not None:
-        path = folder / name
-        with path.open("wb") as sink:
-            # Polars' JSON reader takes no byte-order mark.
-            sink.write(head.removeprefix(UTF8_BOM) if name == "stdin.jsonl" else head)
-            shutil.copyfileobj(source, sink)
-        return path
-    if not head.startswith(b"\xff\xff\xff\xff"):
+    if name is None:
         raise AdvcliError(
             "<stdin>: not Parquet, an Arrow IPC stream or JSON lines (checked the first bytes)"
         )
-    path = folder / "stdin.arrow"
-    try:
-        reader = pa.ipc.open_stream(_Prefixed(head, source))
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, reader.schema) as out:
-            for batch in reader:
-                out.write_batch(batch)
-    except pa.ArrowException as error:
-        raise AdvcliError(
-            f"<stdin>: not a readable Arrow IPC stream ({first_line(error)})"
-        ) from None
+    path = folder / name
+    with path.open("wb") as sink:
+        # Polars' JSON reader takes no byte-order mark.
+        sink.write(head.removeprefix(UTF8_BOM) if name == "stdin.jsonl" else head)
+        shutil.copyfileobj(source, sink)
     return path
-
-
-class _Prefixed(io.RawIOBase):
-    """A readable stream that yields ``head`` and then the rest of ``rest``."""
-
-    def __init__(self, head: bytes, rest: Any) -> None:
-        self._head, self._rest = head, rest
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if self._head:
-            size = min(len(buffer), len(self._head))
-            buffer[:size] = self._head[:size]
-            self._head = self._head[size:]
-            return size
-        data = self._rest.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
 
 
 def _read_header(

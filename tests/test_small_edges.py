@@ -311,3 +311,26 @@ def test_a_stream_that_changed_after_it_was_opened_is_refused(tmp_path):
     changed = r"dump.arrows: the stream holds 76 rows but held 38 when it was opened"
     with pytest.raises(AdvcliError, match=changed):
         dataset.read_columns(["data_id"])
+
+
+def test_a_stream_on_standard_input_is_read_as_a_stream_file_is(tmp_path):
+    sample_frame().write_parquet(tmp_path / "dump.parquet")
+    piped = shell(
+        f"{ADVCLI} compute dump.parquet -o - -q | {ADVCLI} compute - -o again.parquet -q", tmp_path
+    )
+    assert piped.returncode == 0, piped.stderr
+    direct = shell(f"{ADVCLI} compute dump.parquet -o direct.parquet -q", tmp_path)
+    assert direct.returncode == 0, direct.stderr
+    assert pl.read_parquet(tmp_path / "again.parquet").equals(
+        pl.read_parquet(tmp_path / "direct.parquet")
+    )
+    inspected = shell(
+        f"{ADVCLI} compute dump.parquet -o - -q | {ADVCLI} inspect - --json", tmp_path
+    )
+    assert json.loads(inspected.stdout)["inputs"]["format"] == "arrow_stream"
+
+    (tmp_path / "cut.arrows").write_bytes(ipc_stream_bytes(sample_frame())[:-200])
+    cut = shell(f"{ADVCLI} inspect - < cut.arrows", tmp_path)
+    assert cut.returncode == 1
+    assert cut.stderr.startswith("Error: <stdin>: not a readable Arrow IPC stream (")
+    assert len(cut.stderr.splitlines()) == 1 and "Traceback" not in cut.stderr
