@@ -1,6 +1,7 @@
-"""Opening inputs: paths, globs, directories, standard input, format sniffing, each file's
-header (row count, schema, types Polars cannot hold), schemas agreeing across files, and the
-JSON-lines checks that need the raw text.
+"""Opening inputs: paths, globs, directories, standard input, format sniffing (Arrow IPC file or
+stream by the first bytes), each file's header (row count, schema, types Polars cannot hold),
+schemas agreeing across files, and the JSON-lines checks that need the raw text. Paths that are
+not UTF-8 are read through :mod:`advcli.names` and labelled with their bytes escaped.
 
 Every Polars or Arrow error met while opening is re-raised as :class:`~advcli.errors.AdvcliError`
 naming the file (and line or row).
@@ -77,7 +78,9 @@ class Dataset:
 
     def scan(self) -> pl.LazyFrame:
         """The files as one LazyFrame (Parquet decoded by Arrow: see :func:`scan_parquet`; an
-        Arrow IPC stream, which Polars cannot scan: :func:`scan_arrow_stream`)."""
+        Arrow IPC stream, which Polars cannot scan: :func:`scan_arrow_stream`). It may read a
+        file through a descriptor the dataset holds (:class:`~advcli.names.NativeNames`): keep
+        the dataset until the query has run."""
         files = [self.source(index) for index in range(len(self.files))]
         if self.input_format == "json":
             return pl.scan_ndjson([as_pattern(name) for name in files], schema=self.schema)
