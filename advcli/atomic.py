@@ -220,6 +220,8 @@ def _as_write_error(output: Path) -> Iterator[None]:
     """Any failure of the operating system while writing ``output`` as one error naming it."""
     try:
         yield
+    except BrokenPipeError:  # the reader of a pipe went away: the command line ends quietly
+        raise
     except OSError as error:
         raise AdvcliError(f"{output}: cannot write ({_reason(error)})") from None
 

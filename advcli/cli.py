@@ -26,6 +26,7 @@ from rich.text import Text
 
 import advcli
 from advcli.errors import AdvcliError, MissingRoles, UsageError
+from advcli.names import printable
 from advcli.process import (
     StdoutText,
     drop_bad_thread_count,
@@ -114,10 +115,10 @@ def reports_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except UsageError as error:
-            raise typer.BadParameter(str(error)) from None
+            raise typer.BadParameter(printable(str(error))) from None
         except AdvcliError as error:
             if received_signal() is None:
-                typer.echo(f"Error: {_with_command(error)}", err=True)
+                typer.echo(f"Error: {printable(_with_command(error))}", err=True)
             # Else the interrupt caused it (a query it cancelled fails): the entry point prints
             # the interrupt's line and exit code instead.
             raise typer.Exit(1) from None
@@ -750,7 +751,7 @@ def inspect_command(
         ),
     )
     if config_path is not None:
-        summary["config"] = str(config_path)
+        summary["config"] = printable(str(config_path))
     if json_output:
         write_stdout_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", "the JSON")
     else:

@@ -1,6 +1,7 @@
-"""Opening inputs: paths, globs, directories, standard input, format sniffing, each file's
-header (row count, schema, types Polars cannot hold), schemas agreeing across files, and the
-JSON-lines checks that need the raw text.
+"""Opening inputs: paths, globs, directories, standard input, format sniffing (Arrow IPC file or
+stream by the first bytes), each file's header (row count, schema, types Polars cannot hold),
+schemas agreeing across files, and the JSON-lines checks that need the raw text. Paths that are
+not UTF-8 are read through :mod:`advcli.names` and labelled with their bytes escaped.
 
 Every Polars or Arrow error met while opening is re-raised as :class:`~advcli.errors.AdvcliError`
 naming the file (and line or row).
@@ -10,14 +11,13 @@ from __future__ import annotations
 
 import bisect
 import glob
-import io
 import json
 import os
 import re
 import shutil
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,13 +26,18 @@ import polars as pl
 import pyarrow as pa
 
 from advcli.errors import AdvcliError, first_line
+from advcli.names import NativeNames, shown_path
 from advcli.process import stdin_closed
 from advcli.rules import EXACT_INTEGER_LIMIT
-from advcli.scan import closing_sources, open_parquet, scan_parquet
+from advcli.scan import closing_sources, open_parquet, scan_arrow_stream, scan_parquet
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSON_LINES_SUFFIXES = (".jsonl", ".ndjson", ".json")
-ARROW_SUFFIXES = (".arrow", ".ipc", ".feather")
+# Arrow IPC files and streams: which of the two a file holds is told by its first bytes.
+ARROW_SUFFIXES = (".arrow", ".arrows", ".ipc", ".feather")
+IPC_FILE_MAGIC = b"ARROW1"
+IPC_STREAM_MARKER = b"\xff\xff\xff\xff"
+FEATHER_V1_MAGIC = b"FEA1"
 DIRECTORY_JSON_SUFFIXES = (".jsonl", ".ndjson")
 # What a directory's reading picks up (either kind, depending on what else it holds).
 FOLDER_SUFFIXES = PARQUET_SUFFIXES + DIRECTORY_JSON_SUFFIXES
@@ -43,7 +48,13 @@ UTF8_BOM = b"\xef\xbb\xbf"
 JSON_BLANK = b" \t\r\n" + UTF8_BOM
 # How far into standard input to look for that '{'.
 SNIFF_LIMIT = 1 << 16
-InputFormat = Literal["parquet", "json", "arrow"]
+InputFormat = Literal["parquet", "json", "arrow", "arrow_stream"]
+FORMAT_NAMES = {
+    "parquet": "Parquet",
+    "json": "JSON-lines",
+    "arrow": "Arrow IPC",
+    "arrow_stream": "Arrow IPC stream",
+}
 
 
 @dataclass(frozen=True)
@@ -58,19 +69,30 @@ class Dataset:
     input_format: InputFormat = "parquet"
     labels: tuple[str, ...] = ()
     folders: tuple[Path, ...] = ()
+    # What Polars and Arrow open each file by (see NativeNames); the paths themselves if None.
+    native: NativeNames | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_rows(self) -> int:
         return sum(self.row_counts)
 
     def scan(self) -> pl.LazyFrame:
-        """The files as one LazyFrame (Parquet decoded by Arrow: see :func:`scan_parquet`)."""
-        files = list(self.files)
+        """The files as one LazyFrame (Parquet decoded by Arrow: see :func:`scan_parquet`; an
+        Arrow IPC stream, which Polars cannot scan: :func:`scan_arrow_stream`). It may read a
+        file through a descriptor the dataset holds (:class:`~advcli.names.NativeNames`): keep
+        the dataset until the query has run."""
+        files = [self.source(index) for index in range(len(self.files))]
         if self.input_format == "json":
-            return pl.scan_ndjson(files, schema=self.schema)
+            return pl.scan_ndjson([as_pattern(name) for name in files], schema=self.schema)
         if self.input_format == "arrow":
-            return pl.scan_ipc(files)
+            return pl.scan_ipc(files, glob=False)
+        if self.input_format == "arrow_stream":
+            return scan_arrow_stream(self)
         return scan_parquet(self)
+
+    def source(self, index: int) -> str:
+        """The name Polars and Arrow open file ``index`` by."""
+        return self.native.names[index] if self.native else str(self.files[index])
 
     def read_columns(self, names: Sequence[str], limit: int | None = None) -> pl.DataFrame:
         """The named columns in input order, every row or the first ``limit`` (small columns
@@ -95,7 +117,7 @@ class Dataset:
         return bisect.bisect_right(starts, row) - 1
 
     def label(self, index: int) -> str:
-        return self.labels[index] if self.labels else str(self.files[index])
+        return self.labels[index] if self.labels else shown_path(self.files[index])
 
     def describe(self) -> str:
         """The inputs in one phrase, for messages."""
@@ -107,6 +129,12 @@ class Dataset:
         file_number = self.file_of(row)
         start = sum(self.row_counts[:file_number])
         return f"{self.label(file_number)} row {row - start}"
+
+
+def as_pattern(name: str) -> str:
+    """A file name as a glob pattern that matches only that file, for Polars' JSON reader, which
+    reads every name as a pattern (``step[1].jsonl`` would match no file, ``a*.jsonl`` others)."""
+    return glob.escape(name) if GLOB_CHARS & set(name) else name
 
 
 def resolve_inputs(specs: Sequence[str]) -> list[Path]:
@@ -162,12 +190,24 @@ def _expand_path(path: Path, spec: str) -> list[Path]:
 
 
 def input_format_of(path: Path) -> InputFormat:
-    """The format a file is read as, from its extension (Parquet when unknown)."""
-    if path.suffix.lower() in JSON_LINES_SUFFIXES:
+    """The format a file is read as, from its extension (Parquet when unknown); for an Arrow
+    extension, an IPC file or stream as its first bytes say (``.arrows`` a stream unless they
+    say file)."""
+    suffix = path.suffix.lower()
+    if suffix in JSON_LINES_SUFFIXES:
         return "json"
-    if path.suffix.lower() in ARROW_SUFFIXES:
+    if suffix not in ARROW_SUFFIXES:
+        return "parquet"
+    try:
+        with path.open("rb") as file:
+            head = file.read(len(IPC_FILE_MAGIC))
+    except OSError:
+        head = b""
+    if head.startswith(IPC_FILE_MAGIC):
         return "arrow"
-    return "parquet"
+    if head.startswith(IPC_STREAM_MARKER) or suffix == ".arrows":
+        return "arrow_stream"
+    return "arrow"
 
 
 def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
@@ -187,7 +227,7 @@ def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
         folders: tuple[Path, ...] = ()
     else:
         files = resolve_inputs(specs)
-        labels = tuple(str(path) for path in files)
+        labels = tuple(shown_path(path) for path in files)
         folders = input_folders(specs)
     formats = {input_format_of(path) for path in files}
     if len(formats) > 1:
@@ -195,23 +235,25 @@ def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
             f"{labels[0]}: inputs mix formats ({', '.join(sorted(formats))}); give one format"
         )
     input_format = formats.pop()
+    native = NativeNames(files, labels)
     row_counts, schemas = [], []
-    for path, label in zip(files, labels, strict=True):
-        num_rows, schema = _read_header(path, label, input_format)
+    for path, source, label in zip(files, native.names, labels, strict=True):
+        num_rows, schema = _read_header(path, source, label, input_format)
         row_counts.append(num_rows)
         schemas.append(schema)
     _check_schemas_agree(labels, schemas)
-    dataset = Dataset(tuple(files), schemas[0], tuple(row_counts), input_format, labels, folders)
+    dataset = Dataset(
+        tuple(files), schemas[0], tuple(row_counts), input_format, labels, folders, native
+    )
     if dataset.num_rows == 0:
         raise AdvcliError(f"{dataset.describe()}: the input has no rows")
     return dataset
 
 
 def spool_stdin(folder: Path) -> Path:
-    """Copy standard input to a file in ``folder``: Parquet, Arrow IPC files and JSON lines as
-    they are, an Arrow IPC stream rewritten as an IPC file (which Polars can scan). The format is
-    told by the first bytes: ``PAR1``, ``ARROW1``, an IPC stream's continuation marker, or a
-    ``{`` after any blank space (a JSON object)."""
+    """Copy standard input to a file in ``folder``, named for its format, which its first bytes
+    tell: ``PAR1`` Parquet, ``ARROW1`` an Arrow IPC file, an IPC stream's continuation marker a
+    stream, a ``{`` after any blank space JSON lines."""
     if stdin_closed():
         raise AdvcliError("<stdin>: standard input is closed")
     source = sys.stdin.buffer
@@ -228,63 +270,36 @@ def spool_stdin(folder: Path) -> Path:
         "stdin.parquet"
         if head.startswith(b"PAR1")
         else "stdin.arrow"
-        if head.startswith(b"ARROW1")
+        if head.startswith(IPC_FILE_MAGIC)
+        else "stdin.arrows"
+        if head.startswith(IPC_STREAM_MARKER)
         else "stdin.jsonl"
         if head.lstrip(JSON_BLANK).startswith(b"{")
         else None
     )
-    if name is not None:
-        path = folder / name
-        with path.open("wb") as sink:
-            # Polars' JSON reader takes no byte-order mark.
-            sink.write(head.removeprefix(UTF8_BOM) if name == "stdin.jsonl" else head)
-            shutil.copyfileobj(source, sink)
-        return path
-    if not head.startswith(b"\xff\xff\xff\xff"):
+    if name is None:
         raise AdvcliError(
             "<stdin>: not Parquet, an Arrow IPC stream or JSON lines (checked the first bytes)"
         )
-    path = folder / "stdin.arrow"
-    try:
-        reader = pa.ipc.open_stream(_Prefixed(head, source))
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, reader.schema) as out:
-            for batch in reader:
-                out.write_batch(batch)
-    except pa.ArrowException as error:
-        raise AdvcliError(
-            f"<stdin>: not a readable Arrow IPC stream ({first_line(error)})"
-        ) from None
+    path = folder / name
+    with path.open("wb") as sink:
+        # Polars' JSON reader takes no byte-order mark.
+        sink.write(head.removeprefix(UTF8_BOM) if name == "stdin.jsonl" else head)
+        shutil.copyfileobj(source, sink)
     return path
 
 
-class _Prefixed(io.RawIOBase):
-    """A readable stream that yields ``head`` and then the rest of ``rest``."""
-
-    def __init__(self, head: bytes, rest: Any) -> None:
-        self._head, self._rest = head, rest
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if self._head:
-            size = min(len(buffer), len(self._head))
-            buffer[:size] = self._head[:size]
-            self._head = self._head[size:]
-            return size
-        data = self._rest.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-
-def _read_header(path: Path, label: str, input_format: InputFormat) -> tuple[int, pl.Schema]:
-    """A file's row count and schema, without reading its data where the format allows."""
+def _read_header(
+    path: Path, source: str, label: str, input_format: InputFormat
+) -> tuple[int, pl.Schema]:
+    """A file's row count and schema, without reading its data where the format allows
+    (``source``: the name Polars and Arrow open it by)."""
+    kind = FORMAT_NAMES[input_format]
     try:
         if path.stat().st_size == 0:
-            kind = {"parquet": "Parquet", "json": "JSON-lines", "arrow": "Arrow"}[input_format]
-            raise AdvcliError(f"{label}: the file is empty (0 bytes), not a {kind} file")
+            raise AdvcliError(f"{label}: the file is empty (0 bytes), not {_a(kind)} file")
         if input_format == "parquet":
-            with open_parquet(path) as parquet_file:
+            with open_parquet(source) as parquet_file:
                 metadata = parquet_file.metadata
                 arrow_schema = parquet_file.schema_arrow
             in_groups = sum(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
@@ -297,12 +312,25 @@ def _read_header(path: Path, label: str, input_format: InputFormat) -> tuple[int
             # Not arrow_schema.empty_table(): that imports pandas (half a second) for nothing.
             empty = pa.Table.from_batches([], schema=arrow_schema)
             return metadata.num_rows, pl.DataFrame(empty).schema
+        if input_format == "arrow_stream":
+            # Memory-mapped: counting the rows reads the batches' headers, not their data.
+            with pa.memory_map(source) as mapped:
+                reader = pa.ipc.open_stream(mapped)
+                _check_arrow_types(reader.schema, label)
+                num_rows = sum(batch.num_rows for batch in reader)
+            return num_rows, pl.DataFrame(pa.Table.from_batches([], schema=reader.schema)).schema
         if input_format == "arrow":
-            with pa.memory_map(str(path)) as source:
-                _check_arrow_types(pa.ipc.open_file(source).schema, label)
-            frame = pl.scan_ipc(path)
+            with pa.memory_map(source) as mapped:
+                if mapped.read(len(FEATHER_V1_MAGIC)) == FEATHER_V1_MAGIC:
+                    raise AdvcliError(
+                        f"{label}: a Feather version 1 file, which advcli does not read; write "
+                        "it as Feather version 2 (an Arrow IPC file) or Parquet"
+                    )
+                mapped.seek(0)
+                _check_arrow_types(pa.ipc.open_file(mapped).schema, label)
+            frame = pl.scan_ipc(source, glob=False)
         else:
-            frame = pl.scan_ndjson(path, infer_schema_length=None)
+            frame = pl.scan_ndjson(as_pattern(source), infer_schema_length=None)
         return frame.select(pl.len()).collect().item(), frame.collect_schema()
     except AdvcliError:
         raise
@@ -313,8 +341,12 @@ def _read_header(path: Path, label: str, input_format: InputFormat) -> tuple[int
             bad_line = _first_bad_json_line(path)
             if bad_line is not None:
                 raise AdvcliError(f"{label} {bad_line}") from None
-        kind = {"parquet": "Parquet", "json": "JSON-lines", "arrow": "Arrow IPC"}[input_format]
-        raise AdvcliError(f"{label}: not a readable {kind} file ({first_line(error)})") from None
+        kind = kind if input_format == "arrow_stream" else f"{kind} file"
+        raise AdvcliError(f"{label}: not a readable {kind} ({first_line(error)})") from None
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "AEIOU" else f"a {kind}"
 
 
 # Arrow types Polars cannot hold (it fails, or panics, on their data): such a column is refused by
@@ -383,16 +415,36 @@ def _first_bad_json_line(path: Path) -> str | None:
                 if not line.strip():
                     continue
                 try:
-                    value = json.loads(line)
+                    value = json.loads(line, parse_constant=_NotJson)
                 except json.JSONDecodeError as error:
                     return f"line {number}: not valid JSON ({error.msg} at column {error.colno})"
                 if not isinstance(value, dict):
                     return f"line {number}: not a JSON object"
+                for name, item in value.items():
+                    literal = _not_json(item)
+                    if literal is not None:
+                        return (
+                            f"line {number}: column '{name}' holds {literal}, which is not JSON "
+                            "(JSON has no NaN or infinity); write null or a number"
+                        )
     except UnicodeDecodeError as error:
         return f"byte {error.start}: not UTF-8 text"
     except OSError:
         return None
     return None
+
+
+class _NotJson(str):
+    """``NaN``, ``Infinity`` or ``-Infinity``: literals Python's JSON parser takes (and Polars'
+    refuses, without saying where), kept to name the column that holds one."""
+
+
+def _not_json(value: Any) -> str | None:
+    """The first ``NaN``/``Infinity`` literal in a line's value (also inside lists and objects)."""
+    if isinstance(value, _NotJson):
+        return str(value)
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return next((found for item in items if (found := _not_json(item)) is not None), None)
 
 
 def check_json_lines(dataset: Dataset, ids: Sequence[str], reward: str) -> None:
@@ -412,12 +464,12 @@ def check_json_lines(dataset: Dataset, ids: Sequence[str], reward: str) -> None:
     float_reward = reward_type == pl.Float64 or reward_type == pl.List(pl.Float64)
     for index, path in enumerate(dataset.files):
         for name in string_ids:
-            for line in _lines_matching(path, _value_after_key(name)):
+            for line in _lines_matching(dataset.source(index), _value_after_key(name)):
                 value = json.loads(line).get(name)
                 if value is not None and not isinstance(value, str):
                     raise AdvcliError(f"{dataset.label(index)} {_mixed_ids(path, name, line)}")
         if float_reward:
-            for line in _lines_matching(path, LONG_INTEGER):
+            for line in _lines_matching(dataset.source(index), LONG_INTEGER):
                 too_large = _beyond_exact(json.loads(line).get(reward))
                 if too_large is not None:
                     raise AdvcliError(
@@ -436,11 +488,13 @@ def _value_after_key(name: str) -> str:
     return re.escape(json.dumps(name, ensure_ascii=False)) + r"\s*:\s*[^\"\sn]"
 
 
-def _lines_matching(path: Path, pattern: str) -> Iterator[str]:
-    """The lines of a text file that match ``pattern``, found by Polars batch by batch (a NUL
-    byte, the separator, cannot occur in JSON text)."""
+def _lines_matching(source: str, pattern: str) -> Iterator[str]:
+    """The lines of a text file (by its native name: :class:`NativeNames`) that match
+    ``pattern``, found by Polars batch by batch (a NUL byte, the separator, cannot occur in JSON
+    text)."""
     lines = pl.scan_csv(
-        path,
+        source,
+        glob=False,
         has_header=False,
         separator="\x00",
         quote_char=None,

@@ -35,6 +35,7 @@ from advcli.errors import AdvcliError, first_line
 from advcli.estimators import Advantages
 from advcli.inputs import Dataset
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
+from advcli.names import is_utf8
 from advcli.projection import KeyExpressions
 from advcli.rules import RULES
 from advcli.settings import AdvantageConfig, Estimator, Level
@@ -100,6 +101,12 @@ def _stop_local_cluster(folder: str) -> None:
 def _read(dataset: Dataset) -> Any:
     if dataset.input_format != "parquet":
         raise AdvcliError(f"{dataset.describe()}: --engine ray reads Parquet inputs")
+    for index, path in enumerate(dataset.files):
+        if not is_utf8(path):  # its workers open the files by a name, which Arrow takes as UTF-8
+            raise AdvcliError(
+                f"{dataset.label(index)}: --engine ray reads only files whose names are UTF-8; "
+                "rename the file or use --engine local"
+            )
     return ray.data.read_parquet([str(path) for path in dataset.files])
 
 

@@ -23,6 +23,7 @@ from rich.text import Text
 
 from advcli.atomic import atomic_output
 from advcli.errors import AdvcliError
+from advcli.names import NOT_UTF8_ESCAPES
 
 if TYPE_CHECKING:
     # Only a type here: `advcli sample` shows its path through this module without Polars.
@@ -78,6 +79,8 @@ _ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80,
     0x2028: "\\u2028",
     0x2029: "\\u2029",
 }
+# The bytes of a file name that is not UTF-8 are written as escapes too.
+_ESCAPES |= NOT_UTF8_ESCAPES
 
 
 def visible(value: Any) -> str:

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from advcli.atomic import atomic_output, check_output_path
 from advcli.errors import AdvcliError
+from advcli.names import native_name
 from advcli.process import available_memory
 
 
@@ -122,7 +123,7 @@ def write_sample(
             "lower --rollouts, --max-turns or --tokens"
         )
     rows = 0
-    with atomic_output(output, force=force) as partial:
+    with atomic_output(output, force=force) as partial, native_name(partial) as target:
         writer: pq.ParquetWriter | None = None
         try:
             for chunk, first_group in enumerate(range(0, groups, GROUPS_PER_CHUNK)):
@@ -134,7 +135,7 @@ def write_sample(
                     0, "data_id", pa.compute.add(table["data_id"], first_group)
                 )
                 if writer is None:
-                    writer = pq.ParquetWriter(partial, table.schema, compression="zstd")
+                    writer = pq.ParquetWriter(target, table.schema, compression="zstd")
                 writer.write_table(table, row_group_size=table.num_rows)
                 rows += table.num_rows
         finally:

@@ -7,7 +7,10 @@ attaches each row's score and advantage by row number and writes the result thro
 
 from __future__ import annotations
 
+import errno
 import os
+import select
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +24,7 @@ from advcli.columns import OUTPUT_COLUMNS, ColumnRoles, unused_name
 from advcli.errors import AdvcliError, first_line
 from advcli.inputs import FOLDER_SUFFIXES, STDIN, Dataset
 from advcli.keys import ROW, SCORE
+from advcli.names import native_name
 from advcli.native_stderr import cancelled_tasks_unreported
 from advcli.process import available_memory, require_stdout
 from advcli.scan import closing_sources
@@ -79,15 +83,22 @@ def write_advantages(
         try:
             if arrays:
                 _write_arrays(frame, columns, partial, output_format, tokens, output)
+            elif output_format == "arrows":
+                _write_arrow_stream(frame, partial)
             else:
-                if output_format == "parquet":
-                    frame.sink_parquet(partial)
-                elif output_format == "arrow":
-                    frame.sink_ipc(partial)
-                else:
-                    _write_arrow_stream(frame, partial)
-        except pl.exceptions.PolarsError as error:
-            raise AdvcliError(f"{output}: cannot write ({first_line(error)})") from None
+                with native_name(partial) as target:
+                    if output_format == "parquet":
+                        frame.sink_parquet(target)
+                    else:
+                        frame.sink_ipc(target)
+        except (pl.exceptions.PolarsError, AdvcliError, OSError) as error:
+            # Polars, Arrow and torch report a pipe whose reader went away as errors of their
+            # own: it ends the run as a broken pipe does (quietly, exit 141).
+            if partial == output and reader_gone(output):
+                raise BrokenPipeError(errno.EPIPE, "the reader closed the pipe") from None
+            if isinstance(error, pl.exceptions.PolarsError):
+                raise AdvcliError(f"{output}: cannot write ({first_line(error)})") from None
+            raise
 
 
 def with_padding(row_values: pl.DataFrame, padding: pl.DataFrame) -> pl.DataFrame:
@@ -159,10 +170,28 @@ def per_token_advantages(columns: ColumnRoles) -> pl.Expr:
     return values.list.to_array(columns.mask_width) if columns.mask_width is not None else values
 
 
+def reader_gone(output: Path) -> bool:
+    """Whether ``output`` is a pipe that nobody reads any more (its reader closed it, or a named
+    pipe has none): a write there fails with EPIPE."""
+    try:
+        descriptor = os.open(output, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        return error.errno == errno.ENXIO
+    try:
+        if not stat.S_ISFIFO(os.fstat(descriptor).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(descriptor, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    finally:
+        os.close(descriptor)
+
+
 def _write_arrow_stream(frame: pl.LazyFrame, path: Path) -> None:
     """An Arrow IPC *stream* (what a pipe reader such as ``pyarrow.ipc.open_stream`` expects),
-    written batch by batch as the rows stream through."""
-    with pa.OSFile(str(path), "wb") as sink:
+    written batch by batch as the rows stream through. Through a Python file, which counts the
+    bytes written: Arrow's own asks the file for its position, which a pipe does not have."""
+    with path.open("wb") as sink:
         writer = None
         for batch in frame.collect_batches():
             table = batch.to_arrow()

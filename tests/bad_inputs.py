@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import decimal
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -638,6 +639,151 @@ CASES += [
 ]
 
 
+# ---------------------------------------------------------------------------------------------
+# Issue 26: names that are not UTF-8, Arrow IPC streams and files, JSON literals that are not JSON.
+
+# A name's bytes that are not UTF-8, as Python holds them (surrogate escapes) and as advcli's
+# messages show them.
+NOT_UTF8 = os.fsdecode(b"-\xff")
+NOT_UTF8_SHOWN = "-\\xff"
+
+
+def named_case(name: str, frame: pl.DataFrame, *expected: str) -> BadInput:
+    """``frame`` written as ``dump-\\xff.parquet`` in a folder ``runs-\\xff``: the error line
+    names both with their bytes escaped."""
+
+    def build(folder: Path) -> list[str]:
+        (folder / f"runs{NOT_UTF8}").mkdir()
+        path = folder / f"runs{NOT_UTF8}" / f"dump{NOT_UTF8}.parquet"
+        # Through a Python file: Polars takes a path only as UTF-8 text.
+        with path.open("wb") as file:
+            frame.write_parquet(file)
+        return [str(path)]
+
+    shown = f"runs{NOT_UTF8_SHOWN}/dump{NOT_UTF8_SHOWN}.parquet"
+    return BadInput(name, build, (shown, *expected))
+
+
+def stream_case(name: str, data: Callable[[], bytes], *expected: str, suffix: str = ".arrows"):
+    def build(folder: Path) -> list[str]:
+        path = folder / f"dump{suffix}"
+        path.write_bytes(data())
+        return [str(path)]
+
+    return BadInput(name, build, (f"dump{suffix}", *expected))
+
+
+def ipc_stream(frame: pl.DataFrame, batches: int = 1) -> bytes:
+    table = frame.to_arrow()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        for _ in range(batches):
+            writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _feather_v1() -> bytes:
+    """The first bytes of a Feather version 1 file (its magic) and some more."""
+    return b"FEA1" + bytes(64) + b"FEA1"
+
+
+CASES += [
+    named_case("missing group column in a file named in bytes", GOOD.drop("data_id"), "no group"),
+    named_case("zero rows in a file named in bytes", GOOD.clear(), "the input has no rows"),
+    named_case(
+        "null group id in a file named in bytes",
+        replace("data_id", [0, None, 0, 1]),
+        "row 1",
+        "column 'data_id' (group id) is null",
+    ),
+    BadInput(
+        "missing file named in bytes",
+        lambda folder: [str(folder / f"gone{NOT_UTF8}.parquet")],
+        (f"gone{NOT_UTF8_SHOWN}.parquet: no such file or directory",),
+    ),
+    BadInput(
+        "glob in bytes matching nothing",
+        lambda folder: [str(folder / f"step{NOT_UTF8}-*.parquet")],
+        (f"step{NOT_UTF8_SHOWN}-*.parquet: the pattern matches no file",),
+    ),
+    BadInput(
+        "existing output named in bytes without --force",
+        _good,
+        (f"out{NOT_UTF8_SHOWN}", "the file exists; pass --force"),
+        output=f"out{NOT_UTF8}",
+        existing_output=True,
+    ),
+    BadInput(
+        "output folder named in bytes missing",
+        _good,
+        (f"gone{NOT_UTF8_SHOWN}/out", "the folder ", f"gone{NOT_UTF8_SHOWN} does not exist"),
+        output=f"gone{NOT_UTF8}/out",
+    ),
+    jsonl_case(
+        "JSON NaN literal in the reward column",
+        f"{JSON_LINE}\n" + JSON_LINE.replace('"score": 1.0', '"score": NaN') + "\n",
+        "line 2: column 'score' holds NaN, which is not JSON",
+        "write null or a number",
+    ),
+    jsonl_case(
+        "JSON -Infinity literal in a reward list",
+        f"{JSON_LINE}\n\n"
+        + JSON_LINE.replace('"score": 1.0', '"score": [0.0, -Infinity]').replace('"a"', '"b"')
+        + "\n",
+        "line 3: column 'score' holds -Infinity, which is not JSON",
+    ),
+    jsonl_case(
+        "JSON Infinity literal in an id column",
+        JSON_LINE.replace('"data_id": 0', '"data_id": Infinity') + "\n",
+        "line 1: column 'data_id' holds Infinity, which is not JSON",
+    ),
+    jsonl_case(
+        "JSON NaN literal in a trajectory id column",
+        f"{JSON_LINE}\n" + JSON_LINE.replace('"rollout_id": "a"', '"rollout_id": NaN') + "\n",
+        "line 2: column 'rollout_id' holds NaN",
+    ),
+    jsonl_case(
+        "JSON lowercase nan",
+        f"{JSON_LINE}\n" + JSON_LINE.replace('"score": 1.0', '"score": nan') + "\n",
+        "line 2: not valid JSON",
+    ),
+    stream_case("empty .arrows stream", lambda: b"", "the file is empty (0 bytes)"),
+    stream_case(
+        "Arrow IPC stream of no batches", lambda: ipc_stream(GOOD, 0), "the input has no rows"
+    ),
+    stream_case(
+        "truncated Arrow IPC stream",
+        lambda: ipc_stream(GOOD, 2)[:-100],
+        "not a readable Arrow IPC stream",
+    ),
+    stream_case(
+        "text named .arrows",
+        lambda: b"data_id,rollout_id\n0,a\n",
+        "not a readable Arrow IPC stream",
+    ),
+    stream_case(
+        "missing group column in an Arrow IPC stream",
+        lambda: ipc_stream(GOOD.drop("data_id")),
+        "no group column",
+    ),
+    stream_case(
+        "null reward in an Arrow IPC stream named .arrow",
+        lambda: ipc_stream(
+            replace("token_level_rewards", [[0.0, 1.0], None, [0.0, 0.0], [0.5, 0.0]])
+        ),
+        "row 1",
+        "column 'token_level_rewards' (reward) is null",
+        suffix=".arrow",
+    ),
+    stream_case(
+        "Feather version 1",
+        _feather_v1,
+        "a Feather version 1 file, which advcli does not read",
+        suffix=".feather",
+    ),
+]
+
+
 # inspect writes nothing, and it reports (rather than refuses) scores that disagree within a
 # trajectory and repeated turns: these cases go through compute and compare only.
 NOT_FOR_INSPECT = {
@@ -652,6 +798,8 @@ NOT_FOR_INSPECT = {
     "output equal to an input",
     "existing output without --force",
     "output a symbolic link to an input",
+    "existing output named in bytes without --force",
+    "output folder named in bytes missing",
 }
 CASES = [
     dataclasses.replace(case, commands=("compute", "compare"))

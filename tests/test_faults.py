@@ -363,6 +363,31 @@ def test_full_disk(writer: Writer, env: dict[str, str], medium_dump, mplconfig, 
     assert sha256(medium_dump) == digest, "the input changed"
 
 
+@pytest.mark.parametrize("name", ["out.parquet", "out.arrows", "out.npz", "r.json"])
+def test_full_disk_under_a_folder_named_in_bytes(name, medium_dump, mplconfig, tmp_path):
+    """Writers that open their output through a descriptor (its folder's name is not UTF-8) fail
+    on a full disk as any other: one line naming the output with its bytes escaped."""
+    out, tmp = folders(tmp_path)
+    folder = out / os.fsdecode(b"runs-\xff")
+    folder.mkdir()
+    option = "--json" if name.endswith(".json") else "-o"
+    command = "compare" if option == "--json" else "compute"
+    before = listing(out)
+
+    result = run_advcli(
+        [command, medium_dump, option, folder / name],
+        cwd=out,
+        env=child_env(tmp, mplconfig),
+        preexec=file_size_limit(LIMIT),
+    )
+
+    assert result.returncode == 1, f"exit code is not 1{result}"
+    assert f"{out}/runs-\\xff/{name}: cannot write" in error_line(result), str(result)
+    assert_no_crash(result)
+    assert listing(out) == before, f"files left in the output folder{result}"
+    assert listing(tmp) == set(), f"files left in $TMPDIR: {listing(tmp)}{result}"
+
+
 # One case per way of writing a file (the Markdown report is written as the JSON one is).
 KEPT = [
     "compute-parquet",
@@ -528,9 +553,22 @@ PIPELINES = {
     "compute-stdout": (("compute", "IN", "-o", "-"), 100),
     # IN is the 64-file folder here: about 12 KB of JSON.
     "inspect-json": (("inspect", "IN", "--json"), 10),
+    "compute-stdout-parquet": (("compute", "IN", "-o", "-", "--format", "parquet"), 10),
+    # Written straight into the pipe, by Polars, Arrow, numpy and torch, and by the report writer.
+    **{
+        f"compute-dev-stdout-{fmt}": (("compute", "IN", "-o", "/dev/stdout", "--format", fmt), 10)
+        for fmt in ("parquet", "arrow", "arrows", "npz", "pt")
+    },
+    "compare-json-dev-stdout": (
+        ("compare", "IN", "--json", "/dev/stdout", "--top", "400", "-q"),
+        10,
+    ),
 }
 PIPE_RUNS = [
-    *[pytest.param(*run, {}, id=name) for name, run in PIPELINES.items()],
+    *[
+        pytest.param(*run, {}, id=name, marks=[pytest.mark.torch] if name.endswith("-pt") else [])
+        for name, run in PIPELINES.items()
+    ],
     # Text written through an unbuffered stdout: a short write must not pass for a whole one.
     *[
         pytest.param(*PIPELINES[name], UNBUFFERED, id=f"{name}-PYTHONUNBUFFERED")
@@ -541,6 +579,8 @@ PIPE_RUNS = [
 
 @pytest.mark.parametrize(("args", "head_bytes", "env"), PIPE_RUNS)
 def test_broken_pipe_into_head(args, head_bytes, env, medium_dump, many_files, mplconfig, tmp_path):
+    if "pt" in args:
+        pytest.importorskip("torch")
     out, tmp = folders(tmp_path)
     source = many_files if args[0] == "inspect" else medium_dump
     command = [str(source) if arg == "IN" else arg for arg in args]

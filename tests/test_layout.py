@@ -13,6 +13,7 @@ PACKAGE = ROOT / "advcli"
 # Modules that read or write files, streams or processes.
 IO = {
     "inputs",
+    "names",
     "scan",
     "projection",
     "duplicates",
