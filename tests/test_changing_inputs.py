@@ -170,7 +170,7 @@ def between_stages(monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]) 
 
 
 def in_stage_3(monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]) -> None:
-    """The change, then stage 3's write of the Parquet output (after the check that opens it)."""
+    """The change, then stage 3's write of the Parquet output (after the check that begins it)."""
     sink, change = pl.LazyFrame.sink_parquet, once(change)
 
     def changed_then_sunk(self: pl.LazyFrame, *args: object, **kwargs: object) -> object:
