@@ -13,6 +13,8 @@ The rules every writer gets from :func:`atomic_output`:
   that merely has a partial-looking name is never touched.
 - Every ``OSError`` raised while writing (a full disk, a file-size limit, a permission) becomes one
   :class:`~advcli.errors.AdvcliError` naming the output.
+- A writer's ``before_publish`` check (that its inputs are still the files it opened) runs once
+  the result is complete and before it is published: when it fails, nothing is.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ import secrets
 import shutil
 import socket
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from advcli.errors import AdvcliError
+from advcli.errors import AdvcliError, InputChanged
 from advcli.signals import held
 
 PARTIAL_SUFFIX = ".advcli-partial"
@@ -118,7 +120,12 @@ def _check_replaceable_folder(output: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_output(
-    output: Path, *, force: bool = False, folder: bool = False, keep: Sequence[Path] = ()
+    output: Path,
+    *,
+    force: bool = False,
+    folder: bool = False,
+    keep: Sequence[Path] = (),
+    before_publish: Callable[[], None] | None = None,
 ) -> Iterator[Path]:
     """Yield a temporary path beside ``output`` (a new empty file, or with ``folder`` a new empty
     directory); publish it at ``output`` only if the block succeeds. A device, a pipe or an
@@ -130,10 +137,22 @@ def atomic_output(
 
     Without ``force`` an ``output`` that exists when the block ends is an error, not replaced.
     ``keep`` names files that the stale-partial cleanup must not touch (the run's inputs).
+    ``before_publish`` is called when the block has succeeded: an error it raises (an input that
+    changed, :class:`~advcli.errors.InputChanged`) publishes nothing.
     """
     if not folder and writes_in_place(output):
         with _as_write_error(output):
             yield output
+        if before_publish is not None:
+            try:
+                before_publish()
+            except InputChanged as changed:
+                # The bytes have gone through already: the reader must be told not to use them.
+                raise InputChanged(
+                    changed.label,
+                    changed.change,
+                    f"what went to {output} was read from it while it changed: do not use it",
+                ) from None
         return
     parent = output.parent
     if not parent.is_dir():
@@ -157,6 +176,8 @@ def atomic_output(
             else:
                 os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             yield partial
+            if before_publish is not None:
+                before_publish()
             _publish(partial, output, force=force, folder=folder, keep=keep)
     finally:
         if container is not None:

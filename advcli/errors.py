@@ -17,6 +17,16 @@ class UsageError(AdvcliError):
     """Settings or options that do not fit together (the command line exits 2, not 1)."""
 
 
+class InputChanged(AdvcliError):
+    """An input that is no longer the file advcli opened: what was computed from it mixes two
+    versions of it (or rows of another file), so nothing derived from it may be published.
+    ``label`` names the input, ``change`` what changed, ``outcome`` what became of the output."""
+
+    def __init__(self, label: str, change: str, outcome: str = "nothing was written") -> None:
+        self.label, self.change, self.outcome = label, change, outcome
+        super().__init__(f"{label} changed while advcli was reading it ({change}); {outcome}")
+
+
 class MissingRoles(AdvcliError):
     """Roles that found no column, each with what to do (``missing``), and the columns the
     other roles found (``found``). ``flags``: the options that would read the dump, which

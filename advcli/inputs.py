@@ -10,12 +10,14 @@ naming the file (and line or row).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import glob
 import json
 import os
 import re
 import shutil
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +27,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from advcli.errors import AdvcliError, first_line
+from advcli.errors import AdvcliError, InputChanged, first_line
 from advcli.names import NativeNames, shown_path
 from advcli.process import stdin_closed
 from advcli.rules import EXACT_INTEGER_LIMIT
@@ -58,10 +60,52 @@ FORMAT_NAMES = {
 
 
 @dataclass(frozen=True)
+class FileIdentity:
+    """What tells that a path still names the file advcli opened: its device and inode (a file
+    renamed over it has others), its size and its modification time (a rewrite in place, an
+    append, change them)."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> FileIdentity | None:
+        """The identity of the file at ``path`` now; None when there is none (removed)."""
+        try:
+            info = os.stat(path)
+        except OSError:
+            return None
+        return cls(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+    def change_to(self, now: FileIdentity | None) -> str | None:
+        """What differs in ``now``, in words; None when nothing does."""
+        if now is None:
+            return "it was removed"
+        changes = []
+        if now.device != self.device:
+            changes.append(f"device {self.device}, now {now.device}")
+        if now.inode != self.inode:
+            changes.append(f"inode {self.inode}, now {now.inode}")
+        if now.size != self.size:
+            changes.append(f"size {self.size:,} bytes, now {now.size:,}")
+        if now.mtime_ns != self.mtime_ns:
+            changes.append(f"mtime {_clock(self.mtime_ns)}, now {_clock(now.mtime_ns)}")
+        return "; ".join(changes) or None
+
+
+def _clock(ns: int) -> str:
+    """A modification time to the nanosecond, in local time."""
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ns // 10**9))}.{ns % 10**9:09d}"
+
+
+@dataclass(frozen=True)
 class Dataset:
     """Input files of one format read as one table, rows numbered across files in the order
     given. ``labels`` name the files in messages (``<stdin>`` for standard input); ``folders``
-    are the directories among the inputs (:func:`input_folders`)."""
+    are the directories among the inputs (:func:`input_folders`); ``identities`` are the
+    files' identities when they were opened (:meth:`check_unchanged`)."""
 
     files: tuple[Path, ...]
     schema: pl.Schema
@@ -71,6 +115,7 @@ class Dataset:
     folders: tuple[Path, ...] = ()
     # What Polars and Arrow open each file by (see NativeNames); the paths themselves if None.
     native: NativeNames | None = field(default=None, compare=False, repr=False)
+    identities: tuple[FileIdentity, ...] = ()
 
     @property
     def num_rows(self) -> int:
@@ -115,6 +160,38 @@ class Dataset:
         """The index of the file that holds global row number ``row``."""
         starts = np.cumsum((0, *self.row_counts[:-1])).tolist()
         return bisect.bisect_right(starts, row) - 1
+
+    def changed_input(self) -> InputChanged | None:
+        """The error for the first input that is no longer the file that was opened (renamed
+        over, rewritten, appended to, removed); None when every input is as it was."""
+        for index, (path, identity) in enumerate(zip(self.files, self.identities, strict=True)):
+            change = identity.change_to(FileIdentity.of(path))
+            if change is not None:
+                return InputChanged(self.label(index), change)
+        return None
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`InputChanged` if an input changed since it was opened. Called after
+        the last read of an input and before anything derived from it is published: every read
+        in between saw the files as they were opened. (A change that keeps the size and lands
+        within the filesystem's timestamp granularity of the previous write is not seen.)"""
+        changed = self.changed_input()
+        if changed is not None:
+            raise changed
+
+    @contextlib.contextmanager
+    def changes_reported(self) -> Iterator[None]:
+        """Report an error raised in the block as the change of an input, when one changed: a
+        row count that no longer matches, a half-written line or a file gone come from that."""
+        try:
+            yield
+        except InputChanged:
+            raise
+        except Exception:
+            changed = self.changed_input()
+            if changed is None:
+                raise
+            raise changed from None
 
     def label(self, index: int) -> str:
         return self.labels[index] if self.labels else shown_path(self.files[index])
@@ -235,19 +312,42 @@ def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
             f"{labels[0]}: inputs mix formats ({', '.join(sorted(formats))}); give one format"
         )
     input_format = formats.pop()
+    identities = [_identity_at_open(path, label) for path, label in zip(files, labels, strict=True)]
     native = NativeNames(files, labels)
     row_counts, schemas = [], []
-    for path, source, label in zip(files, native.names, labels, strict=True):
-        num_rows, schema = _read_header(path, source, label, input_format)
+    for path, source, label, identity in zip(files, native.names, labels, identities, strict=True):
+        try:
+            num_rows, schema = _read_header(path, source, label, input_format)
+        except AdvcliError:
+            # A half-written file read while it is being written is the change, not damage.
+            change = identity.change_to(FileIdentity.of(path))
+            if change is None:
+                raise
+            raise InputChanged(label, change) from None
         row_counts.append(num_rows)
         schemas.append(schema)
     _check_schemas_agree(labels, schemas)
     dataset = Dataset(
-        tuple(files), schemas[0], tuple(row_counts), input_format, labels, folders, native
+        tuple(files),
+        schemas[0],
+        tuple(row_counts),
+        input_format,
+        labels,
+        folders,
+        native,
+        tuple(identities),
     )
     if dataset.num_rows == 0:
         raise AdvcliError(f"{dataset.describe()}: the input has no rows")
     return dataset
+
+
+def _identity_at_open(path: Path, label: str) -> FileIdentity:
+    """A file's identity, taken before its header is read: a change after it is then seen."""
+    identity = FileIdentity.of(path)
+    if identity is None:
+        raise AdvcliError(f"{label}: no such file (removed while advcli was starting)")
+    return identity
 
 
 def spool_stdin(folder: Path) -> Path:

@@ -273,12 +273,17 @@ def start_engine(engine: Engine, address: str | None) -> None:
 def opened(inputs: Sequence[str]) -> Iterator[Dataset]:
     """Open the inputs as one dataset; standard input (``-``) is spooled to a temporary folder
     that is removed afterwards. Without ``-`` no folder is made (a run killed by SIGKILL, which no
-    cleanup outlives, would leave it behind)."""
+    cleanup outlives, would leave it behind). An error in the block is reported as an input's
+    change when one changed (:meth:`Dataset.changes_reported`)."""
     if STDIN not in inputs:
-        yield open_dataset(inputs)
+        dataset = open_dataset(inputs)
+        with dataset.changes_reported():
+            yield dataset
         return
     with tempfile.TemporaryDirectory(prefix="advcli-stdin-") as spool:
-        yield open_dataset(inputs, spool=Path(spool))
+        dataset = open_dataset(inputs, spool=Path(spool))
+        with dataset.changes_reported():
+            yield dataset
 
 
 def output_format_for(output: Path, requested: OutputFormat | None) -> OutputFormat:
@@ -621,6 +626,9 @@ def compare(
                 "steps": by_step(report, values.name, values, labels),
             }
         report.summary["duplicate_rows"] = duplicates.report(dataset.locate)
+        # Stage 1 has read the inputs for the last time: the report is theirs if they are as
+        # they were opened.
+        dataset.check_unchanged()
     writers: list[tuple[Path | None, Callable[[Path], None]]] = [
         (files.json, lambda path: write_text(path, render_json(report), force=force)),
         (files.markdown, lambda path: write_text(path, render_markdown(report), force=force)),
@@ -701,4 +709,5 @@ def inspect(inputs: Sequence[str], names: ColumnNames = ColumnNames()) -> dict[s
             padding_rows=dump.padding.height,
         )
         summary["duplicate_rows"] = duplicates.report(dataset.locate)
+        dataset.check_unchanged()
         return summary

@@ -238,10 +238,18 @@ def write_advantages(
     padding: pl.DataFrame | None = None,
 ) -> None:
     """Stage 3 on Ray Data: attach each row's advantage by a broadcast lookup and write a Parquet
-    dataset folder (``part-000000.parquet``, … in input order), renamed into place when complete."""
+    dataset folder (``part-000000.parquet``, … in input order), renamed into place when complete
+    and the inputs are still the files stage 1 read."""
+    dataset.check_unchanged()  # before the blocks read the inputs again
     keys = lookup_keys(config, columns)
     lookup = ray.put(lookup_table(projection, advantages, keys, padding).to_arrow())
-    with atomic_output(output, force=force, folder=True, keep=dataset.files) as partial:
+    with atomic_output(
+        output,
+        force=force,
+        folder=True,
+        keep=dataset.files,
+        before_publish=dataset.check_unchanged,
+    ) as partial:
         try:
             _read(dataset).map_batches(
                 _attach_block,

@@ -48,7 +48,11 @@ def write_advantages(
 
     ``row_values`` must hold the columns ``row`` (0, 1, 2, … in order), ``score`` and
     ``advantage``.
+
+    The inputs must still be the files stage 1 read: checked before they are read again (a
+    change fails here, not after the long write) and before the result is published.
     """
+    dataset.check_unchanged()
     if not row_values[ROW].equals(
         pl.Series(ROW, range(dataset.num_rows), dtype=row_values[ROW].dtype)
     ):
@@ -76,7 +80,9 @@ def write_advantages(
         extra=extra,
     ).drop(row_number)
     with (
-        atomic_output(output, force=force, keep=dataset.files) as partial,
+        atomic_output(
+            output, force=force, keep=dataset.files, before_publish=dataset.check_unchanged
+        ) as partial,
         closing_sources(),
         cancelled_tasks_unreported(),
     ):
