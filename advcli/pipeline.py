@@ -515,7 +515,7 @@ def _write_local(
         return
     # Written whole to a temporary file first, so that a failure sends nothing down the pipe.
     with tempfile.TemporaryDirectory(prefix="advcli-stdout-") as folder:
-        staged = Path(folder) / f"out.{fmt}"
+        staged = Path(folder) / f"out.{fmt.value}"
         try:
             write_advantages(dataset, columns, row_values, staged, output_format=fmt, tokens=tokens)
         except AdvcliError as error:
