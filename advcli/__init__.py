@@ -22,7 +22,7 @@ _LAZY = {
     "inspect": "advcli.pipeline",
     "ComputeSummary": "advcli.pipeline",
     "ReportFiles": "advcli.pipeline",
-    "BiasReport": "advcli.report",
+    "BiasReport": "advcli.report.bias",
     "AdvantageConfig": "advcli.settings",
     "ColumnNames": "advcli.settings",
     "Engine": "advcli.settings",

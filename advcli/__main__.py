@@ -8,8 +8,13 @@ handler before anything heavy is imported, and a signal ends the run with one li
 import signal
 import sys
 
-from advcli.process import flush_stdout, guard_standard_streams, silence_stdout, tune_allocator
-from advcli.signals import (
+from advcli._runtime.process import (
+    flush_stdout,
+    guard_standard_streams,
+    silence_stdout,
+    tune_allocator,
+)
+from advcli._runtime.signals import (
     exit_status,
     handle_signals,
     hold_signals_until_exit,
@@ -27,7 +32,7 @@ def main() -> None:
         # this sets up, ends like any other.
         handle_signals()
         tune_allocator()
-        from advcli.cli import app
+        from advcli.cli.app import app
 
         app(prog_name="advcli")
     except SystemExit as done:
@@ -55,7 +60,7 @@ def main() -> None:
         signum = signal.SIGINT
     if signum is not None:
         # Polars' cancelled tasks may still report, as panics, up to the end of the process.
-        from advcli.native_stderr import native_stderr_to_null
+        from advcli._runtime.native_stderr import native_stderr_to_null
 
         native_stderr_to_null()
         # Also when a library swallowed the interrupt and the command ran on: never exit 0.

@@ -3,7 +3,7 @@ schema, one Parquet file per call in a dump folder.
 
 It takes a verl ``DataProto`` (``.batch`` tensors, ``.non_tensor_batch`` numpy arrays) or a plain
 mapping of tensors, numpy arrays and lists, and finds the group, trajectory, turn, reward and mask
-among its keys with the command line's vocabulary (:data:`advcli.columns.DIALECTS`), so a batch
+among its keys with the command line's vocabulary (:data:`advcli.read.columns.DIALECTS`), so a batch
 of any trainer advcli knows is written with no arguments. Only those roles (and ``keys``) are
 converted and written, never the prompts or the logits.
 
@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from advcli.atomic import atomic_output
-from advcli.columns import ColumnRoles
 from advcli.errors import AdvcliError, first_line
-from advcli.roles import read_roles
+from advcli.read.columns import ColumnRoles
+from advcli.read.roles import read_roles
 from advcli.settings import ColumnNames
+from advcli.write.atomic import atomic_output
 
 # What the written file's columns are called: advcli's own names, so the dump is read with no
 # flags whatever trainer it came from.
@@ -135,7 +135,7 @@ def batch_roles(
 ) -> ColumnRoles:
     """The roles of a batch's keys, found as the command line finds columns (the trainers'
     dialects) from the entries' types and shapes, and checked against the values of the few
-    entries that could contradict that reading (:func:`advcli.roles.read_roles`): a batch whose
+    entries that could contradict that reading (:func:`advcli.read.roles.read_roles`): a batch whose
     ``trajectory_id`` repeats within a group is not read one row a trajectory."""
 
     def values(names: Sequence[str], limit: int | None) -> pl.DataFrame:

@@ -1,7 +1,7 @@
 """The one exception type advcli raises for bad input (and its kinds).
 
 The library raises :class:`AdvcliError` with a message that names the file, column and row (or
-trajectory key) at fault; only ``advcli.cli`` turns it into ``Error: …`` and an exit code.
+trajectory key) at fault; only ``advcli.cli.app`` turns it into ``Error: …`` and an exit code.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ class InputChanged(AdvcliError):
 class MissingRoles(AdvcliError):
     """Roles that found no column, each with what to do (``missing``), and the columns the
     other roles found (``found``). ``flags``: the options that would read the dump, which
-    :func:`advcli.roles.read_roles` finds from the values; ``text``: the message without them."""
+    :func:`advcli.read.roles.read_roles` finds from the values; ``text``: the message without
+    them."""
 
     def __init__(
         self,

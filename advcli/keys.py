@@ -1,6 +1,6 @@
 """The column names of the key projection, the frame stage 1 hands to stage 2, and the one
 search over them for rows that share keys: repeated turns, which stage 1 refuses and ``inspect``
-counts, and the candidates for duplicated rows (:mod:`advcli.duplicates`).
+counts, and the candidates for duplicated rows (:mod:`advcli.read.duplicates`).
 
 They are advcli's own (the projection is a fresh frame of these columns only), so a user column
 called ``group`` or ``score`` never collides with them.

@@ -18,25 +18,25 @@ from typing import Any
 
 import polars as pl
 
-from advcli.atomic import writes_in_place
-from advcli.columns import ColumnRoles, is_enum
-from advcli.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
+from advcli._runtime.process import copy_to_stdout
+from advcli.advantages.estimators import Advantages, Naming, compute_advantages
+from advcli.advantages.loss import token_weight, unwritable_weight
+from advcli.advantages.units import Trajectories, count_trajectories, index_trajectories
 from advcli.errors import AdvcliError, UsageError
-from advcli.estimators import Advantages, Naming, compute_advantages
-from advcli.inputs import STDIN, Dataset, open_dataset
-from advcli.inspection import inspect_dump
 from advcli.keys import GROUP, ROW, SCORE, TOKENS
-from advcli.loss import token_weight, unwritable_weight
-from advcli.process import copy_to_stdout
-from advcli.projection import check_unique_turns, key_projection, split_padding
-from advcli.render import render_html, render_json, render_markdown, write_plot, write_text
-from advcli.report import BiasReport, TurnLevel, bias_report, by_step, turn_level
-from advcli.roles import read_roles
+from advcli.read.columns import ColumnRoles, is_enum
+from advcli.read.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
+from advcli.read.inputs import STDIN, Dataset, open_dataset
+from advcli.read.projection import check_unique_turns, key_projection, split_padding
+from advcli.read.roles import read_roles
+from advcli.read.scan import release_freed_memory
+from advcli.report.bias import BiasReport, TurnLevel, bias_report, by_step, turn_level
+from advcli.report.inspection import inspect_dump
+from advcli.report.render import render_html, render_json, render_markdown, write_plot, write_text
 from advcli.rules import RULES
-from advcli.scan import release_freed_memory
 from advcli.settings import AdvantageConfig, ColumnNames, Engine, Level, LossMode, OutputFormat
-from advcli.units import Trajectories, count_trajectories, index_trajectories
-from advcli.write import check_output, replaced_columns, with_padding, write_advantages
+from advcli.write.atomic import writes_in_place
+from advcli.write.rows import check_output, replaced_columns, with_padding, write_advantages
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
     ".parquet": OutputFormat.PARQUET,
@@ -325,7 +325,8 @@ def compute(
     """Compute advantages for every row of the inputs and write them to ``output``.
 
     With ``loss_weight`` each row also gets ``loss_weight``, its per-token weight under that
-    loss aggregation (:mod:`advcli.loss`): a plain sum of ``loss_weight × per-token loss`` over
+    loss aggregation (:mod:`advcli.advantages.loss`): a plain sum of ``loss_weight × per-token
+    loss`` over
     the masked tokens of the batch is that mode's loss. ``loss_scale_factor`` is verl's H for
     ``seq-mean-token-sum-norm`` (by default the width of a fixed-size mask column).
 
@@ -336,7 +337,7 @@ def compute(
     ``address``, else on a new local cluster) and writes ``output`` as a Parquet dataset folder.
     ``by`` (``"file"`` or a column such as ``step``) computes each part as its own batch.
 
-    Duplicated rows (:mod:`advcli.duplicates`) count as the trainer counted them; with
+    Duplicated rows (:mod:`advcli.read.duplicates`) count as the trainer counted them; with
     ``drop_duplicates`` the statistics see only the first row of each identical set, and each
     copy is written with the advantage of the row it copies.
 
@@ -585,7 +586,7 @@ def compare(
     ``by="file"`` (or a column name, e.g. ``step``) also reports each input file (each value of
     the column) on its own, as a series over training steps in ``summary["by_step"]``.
 
-    ``summary["duplicate_rows"]`` counts the duplicated rows (:mod:`advcli.duplicates`), which
+    ``summary["duplicate_rows"]`` counts the duplicated rows (:mod:`advcli.read.duplicates`), which
     both levels count as the trainer did, or, with ``drop_duplicates``, once.
 
     The report files are checked (not an input, not existing unless ``force``) before any work

@@ -1,10 +1,11 @@
 """`--engine ray`: the same three stages on Ray Data, for dumps that outgrow one machine.
 
 - Stage 1 runs distributed: each block of rows is reduced to the key projection by the very
-  expressions the local engine uses (:class:`advcli.projection.KeyExpressions`), and only those few
+  expressions the local engine uses (:class:`advcli.read.projection.KeyExpressions`), and only
+  those few
   scalars per row travel to the driver.
 - Stage 2 runs on the driver, on that small table, with the local engine's code
-  (:func:`advcli.estimators.compute_advantages`), batch-wide quantities included.
+  (:func:`advcli.advantages.estimators.compute_advantages`), batch-wide quantities included.
 - Stage 3 runs distributed: each block looks its rows' advantages up in a table broadcast through
   the object store (one row per trajectory at trajectory level, two for REINFORCE++ when some
   of its rows have no response tokens; one per turn at turn level) and is
@@ -29,17 +30,17 @@ import pyarrow as pa
 import ray
 from ray.data.datasource import FilenameProvider
 
-from advcli.atomic import atomic_output
-from advcli.columns import ColumnRoles
+from advcli.advantages.estimators import Advantages
 from advcli.errors import AdvcliError, first_line
-from advcli.estimators import Advantages
-from advcli.inputs import Dataset
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
 from advcli.names import is_utf8
-from advcli.projection import KeyExpressions
+from advcli.read.columns import ColumnRoles
+from advcli.read.inputs import Dataset
+from advcli.read.projection import KeyExpressions
 from advcli.rules import RULES
 from advcli.settings import AdvantageConfig, Estimator, Level
-from advcli.write import output_rows
+from advcli.write.atomic import atomic_output
+from advcli.write.rows import output_rows
 
 
 def start(address: str | None) -> None:

@@ -2,7 +2,8 @@
 
 Each estimator is four facts — what a unit's score is centred on (baseline), what it is divided by
 (divisor), what a unit alone in its group gets (singleton), and what happens after the group rule
-(post-step) — plus the rules every estimator shares. The Polars path (:mod:`advcli.estimators`),
+(post-step) — plus the rules every estimator shares. The Polars path
+(:mod:`advcli.advantages.estimators`),
 the tensor path (:mod:`advcli.torch`), the command line's option checks and the docs' estimator
 table all state them from here. Pure data: no Polars, no torch.
 """

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.compute
 import pyarrow.parquet as pq
 
-from advcli.atomic import atomic_output, check_output_path
+from advcli._runtime.process import available_memory
 from advcli.errors import AdvcliError
 from advcli.names import native_name
-from advcli.process import available_memory
+from advcli.write.atomic import atomic_output, check_output_path
 
 
 def sample_table(

@@ -63,7 +63,8 @@ class TrajScore(str, Enum):
 
 class LossMode(str, Enum):
     """How a trainer aggregates the policy loss over tokens and rows: verl's ``loss_agg_mode``
-    values and agent-lightning's per-rollout mean (:mod:`advcli.loss` gives each weight)."""
+    values and agent-lightning's per-rollout mean (:mod:`advcli.advantages.loss` gives each
+    weight)."""
 
     TOKEN_MEAN = "token-mean"
     TOKEN_SUM = "token-sum"

@@ -916,7 +916,7 @@ class _GroupCounts:
 
 def _unit_advantages(units: _Units, config: AdvantageConfig) -> tuple[torch.Tensor, _GroupCounts]:
     """Each unit's advantage under its estimator's rule (advcli.rules), as
-    :func:`advcli.estimators.compute_advantages` computes it."""
+    :func:`advcli.advantages.estimators.compute_advantages` computes it."""
     rule = RULES[config.estimator]
     x, group, bound = units.score, units.group, units.groups
     count = torch.bincount(group, minlength=bound).to(torch.float64)

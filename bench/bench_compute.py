@@ -58,7 +58,7 @@ def floor_pass(reader: str, source: str, output: str) -> None:
     """The I/O floor: read everything, write everything plus the three output columns."""
     advantage = pl.lit(0.5, dtype=pl.Float32)
     if reader == "arrow":
-        from advcli.inputs import open_dataset
+        from advcli.read.inputs import open_dataset
 
         frame = open_dataset([source]).scan()
     else:
@@ -95,7 +95,7 @@ def advcli(*args: str) -> list[str]:
 # commands' growth that per-row key state costs.
 KEY_PROJECTION_ONLY = """
 import sys
-from advcli.process import tune_allocator
+from advcli._runtime.process import tune_allocator
 tune_allocator()
 from advcli.pipeline import load_dump, opened
 with opened([sys.argv[1]]) as dataset:
@@ -109,14 +109,14 @@ with opened([sys.argv[1]]) as dataset:
 # out the 8-byte hash a row the repeated-turn check would keep.
 PER_TRAJECTORY_ONLY = """
 import sys
-from advcli.process import tune_allocator
+from advcli._runtime.process import tune_allocator
 tune_allocator()
 import polars as pl
-from advcli.columns import resolve_columns
+from advcli.read.columns import resolve_columns
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY
 from advcli.pipeline import opened
-from advcli.projection import KeyExpressions
-from advcli.scan import closing_sources
+from advcli.read.projection import KeyExpressions
+from advcli.read.scan import closing_sources
 with opened([sys.argv[1]]) as dataset, closing_sources():
     columns = resolve_columns(dataset.schema, dataset.describe())
     plan = KeyExpressions.of(dataset.schema, columns, "__row")

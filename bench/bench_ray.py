@@ -72,7 +72,7 @@ def stages(engine: str, source: str, output: str) -> dict[str, float]:
             import polars as pl
 
             from advcli.keys import ROW, SCORE
-            from advcli.write import write_advantages
+            from advcli.write.rows import write_advantages
 
             row_values = advantages.rows(dump.projection).select(
                 ROW, pl.col(SCORE, "advantage").cast(pl.Float32)

@@ -68,8 +68,8 @@ def pair(label: str, a: list[str], b: list[str], runs: int) -> None:
 
 def duplicate_search(path: Path, runs: int) -> None:
     """The duplicate search's own time, in this process, against stage 1's."""
-    from advcli.duplicates import find_duplicates
     from advcli.pipeline import load_dump, opened
+    from advcli.read.duplicates import find_duplicates
 
     loads, searches = [], []
     with opened([str(path)]) as dataset:

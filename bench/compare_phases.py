@@ -17,18 +17,18 @@ import threading
 import time
 from dataclasses import replace
 
-from advcli.process import tune_allocator
+from advcli._runtime.process import tune_allocator
 
 # As the command line sets them, before Polars loads.
 tune_allocator()
 
 import polars as pl  # noqa: E402
 
-from advcli.estimators import AdvantageConfig, Advantages, Level  # noqa: E402
+from advcli.advantages.estimators import AdvantageConfig, Advantages, Level  # noqa: E402
+from advcli.advantages.units import Trajectories  # noqa: E402
 from advcli.pipeline import load_dump, opened  # noqa: E402
-from advcli.report import TurnLevel, bias_report, turn_level  # noqa: E402
-from advcli.scan import release_freed_memory  # noqa: E402
-from advcli.units import Trajectories  # noqa: E402
+from advcli.read.scan import release_freed_memory  # noqa: E402
+from advcli.report.bias import TurnLevel, bias_report, turn_level  # noqa: E402
 
 PAGE_BYTES = 4096
 SAMPLE_SECONDS = 0.003

@@ -10,8 +10,8 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from advcli.atomic import MARKER
-from advcli.cli import app
+from advcli.cli.app import app
+from advcli.write.atomic import MARKER
 
 
 def dump_frame(rows: Sequence[tuple[object, object, int, float, int]]) -> pl.DataFrame:

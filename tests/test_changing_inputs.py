@@ -26,8 +26,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import dump_frame
 
-from advcli import cli
-from advcli.inputs import Dataset
+from advcli.cli import app as cli_app
+from advcli.cli.app import app
+from advcli.read.inputs import Dataset
 
 # 0.8125 is the score of one trajectory; rewritten, 0.1875 (as many bytes, in JSON and float64).
 SCORE, OTHER_SCORE = 0.8125, 0.1875
@@ -166,7 +167,7 @@ def between_stages(monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]) 
     def progress(enabled: bool) -> Iterator[Callable[[str], None]]:
         yield lambda stage: change() if stage == "writing output" else None
 
-    monkeypatch.setattr(cli, "_stage_progress", progress)
+    monkeypatch.setattr(cli_app, "_stage_progress", progress)
 
 
 def in_stage_3(monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]) -> None:
@@ -345,7 +346,7 @@ class CliRunnerWithInput:
 
     def invoke(self, *args: object):
         return self.runner.invoke(
-            cli.app, [str(a) for a in args], input=self.data, catch_exceptions=False
+            app, [str(a) for a in args], input=self.data, catch_exceptions=False
         )
 
 

@@ -12,7 +12,7 @@ from cases import BIAS_EXAMPLE, MIXED_TURNS
 from conftest import dump_frame
 from polars.testing import assert_frame_equal
 
-from advcli.cli import app
+from advcli.cli.app import app
 from advcli.pipeline import compute
 from advcli.settings import AdvantageConfig, Level
 

@@ -18,7 +18,7 @@ import typer
 from conftest import partials
 from reference import reference_advantages
 
-from advcli.cli import _savable, app
+from advcli.cli.app import _savable, app
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -8,9 +8,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from advcli.columns import DIALECTS, resolve_columns
 from advcli.errors import AdvcliError, UsageError
-from advcli.roles import read_roles
+from advcli.read.columns import DIALECTS, resolve_columns
+from advcli.read.roles import read_roles
 from advcli.settings import ColumnNames
 
 SCHEMA_PAGE = (Path(__file__).resolve().parent.parent / "docs" / "input-schema.md").read_text()

@@ -697,7 +697,7 @@ def app(prog_name):
     class Console:
         buffer = Field()
 
-sys.modules["advcli.cli"] = types.SimpleNamespace(app=app)
+sys.modules["advcli.cli.app"] = types.SimpleNamespace(app=app)
 from advcli.__main__ import main
 main()
 """
@@ -708,9 +708,9 @@ main()
 ERROR_AFTER_INTERRUPT = """
 import os, signal, sys, types
 import typer
-from advcli.cli import reports_errors
+from advcli.cli.app import reports_errors
 from advcli.errors import AdvcliError
-from advcli.signals import held
+from advcli._runtime.signals import held
 
 @reports_errors
 def command():
@@ -720,7 +720,7 @@ def command():
 
 app = typer.Typer()
 app.command()(command)
-sys.modules["advcli.cli"] = types.SimpleNamespace(app=app)
+sys.modules["advcli.cli.app"] = types.SimpleNamespace(app=app)
 from advcli.__main__ import main
 main()
 """
@@ -743,7 +743,7 @@ def app(prog_name):
         time.sleep(0.01)
     Path("went-on").write_text("the run went on after the interrupt")
 
-sys.modules["advcli.cli"] = types.SimpleNamespace(app=app)
+sys.modules["advcli.cli.app"] = types.SimpleNamespace(app=app)
 from advcli.__main__ import main
 main()
 """

@@ -17,7 +17,7 @@ import polars as pl
 from conftest import dump_frame
 from typer.testing import CliRunner
 
-from advcli.cli import app
+from advcli.cli.app import app
 
 # Each hostile text, and how a Markdown cell writes it so that it renders as the text itself.
 MARKDOWN = {

@@ -1,5 +1,6 @@
 """Polars' reports of the tasks a Ctrl-C cancelled are kept off standard error; everything else
-native code writes there passes unchanged (advcli.native_stderr.cancelled_tasks_unreported)."""
+native code writes there passes unchanged
+(advcli._runtime.native_stderr.cancelled_tasks_unreported)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from advcli.native_stderr import CancelledTaskFilter
+from advcli._runtime.native_stderr import CancelledTaskFilter
 
 # What Polars printed when a Ctrl-C cancelled its streaming Parquet writer (seen in a stress run
 # of `compute`), with the blank line the panic hook writes first.
@@ -84,7 +85,7 @@ def test_an_unfinished_line_goes_on_at_once():
 # straight at the real standard error.
 WRITER = """
 import os, sys, time
-from advcli.native_stderr import cancelled_tasks_unreported
+from advcli._runtime.native_stderr import cancelled_tasks_unreported
 
 report = {report!r}
 with cancelled_tasks_unreported():
@@ -122,7 +123,7 @@ def test_python_still_sees_a_terminal_inside_the_block():
     # The progress bar draws itself only on a terminal, and is drawn while advcli writes.
     script = (
         "import sys\n"
-        "from advcli.native_stderr import cancelled_tasks_unreported\n"
+        "from advcli._runtime.native_stderr import cancelled_tasks_unreported\n"
         "with cancelled_tasks_unreported():\n"
         "    print(sys.stderr.isatty())\n"
         "print(sys.stderr.isatty())\n"
@@ -157,7 +158,7 @@ def test_a_stream_kept_past_the_block_still_writes():
     # puts it back when it stops (after the block).
     script = (
         "import sys\n"
-        "from advcli.native_stderr import cancelled_tasks_unreported\n"
+        "from advcli._runtime.native_stderr import cancelled_tasks_unreported\n"
         "with cancelled_tasks_unreported():\n"
         "    kept = sys.stderr\n"
         "    sys.stderr = open('/dev/null', 'w')\n"
@@ -185,8 +186,8 @@ def test_a_report_cut_mid_line_is_dropped_whole(cut):
 # A cancelled task that goes on writing its backtrace while an interrupted block ends.
 STILL_REPORTING = """
 import os, signal, sys, threading
-from advcli.native_stderr import cancelled_tasks_unreported
-from advcli.signals import handle_signals, held
+from advcli._runtime.native_stderr import cancelled_tasks_unreported
+from advcli._runtime.signals import handle_signals, held
 
 report = {report!r}
 head = report[: report.index(b"   0: ")]

@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from advcli import scan as scan_module
-from advcli.columns import resolve_columns
-from advcli.inputs import open_dataset
-from advcli.projection import key_projection
+from advcli.read import scan as scan_module
+from advcli.read.columns import resolve_columns
+from advcli.read.inputs import open_dataset
+from advcli.read.projection import key_projection
 from advcli.sample import sample_table
 
 

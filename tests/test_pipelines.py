@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from advcli.cli import app
+from advcli.cli.app import app
 
 ROOT = Path(__file__).parent.parent
 SAMPLE = ROOT / "sample_data" / "rollouts.parquet"

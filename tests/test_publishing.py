@@ -19,9 +19,9 @@ import polars as pl
 import pytest
 from conftest import dump_frame
 
-from advcli import atomic
-from advcli.atomic import MARKER, PARTIAL_SUFFIX, atomic_output
 from advcli.errors import AdvcliError
+from advcli.write import atomic
+from advcli.write.atomic import MARKER, PARTIAL_SUFFIX, atomic_output
 
 ROWS = [(0, "a", 0, 1.0, 2), (0, "a", 1, 1.0, 2), (0, "b", 0, 0.0, 2), (1, "a", 0, 0.5, 2)]
 
@@ -97,7 +97,7 @@ def kill_while_publishing(output: Path) -> None:
             "-c",
             "import os, signal, sys\n"
             "from pathlib import Path\n"
-            "from advcli.atomic import atomic_output\n"
+            "from advcli.write.atomic import atomic_output\n"
             "with atomic_output(Path(sys.argv[1])) as partial:\n"
             "    partial.write_bytes(b'half')\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n",
@@ -201,7 +201,7 @@ def test_a_live_runs_partial_is_left_alone(run, write_dump, tmp_path):
             "-c",
             "import sys, time\n"
             "from pathlib import Path\n"
-            "from advcli.atomic import atomic_output\n"
+            "from advcli.write.atomic import atomic_output\n"
             "with atomic_output(Path(sys.argv[1])) as partial:\n"
             "    print(partial, flush=True)\n"
             "    time.sleep(60)\n",

@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from advcli.cli import app
-from advcli.report import THRESHOLDS, assess
+from advcli.cli.app import app
+from advcli.report.bias import THRESHOLDS, assess
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

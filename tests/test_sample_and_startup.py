@@ -79,7 +79,7 @@ def test_compute_does_not_import_torch(tmp_path):
     source = tmp_path / "s.parquet"
     pl.from_arrow(sample_table(groups=3, rollouts=2)).write_parquet(source)
     code = (
-        "import sys\nfrom advcli.cli import app\n"
+        "import sys\nfrom advcli.cli.app import app\n"
         f"args = ['compute', {str(source)!r}, '-o', {str(tmp_path / 'o.parquet')!r}, '-q']\n"
         "try:\n    app(args)\n"
         "except SystemExit as e:\n    assert e.code == 0, e.code\n"
@@ -119,7 +119,7 @@ def test_threads_option_sizes_the_arrow_pool(tmp_path):
     code = (
         "import pyarrow, sys\n"
         "from typer.testing import CliRunner\n"
-        "from advcli.cli import app\n"
+        "from advcli.cli.app import app\n"
         f"args = ['compute', {str(source)!r}, '-o', {str(tmp_path / 'o.parquet')!r}, '-q']\n"
         "result = CliRunner().invoke(app, [*args, '--threads', '1'])\n"
         "assert result.exit_code == 0, result.output\n"

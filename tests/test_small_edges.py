@@ -301,7 +301,7 @@ def test_every_format_through_dev_stdout_into_a_pipe(output_format, tmp_path):
 
 def test_a_stream_that_changed_after_it_was_opened_is_refused(tmp_path):
     from advcli.errors import AdvcliError
-    from advcli.inputs import open_dataset
+    from advcli.read.inputs import open_dataset
 
     frame = sample_frame()
     path = tmp_path / "dump.arrows"

@@ -1,5 +1,6 @@
 """The two implementations of the rules agree: ``advcli.torch`` on a padded batch and the Polars
-path (stage 2, :func:`advcli.estimators.compute_advantages`) on the same rows give the same
+path (stage 2, :func:`advcli.advantages.estimators.compute_advantages`) on the same rows give the
+same
 advantages, for every estimator both implement, at turn and trajectory level, and refuse the
 same rows (scores float64 cannot give exactly, NaN and infinite ones)."""
 
@@ -15,8 +16,8 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+from advcli.advantages.estimators import compute_advantages  # noqa: E402
 from advcli.errors import AdvcliError  # noqa: E402
-from advcli.estimators import compute_advantages  # noqa: E402
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN  # noqa: E402
 from advcli.settings import (  # noqa: E402
     SCALED,

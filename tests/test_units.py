@@ -1,4 +1,5 @@
-"""The trajectory index (advcli.units) and the repeated-turn search, on hand-made projections with
+"""The trajectory index (advcli.advantages.units) and the repeated-turn search, on hand-made
+projections with
 hand-computed answers."""
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import statistics
 import numpy as np
 import polars as pl
 
-from advcli.estimators import group_statistics
+from advcli.advantages.estimators import group_statistics
+from advcli.advantages.units import index_trajectories, sorted_sum
 from advcli.keys import repeated_turns
-from advcli.units import index_trajectories, sorted_sum
 
 
 def projection(rows: list[tuple], tokens: bool = True) -> pl.DataFrame:
@@ -207,7 +208,7 @@ def test_pieces_of_any_size_give_the_plain_answers(monkeypatch):
         pl.col("group").replace_strict({"a": 0, "b": 1, "c": 2}, return_dtype=pl.Int64)
     )
     for piece, frame in itertools.product((1, 2, 3, 7, 1 << 20), (as_strings, as_integers)):
-        monkeypatch.setattr("advcli.units.ROWS_PER_PIECE", piece)
+        monkeypatch.setattr("advcli.advantages.units.ROWS_PER_PIECE", piece)
         index = index_trajectories(frame)
         assert index.of_row.tolist() == of_row, piece
         assert index.table["tokens"].to_list() == tokens, piece

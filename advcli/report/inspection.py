@@ -12,12 +12,12 @@ from typing import Any
 
 import polars as pl
 
-from advcli.columns import ColumnRoles
-from advcli.estimators import Naming, build_units, group_statistics, scores_disagree
+from advcli.advantages.estimators import Naming, build_units, group_statistics, scores_disagree
+from advcli.advantages.units import index_trajectories
 from advcli.keys import GROUP, LAST_STEP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turns
-from advcli.report import histogram, number
+from advcli.read.columns import ColumnRoles
+from advcli.report.bias import histogram, number
 from advcli.settings import AdvantageConfig, Level, TrajScore
-from advcli.units import index_trajectories
 
 # How many offending trajectories or turns are listed by key.
 EXAMPLES = 5

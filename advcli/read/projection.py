@@ -12,9 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from advcli.columns import ColumnRoles, is_enum, sequence_of, unused_name
 from advcli.errors import AdvcliError, first_line
-from advcli.inputs import Dataset, check_json_lines
 from advcli.keys import (
     GROUP,
     LAST_STEP,
@@ -26,8 +24,10 @@ from advcli.keys import (
     TURN,
     repeated_turns,
 )
+from advcli.read.columns import ColumnRoles, is_enum, sequence_of, unused_name
+from advcli.read.inputs import Dataset, check_json_lines
+from advcli.read.scan import closing_sources
 from advcli.rules import EXACT_INTEGER_LIMIT
-from advcli.scan import closing_sources
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from polars.io.plugins import register_io_source
 from advcli.errors import AdvcliError, first_line
 
 if TYPE_CHECKING:
-    from advcli.inputs import Dataset
+    from advcli.read.inputs import Dataset
 
 # Parquet is read in Arrow record batches of about this many values (list elements count one
 # each), whatever the width of the rows: some 50 MB of token data a batch.

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from typing import TextIO
 
-from advcli.signals import held, received_signal
+from advcli._runtime.signals import held, received_signal
 
 # The first line of a Rust panic report (the standard library's hook), which a blank line comes
 # before: "thread '<name>' panicked at", with the thread's id in brackets since Rust 1.89.

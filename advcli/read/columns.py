@@ -254,7 +254,7 @@ def resolve_columns(
     name was given when not by its option (a saved mapping), for the reasons.
 
     The readings that assume something (each row a trajectory, groups as blocks of rows) are
-    taken here from the schema; :func:`advcli.roles.read_roles` then checks them against the
+    taken here from the schema; :func:`advcli.read.roles.read_roles` then checks them against the
     values.
     """
     reasons: dict[str, str] = {}

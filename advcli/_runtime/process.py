@@ -1,5 +1,6 @@
 """What the process meets at its edges: closed standard streams, broken pipes, threads and
-memory (signals: :mod:`advcli.signals`; native code's standard error: :mod:`advcli.native_stderr`).
+memory (signals: :mod:`advcli._runtime.signals`; native code's standard error:
+:mod:`advcli._runtime.native_stderr`).
 
 A process may start with standard input, output or error closed (``advcli … >&-``). The next file
 it opens would then take that descriptor, and anything written to "standard output" — by advcli,

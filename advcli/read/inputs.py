@@ -27,11 +27,11 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from advcli._runtime.process import stdin_closed
 from advcli.errors import AdvcliError, InputChanged, first_line
 from advcli.names import NativeNames, shown_path
-from advcli.process import stdin_closed
+from advcli.read.scan import closing_sources, open_parquet, scan_arrow_stream, scan_parquet
 from advcli.rules import EXACT_INTEGER_LIMIT
-from advcli.scan import closing_sources, open_parquet, scan_arrow_stream, scan_parquet
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSON_LINES_SUFFIXES = (".jsonl", ".ndjson", ".json")

@@ -1,5 +1,5 @@
 """Stage 1's reading of a dump: which column plays which role, from the schema
-(:func:`advcli.columns.resolve_columns`) and, where that reading assumes something, from the
+(:func:`advcli.read.columns.resolve_columns`) and, where that reading assumes something, from the
 values of the few columns that could contradict it.
 
 An assumption is taken only when nothing in the file contradicts it:
@@ -26,7 +26,8 @@ from dataclasses import replace
 
 import polars as pl
 
-from advcli.columns import (
+from advcli.errors import AdvcliError, MissingRoles
+from advcli.read.columns import (
     DIALECTS,
     OPTIONS,
     ColumnRoles,
@@ -37,7 +38,6 @@ from advcli.columns import (
     resolve_columns,
     sequence_of,
 )
-from advcli.errors import AdvcliError, MissingRoles
 from advcli.settings import ColumnNames
 
 # Reads the named columns in input order: every row, or the first ``limit``.

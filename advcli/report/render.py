@@ -1,6 +1,6 @@
 """Rendering the bias report: terminal (rich), Markdown, JSON and a matplotlib figure.
 
-Everything here reads a :class:`~advcli.report.BiasReport`; nothing computes a metric.
+Everything here reads a :class:`~advcli.report.bias.BiasReport`; nothing computes a metric.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from advcli.atomic import atomic_output
 from advcli.errors import AdvcliError
 from advcli.names import NOT_UTF8_ESCAPES
+from advcli.write.atomic import atomic_output
 
 if TYPE_CHECKING:
     # Only a type here: `advcli sample` shows its path through this module without Polars.
-    from advcli.report import BiasReport
+    from advcli.report.bias import BiasReport
 
 # Short headers so the tables fit an 80-column terminal; "traj" = trajectory level.
 BY_TURNS_HEADERS = (

@@ -33,8 +33,8 @@ import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from advcli._runtime.signals import held
 from advcli.errors import AdvcliError, InputChanged
-from advcli.signals import held
 
 PARTIAL_SUFFIX = ".advcli-partial"
 # The extended attribute that marks a partial as advcli's: "PID INODE".

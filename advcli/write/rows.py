@@ -2,7 +2,7 @@
 
 :func:`write_advantages` is the only pass over every column: it streams the input through Polars,
 attaches each row's score and advantage by row number and writes the result through
-:func:`advcli.atomic.atomic_output`.
+:func:`advcli.write.atomic.atomic_output`.
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from advcli.atomic import atomic_output, check_output_path
-from advcli.columns import OUTPUT_COLUMNS, ColumnRoles, unused_name
+from advcli._runtime.native_stderr import cancelled_tasks_unreported
+from advcli._runtime.process import available_memory, require_stdout
+from advcli._runtime.signals import held
 from advcli.errors import AdvcliError, first_line
-from advcli.inputs import FOLDER_SUFFIXES, STDIN, Dataset
 from advcli.keys import ROW, SCORE
 from advcli.names import native_name
-from advcli.native_stderr import cancelled_tasks_unreported
-from advcli.process import available_memory, require_stdout
-from advcli.scan import closing_sources
+from advcli.read.columns import OUTPUT_COLUMNS, ColumnRoles, unused_name
+from advcli.read.inputs import FOLDER_SUFFIXES, STDIN, Dataset
+from advcli.read.scan import closing_sources
 from advcli.settings import OutputFormat
-from advcli.signals import held
+from advcli.write.atomic import atomic_output, check_output_path
 
 
 def write_advantages(
@@ -305,7 +305,7 @@ def check_output(
     output: Path, dataset: Dataset, *, force: bool, folder_output: bool = False
 ) -> None:
     """Refuse an output that would overwrite, remove or join the inputs
-    (:func:`check_not_an_input`), or that :func:`advcli.atomic.check_output_path` refuses
+    (:func:`check_not_an_input`), or that :func:`advcli.write.atomic.check_output_path` refuses
     (``-``, standard output, is always fine)."""
     if str(output) == STDIN:
         require_stdout("the output")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import polars as pl
 
+from advcli.advantages.units import Trajectories, index_trajectories, sorted_sum
 from advcli.errors import AdvcliError
 from advcli.keys import GROUP, LAST_STEP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
 from advcli.rules import (
@@ -36,7 +37,6 @@ from advcli.settings import (
     Singleton,
     TrajScore,
 )
-from advcli.units import Trajectories, index_trajectories, sorted_sum
 
 
 def _row_number(row: int) -> str:

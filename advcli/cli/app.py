@@ -25,9 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 import advcli
-from advcli.errors import AdvcliError, MissingRoles, UsageError
-from advcli.names import printable
-from advcli.process import (
+from advcli._runtime.process import (
     StdoutText,
     drop_bad_thread_count,
     require_stdout,
@@ -35,6 +33,9 @@ from advcli.process import (
     use_threads,
     write_stdout_text,
 )
+from advcli._runtime.signals import exit_status, held, received_signal
+from advcli.errors import AdvcliError, MissingRoles, UsageError
+from advcli.names import printable
 from advcli.settings import (
     AdvantageConfig,
     ColumnNames,
@@ -47,7 +48,6 @@ from advcli.settings import (
     Singleton,
     TrajScore,
 )
-from advcli.signals import exit_status, held, received_signal
 
 if TYPE_CHECKING:
     from advcli.pipeline import ComputeSummary
@@ -295,7 +295,7 @@ def _read_config(ctx: typer.Context, value: Path | None) -> Path | None:
     """Load the config file in force into ``ctx.default_map``, so that its values become the
     options' defaults: the command line still wins, and each value goes through its option's
     own type, choices and range. Eager, so it runs before the other options are read."""
-    from advcli.config_file import command_settings, find_config
+    from advcli.cli.config_file import command_settings, find_config
 
     config = find_config(value)
     if config is None:
@@ -529,7 +529,7 @@ def compute_command(
             drop_duplicates=drop_duplicates,
         )
     if not quiet:
-        from advcli.render import visible
+        from advcli.report.render import visible
 
         table = _summary_table(summary)
         if config_path is not None:
@@ -552,7 +552,7 @@ def compute_command(
 def _summary_table(summary: ComputeSummary) -> Table:
     """The run's figures; text from the data or the command line is shown as plain text, ids
     and column names shortened as the reports show them."""
-    from advcli.render import shown, visible
+    from advcli.report.render import shown, visible
 
     table = Table(title="advcli compute", show_header=False, title_justify="left")
     table.add_column(style="bold")
@@ -679,7 +679,7 @@ def compare_command(
     use_threads(threads)
     with held():  # Polars panics when a Ctrl-C lands inside its import
         from advcli.pipeline import ReportFiles, compare
-    from advcli.render import render_json, render_terminal, visible
+    from advcli.report.render import render_json, render_terminal, visible
 
     report = compare(
         inputs or [],
@@ -755,7 +755,7 @@ def inspect_command(
     if json_output:
         write_stdout_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", "the JSON")
     else:
-        from advcli.render import render_inspection, visible
+        from advcli.report.render import render_inspection, visible
 
         console = stdout()
         render_inspection(summary, console)
@@ -783,7 +783,7 @@ def sample_command(
 
     Example: advcli sample rollouts.parquet --groups 64 --rollouts 8 --seed 0
     """
-    from advcli.render import visible
+    from advcli.report.render import visible
     from advcli.sample import write_sample
 
     rows = write_sample(

@@ -3,7 +3,7 @@
 :func:`bias_report` is a pure function over the two stage-2 results (turn level and trajectory
 level, same estimator, same key projection) that never aggregates the rows again; it returns a
 :class:`BiasReport` whose ``summary`` is the JSON document defined in the README. Rendering
-(terminal, Markdown, plot) lives in :mod:`advcli.render`.
+(terminal, Markdown, plot) lives in :mod:`advcli.report.render`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import numpy as np
 import polars as pl
 
 from advcli import __version__
-from advcli.estimators import Advantages
+from advcli.advantages.estimators import Advantages
+from advcli.advantages.loss import LOSS_MODES, MODE_SOURCES, trajectory_terms, trajectory_weight
+from advcli.advantages.units import Trajectories
 from advcli.keys import GROUP, SCORE, TOKENS, TRAJECTORY
-from advcli.loss import LOSS_MODES, MODE_SOURCES, trajectory_terms, trajectory_weight
 from advcli.settings import AdvantageConfig
-from advcli.units import Trajectories
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,8 @@ class TurnLevel:
     """What the report needs of the turn level's result, and nothing of its rows: its groups and
     counts, and each trajectory's figures summed over its rows (``per_trajectory``, in the
     trajectories' input order, with their ``turn_first_row``): ``advantage_turn``, the mean of
-    its rows' advantages, and the sums of :func:`advcli.loss.trajectory_terms` (null without a
+    its rows' advantages, and the sums of :func:`advcli.advantages.loss.trajectory_terms` (null
+    without a
     mask column)."""
 
     groups: pl.DataFrame
@@ -393,12 +394,12 @@ def _empty_step(step: Any) -> dict[str, Any]:
 
 
 def loss_weights(turn: TurnLevel, per_trajectory: pl.DataFrame) -> dict[str, Any]:
-    """For each loss aggregation mode (:data:`advcli.loss.LOSS_MODES`): by turn count, the
-    trajectories' mean weight relative to equal weight per trajectory (1 = a fair share), their
+    """For each loss aggregation mode (:data:`advcli.advantages.loss.LOSS_MODES`): by turn count,
+    the trajectories' mean weight relative to equal weight per trajectory (1 = a fair share), their
     share of the batch's weight, and the signed gradient mass Σ weight × advantage under each
     level. ``turn``: the turn level's counts (known tokens)."""
-    # The trajectories' sums of advcli.loss.trajectory_terms come with the turn level's own
-    # per-trajectory figures: every mode's weight follows from them, with no pass over the rows.
+    # The trajectories' sums of advcli.advantages.loss.trajectory_terms come with the turn level's
+    # own per-trajectory figures: every mode's weight follows from them, with no pass over the rows.
     if turn.tokens is None or turn.nonempty_rows is None:
         raise ValueError("the loss weights need the rows' token counts")
     batch_tokens, nonempty_rows = float(turn.tokens), turn.nonempty_rows

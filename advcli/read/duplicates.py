@@ -26,11 +26,11 @@ from typing import Any
 
 import polars as pl
 
-from advcli.columns import ColumnRoles, unused_name
 from advcli.errors import AdvcliError, first_line
-from advcli.inputs import Dataset
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, rows_sharing
-from advcli.scan import closing_sources
+from advcli.read.columns import ColumnRoles, unused_name
+from advcli.read.inputs import Dataset
+from advcli.read.scan import closing_sources
 
 # The trainers' names for a row's prompt and response token ids (verl and verl-agent:
 # responses, prompts, input_ids; SkyRL: response_ids, prompt_token_ids; TRL: prompt_ids).

@@ -1,0 +1,1 @@
+"""What the process meets: signals, native code's standard error, standard streams and memory."""

@@ -1,0 +1,2 @@
+"""The command line: Typer options, saved options and terminal rendering; the only place rich and
+typer are imported."""

@@ -1,0 +1,1 @@
+"""The bias report and the inspection, and their documents."""

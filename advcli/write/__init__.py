@@ -1,0 +1,1 @@
+"""Stage 3: the output rows in every format, and publishing them safely."""
