@@ -2,7 +2,8 @@
 
 The dump holds ``--steps`` training steps (a ``step`` column) of ``--groups`` groups each, whose
 group ids repeat in every step, as a dataset index does; the plain report reads the same rows as
-one batch with ids made unique. Each timing is the best of ``--runs``, in this process.
+one batch with ids made unique. The two are timed in this process, interleaved ``--runs`` times;
+the figures are medians.
 
     python bench/bench_by.py                  # 1,000 steps
     python bench/bench_by.py --steps 20000 --groups 2 --runs 1
@@ -11,6 +12,7 @@ one batch with ids made unique. Each timing is the best of ``--runs``, in this p
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -34,28 +36,34 @@ def dumps(folder: Path, steps: int, groups: int) -> tuple[Path, Path]:
     return by_step, plain
 
 
-def best(runs: int, call) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return min(times)
+def seconds(call) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--groups", type=int, default=4)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         by_step, plain = dumps(Path(folder), args.steps, args.groups)
-        plain_seconds = best(args.runs, lambda: compare([str(plain)]))
-        by_seconds = best(args.runs, lambda: compare([str(by_step)], by="step"))
+        pairs = [
+            (
+                seconds(lambda: compare([str(plain)])),
+                seconds(lambda: compare([str(by_step)], by="step")),
+            )
+            for _ in range(args.runs)
+        ]
+    plain_seconds = statistics.median(plain for plain, _ in pairs)
+    by_seconds = statistics.median(by for _, by in pairs)
+    ratio = statistics.median(by / plain for plain, by in pairs)
+    print(f"medians of {args.runs} interleaved runs")
     print(f"compare:           {plain_seconds:.3f} s")
     print(f"compare --by step: {by_seconds:.3f} s ({args.steps:,} steps)")
-    print(f"ratio:             {by_seconds / plain_seconds:.2f}")
+    print(f"ratio:             {ratio:.2f} (median of the pairs' ratios)")
 
 
 if __name__ == "__main__":
