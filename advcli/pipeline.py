@@ -540,9 +540,10 @@ def check_outputs(
     a path. The first output is a folder with the Ray engine."""
     seen: set[Path] = set()
     for position, output in enumerate(outputs):
-        if output is None or str(output) == STDIN:
+        if output is None:
             continue
-        if writes_in_place(output) and not (engine == Engine.RAY and position == 0):
+        in_place = writes_in_place(output) and not (engine == Engine.RAY and position == 0)
+        if str(output) == STDIN or in_place:
             # /dev/null twice is fine: a device or pipe takes each output as it comes.
             check_output(output, dataset, force=force)
             continue

@@ -288,3 +288,17 @@ def test_a_256_kib_id_is_shortened_in_the_views_and_whole_in_json(tmp_path):
     text = inspected.stdout.decode()
     assert "H" + "m" * 30 + "…" + "m" * 30 + "T!" in text
     assert "longer than 64 characters are shown shortened" in " ".join(text.split())
+
+
+def test_a_path_with_a_line_break_and_an_escape_is_shown_escaped_in_the_html(tmp_path):
+    # The page names its inputs as the other views do: a control character as its escape, not
+    # the raw byte (an ESC, a line break, which the page would show as nothing or a space).
+    folder = tmp_path / "c\x1b[31mred\nx"
+    folder.mkdir()
+    assert invoke("sample", folder / "dump.parquet", "--groups", "2", "-q").exit_code == 0
+    page, notes = tmp_path / "r.html", tmp_path / "r.md"
+    compared = invoke("compare", folder, "--html", page, "--markdown", notes, "-q")
+    assert compared.exit_code == 0, compared.output
+    shown = f"{tmp_path}/c\\x1b[31mred\\nx/dump.parquet"
+    assert f"<p>Inputs: {shown}. advcli " in page.read_text()
+    assert f"Inputs: `{shown}`. advcli " in notes.read_text()

@@ -334,3 +334,31 @@ def test_a_stream_on_standard_input_is_read_as_a_stream_file_is(tmp_path):
     assert cut.returncode == 1
     assert cut.stderr.startswith("Error: <stdin>: not a readable Arrow IPC stream (")
     assert len(cut.stderr.splitlines()) == 1 and "Traceback" not in cut.stderr
+
+
+@pytest.mark.parametrize(
+    ("redirect", "output", "shown"),
+    [
+        (">> link.parquet", "-o -", "standard output"),
+        ("1<> dump.parquet", "-o -", "standard output"),
+        (">> link.parquet", "-o /dev/stdout --format parquet", "/dev/stdout"),
+        (">> link.parquet", "-o /dev/fd/1 --format arrow", "/dev/fd/1"),
+    ],
+)
+def test_an_output_written_into_an_input_through_standard_output_is_refused(
+    redirect, output, shown, tmp_path
+):
+    # Standard output is the input under another name (a hard link) or its own: a writer
+    # opening /dev/stdout truncates it, '-' appends to it; the path checks see neither.
+    source = tmp_path / "dump.parquet"
+    pl.from_arrow(sample_table(groups=4, rollouts=2, seed=0)).write_parquet(source)
+    os.link(source, tmp_path / "link.parquet")
+    before = source.read_bytes()
+    result = shell(f"{ADVCLI} compute dump.parquet {output} -q {redirect}", tmp_path)
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"Error: {shown}: the output is the input dump.parquet (the same file); choose another "
+        "path\n"
+    )
+    assert source.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["dump.parquet", "link.parquet"]

@@ -6,6 +6,7 @@ same rows (scores float64 cannot give exactly, NaN and infinite ones)."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -322,3 +323,42 @@ def test_the_command_line_and_torch_refuse_the_same_rows(case, tmp_path, run):
     tensor = torch.tensor(rewards, dtype=torch.int64 if integer else torch.float64)
     with pytest.raises(AdvcliError, match=rf"^{re.escape(torch_words)}"):
         compute_advantage(tensor, torch.tensor(masks), ["p", "p", "q"], level="turn")
+
+
+@pytest.mark.parametrize(
+    "row_rewards", [[2**53, 0], [2**52, 2**52], [-(2**53), 0], [2**53 + 1, -1]], ids=str
+)
+def test_the_command_line_and_torch_take_integer_sums_up_to_2_53(row_rewards, tmp_path, run):
+    """|rewards| adding up to 2^53 exactly: every partial sum is an integer float64 holds, so both
+    take the row, with the same advantages; one more (2^53 + 1 and -1: a score of 2^53, through
+    a partial sum beyond it) and both refuse it."""
+    rewards = [[0, 0], row_rewards]
+    source = tmp_path / "dump.parquet"
+    pl.DataFrame(
+        {
+            "uid": ["p", "p"],
+            "token_level_rewards": pl.Series(rewards, dtype=pl.List(pl.Int64)),
+            "response_mask": [[1, 1], [1, 1]],
+        }
+    ).write_parquet(source)
+    output = tmp_path / "out.parquet"
+    result = run("compute", source, "-o", output, "--level", "turn", "-q", "--no-tokens")
+    tensor = torch.tensor(rewards, dtype=torch.int64)
+    if abs(row_rewards[0]) + abs(row_rewards[1]) > 2**53:
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"Error: {source} row 1: column 'token_level_rewards': the integer rewards of the "
+            "row add up beyond 2^53, where float64 cannot hold every integer\n"
+        )
+        with pytest.raises(AdvcliError, match=r"^row 1: the integer rewards of the row add up"):
+            compute_advantage(tensor, torch.ones(2, 2), ["p", "p"], level="turn")
+        return
+    assert result.exit_code == 0, result.stderr
+    # Two rows, scores 0 and ±2^53: ∓1/√2 and ±1/√2 (mean ±2^52, std 2^52·√2).
+    sign = 1 if sum(row_rewards) > 0 else -1
+    expected = [-sign / math.sqrt(2), sign / math.sqrt(2)]
+    written = pl.read_parquet(output)
+    assert written["score"].to_list() == [0.0, float(sum(row_rewards))]
+    np.testing.assert_allclose(written["advantage"].to_numpy(), expected, rtol=1e-6)
+    advantages, _ = compute_advantage(tensor, torch.ones(2, 2), ["p", "p"], level="turn")
+    np.testing.assert_allclose(advantages[:, 0].numpy(), expected, rtol=1e-6)

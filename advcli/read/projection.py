@@ -326,12 +326,13 @@ def _exactness_rules(schema: pl.Schema, columns: ColumnRoles) -> list[tuple[pl.E
     if not inner.is_integer():
         return []
     if columns.reward_kind == "token_rewards":
-        # While the sum of |reward| stays below 2**53 every partial sum is an exact integer; the
-        # float64 sum of |reward| reaches 2**53 as soon as the exact one does.
-        magnitude = columns.reward_list().cast(pl.List(pl.Float64)).list.eval(pl.element().abs())
+        # While the sum of |reward| stays within 2**53 every partial sum is an exact integer. It
+        # is summed exactly, in Int128 (no row of 64-bit integers overflows it): a float64 sum
+        # rounds one just beyond 2**53 down to it, and cannot tell 2**53 itself (exact) from it.
+        magnitude = columns.reward_list().list.eval(pl.element().cast(pl.Int128).abs())
         return [
             (
-                magnitude.list.sum() >= EXACT_INTEGER_LIMIT,
+                magnitude.list.sum() > EXACT_INTEGER_LIMIT,
                 f"column '{reward}': the integer rewards of the row add up beyond 2^53, where "
                 "float64 cannot hold every integer",
             )

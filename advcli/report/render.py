@@ -640,7 +640,7 @@ def render_html(report: BiasReport) -> str:
         _html_table(TOP_TRAJECTORY_HEADERS, _top_trajectory_rows(report)),
         "<h2>Most affected groups</h2>",
         _html_table(TOP_GROUP_HEADERS, _top_group_rows(report)),
-        f"<p>Inputs: {escape(', '.join(summary['settings']['inputs']))}. advcli "
+        f"<p>Inputs: {escape(visible(', '.join(summary['settings']['inputs'])))}. advcli "
         f"{escape(summary['settings']['advcli_version'])}.</p>",
     ]
     return (

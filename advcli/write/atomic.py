@@ -37,9 +37,8 @@ from advcli._runtime.signals import held
 from advcli.errors import AdvcliError, InputChanged
 
 PARTIAL_SUFFIX = ".advcli-partial"
-# The extended attribute that marks a partial as advcli's: "PID INODE".
+# The extended attribute that marks a partial as advcli's: "PID INODE MACHINE" (see _machine).
 MARKER = "user.advcli.partial"
-STDOUT = "-"
 
 
 def check_output_path(output: Path, *, force: bool, folder_output: bool = False) -> None:

@@ -11,6 +11,7 @@ import errno
 import os
 import select
 import stat
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,7 +30,7 @@ from advcli.read.columns import OUTPUT_COLUMNS, ColumnRoles, unused_name
 from advcli.read.inputs import FOLDER_SUFFIXES, STDIN, Dataset
 from advcli.read.scan import closing_sources
 from advcli.settings import OutputFormat
-from advcli.write.atomic import atomic_output, check_output_path
+from advcli.write.atomic import atomic_output, check_output_path, writes_in_place
 
 
 def write_advantages(
@@ -309,9 +310,30 @@ def check_output(
     (``-``, standard output, is always fine)."""
     if str(output) == STDIN:
         require_stdout("the output")
+        check_not_written_into(output, dataset)
         return
     check_not_an_input(output, dataset, folder_output=folder_output)
+    if writes_in_place(output):
+        check_not_written_into(output, dataset)
     check_output_path(output, force=force, folder_output=folder_output)
+
+
+def check_not_written_into(output: Path, dataset: Dataset) -> None:
+    """Refuse an output written in place (``-``, ``/dev/stdout``, ``/dev/fd/N``) that is an
+    input file under a name the path checks do not see (a hard link, a shell's ``>>`` onto
+    one): its bytes would go into the input, which a Parquet or Arrow writer opening the path
+    also truncates. Told by the file's device and inode."""
+    try:
+        info = os.fstat(sys.stdout.fileno()) if str(output) == STDIN else os.stat(output)
+    except (OSError, ValueError):
+        return
+    for index, identity in enumerate(dataset.identities):
+        if (info.st_dev, info.st_ino) == (identity.device, identity.inode):
+            shown = "standard output" if str(output) == STDIN else str(output)
+            raise AdvcliError(
+                f"{shown}: the output is the input {dataset.label(index)} (the same file); choose "
+                "another path"
+            )
 
 
 def check_not_an_input(output: Path, dataset: Dataset, *, folder_output: bool = False) -> None:
