@@ -36,7 +36,13 @@ from advcli.report.render import render_html, render_json, render_markdown, writ
 from advcli.rules import RULES
 from advcli.settings import AdvantageConfig, ColumnNames, Engine, Level, LossMode, OutputFormat
 from advcli.write.atomic import writes_in_place
-from advcli.write.rows import check_output, replaced_columns, with_padding, write_advantages
+from advcli.write.rows import (
+    check_not_written_into,
+    check_output,
+    replaced_columns,
+    with_padding,
+    write_advantages,
+)
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
     ".parquet": OutputFormat.PARQUET,
@@ -274,14 +280,18 @@ def opened(inputs: Sequence[str]) -> Iterator[Dataset]:
     """Open the inputs as one dataset; standard input (``-``) is spooled to a temporary folder
     that is removed afterwards. Without ``-`` no folder is made (a run killed by SIGKILL, which no
     cleanup outlives, would leave it behind). An error in the block is reported as an input's
-    change when one changed (:meth:`Dataset.changes_reported`)."""
+    change when one changed (:meth:`Dataset.changes_reported`). Standard output that is an input
+    file (``advcli compare dump.parquet >> dump.parquet``) is refused whatever the command, as
+    ``cat`` refuses it: what a command prints would go into the input."""
     if STDIN not in inputs:
         dataset = open_dataset(inputs)
+        check_not_written_into(Path(STDIN), dataset)
         with dataset.changes_reported():
             yield dataset
         return
     with tempfile.TemporaryDirectory(prefix="advcli-stdin-") as spool:
         dataset = open_dataset(inputs, spool=Path(spool))
+        check_not_written_into(Path(STDIN), dataset)
         with dataset.changes_reported():
             yield dataset
 
