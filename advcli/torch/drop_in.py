@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from advcli.rules import RULES
-from advcli.torch.groups import GroupStatistics, moments, row_advantages, unit_statistics
+from advcli.settings import Scale, Singleton
+from advcli.torch.groups import apply_table, group_table
 from advcli.torch.ids import (
     KEY_LIMIT,
     Codes,
@@ -83,11 +84,13 @@ def compute_grpo_outcome_advantage(
     """
     if epsilon < 0:
         raise ValueError(f"epsilon must be >= 0, got {epsilon}")
-    rule = RULES["grpo" if norm_adv_by_std_in_grpo else "drgrpo"]
+    estimator = "grpo" if norm_adv_by_std_in_grpo else "drgrpo"
+    scale = Scale.GROUP if norm_adv_by_std_in_grpo else Scale.NONE
     with torch.no_grad():
         scores = row_scores(token_level_rewards, response_mask)
-        stats = _group_statistics(scores, index, traj_index, compute_mean_std_cross_all_data)
-        advantage = row_advantages(rule, stats, epsilon)
+        advantage = _own_score_advantages(
+            scores, index, traj_index, compute_mean_std_cross_all_data, estimator, scale, epsilon
+        )
         check_fits(scores, advantage, None)
         out = broadcast(advantage, response_mask)
     return out, out
@@ -132,35 +135,54 @@ def compute_rloo_outcome_advantage(
     """
     with torch.no_grad():
         scores = row_scores(token_level_rewards, response_mask)
-        stats = _group_statistics(scores, index, traj_index, compute_mean_std_cross_all_data)
-        advantage = row_advantages(RULES["rloo"], stats, 0.0)
+        advantage = _own_score_advantages(
+            scores, index, traj_index, compute_mean_std_cross_all_data, "rloo", Scale.NONE, 0.0
+        )
         check_fits(scores, advantage, None)
         out = broadcast(advantage, response_mask)
     return out, out
 
 
-def _group_statistics(
+def _own_score_advantages(
+    scores: torch.Tensor,
+    index: Ids,
+    traj_index: Ids | None,
+    cross_all_data: bool,
+    estimator: str,
+    scale: Scale,
+    epsilon: float,
+) -> torch.Tensor:
+    """Each row's advantage from its own score, under the table of its group's units."""
+    group, is_unit = _unit_rows(scores, index, traj_index, cross_all_data)
+    if is_unit is None:
+        unit_scores, unit_group = scores, group.values
+    else:
+        units = torch.nonzero(is_unit).squeeze(1)
+        unit_scores = scores.index_select(0, units)
+        unit_group = group.values.index_select(0, units)
+    rule = RULES[estimator]
+    table = group_table(unit_scores, unit_group, group.bound, rule, scale, Singleton.RAW, epsilon)
+    return apply_table(table, scores, group.values)
+
+
+def _unit_rows(
     scores: torch.Tensor, index: Ids, traj_index: Ids | None, cross_all_data: bool
-) -> GroupStatistics:
-    """The statistics shared by every estimator: which rows are units, and their group moments."""
+) -> tuple[Codes, torch.Tensor | None]:
+    """Each row's group (compact codes) and which rows are units (None: every row)."""
     n = scores.shape[0]
     device = scores.device
     group = raw_codes(index, n, device, "index")
     if traj_index is None or cross_all_data:
         if traj_index is not None:
             check_length(traj_index, n, "traj_index")
-        group = compact(group, n)
-        count, _, m2, deviation = moments(scores, group.values, group.bound)
-        # Every row is a unit: its deviation from the baseline is its centred score.
-        return GroupStatistics(group.values, count, m2, deviation)
+        return compact(group, n), None
 
     traj = raw_codes(traj_index, n, device, "traj_index")
     positions = torch.arange(n, device=device)
     if traj.first_rows and torch.equal(group.values.index_select(0, traj.values), group.values):
         # Each trajectory id occurs in one group only (verl-agent's uuid traj_uid): the
         # trajectory's first row is the pair's first row, no key to sort.
-        group = compact(group, n)
-        return unit_statistics(scores, traj.values == positions, group)
+        return compact(group, n), traj.values == positions
     # Combine (group, trajectory) into one integer key; factorize a side first if the product
     # of the ranges would overflow (dense codes are < n, so it then fits).
     if group.bound * traj.bound >= KEY_LIMIT:
@@ -187,4 +209,4 @@ def _group_statistics(
             group = compact(group, n)
     first = torch.full((pair_bound,), n, dtype=torch.int64, device=device)
     first.scatter_reduce_(0, pair, positions, reduce="amin")
-    return unit_statistics(scores, first.index_select(0, pair) == positions, group)
+    return group, first.index_select(0, pair) == positions

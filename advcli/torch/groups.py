@@ -1,4 +1,7 @@
-"""The group statistics: each group's table from its units, applied to scores."""
+"""The group statistics, one kernel for every entry point: each group's table from its units
+(:func:`group_table`), applied to any score of the group (:func:`apply_table`).
+:func:`~advcli.torch.compute_advantage` applies it to the units themselves; verl's drop-ins
+(:mod:`advcli.torch.drop_in`) to each row's own score, as verl does."""
 
 from __future__ import annotations
 
@@ -17,83 +20,7 @@ from advcli.rules import (
     EstimatorRule,
 )
 from advcli.settings import AdvantageConfig, Scale, Singleton
-from advcli.torch.ids import Codes
 from advcli.torch.trajectories import Units
-
-
-@dataclass(frozen=True)
-class GroupStatistics:
-    """What every estimator needs, in float64.
-
-    ``row_group``: each row's group slot. Per group slot: ``count``, the number of units, and
-    ``m2``, Σ(x - mean)² over its units (meaningless for a one-unit group). Per row: ``centred``,
-    the row's own score minus its group's baseline (the units' mean, 0 for a one-unit group).
-    Slots that no row uses hold NaN or 0; they are never read.
-    """
-
-    row_group: torch.Tensor
-    count: torch.Tensor
-    m2: torch.Tensor
-    centred: torch.Tensor
-
-
-def unit_statistics(scores: torch.Tensor, is_unit: torch.Tensor, group: Codes) -> GroupStatistics:
-    """Group statistics over the rows flagged ``is_unit``; every row centred on its baseline."""
-    units = torch.nonzero(is_unit).squeeze(1)
-    count, baseline, m2, _ = moments(
-        scores.index_select(0, units), group.values.index_select(0, units), group.bound
-    )
-    centred = baseline.index_select(0, group.values)
-    torch.sub(scores, centred, out=centred)
-    return GroupStatistics(group.values, count, m2, centred)
-
-
-def moments(
-    x: torch.Tensor, unit_group: torch.Tensor, bound: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per group of the units ``x``: count, baseline, Σ(x - mean)²; per unit: x - baseline.
-
-    The baseline is the units' mean, or 0 for a group of one unit (verl's rule). Each group's
-    values are first shifted by one of its own values, so a group whose units are all equal gets
-    exactly that value as its mean and exactly 0 as Σ(x - mean)², with no rounding noise.
-    """
-    # Per-unit intermediates reuse two buffers (out=): fresh large allocations cost page faults.
-    count = torch.bincount(unit_group, minlength=bound).to(torch.float64)
-    representative = x.new_zeros(bound).scatter_(0, unit_group, x)
-    work = representative.index_select(0, unit_group)
-    torch.sub(x, work, out=work)
-    mean = representative + x.new_zeros(bound).scatter_add_(0, unit_group, work) / count
-    baseline = torch.where(count == 1, SINGLETON_MEAN, mean)
-    deviation = baseline.index_select(0, unit_group)
-    torch.sub(x, deviation, out=deviation)
-    torch.mul(deviation, deviation, out=work)
-    m2 = x.new_zeros(bound).scatter_add_(0, unit_group, work)
-    return count, baseline, m2, deviation
-
-
-def row_advantages(rule: EstimatorRule, stats: GroupStatistics, epsilon: float) -> torch.Tensor:
-    """Each row's advantage under ``rule`` (from advcli.rules, as the Polars path), per row."""
-    if rule.baseline is Baseline.LEAVE_ONE_OUT:
-        # s minus the mean of the other n - 1 units = n / (n - 1) * (s - mean); a lone unit keeps
-        # its score (its baseline is SINGLETON_MEAN).
-        factor = torch.where(stats.count == 1, 1.0, stats.count / (stats.count - 1))
-        scale = factor.index_select(0, stats.row_group)
-        return torch.mul(stats.centred, scale, out=scale)
-    if rule.baseline is not Baseline.MEAN or rule.whitens or not rule.singleton_keeps_score:
-        raise NotImplementedError(f"advcli.torch does not implement this rule yet: {rule}")
-    if not rule.divides:
-        return stats.centred
-    # A lone unit is divided by SINGLETON_STD, not by 0 / 0.
-    std = torch.where(
-        stats.count == 1, SINGLETON_STD, torch.sqrt(stats.m2 / (stats.count - STD_DDOF))
-    )
-    denominator = (std + epsilon).index_select(0, stats.row_group)
-    advantage = torch.div(stats.centred, denominator, out=denominator)
-    if epsilon == 0:
-        # A zero-std group's equal rows stay exactly 0 (0 / 0 otherwise); with epsilon > 0
-        # they are 0 / epsilon = 0 already.
-        advantage = torch.where(stats.centred == 0, 0.0, advantage)
-    return advantage
 
 
 @dataclass(frozen=True)
@@ -103,11 +30,49 @@ class GroupCounts:
     zero_std_groups: int
 
 
-def unit_advantages(units: Units, config: AdvantageConfig) -> tuple[torch.Tensor, GroupCounts]:
-    """Each unit's advantage under its estimator's rule (advcli.rules), as
-    :func:`advcli.advantages.estimators.compute_advantages` computes it."""
-    rule = RULES[config.estimator]
-    x, group, bound = units.score, units.group, units.groups
+@dataclass(frozen=True)
+class GroupTable:
+    """Per group slot, in float64, after the singleton rule: ``count`` (its units),
+    ``all_equal`` (every unit carries one score), ``baseline`` (what a score is centred on),
+    ``factor`` (what the centred score is multiplied by: rloo's n / (n − 1); None for the
+    others), ``divisor`` (what it is divided by, ε included; None when the estimator does not
+    divide), ``top`` (pass@k: the order of the group's top unit, the only one whose centred score
+    counts; None for the others) and ``lone_zero`` (a unit alone in its group gets 0). Slots that
+    no unit uses hold NaN or infinities; they are never read.
+    """
+
+    count: torch.Tensor
+    all_equal: torch.Tensor
+    baseline: torch.Tensor
+    factor: torch.Tensor | None
+    divisor: torch.Tensor | None
+    top: torch.Tensor | None
+    lone_zero: bool
+
+    def counts(self) -> GroupCounts:
+        """The groups, those of one unit and those of more whose units carry one score."""
+        return GroupCounts(
+            groups=int((self.count > 0).sum()),  # group codes may leave gaps
+            singleton_groups=int((self.count == 1).sum()),
+            zero_std_groups=int((self.all_equal & (self.count > 1)).sum()),
+        )
+
+
+def group_table(
+    x: torch.Tensor,
+    group: torch.Tensor,
+    bound: int,
+    rule: EstimatorRule,
+    scale: Scale,
+    singleton: Singleton,
+    epsilon: float,
+    tokens: torch.Tensor | None = None,
+    order: torch.Tensor | None = None,
+) -> GroupTable:
+    """The table of the groups of the units ``x`` (``group``: codes in ``[0, bound)``) under
+    ``rule``, as :func:`advcli.advantages.estimators.compute_advantages` computes it. ``tokens``:
+    each unit's token count (opo's weights); ``order``: each unit's first row (pass@k's tie
+    break)."""
     count = torch.bincount(group, minlength=bound).to(torch.float64)
     high = x.new_full((bound,), -math.inf).scatter_reduce_(0, group, x, "amax")
     low = x.new_full((bound,), math.inf).scatter_reduce_(0, group, x, "amin")
@@ -119,69 +84,96 @@ def unit_advantages(units: Units, config: AdvantageConfig) -> tuple[torch.Tensor
     deviation = x - mean.index_select(0, group)
     m2 = x.new_zeros(bound).scatter_add_(0, group, deviation * deviation)
     std = torch.where(all_equal, 0.0, torch.sqrt(m2 / (count - STD_DDOF)))
+    alone = count == 1
 
+    top = None
     if rule.baseline is Baseline.TOKEN_WEIGHTED_MEAN:
-        assert units.tokens is not None
-        weight = x.new_zeros(bound).scatter_add_(0, group, units.tokens)
-        weighted = x.new_zeros(bound).scatter_add_(0, group, units.tokens * x)
+        assert tokens is not None
+        weight = x.new_zeros(bound).scatter_add_(0, group, tokens)
+        weighted = x.new_zeros(bound).scatter_add_(0, group, tokens * x)
         baseline = torch.where(all_equal, mean, torch.where(weight > 0, weighted / weight, 0.0))
     elif rule.baseline is Baseline.SECOND_BEST:
-        order = units.first_row if units.first_row is not None else torch.arange(x.shape[0])
-        is_top = _top_units(x, group, bound, high, order.to(x.device))
+        order = order if order is not None else torch.arange(x.shape[0], device=x.device)
+        top = _top_units(x, group, bound, high, order)
+        is_top = top.index_select(0, group) == order
         second = x.masked_fill(is_top, -math.inf)
-        second = x.new_full((bound,), -math.inf).scatter_reduce_(0, group, second, "amax")
-        baseline = torch.where(count > 1, second, high)
+        baseline = x.new_full((bound,), -math.inf).scatter_reduce_(0, group, second, "amax")
     else:
         baseline = mean
-    scale = config.effective_scale
-    batch = _batch_std(x) if scale is Scale.BATCH else 0.0
-    if scale is Scale.BATCH:
-        divisor = torch.full_like(std, batch)
-    elif scale is Scale.GROUP:
-        divisor = std
-    else:
-        divisor = torch.ones_like(std)
-
-    centred = x - baseline.index_select(0, group)
+    factor = None
     if rule.baseline is Baseline.LEAVE_ONE_OUT:
-        n = count.index_select(0, group)
-        advantage = n / (n - 1) * centred
-    else:
-        if rule.baseline is Baseline.SECOND_BEST:
-            centred = torch.where(is_top, centred, 0.0)
-        advantage = centred
-        if scale is not Scale.NONE:
-            quotient = centred / (divisor.index_select(0, group) + config.epsilon)
-            advantage = torch.where(centred == 0, 0.0, quotient)
+        # s minus the mean of the other n - 1 units = n / (n - 1) * (s - mean).
+        factor = torch.where(alone, 1.0, count / (count - 1))
 
-    alone = count.index_select(0, group) == 1
-    if config.singleton is Singleton.ZERO or not rule.singleton_keeps_score:
-        lone = torch.zeros_like(x)
-    else:
-        # The batch divisor, with --scale batch, as every other unit (1 when it is 0: no other
-        # unit is divided then); the singleton std 1 with the group scale.
-        lone = x - SINGLETON_MEAN
-        if scale is not Scale.NONE:
-            lone_std = batch if scale is Scale.BATCH and batch else SINGLETON_STD
-            lone = lone / (lone_std + config.epsilon)
-    present = count > 0  # group codes may leave gaps
-    counts = GroupCounts(
-        groups=int(present.sum()),
-        singleton_groups=int((count == 1).sum()),
-        zero_std_groups=int((all_equal & (count > 1)).sum()),
+    divisor = None
+    if scale is Scale.GROUP:
+        divisor = torch.where(alone, SINGLETON_STD, std) + epsilon
+    elif scale is Scale.BATCH:
+        # Every unit is divided by the batch std; one alone in its group too, or by the
+        # singleton std when the batch std is 0 (no other unit is divided then).
+        batch = _batch_std(x)
+        divisor = torch.where(alone, batch or SINGLETON_STD, torch.full_like(std, batch)) + epsilon
+    return GroupTable(
+        count=count,
+        all_equal=all_equal,
+        baseline=torch.where(alone, SINGLETON_MEAN, baseline),
+        factor=factor,
+        divisor=divisor,
+        top=top,
+        lone_zero=singleton is Singleton.ZERO or not rule.singleton_keeps_score,
     )
-    return torch.where(alone, lone, advantage), counts
+
+
+def apply_table(
+    table: GroupTable, x: torch.Tensor, group: torch.Tensor, order: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The advantage of each score ``x`` of group ``group`` under the groups' ``table``;
+    ``order`` (each score's unit's first row) picks pass@k's top unit."""
+    centred = x - table.baseline.index_select(0, group)
+    if table.top is not None:
+        assert order is not None
+        centred = torch.where(order == table.top.index_select(0, group), centred, 0.0)
+    if table.factor is not None:
+        advantage = centred * table.factor.index_select(0, group)
+    elif table.divisor is not None:
+        # A centred score of exactly 0 (a zero-std group's) stays exactly 0, also with ε = 0,
+        # where 0 / 0 would be NaN.
+        quotient = centred / table.divisor.index_select(0, group)
+        advantage = torch.where(centred == 0, 0.0, quotient)
+    else:
+        advantage = centred
+    if table.lone_zero:
+        advantage = torch.where(table.count.index_select(0, group) == 1, 0.0, advantage)
+    return advantage
+
+
+def unit_advantages(units: Units, config: AdvantageConfig) -> tuple[torch.Tensor, GroupCounts]:
+    """Each unit's advantage under its estimator's rule (advcli.rules), and its groups' counts."""
+    order = units.first_row
+    if order is None:
+        order = torch.arange(units.score.shape[0], device=units.score.device)
+    table = group_table(
+        units.score,
+        units.group,
+        units.groups,
+        RULES[config.estimator],
+        config.effective_scale,
+        config.singleton,
+        config.epsilon,
+        units.tokens,
+        order,
+    )
+    return apply_table(table, units.score, units.group, order), table.counts()
 
 
 def _top_units(
     x: torch.Tensor, group: torch.Tensor, bound: int, high: torch.Tensor, order: torch.Tensor
 ) -> torch.Tensor:
-    """The first unit (by ``order``, its first row) of each group with the group's highest
+    """Each group's top unit, by ``order``: the first (its first row) with the group's highest
     score."""
     at_top = x == high.index_select(0, group)
     first = torch.full((bound,), torch.iinfo(torch.int64).max, device=x.device)
-    first.scatter_reduce_(0, group[at_top], order[at_top], "amin")
-    return first.index_select(0, group) == order
+    return first.scatter_reduce_(0, group[at_top], order[at_top], "amin")
 
 
 def _batch_std(x: torch.Tensor) -> float:
