@@ -16,6 +16,8 @@ from advcli.rules import (
     SINGLETON_STD,
     STD_DDOF,
     WHITEN_EPSILON,
+    WHITEN_MIN_TOKENS,
+    ZERO_STD,
     Baseline,
     EstimatorRule,
 )
@@ -83,7 +85,7 @@ def group_table(
     mean = torch.where(all_equal, high, mean)
     deviation = x - mean.index_select(0, group)
     m2 = x.new_zeros(bound).scatter_add_(0, group, deviation * deviation)
-    std = torch.where(all_equal, 0.0, torch.sqrt(m2 / (count - STD_DDOF)))
+    std = torch.where(all_equal, ZERO_STD, torch.sqrt(m2 / (count - STD_DDOF)))
     alone = count == 1
 
     top = None
@@ -109,10 +111,11 @@ def group_table(
     if scale is Scale.GROUP:
         divisor = torch.where(alone, SINGLETON_STD, std) + epsilon
     elif scale is Scale.BATCH:
-        # Every unit is divided by the batch std; one alone in its group too, or by the
-        # singleton std when the batch std is 0 (no other unit is divided then).
+        # Every unit divided by the batch std; one alone in its group by the singleton std
+        # when the batch std is 0 (advcli.rules).
         batch = _batch_std(x)
-        divisor = torch.where(alone, batch or SINGLETON_STD, torch.full_like(std, batch)) + epsilon
+        lone = batch if batch != ZERO_STD else SINGLETON_STD
+        divisor = torch.where(alone, lone, torch.full_like(std, batch)) + epsilon
     return GroupTable(
         count=count,
         all_equal=all_equal,
@@ -177,11 +180,11 @@ def _top_units(
 
 
 def _batch_std(x: torch.Tensor) -> float:
-    """The std (ddof=1) of every unit's score: 1 for a single unit, 0 when all are equal."""
+    """The std of every unit's score in the batch (advcli.rules: --scale batch)."""
     if x.numel() == 1:
         return SINGLETON_STD
     if bool(x.min() == x.max()):
-        return 0.0
+        return ZERO_STD
     return float(x.std(correction=STD_DDOF))
 
 
@@ -192,10 +195,10 @@ def whiten(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     if not values.numel():
         return values
     total = float(tokens.sum())
-    if total < 2:
+    if total < WHITEN_MIN_TOKENS:
         raise ValueError(
-            "reinforce_pp_baseline whitens over response tokens and needs at least 2; the batch "
-            f"has {total:g}"
+            "reinforce_pp_baseline whitens over response tokens and needs at least "
+            f"{WHITEN_MIN_TOKENS}; the batch has {total:g}"
         )
     mean = float((tokens * values).sum()) / total
     variance = float((tokens * (values - mean) ** 2).sum()) / (total - 1)

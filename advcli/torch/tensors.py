@@ -9,7 +9,7 @@ import math
 import torch
 
 from advcli.errors import AdvcliError
-from advcli.rules import EXACT_INTEGER_LIMIT
+from advcli.rules import EXACT_INTEGER_LIMIT, FLOAT32_MAX
 
 # Rewards are summed in float64 by blocks of about this many values (see row_scores).
 _SUM_BLOCK = 1 << 20
@@ -160,10 +160,6 @@ def broadcast(advantage: torch.Tensor, response_mask: torch.Tensor) -> torch.Ten
     # Cast first: a float64 x float32 multiply into a float32 output is much slower on CPU.
     out = advantage.to(torch.float32).unsqueeze(-1) * response_mask.detach()
     return out if out.dtype == torch.float32 else out.to(torch.float32)
-
-
-# The largest float32: the result is float32.
-FLOAT32_MAX = 3.4028234663852886e38
 
 
 def check_fits(
