@@ -77,12 +77,23 @@ STD_DDOF = 1
 # A group of one unit has mean 0 and std 1 (verl's rule), so its unit keeps its score.
 SINGLETON_MEAN = 0.0
 SINGLETON_STD = 1.0
-# A group whose units all carry one score has that score exactly as its mean and std 0, and its
-# advantages are exactly 0 — also with ε = 0, where 0 / 0 would otherwise be NaN.
+# A group whose units all carry one score has that score exactly as its mean and std ZERO_STD,
+# and its advantages are exactly 0 — a centred score of exactly 0 is never divided, also with
+# ε = 0, where 0 / 0 would otherwise be NaN.
+ZERO_STD = 0.0
+# --scale batch divides every unit by the std (ddof=STD_DDOF) of every unit's score in the batch:
+# a batch of one unit has std SINGLETON_STD (as a group of one), a batch whose units all carry one
+# score ZERO_STD. A unit alone in its group is divided by the batch std too, or by SINGLETON_STD
+# when the batch std is ZERO_STD (no other unit is divided then, each being exactly 0).
 # Rows of one trajectory "carry the same score" when max − min ≤ 1e-6 · max(|max|, |min|).
 SCORE_TOLERANCE = 1e-6
 # Scores are float64, which holds every integer up to 2^53 and not all beyond: integer rewards
 # past it are refused, never rounded.
 EXACT_INTEGER_LIMIT = 2**53
-# REINFORCE++ whitening: the constant added to the token variance (as verl's masked_whiten).
+# REINFORCE++ whitening: the constant added to the token variance (as verl's masked_whiten),
+# over at least this many response tokens in the batch (the unbiased variance needs two).
 WHITEN_EPSILON = 1e-8
+WHITEN_MIN_TOKENS = 2
+# The results are float32: a score or an advantage beyond the largest float32 is refused (naming
+# its row), never written as inf.
+FLOAT32_MAX = 3.4028234663852886e38

@@ -588,7 +588,7 @@ def test_id_types_agree():
 
 def test_positions_cache_growth_and_fallback(monkeypatch):
     """String ids are factorized with cached Python ints: growing the cache, then past its cap."""
-    import advcli.tensor_ids as module
+    import advcli.torch.ids as module
 
     monkeypatch.setattr(module, "_POSITIONS_CACHED", 12)
     monkeypatch.setattr(module, "_positions_cache", [])

@@ -21,12 +21,15 @@ from advcli.advantages.units import Trajectories, index_trajectories, sorted_sum
 from advcli.errors import AdvcliError
 from advcli.keys import GROUP, LAST_STEP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
 from advcli.rules import (
+    FLOAT32_MAX,
     RULES,
     SCORE_TOLERANCE,
     SINGLETON_MEAN,
     SINGLETON_STD,
     STD_DDOF,
     WHITEN_EPSILON,
+    WHITEN_MIN_TOKENS,
+    ZERO_STD,
     Baseline,
     EstimatorRule,
 )
@@ -288,7 +291,7 @@ def group_statistics(units: pl.DataFrame, units_per_part: int | None = None) -> 
         .with_columns(
             pl.when(all_equal).then(pl.col("score_max")).otherwise(pl.col("mean")).alias("mean"),
             pl.when(all_equal & (pl.col("units") > 1))
-            .then(0.0)
+            .then(ZERO_STD)
             .otherwise(pl.col("std"))
             .alias("std"),
             (all_equal & (pl.col("units") > 1)).alias("zero_std"),
@@ -353,7 +356,7 @@ def _batch_stds(units: pl.DataFrame, batch: str | None) -> pl.DataFrame:
             pl.when(pl.len() == 1)
             .then(SINGLETON_STD)
             .when(pl.col(SCORE).min() == pl.col(SCORE).max())
-            .then(0.0)
+            .then(ZERO_STD)
             .otherwise(pl.col(SCORE).std(ddof=STD_DDOF))
             .alias("batch_std")
         )
@@ -427,7 +430,7 @@ def _singleton_advantage(rule: EstimatorRule, config: AdvantageConfig) -> pl.Exp
         return centred
     if config.effective_scale is Scale.BATCH:
         batch_std = pl.col("batch_std")
-        std = pl.when(batch_std != 0).then(batch_std).otherwise(SINGLETON_STD)
+        std = pl.when(batch_std != ZERO_STD).then(batch_std).otherwise(SINGLETON_STD)
         # Times the reciprocal: what Polars makes of a division by a constant, so one batch's
         # numbers are the same whether its std is a constant or a column of one per batch.
         return centred * (1.0 / (std + config.epsilon))
@@ -526,10 +529,6 @@ def compute_advantages(
     )
 
 
-# The largest float32: the output columns are float32.
-FLOAT32_MAX = 3.4028234663852886e38
-
-
 def _check_finite(
     units: pl.DataFrame,
     naming: Naming,
@@ -581,13 +580,13 @@ def _token_whitening(rows: pl.DataFrame, batch: str | None) -> pl.DataFrame:
         pl.col(TOKENS).sum().alias("total"),
         (weight * pl.col("advantage")).sum().alias("weighted"),
     )
-    short = totals.filter(pl.col("total") < 2)
+    short = totals.filter(pl.col("total") < WHITEN_MIN_TOKENS)
     if not short.is_empty():
         total = short["total"][0]
         where = "the input" if batch is None else f"{batch} {short[BATCH][0]!r} (--by)"
         raise AdvcliError(
-            f"reinforce_pp_baseline whitens over response tokens and needs at least 2; "
-            f"{where} has {total}"
+            "reinforce_pp_baseline whitens over response tokens and needs at least "
+            f"{WHITEN_MIN_TOKENS}; {where} has {total}"
         )
     means = totals.select(BATCH, "total", (pl.col("weighted") / pl.col("total")).alias("mean"))
     return (

@@ -1,10 +1,10 @@
-"""A batch's ids as integer codes on tensors, for :mod:`advcli.torch`: equal ids get equal codes,
+"""A batch's ids as integer codes on tensors: equal ids get equal codes,
 without a Python loop over rows where the ids are numbers.
 
 Integer ids whose range is small are their own codes (shifted by their minimum); wider ranges and
 floating ids are factorized with one ``torch.unique``; strings and other Python objects go
 through one C-level dict pass, each row's code being the position of the first row with an equal
-id. Needs torch (the ``advcli[torch]`` extra), as :mod:`advcli.torch`.
+id. Needs torch (the ``advcli[torch]`` extra), as the rest of :mod:`advcli.torch`.
 """
 
 from __future__ import annotations

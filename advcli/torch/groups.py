@@ -1,0 +1,206 @@
+"""The group statistics, one kernel for every entry point: each group's table from its units
+(:func:`group_table`), applied to any score of the group (:func:`apply_table`).
+:func:`~advcli.torch.compute_advantage` applies it to the units themselves; verl's drop-ins
+(:mod:`advcli.torch.drop_in`) to each row's own score, as verl does."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from advcli.rules import (
+    RULES,
+    SINGLETON_MEAN,
+    SINGLETON_STD,
+    STD_DDOF,
+    WHITEN_EPSILON,
+    WHITEN_MIN_TOKENS,
+    ZERO_STD,
+    Baseline,
+    EstimatorRule,
+)
+from advcli.settings import AdvantageConfig, Scale, Singleton
+from advcli.torch.trajectories import Units
+
+
+@dataclass(frozen=True)
+class GroupCounts:
+    groups: int
+    singleton_groups: int
+    zero_std_groups: int
+
+
+@dataclass(frozen=True)
+class GroupTable:
+    """Per group slot, in float64, after the singleton rule: ``count`` (its units),
+    ``all_equal`` (every unit carries one score), ``baseline`` (what a score is centred on),
+    ``factor`` (what the centred score is multiplied by: rloo's n / (n − 1); None for the
+    others), ``divisor`` (what it is divided by, ε included; None when the estimator does not
+    divide), ``top`` (pass@k: the order of the group's top unit, the only one whose centred score
+    counts; None for the others) and ``lone_zero`` (a unit alone in its group gets 0). Slots that
+    no unit uses hold NaN or infinities; they are never read.
+    """
+
+    count: torch.Tensor
+    all_equal: torch.Tensor
+    baseline: torch.Tensor
+    factor: torch.Tensor | None
+    divisor: torch.Tensor | None
+    top: torch.Tensor | None
+    lone_zero: bool
+
+    def counts(self) -> GroupCounts:
+        """The groups, those of one unit and those of more whose units carry one score."""
+        return GroupCounts(
+            groups=int((self.count > 0).sum()),  # group codes may leave gaps
+            singleton_groups=int((self.count == 1).sum()),
+            zero_std_groups=int((self.all_equal & (self.count > 1)).sum()),
+        )
+
+
+def group_table(
+    x: torch.Tensor,
+    group: torch.Tensor,
+    bound: int,
+    rule: EstimatorRule,
+    scale: Scale,
+    singleton: Singleton,
+    epsilon: float,
+    tokens: torch.Tensor | None = None,
+    order: torch.Tensor | None = None,
+) -> GroupTable:
+    """The table of the groups of the units ``x`` (``group``: codes in ``[0, bound)``) under
+    ``rule``, as :func:`advcli.advantages.estimators.compute_advantages` computes it. ``tokens``:
+    each unit's token count (opo's weights); ``order``: each unit's first row (pass@k's tie
+    break)."""
+    count = torch.bincount(group, minlength=bound).to(torch.float64)
+    high = x.new_full((bound,), -math.inf).scatter_reduce_(0, group, x, "amax")
+    low = x.new_full((bound,), math.inf).scatter_reduce_(0, group, x, "amin")
+    all_equal = high == low
+    # The mean from values shifted by one of the group's own: equal units give their score
+    # exactly, and Σ(x − mean)² exactly 0.
+    mean = high + x.new_zeros(bound).scatter_add_(0, group, x - high.index_select(0, group)) / count
+    mean = torch.where(all_equal, high, mean)
+    deviation = x - mean.index_select(0, group)
+    m2 = x.new_zeros(bound).scatter_add_(0, group, deviation * deviation)
+    std = torch.where(all_equal, ZERO_STD, torch.sqrt(m2 / (count - STD_DDOF)))
+    alone = count == 1
+
+    top = None
+    if rule.baseline is Baseline.TOKEN_WEIGHTED_MEAN:
+        assert tokens is not None
+        weight = x.new_zeros(bound).scatter_add_(0, group, tokens)
+        weighted = x.new_zeros(bound).scatter_add_(0, group, tokens * x)
+        baseline = torch.where(all_equal, mean, torch.where(weight > 0, weighted / weight, 0.0))
+    elif rule.baseline is Baseline.SECOND_BEST:
+        order = order if order is not None else torch.arange(x.shape[0], device=x.device)
+        top = _top_units(x, group, bound, high, order)
+        is_top = top.index_select(0, group) == order
+        second = x.masked_fill(is_top, -math.inf)
+        baseline = x.new_full((bound,), -math.inf).scatter_reduce_(0, group, second, "amax")
+    else:
+        baseline = mean
+    factor = None
+    if rule.baseline is Baseline.LEAVE_ONE_OUT:
+        # s minus the mean of the other n - 1 units = n / (n - 1) * (s - mean).
+        factor = torch.where(alone, 1.0, count / (count - 1))
+
+    divisor = None
+    if scale is Scale.GROUP:
+        divisor = torch.where(alone, SINGLETON_STD, std) + epsilon
+    elif scale is Scale.BATCH:
+        # Every unit divided by the batch std; one alone in its group by the singleton std
+        # when the batch std is 0 (advcli.rules).
+        batch = _batch_std(x)
+        lone = batch if batch != ZERO_STD else SINGLETON_STD
+        divisor = torch.where(alone, lone, torch.full_like(std, batch)) + epsilon
+    return GroupTable(
+        count=count,
+        all_equal=all_equal,
+        baseline=torch.where(alone, SINGLETON_MEAN, baseline),
+        factor=factor,
+        divisor=divisor,
+        top=top,
+        lone_zero=singleton is Singleton.ZERO or not rule.singleton_keeps_score,
+    )
+
+
+def apply_table(
+    table: GroupTable, x: torch.Tensor, group: torch.Tensor, order: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The advantage of each score ``x`` of group ``group`` under the groups' ``table``;
+    ``order`` (each score's unit's first row) picks pass@k's top unit."""
+    centred = x - table.baseline.index_select(0, group)
+    if table.top is not None:
+        assert order is not None
+        centred = torch.where(order == table.top.index_select(0, group), centred, 0.0)
+    if table.factor is not None:
+        advantage = centred * table.factor.index_select(0, group)
+    elif table.divisor is not None:
+        # A centred score of exactly 0 (a zero-std group's) stays exactly 0, also with ε = 0,
+        # where 0 / 0 would be NaN.
+        quotient = centred / table.divisor.index_select(0, group)
+        advantage = torch.where(centred == 0, 0.0, quotient)
+    else:
+        advantage = centred
+    if table.lone_zero:
+        advantage = torch.where(table.count.index_select(0, group) == 1, 0.0, advantage)
+    return advantage
+
+
+def unit_advantages(units: Units, config: AdvantageConfig) -> tuple[torch.Tensor, GroupCounts]:
+    """Each unit's advantage under its estimator's rule (advcli.rules), and its groups' counts."""
+    order = units.first_row
+    if order is None:
+        order = torch.arange(units.score.shape[0], device=units.score.device)
+    table = group_table(
+        units.score,
+        units.group,
+        units.groups,
+        RULES[config.estimator],
+        config.effective_scale,
+        config.singleton,
+        config.epsilon,
+        units.tokens,
+        order,
+    )
+    return apply_table(table, units.score, units.group, order), table.counts()
+
+
+def _top_units(
+    x: torch.Tensor, group: torch.Tensor, bound: int, high: torch.Tensor, order: torch.Tensor
+) -> torch.Tensor:
+    """Each group's top unit, by ``order``: the first (its first row) with the group's highest
+    score."""
+    at_top = x == high.index_select(0, group)
+    first = torch.full((bound,), torch.iinfo(torch.int64).max, device=x.device)
+    return first.scatter_reduce_(0, group[at_top], order[at_top], "amin")
+
+
+def _batch_std(x: torch.Tensor) -> float:
+    """The std of every unit's score in the batch (advcli.rules: --scale batch)."""
+    if x.numel() == 1:
+        return SINGLETON_STD
+    if bool(x.min() == x.max()):
+        return ZERO_STD
+    return float(x.std(correction=STD_DDOF))
+
+
+def whiten(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++'s whitening over every response token: each row counts its tokens' times;
+    a row without tokens gets 0 (verl multiplies by the mask). An empty batch has nothing to
+    whiten: its empty result, as every estimator's."""
+    if not values.numel():
+        return values
+    total = float(tokens.sum())
+    if total < WHITEN_MIN_TOKENS:
+        raise ValueError(
+            "reinforce_pp_baseline whitens over response tokens and needs at least "
+            f"{WHITEN_MIN_TOKENS}; the batch has {total:g}"
+        )
+    mean = float((tokens * values).sum()) / total
+    variance = float((tokens * (values - mean) ** 2).sum()) / (total - 1)
+    whitened = (values - mean) / math.sqrt(variance + WHITEN_EPSILON)
+    return torch.where(tokens > 0, whitened, 0.0)
