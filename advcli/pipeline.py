@@ -31,11 +31,13 @@ from advcli.read.projection import check_unique_turns, key_projection, split_pad
 from advcli.read.roles import read_roles
 from advcli.read.scan import release_freed_memory
 from advcli.report.bias import BiasReport, TurnLevel, bias_report, by_step, turn_level
+from advcli.report.documents import render_html, render_json, render_markdown
+from advcli.report.figure import figure_png
 from advcli.report.inspection import inspect_dump
-from advcli.report.render import render_html, render_json, render_markdown, write_plot, write_text
 from advcli.rules import RULES
 from advcli.settings import AdvantageConfig, ColumnNames, Engine, Level, LossMode, OutputFormat
 from advcli.write.atomic import writes_in_place
+from advcli.write.documents import write_bytes, write_text
 from advcli.write.rows import check_output, replaced_columns, with_padding, write_advantages
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
@@ -633,7 +635,7 @@ def compare(
     writers: list[tuple[Path | None, Callable[[Path], None]]] = [
         (files.json, lambda path: write_text(path, render_json(report), force=force)),
         (files.markdown, lambda path: write_text(path, render_markdown(report), force=force)),
-        (files.plot, lambda path: write_plot(report, path, force=force)),
+        (files.plot, lambda path: write_bytes(path, figure_png(report, path), force=force)),
         (files.html, lambda path: write_text(path, render_html(report), force=force)),
     ]
     written: list[Path] = []

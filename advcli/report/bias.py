@@ -3,7 +3,8 @@
 :func:`bias_report` is a pure function over the two stage-2 results (turn level and trajectory
 level, same estimator, same key projection) that never aggregates the rows again; it returns a
 :class:`BiasReport` whose ``summary`` is the JSON document defined in the README. Rendering
-(terminal, Markdown, plot) lives in :mod:`advcli.report.render`.
+(terminal, Markdown, plot) lives in :mod:`advcli.report.documents`,
+:mod:`advcli.report.figure` and :mod:`advcli.cli.terminal`.
 """
 
 from __future__ import annotations
