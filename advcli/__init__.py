@@ -11,8 +11,13 @@ Names are imported on first use; ``compute``, ``compare`` and the rest load Pola
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from advcli.errors import AdvcliError, UsageError
+
+if TYPE_CHECKING:
+    # Looked up on first use (see __getattr__); a string, for the type checker.
+    __version__: str
 
 # Everything else is imported on first use, so that starting the command line (where a Ctrl-C
 # has no handler yet) imports next to nothing.

@@ -18,6 +18,7 @@ from typing import Any
 
 import polars as pl
 
+from advcli import __version__
 from advcli._runtime.process import copy_to_stdout
 from advcli.advantages.estimators import Advantages, Naming, compute_advantages
 from advcli.advantages.loss import token_weight, unwritable_weight
@@ -30,12 +31,15 @@ from advcli.read.inputs import STDIN, Dataset, open_dataset
 from advcli.read.projection import check_unique_turns, key_projection, split_padding
 from advcli.read.roles import read_roles
 from advcli.read.scan import release_freed_memory
-from advcli.report.bias import BiasReport, TurnLevel, bias_report, by_step, turn_level
+from advcli.report.bias import BiasReport, TurnLevel, bias_report, turn_level
+from advcli.report.by_step import by_step
+from advcli.report.documents import render_html, render_json, render_markdown
+from advcli.report.figure import figure_png
 from advcli.report.inspection import inspect_dump
-from advcli.report.render import render_html, render_json, render_markdown, write_plot, write_text
 from advcli.rules import RULES
 from advcli.settings import AdvantageConfig, ColumnNames, Engine, Level, LossMode, OutputFormat
 from advcli.write.atomic import writes_in_place
+from advcli.write.documents import write_bytes, write_text
 from advcli.write.rows import (
     check_not_written_into,
     check_output,
@@ -401,7 +405,11 @@ def compute(
                 )
                 trajectory = advantages
             report = bias_report(
-                turn, trajectory, config=config, settings=report_settings(dump, drop_duplicates)
+                turn,
+                trajectory,
+                config=config,
+                settings=report_settings(dump, drop_duplicates),
+                version=__version__,
             )
             report.summary["duplicate_rows"] = duplicates.report(dataset.locate)
             del turn, trajectory
@@ -630,7 +638,9 @@ def compare(
         del dump
         trajectory = trajectory.without_index()
         release_freed_memory()
-        report = bias_report(turn, trajectory, config=config, settings=settings, top=top)
+        report = bias_report(
+            turn, trajectory, config=config, settings=settings, version=__version__, top=top
+        )
         if steps is not None:
             values, labels = steps
             report.summary["by_step"] = {
@@ -644,7 +654,7 @@ def compare(
     writers: list[tuple[Path | None, Callable[[Path], None]]] = [
         (files.json, lambda path: write_text(path, render_json(report), force=force)),
         (files.markdown, lambda path: write_text(path, render_markdown(report), force=force)),
-        (files.plot, lambda path: write_plot(report, path, force=force)),
+        (files.plot, lambda path: write_bytes(path, figure_png(report, path), force=force)),
         (files.html, lambda path: write_text(path, render_html(report), force=force)),
     ]
     written: list[Path] = []

@@ -24,6 +24,7 @@ tune_allocator()
 
 import polars as pl  # noqa: E402
 
+from advcli import __version__  # noqa: E402
 from advcli.advantages.estimators import AdvantageConfig, Advantages, Level  # noqa: E402
 from advcli.advantages.units import Trajectories  # noqa: E402
 from advcli.pipeline import load_dump, opened  # noqa: E402
@@ -115,7 +116,7 @@ def main() -> None:
         del dump, trajectories
         trajectory = trajectory.without_index()
         release_freed_memory()
-        bias_report(turn, trajectory, config=config, settings=settings)
+        bias_report(turn, trajectory, config=config, settings=settings, version=__version__)
         sampler.step("the report")
 
 

@@ -18,7 +18,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from advcli.cli.app import app
-from advcli.report.bias import THRESHOLDS, assess
+from advcli.report.verdict import THRESHOLDS, assess
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -529,7 +529,7 @@ def compute_command(
             drop_duplicates=drop_duplicates,
         )
     if not quiet:
-        from advcli.report.render import visible
+        from advcli.report.views import visible
 
         table = _summary_table(summary)
         if config_path is not None:
@@ -552,7 +552,7 @@ def compute_command(
 def _summary_table(summary: ComputeSummary) -> Table:
     """The run's figures; text from the data or the command line is shown as plain text, ids
     and column names shortened as the reports show them."""
-    from advcli.report.render import shown, visible
+    from advcli.report.views import shown, visible
 
     table = Table(title="advcli compute", show_header=False, title_justify="left")
     table.add_column(style="bold")
@@ -679,7 +679,9 @@ def compare_command(
     use_threads(threads)
     with held():  # Polars panics when a Ctrl-C lands inside its import
         from advcli.pipeline import ReportFiles, compare
-    from advcli.report.render import render_json, render_terminal, visible
+    from advcli.cli.terminal import render_terminal
+    from advcli.report.documents import render_json
+    from advcli.report.views import visible
 
     report = compare(
         inputs or [],
@@ -755,7 +757,8 @@ def inspect_command(
     if json_output:
         write_stdout_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", "the JSON")
     else:
-        from advcli.report.render import render_inspection, visible
+        from advcli.cli.terminal import render_inspection
+        from advcli.report.views import visible
 
         console = stdout()
         render_inspection(summary, console)
@@ -783,7 +786,7 @@ def sample_command(
 
     Example: advcli sample rollouts.parquet --groups 64 --rollouts 8 --seed 0
     """
-    from advcli.report.render import visible
+    from advcli.report.views import visible
     from advcli.sample import write_sample
 
     rows = write_sample(

@@ -7,15 +7,14 @@ trajectory with different scores, repeated turns) are counted and listed here, n
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import polars as pl
 
 from advcli.advantages.estimators import Naming, build_units, group_statistics, scores_disagree
 from advcli.advantages.units import index_trajectories
 from advcli.keys import GROUP, LAST_STEP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turns
-from advcli.read.columns import ColumnRoles
 from advcli.report.bias import histogram, number
 from advcli.settings import AdvantageConfig, Level, TrajScore
 
@@ -25,9 +24,33 @@ EXAMPLES = 5
 DISTINCT_SCORES_LISTED = 10
 
 
+class Roles(Protocol):
+    """What the inspection reads of stage 1's column roles
+    (:class:`advcli.read.columns.ColumnRoles`): each role's column, the trainer's layout and
+    why each column was chosen. A protocol, so that the report room does not import stage 1."""
+
+    @property
+    def group(self) -> str | None: ...
+    @property
+    def trajectory(self) -> str | None: ...
+    @property
+    def turn(self) -> str | None: ...
+    @property
+    def reward(self) -> str: ...
+    @property
+    def mask(self) -> str | None: ...
+    @property
+    def dialect(self) -> str | None: ...
+    @property
+    def notes(self) -> Sequence[str]: ...
+    @property
+    def reasons(self) -> Mapping[str, str]: ...
+    def read_as(self) -> str: ...
+
+
 def inspect_dump(
     projection: pl.DataFrame,
-    columns: ColumnRoles,
+    columns: Roles,
     *,
     inputs: list[str],
     input_format: str,

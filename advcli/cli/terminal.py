@@ -1,0 +1,286 @@
+"""The terminal views: the bias report and the inspection as rich tables.
+
+The rows come from :mod:`advcli.report.views`, the same as the Markdown and HTML documents'; this
+module only lays them out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from advcli.report.views import (
+    BY_TURNS_HEADERS,
+    READING_HEADERS,
+    SHORTENED_NOTE,
+    STEP_HEADERS,
+    TOP_GROUP_HEADERS,
+    TOP_TRAJECTORY_HEADERS,
+    assessment_line,
+    by_turns_rows,
+    fmt,
+    headline_rows,
+    loss_weight_table,
+    reading_rows,
+    shortened,
+    shown,
+    step_rows,
+    too_long,
+    top_group_rows,
+    top_trajectory_rows,
+    visible,
+)
+
+if TYPE_CHECKING:
+    from advcli.report.bias import BiasReport
+
+
+def _add_rows(table: Table, rows: Sequence[Sequence[str]]) -> None:
+    """Rows of plain text: a '[' from the data is not rich markup, nor ':name:' an emoji."""
+    for row in rows:
+        table.add_row(*map(Text, row))
+
+
+def render_terminal(report: BiasReport, console: Console) -> None:
+    """The report as rich tables, with the verdict last."""
+    parts: list[Any] = [
+        _reading_table(report),
+        "",
+        _headline_table(report),
+        "",
+        _histogram_table(report.summary["turns_per_trajectory"]["histogram"]),
+        "",
+        _by_turns_table(report),
+        "",
+        _top_group_table(report),
+        "",
+        _top_trajectory_table(report),
+        "",
+    ]
+    weights = _loss_weight_table(report)
+    if weights is not None:
+        parts += [weights, ""]
+    steps = _step_table(report)
+    if steps is not None:
+        parts += [steps, ""]
+    if shortened(report):
+        parts += [Text(SHORTENED_NOTE), ""]
+    verdict = report.summary["verdict"] + "\n\n" + assessment_line(report)
+    parts.append(Panel(Text(verdict), title="Verdict", title_align="left"))
+    console.print(Group(*parts))
+
+
+def _reading_table(report: BiasReport) -> Table:
+    table = Table(title="How the dump was read", title_justify="left", show_edge=False)
+    for header in READING_HEADERS:
+        table.add_column(header, overflow="fold")
+    _add_rows(table, reading_rows(report.summary["settings"]["reading"]))
+    return table
+
+
+def _headline_table(report: BiasReport) -> Table:
+    headline = Table(
+        title="Turn level vs trajectory level", show_header=False, title_justify="left"
+    )
+    headline.add_column(style="bold")
+    headline.add_column(justify="right")
+    _add_rows(headline, headline_rows(report))
+    return headline
+
+
+def _histogram_table(counts: dict[str, int]) -> Table:
+    """How many trajectories have each turn count, with a bar scaled to the most common."""
+    histogram = Table(title="Turns per trajectory", title_justify="left", show_edge=False)
+    histogram.add_column("turns", justify="right")
+    histogram.add_column("trajectories", justify="right")
+    histogram.add_column("")
+    widest = max(counts.values())
+    for turns, count in counts.items():
+        histogram.add_row(turns, f"{count:,}", "█" * max(1, round(30 * count / widest)))
+    return histogram
+
+
+def _by_turns_table(report: BiasReport) -> Table:
+    by_turns = Table(
+        title="By turn count (diff = traj − turn; mass = Σ adv × tokens)",
+        title_justify="left",
+        show_edge=False,
+    )
+    for header in BY_TURNS_HEADERS:
+        by_turns.add_column(header, justify="right")
+    _add_rows(by_turns, by_turns_rows(report))
+    return by_turns
+
+
+def _top_group_table(report: BiasReport) -> Table:
+    top = Table(
+        title="Most affected groups (baseline shift)", title_justify="left", show_edge=False
+    )
+    for header in TOP_GROUP_HEADERS:
+        # Ids are folded, not cut at the column's width: two uuids that share a prefix must stay
+        # apart.
+        top.add_column(header, justify="right", overflow="fold")
+    _add_rows(top, top_group_rows(report))
+    return top
+
+
+def _top_trajectory_table(report: BiasReport) -> Table:
+    worst = Table(
+        title="Most affected trajectories (|diff|)", title_justify="left", show_edge=False
+    )
+    for header in TOP_TRAJECTORY_HEADERS:
+        worst.add_column(header, justify="right", overflow="fold")
+    _add_rows(worst, top_trajectory_rows(report))
+    return worst
+
+
+def _loss_weight_table(report: BiasReport) -> Table | None:
+    """The loss weights by turn count, when the dump has a mask column."""
+    loss = loss_weight_table(report)
+    if loss is None:
+        return None
+    weights = Table(
+        title="Loss weight by turn count (a trajectory's weight ÷ an equal share)",
+        title_justify="left",
+        show_edge=False,
+    )
+    for header in loss[0]:
+        weights.add_column(header, justify="right", overflow="fold")
+    _add_rows(weights, loss[1])
+    return weights
+
+
+def _step_table(report: BiasReport) -> Table | None:
+    """The series over steps, with ``--by``."""
+    rows = step_rows(report)
+    if not rows:
+        return None
+    steps = Table(
+        title=Text(f"By {shown(report.summary['by_step']['by'])}"),
+        title_justify="left",
+        show_edge=False,
+    )
+    for header in STEP_HEADERS:
+        steps.add_column(header, justify="right", overflow="fold")
+    _add_rows(steps, rows)
+    return steps
+
+
+def render_inspection(summary: dict[str, Any], console: Console) -> None:
+    """`advcli inspect` as rich tables: roles, counts, turns, scores, then anything to fix."""
+    checks, examples = _checks_table(summary)
+    parts: list[Any] = [
+        _roles_table(summary),
+        "",
+        _dump_table(summary),
+        "",
+        _histogram_table(summary["turns_per_trajectory"]["histogram"]),
+        "",
+        checks,
+    ]
+    columns = [entry["column"] or "" for entry in summary["columns"].values()]
+    if too_long([*columns, *examples]):
+        parts += ["", Text(SHORTENED_NOTE)]
+    console.print(Group(*parts))
+
+
+def _roles_table(summary: dict[str, Any]) -> Table:
+    roles = Table(
+        title=Text(f"Columns, read as {visible(summary['inputs']['read_as'])}"),
+        title_justify="left",
+        show_edge=False,
+    )
+    for header in ("role", "column", "why"):
+        roles.add_column(header)
+    _add_rows(
+        roles,
+        [
+            (role, shown(entry["column"] or "-"), visible(entry["why"]))
+            for role, entry in summary["columns"].items()
+        ],
+    )
+    return roles
+
+
+def _dump_table(summary: dict[str, Any]) -> Table:
+    """The dump's files, counts, turns and scores."""
+    counts, spread, scores = summary["counts"], summary["turns_per_trajectory"], summary["scores"]
+    facts = Table(title="Dump", title_justify="left", show_header=False, show_edge=False)
+    facts.add_column(style="bold")
+    facts.add_column(justify="right")
+    inputs = summary["inputs"]
+    facts.add_row("files", f"{len(inputs['files']):,} ({inputs['format']})")
+    for name in ("rows", "groups", "trajectories", "tokens", "empty_responses"):
+        facts.add_row(name.replace("_", " "), fmt(counts[name]))
+    if summary["padding_rows"]:
+        facts.add_row("padding rows (not counted above)", fmt(summary["padding_rows"]))
+    facts.add_row(
+        "turns per trajectory (min / median / max)",
+        f"{spread['min']} / {spread['median']:g} / {spread['max']}",
+    )
+    for label, entry in (("row", scores), ("trajectory", summary["trajectory_scores"])):
+        facts.add_row(
+            f"{label} score (min / mean / max)",
+            f"{fmt(entry['min'])} / {fmt(entry['mean'])} / {fmt(entry['max'])}",
+        )
+        distribution = entry.get("values") or entry.get("quantiles", {})
+        facts.add_row(
+            f"{label} score {'values' if 'values' in entry else 'quantiles'}",
+            ", ".join(f"{key}: {fmt(value)}" for key, value in distribution.items()),
+        )
+    return facts
+
+
+def _checks_table(summary: dict[str, Any]) -> tuple[Table, list[Any]]:
+    """What compute would meet, with a few examples of each; and the examples' ids and values,
+    to tell whether any is shown shortened."""
+    checks = Table(title="Before compute", title_justify="left", show_edge=False)
+    for header in ("check", "count", "examples"):
+        checks.add_column(header)
+    examples = []
+    for key, label in (
+        ("singleton_groups", "singleton groups (one trajectory)"),
+        ("zero_std_groups", "zero-std groups (trajectory level)"),
+        ("inconsistent_trajectories", "trajectories whose rows disagree on the score"),
+        ("duplicate_turns", "repeated (group, trajectory, turn)"),
+    ):
+        entry = summary[key]
+        examples += _example_values(entry["examples"])
+        checks.add_row(label, f"{entry['count']:,}", Text(_examples(entry["examples"])))
+    duplicates = summary["duplicate_rows"]
+    checks.add_row(
+        "duplicated rows (a copy of an earlier row)"
+        if duplicates["token_ids_compared"]
+        else "possible duplicated rows (alike in keys, score and tokens: no token ids)",
+        f"{duplicates['count']:,}",
+        "; ".join(f"{copy['row']} = {copy['copy_of_row']}" for copy in duplicates["first"]),
+    )
+    return checks, examples
+
+
+def _example_values(examples: list[Any]) -> list[Any]:
+    """The ids and values that :func:`_examples` shows."""
+    return [
+        value
+        for example in examples
+        for value in (
+            [v for k, v in example.items() if k != "where"]
+            if isinstance(example, dict)
+            else [example]
+        )
+    ]
+
+
+def _examples(examples: list[Any]) -> str:
+    parts = []
+    for example in examples:
+        if isinstance(example, dict):
+            parts.append(", ".join(f"{k}={shown(v)}" for k, v in example.items() if k != "where"))
+        else:
+            parts.append(shown(example))
+    return "; ".join(parts)

@@ -1,0 +1,166 @@
+"""The report's figure as PNG bytes: one matplotlib panel a function, drawn off screen.
+
+Everything here reads a :class:`~advcli.report.bias.BiasReport`; nothing computes a metric, and
+nothing is written here (:mod:`advcli.write.documents` writes the bytes to their file).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from advcli.errors import AdvcliError
+from advcli.report.views import SHOWN_STEPS, shown
+
+if TYPE_CHECKING:
+    from advcli.report.bias import BiasReport
+
+# The most step names under panel (e).
+PLOT_STEP_LABELS = 20
+
+
+def figure_png(report: BiasReport, where: Path | str = "the figure") -> bytes:
+    """One PNG: (a) mean advantage by turn count under both levels, (b) the histogram of
+    per-trajectory differences, (c) each group's baseline shift against the share of its rows
+    held by its longest trajectory, (d) each loss mode's weight by turn count, and with
+    ``--by`` (e) the headline figures over the steps."""
+    # The figure is drawn off screen whatever backend the environment names: a bad name in
+    # MPLBACKEND would fail matplotlib's import.
+    os.environ["MPLBACKEND"] = "Agg"
+    try:
+        import matplotlib
+    except ImportError:
+        raise AdvcliError(f"{where}: a plot needs matplotlib: pip install 'advcli[plot]'") from None
+    matplotlib.use("Agg")
+
+    # Text from the data ($^$, $\\frac{1}{2}$ as a step label) is drawn as written, never as
+    # mathtext or TeX, which would fail on it or draw something else.
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        return _figure(report)
+
+
+def _figure(report: BiasReport) -> bytes:
+    import matplotlib.pyplot as plt
+
+    summary = report.summary
+    figure, axes = plt.subplots(2, 3, figsize=(16, 9), constrained_layout=True)
+    (left, middle, right), (loss, steps, spare) = axes
+    _mean_advantage_panel(left, summary["by_turns"])
+    _difference_panel(middle, report)
+    _baseline_shift_panel(right, report)
+    _loss_weight_panel(loss, summary.get("loss_weights"))
+    _steps_panel(steps, summary.get("by_step") or {})
+    spare.axis("off")
+
+    counts = summary["counts"]
+    figure.suptitle(
+        f"advcli compare — {summary['settings']['estimator']}: turn level vs trajectory level "
+        f"({counts['trajectories']:,} trajectories, {counts['groups']:,} groups; bias "
+        f"{summary['assessment']['level']})"
+    )
+    buffer = io.BytesIO()
+    try:
+        figure.savefig(buffer, format="png", dpi=100)
+    finally:
+        plt.close(figure)
+    return buffer.getvalue()
+
+
+def _mean_advantage_panel(axes: Any, by_turns: list[dict[str, Any]]) -> None:
+    """(a) Each turn count's mean advantage under both levels, side by side."""
+    turns = [entry["turns"] for entry in by_turns]
+    width = 0.38
+    axes.bar(
+        [t - width / 2 for t in turns],
+        [e["mean_advantage_turn"] for e in by_turns],
+        width,
+        label="turn level (every turn counts)",
+        color="#d95f02",
+    )
+    axes.bar(
+        [t + width / 2 for t in turns],
+        [e["mean_advantage_trajectory"] for e in by_turns],
+        width,
+        label="trajectory level (each trajectory once)",
+        color="#1b9e77",
+    )
+    axes.axhline(0, color="black", linewidth=0.8)
+    axes.set_xticks(turns)
+    axes.set_xlabel("turns in the trajectory")
+    axes.set_ylabel("mean advantage")
+    axes.set_title("(a) Mean advantage by turn count")
+    axes.legend(fontsize="small")
+
+
+def _difference_panel(axes: Any, report: BiasReport) -> None:
+    """(b) The histogram of the trajectories' advantage differences."""
+    axes.hist(report.trajectories["diff"].to_numpy(), bins=40, color="#7570b3")
+    axes.axvline(0, color="black", linewidth=0.8)
+    axes.set_xlabel("advantage difference (trajectory − turn level)")
+    axes.set_ylabel("trajectories")
+    axes.set_title("(b) Per-trajectory difference")
+
+
+def _baseline_shift_panel(axes: Any, report: BiasReport) -> None:
+    """(c) Each group's baseline shift against its longest trajectory's share of its rows."""
+    axes.scatter(
+        report.groups["longest_share"].to_numpy(),
+        report.groups["baseline_shift"].to_numpy(),
+        s=14,
+        alpha=0.7,
+        color="#e7298a",
+    )
+    axes.set_xlabel("share of the group's rows held by its longest trajectory")
+    axes.set_ylabel("|baseline shift|")
+    axes.set_title("(c) Group baseline shift")
+
+
+def _loss_weight_panel(axes: Any, weights: dict[str, Any] | None) -> None:
+    """(d) Each loss mode's weight by turn count, or why there is none."""
+    if weights:
+        for mode, entry in weights.items():
+            axes.plot(
+                [e["turns"] for e in entry["by_turns"]],
+                [e["relative_weight"] for e in entry["by_turns"]],
+                marker="o",
+                label=mode,
+            )
+        axes.axhline(1, color="black", linewidth=0.8)
+        axes.legend(fontsize="small")
+    else:
+        axes.text(0.5, 0.5, "no mask column: token counts unknown", ha="center", va="center")
+    axes.set_xlabel("turns in the trajectory")
+    axes.set_ylabel("weight ÷ an equal share per trajectory")
+    axes.set_title("(d) Loss weight by turn count")
+
+
+def _steps_panel(axes: Any, by_step: dict[str, Any]) -> None:
+    """(e) With ``--by``, the headline figures over the steps; else an empty panel."""
+    series = by_step.get("steps")
+    if not series:
+        axes.axis("off")
+        return
+    positions = list(range(len(series)))
+    few = len(series) <= SHOWN_STEPS
+    axes.plot(
+        positions,
+        [e["advantage_diff_mean"] if e["rows"] else math.nan for e in series],
+        marker="o" if few else None,
+        label="mean |advantage diff|",
+    )
+    axes.plot(
+        positions,
+        [e["baseline_shift_mean"] if e["rows"] else math.nan for e in series],
+        marker="s" if few else None,
+        label="mean |baseline shift|",
+    )
+    # At most PLOT_STEP_LABELS names, evenly spaced, the last step's among them.
+    every = -(-len(series) // PLOT_STEP_LABELS)
+    named = sorted({*positions[::every], positions[-1]})
+    axes.set_xticks(named, [shown(series[i]["step"]) for i in named], rotation=30, fontsize="small")
+    axes.set_xlabel(shown(by_step["by"]))
+    axes.legend(fontsize="small")
+    axes.set_title("(e) Over training steps")

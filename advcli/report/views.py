@@ -1,0 +1,298 @@
+"""What every view of a report shows alike: a text from the data as it is shown, and the rows of
+each table (terminal, Markdown, HTML), as plain strings.
+
+Everything here reads a :class:`~advcli.report.bias.BiasReport`; nothing computes a metric.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from advcli.names import NOT_UTF8_ESCAPES
+
+if TYPE_CHECKING:
+    # Only a type here: `advcli sample` shows its path through this module without Polars.
+    from advcli.report.bias import BiasReport
+
+# Short headers so the tables fit an 80-column terminal; "traj" = trajectory level.
+BY_TURNS_HEADERS = (
+    "turns",
+    "trajs",
+    "adv turn",
+    "adv traj",
+    "diff",
+    "mass turn",
+    "mass traj",
+)
+TOP_GROUP_HEADERS = (
+    "group",
+    "rows",
+    "trajs",
+    "base turn",
+    "base traj",
+    "std turn",
+    "std traj",
+    "shift",
+)
+
+
+TOP_TRAJECTORY_HEADERS = (
+    "group",
+    "trajectory",
+    "turns",
+    "score",
+    "adv turn",
+    "adv traj",
+    "diff",
+)
+READING_HEADERS = ("role", "column", "why")
+STEP_HEADERS = ("step", "rows", "trajs", "mean |diff|", "max |diff|", "shift", "flips", "bias")
+
+
+# A text from the data (an id, a column name, a step label) is shown whole up to this many
+# characters; a longer one keeps its head and tail around an ellipsis, so that a view's size and
+# the time to draw it do not grow with the id. The JSON report holds every id whole.
+SHOWN_CHARS = 64
+SHORTENED_NOTE = (
+    f"Ids and names longer than {SHOWN_CHARS} characters are shown shortened (head…tail); "
+    "the JSON report holds them whole."
+)
+# Control characters and line breaks from the data are written as escapes (a newline as \n):
+# a raw one would break a table row or move the terminal's cursor.
+_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))} | {
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+}
+# The bytes of a file name that is not UTF-8 are written as escapes too.
+_ESCAPES |= NOT_UTF8_ESCAPES
+
+
+def visible(value: Any) -> str:
+    """``value`` as text with its control characters written as escapes."""
+    return str(value).translate(_ESCAPES)
+
+
+def shown(value: Any) -> str:
+    """An id or a name from the data as the views show it: :func:`visible`, and at most
+    :data:`SHOWN_CHARS` characters of it."""
+    text = str(value)
+    if len(text) > SHOWN_CHARS:
+        head = (SHOWN_CHARS - 1) // 2
+        text = text[:head] + "…" + text[len(text) - (SHOWN_CHARS - 1 - head) :]
+    return visible(text)
+
+
+def too_long(values: Any) -> bool:
+    """Whether a view shows any of ``values`` shortened."""
+    return any(len(str(value)) > SHOWN_CHARS for value in values)
+
+
+def shortened(report: BiasReport) -> bool:
+    """Whether a view of ``report`` shows an id or a name shortened."""
+    summary = report.summary
+    reading = summary["settings"]["reading"]
+    by_step = summary.get("by_step") or {}
+    return too_long(
+        [
+            by_step.get("by", ""),
+            *(group["group"] for group in summary["top_groups"]),
+            *(group["group"] for group in summary["top_trajectories"]),
+            *(entry["trajectory"] for entry in summary["top_trajectories"]),
+            *(entry["step"] for entry in by_step.get("steps") or []),
+            *(entry["column"] or "" for entry in reading["roles"].values()),
+        ]
+    )
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    """A figure as the tables show it: floats to ``digits`` places, counts with thousands
+    separators, a missing figure as n/a."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def by_turns_rows(report: BiasReport) -> list[list[str]]:
+    return [
+        [
+            fmt(entry["turns"]),
+            fmt(entry["trajectories"]),
+            fmt(entry["mean_advantage_turn"]),
+            fmt(entry["mean_advantage_trajectory"]),
+            fmt(entry["mean_advantage_trajectory"] - entry["mean_advantage_turn"]),
+            fmt(entry["token_mass_turn"], 1),
+            fmt(entry["token_mass_trajectory"], 1),
+        ]
+        for entry in report.summary["by_turns"]
+    ]
+
+
+def top_group_rows(report: BiasReport) -> list[list[str]]:
+    return [
+        [
+            shown(group["group"]),
+            fmt(group["rows"]),
+            fmt(group["trajectories"]),
+            fmt(group["baseline_turn"]),
+            fmt(group["baseline_trajectory"]),
+            fmt(group["std_turn"]),
+            fmt(group["std_trajectory"]),
+            fmt(group["baseline_shift"]),
+        ]
+        for group in report.summary["top_groups"]
+    ]
+
+
+def top_trajectory_rows(report: BiasReport) -> list[list[str]]:
+    return [
+        [
+            shown(entry["group"]),
+            shown(entry["trajectory"]),
+            fmt(entry["turns"]),
+            fmt(entry["score"]),
+            fmt(entry["advantage_turn"]),
+            fmt(entry["advantage_trajectory"]),
+            fmt(entry["diff"]),
+        ]
+        for entry in report.summary["top_trajectories"]
+    ]
+
+
+def loss_weight_table(report: BiasReport) -> tuple[list[str], list[list[str]]] | None:
+    """Turn counts down, loss modes across: each cell a trajectory's mean weight relative to
+    equal weight per trajectory (1.00 = a fair share)."""
+    weights = report.summary.get("loss_weights")
+    if weights is None:
+        return None
+    modes = list(weights)
+    turns = [entry["turns"] for entry in weights[modes[0]]["by_turns"]]
+    rows = []
+    for index, turn in enumerate(turns):
+        rows.append(
+            [fmt(turn)]
+            + [fmt(weights[mode]["by_turns"][index]["relative_weight"], 2) for mode in modes]
+        )
+    return ["turns", *modes], rows
+
+
+def assessment_line(report: BiasReport) -> str:
+    assessment = report.summary["assessment"]
+    severe = assessment["thresholds"]["severe"]
+    material = assessment["thresholds"]["material"]
+    return (
+        f"bias: {assessment['level']} (mean |advantage diff| "
+        f"{assessment['advantage_diff_mean']:.4f}, "
+        f"sign flips {100 * assessment['sign_flip_share']:.2f}%; material from "
+        f"{material['advantage_diff_mean']} or any flip, severe from "
+        f"{severe['advantage_diff_mean']} or {100 * severe['sign_flip_share']:.0f}% flips)"
+    )
+
+
+def headline_rows(report: BiasReport) -> list[tuple[str, str]]:
+    summary = report.summary
+    counts, spread = summary["counts"], summary["turns_per_trajectory"]
+    groups, trajectories = summary["groups"], summary["trajectories"]
+    settings = summary["settings"]
+    return [
+        (
+            "estimator",
+            f"{settings['estimator']} (scale {settings['scale']}, singleton "
+            f"{settings['singleton']}, epsilon {settings['epsilon']:g})",
+        ),
+        ("rows", fmt(counts["rows"])),
+        ("groups", fmt(counts["groups"])),
+        ("trajectories", fmt(counts["trajectories"])),
+        ("tokens", fmt(counts["tokens"])),
+        ("singleton groups (one trajectory)", fmt(counts["singleton_groups"])),
+        (
+            "zero-std groups (turn / trajectory)",
+            f"{counts['zero_std_groups_turn']:,} / {counts['zero_std_groups_trajectory']:,}",
+        ),
+        (
+            "turns per trajectory (min / median / max)",
+            f"{spread['min']} / {spread['median']:g} / {spread['max']}",
+        ),
+        (
+            "baseline shift (mean / max)",
+            f"{fmt(groups['baseline_shift_mean'])} / {fmt(groups['baseline_shift_max'])}",
+        ),
+        (
+            "std shift (mean / max)",
+            f"{fmt(groups['std_shift_mean'])} / {fmt(groups['std_shift_max'])}",
+        ),
+        ("sign flips", f"{trajectories['sign_flips']:,} of {counts['trajectories']:,}"),
+        (
+            "|advantage diff| (mean / max)",
+            f"{fmt(trajectories['advantage_diff_mean'])} / "
+            f"{fmt(trajectories['advantage_diff_max'])}",
+        ),
+        ("corr(turns, diff)", fmt(trajectories["corr_turns_diff"], 3)),
+        *_duplicate_rows_line(summary),
+    ]
+
+
+def _duplicate_rows_line(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The headline's line on duplicated rows, when the dump has any."""
+    count = summary.get("duplicate_rows", {}).get("count", 0)
+    if not count:
+        return []
+    if not summary["duplicate_rows"]["token_ids_compared"]:
+        return [("possible duplicated rows", f"{count:,} (no token ids to confirm them)")]
+    if summary["settings"].get("drop_duplicates"):
+        return [("duplicated rows", f"{count:,}, each set counted once (--drop-duplicates)")]
+    return [
+        (
+            "duplicated rows",
+            f"{count:,} counted as the trainer did; --drop-duplicates to count each once",
+        )
+    ]
+
+
+def reading_rows(reading: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """How the dump was read, a row a role: (role, column or '-', why), after the layout."""
+    rows = [("layout", "", reading["read_as"])]
+    for role, entry in reading["roles"].items():
+        rows.append((role, shown(entry["column"] or "-"), visible(entry["why"])))
+    rows += [("note", "", visible(note)) for note in reading["notes"]]
+    return rows
+
+
+# The most steps a view lists (the figure marks each step's point up to as many).
+SHOWN_STEPS = 40
+
+
+def step_rows(report: BiasReport) -> list[list[str]]:
+    """The series' rows for the terminal, Markdown and HTML: every step up to
+    :data:`SHOWN_STEPS`, else the first and last halves of them around a row saying how many
+    are left out (the JSON's ``by_step`` holds every one)."""
+    series = (report.summary.get("by_step") or {}).get("steps") or []
+    if len(series) <= SHOWN_STEPS:
+        return [_step_row(entry) for entry in series]
+    half = SHOWN_STEPS // 2
+    left_out = len(series) - 2 * half
+    note = [f"… {left_out:,} more (by_step in the JSON)", *[""] * (len(STEP_HEADERS) - 1)]
+    return [
+        *(_step_row(entry) for entry in series[:half]),
+        note,
+        *(_step_row(entry) for entry in series[-half:]),
+    ]
+
+
+def _step_row(entry: dict[str, Any]) -> list[str]:
+    return [
+        shown(fmt(entry["step"])),
+        fmt(entry["rows"]),
+        fmt(entry["trajectories"]),
+        fmt(entry["advantage_diff_mean"]),
+        fmt(entry["advantage_diff_max"]),
+        fmt(entry["baseline_shift_mean"]),
+        fmt(entry["sign_flips"]),
+        entry["level"] or "no rows",
+    ]
