@@ -30,7 +30,13 @@ import pyarrow as pa
 from advcli._runtime.process import stdin_closed
 from advcli.errors import AdvcliError, InputChanged, first_line
 from advcli.names import NativeNames, shown_path
-from advcli.read.scan import closing_sources, open_parquet, scan_arrow_stream, scan_parquet
+from advcli.read.scan import (
+    ScannedFile,
+    closing_sources,
+    open_parquet,
+    scan_arrow_stream,
+    scan_parquet,
+)
 from advcli.rules import EXACT_INTEGER_LIMIT
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -131,9 +137,13 @@ class Dataset:
             return pl.scan_ndjson([as_pattern(name) for name in files], schema=self.schema)
         if self.input_format == "arrow":
             return pl.scan_ipc(files, glob=False)
+        scanned = [
+            ScannedFile(self.source(index), self.label(index), rows)
+            for index, rows in enumerate(self.row_counts)
+        ]
         if self.input_format == "arrow_stream":
-            return scan_arrow_stream(self)
-        return scan_parquet(self)
+            return scan_arrow_stream(scanned, self.schema)
+        return scan_parquet(scanned, self.schema)
 
     def source(self, index: int) -> str:
         """The name Polars and Arrow open file ``index`` by."""
