@@ -25,7 +25,8 @@ from advcli.keys import (
     repeated_turns,
 )
 from advcli.read.columns import ColumnRoles, is_enum, sequence_of, unused_name
-from advcli.read.inputs import Dataset, check_json_lines
+from advcli.read.dataset import Dataset
+from advcli.read.json_lines import check_json_lines
 from advcli.read.scan import closing_sources
 from advcli.rules import EXACT_INTEGER_LIMIT
 
