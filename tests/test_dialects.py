@@ -9,7 +9,8 @@ import polars as pl
 import pytest
 
 from advcli.errors import AdvcliError, UsageError
-from advcli.read.columns import DIALECTS, resolve_columns
+from advcli.read.columns import resolve_columns
+from advcli.read.dialects import DIALECTS
 from advcli.read.roles import read_roles
 from advcli.settings import ColumnNames
 

@@ -28,16 +28,14 @@ import polars as pl
 
 from advcli.errors import AdvcliError, MissingRoles
 from advcli.read.columns import (
-    DIALECTS,
     OPTIONS,
     ColumnRoles,
-    Role,
     can_hold,
     is_id_type,
-    named_like,
     resolve_columns,
     sequence_of,
 )
+from advcli.read.dialects import DIALECTS, Role, named_like
 from advcli.settings import ColumnNames
 
 # Reads the named columns in input order: every row, or the first ``limit``.
