@@ -12,6 +12,14 @@ import polars as pl
 
 Role = Literal["group", "trajectory", "turn", "reward", "mask"]
 ROLES: tuple[Role, ...] = ("group", "trajectory", "turn", "reward", "mask")
+# The option that names each role's column.
+OPTIONS: dict[Role, str] = {
+    "group": "--group-col",
+    "trajectory": "--traj-col",
+    "turn": "--turn-col",
+    "reward": "--reward-col",
+    "mask": "--mask-col",
+}
 
 VERL_REWARDS = ("token_level_rewards", "token_level_scores")
 
