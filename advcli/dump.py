@@ -3,8 +3,8 @@ schema, one Parquet file per call in a dump folder.
 
 It takes a verl ``DataProto`` (``.batch`` tensors, ``.non_tensor_batch`` numpy arrays) or a plain
 mapping of tensors, numpy arrays and lists, and finds the group, trajectory, turn, reward and mask
-among its keys with the command line's vocabulary (:data:`advcli.read.columns.DIALECTS`), so a batch
-of any trainer advcli knows is written with no arguments. Only those roles (and ``keys``) are
+among its keys with the command line's vocabulary (:data:`advcli.read.dialects.DIALECTS`), so a
+batch of any trainer advcli knows is written with no arguments. Only those roles (and ``keys``) are
 converted and written, never the prompts or the logits.
 
 torch is not imported: tensors are recognised by their methods and moved to numpy.

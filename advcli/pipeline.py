@@ -25,9 +25,11 @@ from advcli.advantages.loss import token_weight, unwritable_weight
 from advcli.advantages.units import Trajectories, count_trajectories, index_trajectories
 from advcli.errors import AdvcliError, UsageError
 from advcli.keys import GROUP, ROW, SCORE, TOKENS
-from advcli.read.columns import ColumnRoles, is_enum
+from advcli.read.columns import ColumnRoles
+from advcli.read.dataset import Dataset
+from advcli.read.dtypes import is_enum
 from advcli.read.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
-from advcli.read.inputs import STDIN, Dataset, open_dataset
+from advcli.read.inputs import STDIN, open_dataset
 from advcli.read.projection import check_unique_turns, key_projection, split_padding
 from advcli.read.roles import read_roles
 from advcli.read.scan import release_freed_memory

@@ -35,7 +35,7 @@ from advcli.errors import AdvcliError, first_line
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
 from advcli.names import is_utf8
 from advcli.read.columns import ColumnRoles
-from advcli.read.inputs import Dataset
+from advcli.read.dataset import Dataset
 from advcli.read.projection import KeyExpressions
 from advcli.rules import RULES
 from advcli.settings import AdvantageConfig, Estimator, Level

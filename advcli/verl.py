@@ -3,7 +3,7 @@
 
 It finds the group, trajectory and turn ids among the batch's keys with the command line's
 vocabulary (verl's ``uid``, verl-agent's ``traj_uid``, agent-lightning's ``rollout_id_list``…,
-:data:`advcli.read.columns.DIALECTS`), or takes them by name, and computes with
+:data:`advcli.read.dialects.DIALECTS`), or takes them by name, and computes with
 :func:`advcli.torch.compute_advantage_with_metrics`: the rule table the command line uses. It
 needs the ``torch`` extra; verl itself is never imported (the batch is used through its
 ``batch`` and ``non_tensor_batch``).

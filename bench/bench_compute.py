@@ -117,8 +117,9 @@ from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY
 from advcli.pipeline import opened
 from advcli.read.projection import KeyExpressions
 from advcli.read.scan import closing_sources
+from advcli.settings import ColumnNames
 with opened([sys.argv[1]]) as dataset, closing_sources():
-    columns = resolve_columns(dataset.schema, dataset.describe())
+    columns = resolve_columns(dataset.schema, dataset.describe(), ColumnNames())
     plan = KeyExpressions.of(dataset.schema, columns, "__row")
     (
         dataset.scan()

@@ -28,7 +28,7 @@ from conftest import dump_frame
 
 from advcli.cli import app as cli_app
 from advcli.cli.app import app
-from advcli.read.inputs import Dataset
+from advcli.read.dataset import Dataset
 
 # 0.8125 is the score of one trajectory; rewritten, 0.1875 (as many bytes, in JSON and float64).
 SCORE, OTHER_SCORE = 0.8125, 0.1875

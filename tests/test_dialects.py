@@ -9,7 +9,8 @@ import polars as pl
 import pytest
 
 from advcli.errors import AdvcliError, UsageError
-from advcli.read.columns import DIALECTS, resolve_columns
+from advcli.read.columns import resolve_columns
+from advcli.read.dialects import DIALECTS
 from advcli.read.roles import read_roles
 from advcli.settings import ColumnNames
 
@@ -116,7 +117,7 @@ def test_the_docs_table_states_the_dialects():
     ids=["agent-lightning", "verl-agent", "SkyRL", "rLLM", "verl"],
 )
 def test_dialects_resolve_without_flags(schema, expected):
-    roles = resolve_columns(schema, "dump")
+    roles = resolve_columns(schema, "dump", ColumnNames())
     assert (roles.group, roles.trajectory, roles.turn, roles.reward) == expected
 
 
@@ -125,8 +126,8 @@ def test_skyrl_mask_is_its_loss_mask_and_never_its_response_mask():
         uids=pl.String(), trajectory_ids=pl.String(), rewards=TOKENS, response_mask=MASK
     )
     with pytest.raises(AdvcliError, match=r"no mask column .*SkyRL's dumps name it 'loss_mask'"):
-        resolve_columns(schema, "dump")
-    assert resolve_columns(schema, "dump", mask_needed_for=None).mask is None
+        resolve_columns(schema, "dump", ColumnNames())
+    assert resolve_columns(schema, "dump", ColumnNames(), mask_needed_for=None).mask is None
 
 
 def test_dialects_of_equal_width_are_an_error_naming_both():
@@ -138,12 +139,12 @@ def test_dialects_of_equal_width_are_an_error_naming_both():
         response_mask=MASK,
     )
     with pytest.raises(AdvcliError) as error:
-        resolve_columns(schema, "dump")
+        resolve_columns(schema, "dump", ColumnNames())
     assert "verl-agent's (uid, traj_uid)" in str(error.value)
     assert "verl (v1 multi-trajectory)'s (uid, session_id)" in str(error.value)
     # Both take 'uid' for the group: only the trajectory is in question.
     assert "name the trajectory column with --traj-col" in str(error.value)
-    roles = resolve_columns(schema, "dump", trajectory="traj_uid")
+    roles = resolve_columns(schema, "dump", ColumnNames(trajectory="traj_uid"))
     assert (roles.group, roles.trajectory) == ("uid", "traj_uid")
 
 
@@ -155,8 +156,11 @@ def test_two_candidates_for_a_role_are_an_error_naming_both():
         AdvcliError,
         match="two columns could be the reward: 'score' and 'reward'; pick one with --reward-col",
     ):
-        resolve_columns(schema, "dump", mask_needed_for=None)
-    assert resolve_columns(schema, "dump", reward="reward", mask_needed_for=None).reward == "reward"
+        resolve_columns(schema, "dump", ColumnNames(), mask_needed_for=None)
+    assert (
+        resolve_columns(schema, "dump", ColumnNames(reward="reward"), mask_needed_for=None).reward
+        == "reward"
+    )
 
 
 def test_an_advcli_output_read_again_takes_its_reward_not_its_score():
@@ -168,7 +172,7 @@ def test_an_advcli_output_read_again_takes_its_reward_not_its_score():
         score=pl.Float32(),
         advantage=pl.Float32(),
     )
-    assert resolve_columns(schema, "dump").reward == "token_level_rewards"
+    assert resolve_columns(schema, "dump", ColumnNames()).reward == "token_level_rewards"
 
 
 def test_a_missing_role_lists_the_columns_and_the_nearest_names():
@@ -176,7 +180,7 @@ def test_a_missing_role_lists_the_columns_and_the_nearest_names():
         data_id=pl.Int64(), rolout_id=pl.Int64(), score=pl.Float64(), response_length=pl.Int64()
     )
     with pytest.raises(AdvcliError) as error:
-        resolve_columns(schema, "dump")
+        resolve_columns(schema, "dump", ColumnNames())
     message = str(error.value)
     assert message.startswith("dump: no trajectory column: expected 'rollout_id',")
     assert "The file has 'data_id', 'rolout_id', 'score', 'response_length'" in message
@@ -188,13 +192,13 @@ def test_a_mistyped_option_suggests_the_nearest_column():
     with pytest.raises(
         AdvcliError, match=r"column 'scroe' .--reward-col. not found.*did you mean 'score'"
     ):
-        resolve_columns(schema, "dump", reward="scroe", mask_needed_for=None)
+        resolve_columns(schema, "dump", ColumnNames(reward="scroe"), mask_needed_for=None)
 
 
 def test_long_column_lists_are_cut():
     schema = pl.Schema({f"feature_{i}": pl.Int64() for i in range(30)})
     with pytest.raises(AdvcliError, match="'feature_19' and 10 more"):
-        resolve_columns(schema, "dump")
+        resolve_columns(schema, "dump", ColumnNames())
 
 
 def test_verls_rollout_data_dir_dump_is_recognised():
@@ -202,7 +206,7 @@ def test_verls_rollout_data_dir_dump_is_recognised():
         input=pl.String(), output=pl.String(), gts=pl.String(), score=pl.Float64(), step=pl.Int64()
     )
     with pytest.raises(AdvcliError, match=r"rollout_data_dir dump.*advcli.dump.write_batch"):
-        resolve_columns(schema, "dump", mask_needed_for=None)
+        resolve_columns(schema, "dump", ColumnNames(), mask_needed_for=None)
 
 
 def test_verls_v1_rollout_data_dir_uid_is_not_read_as_a_group():
@@ -212,14 +216,14 @@ def test_verls_v1_rollout_data_dir_uid_is_not_read_as_a_group():
         input=pl.String(), output=pl.String(), score=pl.Float64(), step=pl.Int64(), uid=pl.String()
     )
     with pytest.raises(AdvcliError, match=r"rollout_data_dir dump .*'uid', where present"):
-        resolve_columns(schema, "dump", mask_needed_for=None)
+        resolve_columns(schema, "dump", ColumnNames(), mask_needed_for=None)
 
 
 def test_group_size_stands_in_for_the_group():
     schema = _schema(rewards=pl.Float64(), completion_mask=MASK)
     with pytest.raises(AdvcliError, match=r"TRL's dumps hold no group id.*--group-size"):
-        resolve_columns(schema, "dump")
-    roles = resolve_columns(schema, "dump", group_size=4)
+        resolve_columns(schema, "dump", ColumnNames())
+    roles = resolve_columns(schema, "dump", ColumnNames(group_size=4))
     assert (roles.group, roles.group_size, roles.trajectory, roles.mask) == (
         None,
         4,
@@ -227,7 +231,7 @@ def test_group_size_stands_in_for_the_group():
         "completion_mask",
     )
     with pytest.raises(UsageError, match="--group-size and --group-col"):
-        resolve_columns(schema, "dump", group_size=4, group="rewards")
+        resolve_columns(schema, "dump", ColumnNames(group_size=4, group="rewards"))
 
 
 def test_multidimensional_arrays_are_refused():
@@ -238,7 +242,7 @@ def test_multidimensional_arrays_are_refused():
         response_mask=MASK,
     )
     with pytest.raises(AdvcliError, match="one-dimensional"):
-        resolve_columns(schema, "dump")
+        resolve_columns(schema, "dump", ColumnNames())
 
 
 def test_a_uid_dump_that_names_trajectories_is_read_by_them_or_refused():
@@ -260,5 +264,7 @@ def test_a_uid_dump_that_names_trajectories_is_read_by_them_or_refused():
     refused = r"column 'turn_index' numbers turns within groups \(2 distinct"
     with pytest.raises(AdvcliError, match=refused):
         read_roles(schema, "dump", ColumnNames(), lambda names, limit: per_row.select(names))
-    roles = resolve_columns(schema, "dump", trajectory="rollout_id", mask_needed_for=None)
+    roles = resolve_columns(
+        schema, "dump", ColumnNames(trajectory="rollout_id"), mask_needed_for=None
+    )
     assert (roles.group, roles.trajectory, roles.turn) == ("uid", "rollout_id", "turn_index")

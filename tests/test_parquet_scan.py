@@ -21,6 +21,7 @@ from advcli.read.columns import resolve_columns
 from advcli.read.inputs import open_dataset
 from advcli.read.projection import key_projection
 from advcli.sample import sample_table
+from advcli.settings import ColumnNames
 
 
 @pytest.fixture
@@ -70,7 +71,7 @@ def test_key_projection_lets_go_of_the_token_data(tmp_path):
     pq.write_table(sample_table(groups=800, rollouts=8, max_turns=5, tokens=400, seed=3), path)
     dump = open_dataset([str(path)])
     before = pa.total_allocated_bytes()
-    projection = key_projection(dump, resolve_columns(dump.schema, dump.describe()))
+    projection = key_projection(dump, resolve_columns(dump.schema, dump.describe(), ColumnNames()))
     held = pa.total_allocated_bytes() - before
     assert projection.height > 10_000
     assert held < 4 * 2**20, f"Arrow still holds {held / 2**20:.1f} MiB after the key projection"
@@ -83,7 +84,7 @@ def test_kept_key_columns_live_apart_from_the_decoded_batches(tmp_path):
     pq.write_table(sample_table(groups=800, rollouts=8, max_turns=5, tokens=400, seed=3), path)
     dump = open_dataset([str(path)])
     before = pa.total_allocated_bytes()
-    projection = key_projection(dump, resolve_columns(dump.schema, dump.describe()))
+    projection = key_projection(dump, resolve_columns(dump.schema, dump.describe(), ColumnNames()))
     assert projection.height > 10_000
     assert pa.total_allocated_bytes() - before < 64 * 2**10
 

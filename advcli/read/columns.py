@@ -1,152 +1,26 @@
 """The column vocabulary: which input column plays which role (group, trajectory, turn, reward,
-mask), by the names trainers use, and the columns ``compute`` adds to its output."""
+mask), by the names trainers use (:mod:`advcli.read.dialects`), each role's column checked for
+its type, and the columns ``compute`` adds to its output."""
 
 from __future__ import annotations
 
-import difflib
-import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import polars as pl
-from polars.datatypes import DataTypeClass
 
 from advcli.errors import AdvcliError, MissingRoles, UsageError
+from advcli.read.dialects import ROLES, Dialect, named_like
+from advcli.read.dtypes import is_id_type, is_number, sequence_of
+from advcli.read.picker import RolePicker
+from advcli.settings import ColumnNames
 
 # ColumnRoles that compute adds to its output.
 OUTPUT_COLUMNS = ("score", "advantage", "advantages")
 
-VERL_REWARDS = ("token_level_rewards", "token_level_scores")
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """One trainer's names for the roles, as its batch holds them.
-
-    A dump speaks a dialect when it has every column of ``signature``. Each role lists the
-    trainer's names for it; an empty ``trajectory`` means each row is a whole trajectory (the
-    trainer keeps a multi-turn episode in one row), an empty ``group`` that the groups are
-    contiguous blocks of rows (``--group-size``).
-    """
-
-    trainer: str
-    signature: tuple[str, ...]
-    group: tuple[str, ...]
-    trajectory: tuple[str, ...]
-    turn: tuple[str, ...] = ()
-    reward: tuple[str, ...] = VERL_REWARDS
-    mask: tuple[str, ...] = ("response_mask",)
-    # advcli's names that mean something else in this trainer's batch, never read for a role.
-    not_read: tuple[str, ...] = ()
-    # Columns a dump of this dialect never has: a dump with one speaks another dialect.
-    excludes: tuple[str, ...] = ()
-    # The trainer's flag of a trajectory's last step (SkyRL's step-wise batches): a trajectory's
-    # score is that row's reward, as the trainer's estimator reads it.
-    last_step: tuple[str, ...] = ()
-    # With no trajectory column: a trajectory is a run of rows ending at a last-step row.
-    trajectory_from_last_step: bool = False
-    # The ids (a regular expression, matched whole) of the rows a trainer pads its batch with.
-    padding_ids: str | None = None
-
-    def names(self, role: Role) -> tuple[str, ...]:
-        return tuple(getattr(self, role))
-
-
-# The trainers' dialects, in the order of the docs' trainers table. The most specific dialect a
-# dump speaks (the one whose signature holds every other matching signature) decides; two that
-# neither contains are an error, so no order here is ever a tie-break.
-ADVCLI = Dialect(
-    "advcli",
-    ("data_id", "rollout_id"),
-    group=("data_id",),
-    trajectory=("rollout_id",),
-    turn=("turn_index",),
-    reward=("token_level_rewards", "score", "reward"),
-    mask=("response_mask", "response_length"),
-)
-DIALECTS = (
-    ADVCLI,
-    Dialect(
-        "agent-lightning",
-        ("data_id_list", "rollout_id_list"),
-        group=("data_id_list",),
-        trajectory=("rollout_id_list",),
-        turn=("turn_index_list",),
-    ),
-    Dialect("verl-agent", ("uid", "traj_uid"), group=("uid",), trajectory=("traj_uid",)),
-    Dialect("verl (v1 multi-trajectory)", ("uid", "session_id"), ("uid",), ("session_id",)),
-    Dialect("verl", ("uid",), group=("uid",), trajectory=()),
-    Dialect(
-        "SkyRL",
-        ("uids", "trajectory_ids"),
-        group=("uids",),
-        trajectory=("trajectory_ids",),
-        reward=("rewards",),
-        mask=("loss_mask",),
-        # SkyRL's response_mask covers every response token; its loss mask is loss_mask.
-        not_read=("response_mask",),
-        last_step=("is_last_step",),
-        # pad_batch appends rows with uids and trajectory_ids "pad0", "pad1", ... and loss_mask 0.
-        padding_ids=r"pad\d+",
-    ),
-    Dialect(
-        # skyrl 0.4.0 stores no trajectory_ids: its step-wise advantage recovers trajectories from
-        # is_last_step alone, and so does advcli.
-        "SkyRL 0.4.0",
-        ("uids", "is_last_step"),
-        group=("uids",),
-        trajectory=(),
-        reward=("rewards",),
-        mask=("loss_mask",),
-        not_read=("response_mask",),
-        excludes=("trajectory_ids",),
-        last_step=("is_last_step",),
-        trajectory_from_last_step=True,
-        padding_ids=r"pad\d+",
-    ),
-    Dialect(
-        "rLLM",
-        ("episode_ids", "trajectory_ids"),
-        group=("trajectory_ids",),
-        trajectory=("episode_ids",),
-        reward=("traj_rewards",),
-    ),
-    Dialect("rLLM (AgentPPOTrainer)", ("uid", "idxs"), group=("uid",), trajectory=("idxs",)),
-    Dialect(
-        "OpenRLHF",
-        ("action_mask",),
-        group=(),
-        trajectory=(),
-        reward=("rewards",),
-        mask=("action_mask",),
-    ),
-    Dialect(
-        "TRL",
-        ("completion_mask",),
-        group=(),
-        trajectory=(),
-        reward=("rewards",),
-        mask=("completion_mask",),
-    ),
-)
-
-# Where a trainer makes one column from another, both may be in its batch; the derived one is
-# what its estimators read. verl: token_level_rewards = token_level_scores - the KL penalty.
-DERIVED_FROM = {"token_level_rewards": "token_level_scores"}
-
 RewardKind = Literal["token_rewards", "scalar"]
 MaskKind = Literal["mask", "length"]
-Role = Literal["group", "trajectory", "turn", "reward", "mask"]
-ROLES: tuple[Role, ...] = ("group", "trajectory", "turn", "reward", "mask")
-
-OPTIONS: dict[Role, str] = {
-    "group": "--group-col",
-    "trajectory": "--traj-col",
-    "turn": "--turn-col",
-    "reward": "--reward-col",
-    "mask": "--mask-col",
-}
 
 
 @dataclass(frozen=True)
@@ -231,125 +105,56 @@ def _as_list(name: str, width: int | None) -> pl.Expr:
 def resolve_columns(
     schema: pl.Schema,
     where: str,
+    names: ColumnNames,
     *,
-    group: str | None = None,
-    trajectory: str | None = None,
-    turn: str | None = None,
-    reward: str | None = None,
-    mask: str | None = None,
-    group_size: int | None = None,
     mask_needed_for: str | None = "the per-token output needs one",
     not_turns: Collection[str] = (),
-    named_in: dict[str, str] | None = None,
 ) -> ColumnRoles:
     """Pick the column for each role from the schema alone and check its type.
 
-    A role goes to the column its option names, else to the one name of the dump's dialect (or,
-    in a dump that speaks none, of any dialect, then of the names people write by hand:
-    :func:`named_like`) that the file has; two such names are an error naming both (never a
-    silent pick). Every role that finds no column is named in one :class:`MissingRoles` error.
-    The mask may be missing when ``mask_needed_for`` is None (nothing asks for token counts);
-    otherwise that phrase says, in the error, what needs it ("… needs one"). ``not_turns``:
-    columns known not to be the turn (the ``--by`` step column); ``named_in``: where a role's
-    name was given when not by its option (a saved mapping), for the reasons.
+    A role goes to the column ``names`` gives it (its option, or a saved mapping:
+    ``names.named_in`` says where, for the reasons), else to the one name of the dump's dialect
+    (or, in a dump that speaks none, of any dialect, then of the names people write by hand:
+    :func:`~advcli.read.dialects.named_like`) that the file has; two such names are an error
+    naming both (never a silent pick). Every role that finds no column is named in one
+    :class:`MissingRoles` error. The mask may be missing when ``mask_needed_for`` is None
+    (nothing asks for token counts); otherwise that phrase says, in the error, what needs it
+    ("… needs one"). ``not_turns``: columns known not to be the turn (the ``--by`` step column).
 
     The readings that assume something (each row a trajectory, groups as blocks of rows) are
     taken here from the schema; :func:`advcli.read.roles.read_roles` then checks them against the
     values.
     """
     reasons: dict[str, str] = {}
-    pick = _Picker(schema, where, reasons, named_in or {})
+    pick = RolePicker(schema, where, reasons, names.named_in)
     trainer = pick.dialect.trainer if pick.dialect is not None else "the"
-    if group_size is not None:
-        if group is not None:
-            raise UsageError("--group-size and --group-col exclude each other: give one")
-        group_col = None
-        reasons["group"] = f"--group-size {group_size}: each block of {group_size} rows is a group"
-    else:
-        group_col = pick("group", group)
-        if group_col is None and "group" not in pick.missing:
-            pick.missing["group"] = (
-                f"{trainer}'s dumps hold no group id: a prompt's rollouts are consecutive rows; "
-                "pass --group-size N (the rollouts per prompt)"
-            )
-    trajectory_col = pick("trajectory", trajectory, taken=(group_col,))
+    group_col = _group_column(pick, names, trainer)
+    trajectory_col = pick("trajectory", names.trajectory, taken=(group_col,))
     if trajectory_col is None and "trajectory" not in pick.missing:
         reasons["trajectory"] = (
             f"{trainer}'s dumps keep a whole trajectory in one row: each row is a trajectory"
         )
-    rows_are_trajectories = trajectory_col is None and trajectory is None
+    rows_are_trajectories = trajectory_col is None and names.trajectory is None
     turn_col = pick(
         "turn",
-        turn,
+        names.turn,
         required=None,
         taken=(group_col, trajectory_col, *not_turns),
         by_name=not rows_are_trajectories,
     )
-    reward_col = pick("reward", reward)
-    mask_col = pick("mask", mask, required=mask_needed_for)
+    reward_col = pick("reward", names.reward)
+    mask_col = pick("mask", names.mask, required=mask_needed_for)
     if pick.missing:
         found = {"group": group_col, "trajectory": trajectory_col, "turn": turn_col}
         raise MissingRoles(where, pick.missing, pick.hint_names(), found)
     assert reward_col is not None
     if turn_col is None:
-        reasons["turn"] = "no turn index column: turns are ordered by input order"
-        if rows_are_trajectories:
-            reasons["turn"] = "each row is a whole trajectory: no turn order is needed"
-            unread = [name for name in schema.names() if named_like("turn", name)]
-            if unread:
-                listed = ", ".join(f"'{name}'" for name in unread)
-                reasons["turn"] += f" ({listed} not read as one)"
-
-    for role, name in (("group", group_col), ("trajectory", trajectory_col)):
-        if name is None:
-            continue
-        dtype = schema[name]
-        if not is_id_type(dtype):
-            raise AdvcliError(
-                f"{where}: column '{name}' ({role} id) has type {dtype}; ids must be integers "
-                "or strings"
-            )
-    if turn_col is not None and not schema[turn_col].is_integer():
-        picked = " (read as the turn for its name)" if "turn" in pick.by_name else ""
-        raise AdvcliError(
-            f"{where}: column '{turn_col}' (turn index){picked} has type {schema[turn_col]}; "
-            "expected integers: cast it, or name the turn column with --turn-col"
-        )
-
-    reward_dtype = schema[reward_col]
-    reward_kind: RewardKind
-    reward_inner, reward_width = sequence_of(reward_dtype)
-    if _is_numeric(reward_dtype):
-        reward_kind = "scalar"
-    elif reward_inner is not None and _is_numeric(reward_inner):
-        reward_kind = "token_rewards"
-    else:
-        raise AdvcliError(
-            f"{where}: column '{reward_col}' (reward) has type {reward_dtype}; expected a number "
-            "or a list (or one-dimensional array) of numbers"
-        )
-
-    mask_kind: MaskKind | None = None
-    mask_width = None
-    if mask_col is not None:
-        mask_dtype = schema[mask_col]
-        mask_inner, mask_width = sequence_of(mask_dtype)
-        if mask_dtype.is_integer():
-            mask_kind = "length"
-        elif mask_inner is not None and (_is_numeric(mask_inner) or mask_inner == pl.Boolean):
-            mask_kind = "mask"
-        else:
-            raise AdvcliError(
-                f"{where}: column '{mask_col}' (response mask) has type {mask_dtype}; expected a "
-                "list (or one-dimensional array) of 0/1 values or an integer response length"
-            )
-
-    taken = {reward_col} & {"advantage", "advantages"}
-    if taken:
-        raise AdvcliError(
-            f"{where}: the reward column '{reward_col}' has the name of an output column; "
-            "rename it or choose another with --reward-col"
-        )
+        reasons["turn"] = _why_no_turn(schema, rows_are_trajectories)
+    _check_id_types(schema, where, group_col, trajectory_col)
+    _check_turn_type(schema, where, turn_col, "turn" in pick.by_name)
+    reward_kind, reward_width = _reward_kind(schema, where, reward_col)
+    mask_kind, mask_width = _mask_kind(schema, where, mask_col)
+    _check_not_an_output_name(where, reward_col)
     reasons["reward"] += (
         ", a list of token rewards summed per row"
         if reward_kind == "token_rewards"
@@ -364,7 +169,7 @@ def resolve_columns(
         by_name=tuple(pick.by_name),
         group=group_col,
         trajectory=trajectory_col,
-        group_size=group_size,
+        group_size=names.group_size,
         turn=turn_col,
         reward=reward_col,
         reward_kind=reward_kind,
@@ -375,6 +180,106 @@ def resolve_columns(
         reasons=reasons,
     )
     return with_steps(roles, schema, where, pick.dialect)
+
+
+def _group_column(pick: RolePicker, names: ColumnNames, trainer: str) -> str | None:
+    """The group column; None for groups as blocks of ``--group-size`` rows, or where the
+    dialect has no group id (then recorded as missing: the blocks need their size)."""
+    if names.group_size is not None:
+        if names.group is not None:
+            raise UsageError("--group-size and --group-col exclude each other: give one")
+        pick.reasons["group"] = (
+            f"--group-size {names.group_size}: each block of {names.group_size} rows is a group"
+        )
+        return None
+    group_col = pick("group", names.group)
+    if group_col is None and "group" not in pick.missing:
+        pick.missing["group"] = (
+            f"{trainer}'s dumps hold no group id: a prompt's rollouts are consecutive rows; "
+            "pass --group-size N (the rollouts per prompt)"
+        )
+    return group_col
+
+
+def _why_no_turn(schema: pl.Schema, rows_are_trajectories: bool) -> str:
+    """Why no column is the turn, naming the turn-like columns left unread when each row is a
+    whole trajectory."""
+    if not rows_are_trajectories:
+        return "no turn index column: turns are ordered by input order"
+    why = "each row is a whole trajectory: no turn order is needed"
+    unread = [name for name in schema.names() if named_like("turn", name)]
+    if unread:
+        listed = ", ".join(f"'{name}'" for name in unread)
+        why += f" ({listed} not read as one)"
+    return why
+
+
+def _check_id_types(
+    schema: pl.Schema, where: str, group_col: str | None, trajectory_col: str | None
+) -> None:
+    """Refuse a group or trajectory column that is neither integers nor strings."""
+    for role, name in (("group", group_col), ("trajectory", trajectory_col)):
+        if name is None:
+            continue
+        dtype = schema[name]
+        if not is_id_type(dtype):
+            raise AdvcliError(
+                f"{where}: column '{name}' ({role} id) has type {dtype}; ids must be integers "
+                "or strings"
+            )
+
+
+def _check_turn_type(schema: pl.Schema, where: str, turn_col: str | None, by_name: bool) -> None:
+    """Refuse a turn column that is not integers (``by_name``: it was taken for its name)."""
+    if turn_col is not None and not schema[turn_col].is_integer():
+        picked = " (read as the turn for its name)" if by_name else ""
+        raise AdvcliError(
+            f"{where}: column '{turn_col}' (turn index){picked} has type {schema[turn_col]}; "
+            "expected integers: cast it, or name the turn column with --turn-col"
+        )
+
+
+def _reward_kind(schema: pl.Schema, where: str, reward_col: str) -> tuple[RewardKind, int | None]:
+    """Whether the reward column holds one number a row or a list of token rewards, and the
+    width of a fixed-size array; an error for anything else."""
+    reward_dtype = schema[reward_col]
+    reward_inner, reward_width = sequence_of(reward_dtype)
+    if is_number(reward_dtype):
+        return "scalar", reward_width
+    if reward_inner is not None and is_number(reward_inner):
+        return "token_rewards", reward_width
+    raise AdvcliError(
+        f"{where}: column '{reward_col}' (reward) has type {reward_dtype}; expected a number "
+        "or a list (or one-dimensional array) of numbers"
+    )
+
+
+def _mask_kind(
+    schema: pl.Schema, where: str, mask_col: str | None
+) -> tuple[MaskKind | None, int | None]:
+    """Whether the mask column holds a 0/1 list or a response length (None without a mask
+    column), and the width of a fixed-size array; an error for anything else."""
+    if mask_col is None:
+        return None, None
+    mask_dtype = schema[mask_col]
+    mask_inner, mask_width = sequence_of(mask_dtype)
+    if mask_dtype.is_integer():
+        return "length", mask_width
+    if mask_inner is not None and (is_number(mask_inner) or mask_inner == pl.Boolean):
+        return "mask", mask_width
+    raise AdvcliError(
+        f"{where}: column '{mask_col}' (response mask) has type {mask_dtype}; expected a "
+        "list (or one-dimensional array) of 0/1 values or an integer response length"
+    )
+
+
+def _check_not_an_output_name(where: str, reward_col: str) -> None:
+    """Refuse a reward column named like a column compute writes: the output would replace it."""
+    if reward_col in ("advantage", "advantages"):
+        raise AdvcliError(
+            f"{where}: the reward column '{reward_col}' has the name of an output column; "
+            "rename it or choose another with --reward-col"
+        )
 
 
 def with_steps(
@@ -411,287 +316,6 @@ def with_steps(
         padding_ids=dialect.padding_ids,
         reasons=reasons,
     )
-
-
-def sequence_of(dtype: pl.DataType | DataTypeClass) -> tuple[Any, int | None]:
-    """(element type, fixed width) of a list (width None) or a one-dimensional array; (None,
-    None) for anything else."""
-    if isinstance(dtype, pl.List):
-        return dtype.inner, None
-    if isinstance(dtype, pl.Array) and len(dtype.shape) == 1:
-        return dtype.inner, dtype.size
-    return None, None
-
-
-class _Picker:
-    """Finds each role's column in one schema, in the dump's dialect, recording why for every
-    output, and what it could not find in ``missing`` (role → what to do)."""
-
-    def __init__(
-        self, schema: pl.Schema, where: str, reasons: dict[str, str], named_in: dict[str, str]
-    ) -> None:
-        self.schema, self.where, self.reasons, self.named_in = schema, where, reasons, named_in
-        self.dialect, self.tie = _dialect_of(schema)
-        self.missing: dict[str, str] = {}
-        self.by_name: list[Role] = []
-        self._wanted: list[str] = []
-
-    def __call__(
-        self,
-        role: Role,
-        chosen: str | None,
-        required: Literal[True] | str | None = True,
-        *,
-        taken: Sequence[str | None] = (),
-        by_name: bool = True,
-    ) -> str | None:
-        """The column for ``role``, or None where the dialect has no such column (each row a
-        trajectory, groups as blocks of rows, no turn index) or none was found (then recorded
-        in ``missing`` when the role is ``required``: True, or a phrase saying what needs it).
-        ``taken``: columns other roles have; ``by_name``: whether a column named like the role
-        (:func:`named_like`) may stand in where no trainer's name is found."""
-        option = OPTIONS[role]
-        if chosen is not None:
-            if chosen not in self.schema:
-                named = self.named_in.get(role, option)
-                raise AdvcliError(
-                    f"{self.where}: column '{chosen}' ({named}) not found{self._hint([chosen])}"
-                )
-            self.reasons[role] = f"named by {self.named_in.get(role, option)}"
-            return chosen
-        if (
-            role == "group"
-            and _is_rollout_data_dir(self.schema)
-            and (self.dialect is None or not self.dialect.trajectory)
-        ):
-            # verl v1 writes a 'uid' there, but it is the row's own key, one per row: read as
-            # a group id (with each row a trajectory) it would make every row a group of its own.
-            # A dump that also names its trajectories is some trainer's own, read as such.
-            raise AdvcliError(f"{self.where}: {ROLLOUT_DATA_DIR}")
-        if self.tie and role in ("group", "trajectory"):
-            first, second = self.tie
-            agreed = set(first.names(role)) & set(second.names(role)) & set(self.schema.names())
-            if len(agreed) == 1:
-                name = agreed.pop()
-                self.reasons[role] = (
-                    f"'{name}' is the {role} column of {first.trainer}'s and {second.trainer}'s "
-                    "dumps"
-                )
-                return name
-            raise AdvcliError(
-                f"{self.where}: the columns fit two trainers' dumps, {_signed(first)} and "
-                f"{_signed(second)}; name the {role} column with {option}"
-            )
-        dialect = self.dialect
-        names = dialect.names(role) if dialect is not None else _all_names(role)
-        present = _present(self.schema, role, names)
-        if not present and dialect is not None and role in ("turn", "reward", "mask"):
-            # A dialect's own names first, then advcli's (a scalar 'score', a
-            # 'response_length'), less any the trainer uses for something else.
-            names += tuple(
-                name
-                for name in ADVCLI.names(role)
-                if name not in names and name not in dialect.not_read
-            )
-            present = _present(self.schema, role, names)
-        if len(present) > 1:
-            raise AdvcliError(
-                f"{self.where}: two columns could be the {role}: '{present[0]}' and "
-                f"'{present[1]}'; pick one with {option} NAME"
-            )
-        if present:
-            name = present[0]
-            whose = (
-                dialect.trainer
-                if dialect is not None and name in dialect.names(role)
-                else _whose(name)
-            )
-            self.reasons[role] = f"'{name}' is the {role} column of {whose}'s dumps"
-            return name
-        rows_stand_in = dialect is not None and not names and role in ("group", "trajectory")
-        if by_name and (role != "trajectory" or not rows_stand_in):
-            found = self._named_like(role, taken, dialect)
-            if found is not None:
-                return found
-        if rows_stand_in:
-            return None  # the dialect's rows are trajectories, or its groups blocks of rows
-        if required is None:
-            return None
-        needed = f" ({required})" if isinstance(required, str) else ""
-        expected = ", ".join(f"'{name}'" for name in names)
-        source = f"{dialect.trainer}'s dumps name it" if dialect is not None else "expected"
-        self.missing[role] = (
-            f"no {role} column{needed}: {source} {expected}, or name one with {option}"
-        )
-        self._wanted += names
-        return None
-
-    def _named_like(
-        self, role: Role, taken: Sequence[str | None], dialect: Dialect | None
-    ) -> str | None:
-        """The one column whose name says ``role`` (``prompt_id``, ``traj_id``, ``turn``…), not
-        taken by another role; two are an error naming both."""
-        found = [
-            name
-            for name in self.schema.names()
-            if named_like(role, name)
-            and name not in taken
-            and (dialect is None or name not in dialect.not_read)
-            and can_hold(role, self.schema[name])
-        ]
-        if len(found) > 1:
-            raise AdvcliError(
-                f"{self.where}: two columns are named like the {role}: '{found[0]}' and "
-                f"'{found[1]}'; pick one with {OPTIONS[role]} NAME"
-            )
-        if not found:
-            return None
-        name = found[0]
-        self.by_name.append(role)
-        trainer = f"{dialect.trainer}'s dumps have no {role} column, and " if dialect else ""
-        self.reasons[role] = f"{trainer}'{name}' is named like the {role} {ROLE_NOUNS[role]}"
-        return name
-
-    def hint_names(self) -> str:
-        """The file's columns, with the nearest names to those looked for."""
-        return self._hint(self._wanted)
-
-    def _hint(self, wanted: Sequence[str]) -> str:
-        """The file's columns, with the nearest names to ``wanted`` as a suggestion."""
-        names = self.schema.names()
-        nearest: list[str] = []
-        for name in wanted:
-            nearest += difflib.get_close_matches(name, names, n=3, cutoff=0.6)
-        nearest = list(dict.fromkeys(nearest))[:3]
-        shown = ", ".join(f"'{name}'" for name in names[:COLUMNS_SHOWN])
-        more = f" and {len(names) - COLUMNS_SHOWN} more" if len(names) > COLUMNS_SHOWN else ""
-        suggestion = (
-            f"; did you mean {' or '.join(repr(name) for name in nearest)}?" if nearest else ""
-        )
-        return f". The file has {shown}{more}{suggestion}"
-
-
-# What a role's column holds, for the reasons: "named like the group id".
-ROLE_NOUNS: dict[Role, str] = {
-    "group": "id",
-    "trajectory": "id",
-    "turn": "index",
-    "reward": "",
-    "mask": "",
-}
-
-# Names people and trainers give a role, compared with case and separators dropped
-# ("ConversationID", "episode_idx", "rollout_uuid"): a stem, then an id suffix.
-_ID_SUFFIX = "(id|ids|idx|index|uuid|uid|key|no|num|number)"
-NAME_PATTERNS: dict[Role, re.Pattern[str]] = {
-    "group": re.compile(f"(group|prompt|question|task|instance|problem|query){_ID_SUFFIX}?"),
-    "trajectory": re.compile(
-        f"(traj|trajectory|rollout|episode|session|conversation|convo|dialog|dialogue){_ID_SUFFIX}?"
-    ),
-    # Not "ids": rLLM's step_ids are strings that name a step.
-    "turn": re.compile("(turn|step)(id|idx|index|no|num|number)?"),
-    "reward": re.compile("(reward|rewards|score|scores|return)"),
-    "mask": re.compile("(mask|responsemask|lossmask|actionmask)"),
-}
-
-
-def named_like(role: Role, name: str) -> bool:
-    """Whether ``name`` says ``role`` (any case; ``_id``, ``_idx``, ``_uuid``, ``Id`` forms)."""
-    return NAME_PATTERNS[role].fullmatch(re.sub(r"[^a-z0-9]", "", name.lower())) is not None
-
-
-def is_id_type(dtype: pl.DataType | DataTypeClass) -> bool:
-    """Integers and strings (Categorical and Enum read as strings) can be ids."""
-    return dtype.is_integer() or dtype in (pl.String, pl.Categorical) or is_enum(dtype)
-
-
-def can_hold(role: Role, dtype: pl.DataType | DataTypeClass) -> bool:
-    """Whether a column of ``dtype`` can be meant for ``role`` (a name alone never picks one
-    that cannot)."""
-    if role in ("group", "trajectory"):
-        return is_id_type(dtype)
-    if role == "turn":
-        # Any number: a float turn column named like one is then refused for its type, not
-        # passed over.
-        return _is_numeric(dtype)
-    inner = sequence_of(dtype)[0]
-    if role == "reward":
-        return _is_numeric(dtype) or (inner is not None and _is_numeric(inner))
-    return dtype.is_integer() or (inner is not None and (_is_numeric(inner) or inner == pl.Boolean))
-
-
-# How many of a file's columns an error lists.
-COLUMNS_SHOWN = 20
-
-
-def _dialect_of(schema: pl.Schema) -> tuple[Dialect | None, tuple[Dialect, Dialect] | None]:
-    """The dialect with the widest signature the schema has (and None), or, when two tie,
-    (None, the two)."""
-    columns = set(schema.names())
-    matching = [
-        d for d in DIALECTS if set(d.signature) <= columns and not columns & set(d.excludes)
-    ]
-    if not matching:
-        return None, None
-    widest = max(len(d.signature) for d in matching)
-    top = [d for d in matching if len(d.signature) == widest]
-    if len(top) > 1:
-        return None, (top[0], top[1])
-    return top[0], None
-
-
-def _signed(dialect: Dialect) -> str:
-    return f"{dialect.trainer}'s ({', '.join(dialect.signature)})"
-
-
-def _all_names(role: Role) -> tuple[str, ...]:
-    """Every dialect's names for ``role``, for a dump that speaks none of them; a name that
-    another dialect gives another role (rLLM's group ``trajectory_ids`` is SkyRL's trajectory)
-    is left out, since without the dialect it says nothing."""
-    elsewhere = {
-        name for d in DIALECTS for other in ROLES if other != role for name in d.names(other)
-    }
-    return tuple(
-        dict.fromkeys(name for d in DIALECTS for name in d.names(role) if name not in elsewhere)
-    )
-
-
-def _whose(name: str) -> str:
-    return next(d.trainer for d in DIALECTS if any(name in d.names(role) for role in ROLES))
-
-
-def _present(schema: pl.Schema, role: Role, names: Sequence[str]) -> list[str]:
-    """The names of ``names`` that ``schema`` has, less those a derived column present
-    supersedes and, in an advcli output read again, advcli's own ``score``."""
-    present = [name for name in names if name in schema]
-    for derived, source in DERIVED_FROM.items():
-        if derived in present and source in present:
-            present.remove(source)
-    if role == "reward" and "advantage" in schema and "score" in present and len(present) > 1:
-        # An advcli output read again: its 'score' is advcli's own column, the per-row sum of
-        # the reward it was computed from, so that reward column is the one to read.
-        present.remove("score")
-    return present
-
-
-ROLLOUT_DATA_DIR = (
-    "this looks like verl's trainer.rollout_data_dir dump (input, output, score), which holds no "
-    "group or trajectory ids (its 'uid', where present, is each row's own key); write the batch "
-    "with advcli.dump.write_batch instead (docs: 'Inside a trainer'), or name "
-    "the group column with --group-col"
-)
-
-
-def _is_rollout_data_dir(schema: pl.Schema) -> bool:
-    return {"input", "output", "score"} <= set(schema.names())
-
-
-def _is_numeric(dtype: pl.DataType | DataTypeClass) -> bool:
-    return dtype.is_numeric() and dtype != pl.Boolean
-
-
-def is_enum(dtype: pl.DataType | DataTypeClass) -> bool:
-    return isinstance(dtype, pl.Enum)
 
 
 def unused_name(schema: pl.Schema, base: str = "__advcli_row") -> str:

@@ -29,7 +29,7 @@ import polars as pl
 from advcli.errors import AdvcliError, first_line
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, rows_sharing
 from advcli.read.columns import ColumnRoles, unused_name
-from advcli.read.inputs import Dataset
+from advcli.read.dataset import Dataset
 from advcli.read.scan import closing_sources
 
 # The trainers' names for a row's prompt and response token ids (verl and verl-agent:

@@ -1,7 +1,7 @@
-"""Opening inputs: paths, globs, directories, standard input, format sniffing (Arrow IPC file or
-stream by the first bytes), each file's header (row count, schema, types Polars cannot hold),
-schemas agreeing across files, and the JSON-lines checks that need the raw text. Paths that are
-not UTF-8 are read through :mod:`advcli.names` and labelled with their bytes escaped.
+"""Opening inputs: paths, globs, directories, standard input (:mod:`advcli.read.stdin`), each
+file's format (:mod:`advcli.read.formats`) and header (row count, schema, types Polars cannot
+hold), and schemas agreeing across files. Paths that are not UTF-8 are read through
+:mod:`advcli.names` and labelled with their bytes escaped.
 
 Every Polars or Arrow error met while opening is re-raised as :class:`~advcli.errors.AdvcliError`
 naming the file (and line or row).
@@ -9,209 +9,30 @@ naming the file (and line or row).
 
 from __future__ import annotations
 
-import bisect
-import contextlib
 import glob
-import json
 import os
-import re
-import shutil
-import sys
-import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
 
-import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from advcli._runtime.process import stdin_closed
 from advcli.errors import AdvcliError, InputChanged, first_line
 from advcli.names import NativeNames, shown_path
-from advcli.read.scan import closing_sources, open_parquet, scan_arrow_stream, scan_parquet
-from advcli.rules import EXACT_INTEGER_LIMIT
+from advcli.read.dataset import GLOB_CHARS, Dataset, FileIdentity, as_pattern
+from advcli.read.formats import (
+    DIRECTORY_JSON_SUFFIXES,
+    FEATHER_V1_MAGIC,
+    FORMAT_NAMES,
+    PARQUET_SUFFIXES,
+    InputFormat,
+    input_format_of,
+)
+from advcli.read.json_lines import first_bad_line
+from advcli.read.scan import open_parquet
+from advcli.read.stdin import spool_stdin
 
-PARQUET_SUFFIXES = (".parquet", ".pq")
-JSON_LINES_SUFFIXES = (".jsonl", ".ndjson", ".json")
-# Arrow IPC files and streams: which of the two a file holds is told by its first bytes.
-ARROW_SUFFIXES = (".arrow", ".arrows", ".ipc", ".feather")
-IPC_FILE_MAGIC = b"ARROW1"
-IPC_STREAM_MARKER = b"\xff\xff\xff\xff"
-FEATHER_V1_MAGIC = b"FEA1"
-DIRECTORY_JSON_SUFFIXES = (".jsonl", ".ndjson")
-# What a directory's reading picks up (either kind, depending on what else it holds).
-FOLDER_SUFFIXES = PARQUET_SUFFIXES + DIRECTORY_JSON_SUFFIXES
-GLOB_CHARS = frozenset("*?[")
 STDIN = "-"
-# What may come before the first '{' of JSON lines: white space and a UTF-8 byte-order mark.
-UTF8_BOM = b"\xef\xbb\xbf"
-JSON_BLANK = b" \t\r\n" + UTF8_BOM
-# How far into standard input to look for that '{'.
-SNIFF_LIMIT = 1 << 16
-InputFormat = Literal["parquet", "json", "arrow", "arrow_stream"]
-FORMAT_NAMES = {
-    "parquet": "Parquet",
-    "json": "JSON-lines",
-    "arrow": "Arrow IPC",
-    "arrow_stream": "Arrow IPC stream",
-}
-
-
-@dataclass(frozen=True)
-class FileIdentity:
-    """What tells that a path still names the file advcli opened: its device and inode (a file
-    renamed over it has others), its size and its modification time (a rewrite in place, an
-    append, change them)."""
-
-    device: int
-    inode: int
-    size: int
-    mtime_ns: int
-
-    @classmethod
-    def of(cls, path: Path) -> FileIdentity | None:
-        """The identity of the file at ``path`` now; None when there is none (removed)."""
-        try:
-            info = os.stat(path)
-        except OSError:
-            return None
-        return cls(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-
-    def change_to(self, now: FileIdentity | None) -> str | None:
-        """What differs in ``now``, in words; None when nothing does."""
-        if now is None:
-            return "it was removed"
-        changes = []
-        if now.device != self.device:
-            changes.append(f"device {self.device}, now {now.device}")
-        if now.inode != self.inode:
-            changes.append(f"inode {self.inode}, now {now.inode}")
-        if now.size != self.size:
-            changes.append(f"size {self.size:,} bytes, now {now.size:,}")
-        if now.mtime_ns != self.mtime_ns:
-            changes.append(f"mtime {_clock(self.mtime_ns)}, now {_clock(now.mtime_ns)}")
-        return "; ".join(changes) or None
-
-
-def _clock(ns: int) -> str:
-    """A modification time to the nanosecond, in local time."""
-    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ns // 10**9))}.{ns % 10**9:09d}"
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """Input files of one format read as one table, rows numbered across files in the order
-    given. ``labels`` name the files in messages (``<stdin>`` for standard input); ``folders``
-    are the directories among the inputs (:func:`input_folders`); ``identities`` are the
-    files' identities when they were opened (:meth:`check_unchanged`)."""
-
-    files: tuple[Path, ...]
-    schema: pl.Schema
-    row_counts: tuple[int, ...]
-    input_format: InputFormat = "parquet"
-    labels: tuple[str, ...] = ()
-    folders: tuple[Path, ...] = ()
-    # What Polars and Arrow open each file by (see NativeNames); the paths themselves if None.
-    native: NativeNames | None = field(default=None, compare=False, repr=False)
-    identities: tuple[FileIdentity, ...] = ()
-
-    @property
-    def num_rows(self) -> int:
-        return sum(self.row_counts)
-
-    def scan(self) -> pl.LazyFrame:
-        """The files as one LazyFrame (Parquet decoded by Arrow: see :func:`scan_parquet`; an
-        Arrow IPC stream, which Polars cannot scan: :func:`scan_arrow_stream`). It may read a
-        file through a descriptor the dataset holds (:class:`~advcli.names.NativeNames`): keep
-        the dataset until the query has run."""
-        files = [self.source(index) for index in range(len(self.files))]
-        if self.input_format == "json":
-            return pl.scan_ndjson([as_pattern(name) for name in files], schema=self.schema)
-        if self.input_format == "arrow":
-            return pl.scan_ipc(files, glob=False)
-        if self.input_format == "arrow_stream":
-            return scan_arrow_stream(self)
-        return scan_parquet(self)
-
-    def source(self, index: int) -> str:
-        """The name Polars and Arrow open file ``index`` by."""
-        return self.native.names[index] if self.native else str(self.files[index])
-
-    def read_columns(self, names: Sequence[str], limit: int | None = None) -> pl.DataFrame:
-        """The named columns in input order, every row or the first ``limit`` (small columns
-        only: ids, flags)."""
-        scan = self.scan().select(list(names))
-        try:
-            with closing_sources():
-                return (scan if limit is None else scan.head(limit)).collect(engine="streaming")
-        except pl.exceptions.PolarsError as error:
-            listed = ", ".join(f"'{name}'" for name in names)
-            raise AdvcliError(
-                f"{self.describe()}: cannot read the columns {listed} ({first_line(error)})"
-            ) from None
-
-    def file_numbers(self) -> pl.Series:
-        """Each input row's file, as its position among ``files`` (``file``, one per row)."""
-        return pl.Series("file", np.repeat(np.arange(len(self.files)), self.row_counts))
-
-    def file_of(self, row: int) -> int:
-        """The index of the file that holds global row number ``row``."""
-        starts = np.cumsum((0, *self.row_counts[:-1])).tolist()
-        return bisect.bisect_right(starts, row) - 1
-
-    def changed_input(self) -> InputChanged | None:
-        """The error for the first input that is no longer the file that was opened (renamed
-        over, rewritten, appended to, removed); None when every input is as it was."""
-        for index, (path, identity) in enumerate(zip(self.files, self.identities, strict=True)):
-            change = identity.change_to(FileIdentity.of(path))
-            if change is not None:
-                return InputChanged(self.label(index), change)
-        return None
-
-    def check_unchanged(self) -> None:
-        """Raise :class:`InputChanged` if an input changed since it was opened. Called after
-        the last read of an input and before anything derived from it is published: every read
-        in between saw the files as they were opened. (A change that keeps the size and lands
-        within the filesystem's timestamp granularity of the previous write is not seen.)"""
-        changed = self.changed_input()
-        if changed is not None:
-            raise changed
-
-    @contextlib.contextmanager
-    def changes_reported(self) -> Iterator[None]:
-        """Report an error raised in the block as the change of an input, when one changed: a
-        row count that no longer matches, a half-written line or a file gone come from that."""
-        try:
-            yield
-        except InputChanged:
-            raise
-        except Exception:
-            changed = self.changed_input()
-            if changed is None:
-                raise
-            raise changed from None
-
-    def label(self, index: int) -> str:
-        return self.labels[index] if self.labels else shown_path(self.files[index])
-
-    def describe(self) -> str:
-        """The inputs in one phrase, for messages."""
-        first = self.label(0)
-        return first if len(self.files) == 1 else f"{first} (and {len(self.files) - 1} more)"
-
-    def locate(self, row: int) -> str:
-        """Name a global row number as ``file row k`` (k counted from 0 within that file)."""
-        file_number = self.file_of(row)
-        start = sum(self.row_counts[:file_number])
-        return f"{self.label(file_number)} row {row - start}"
-
-
-def as_pattern(name: str) -> str:
-    """A file name as a glob pattern that matches only that file, for Polars' JSON reader, which
-    reads every name as a pattern (``step[1].jsonl`` would match no file, ``a*.jsonl`` others)."""
-    return glob.escape(name) if GLOB_CHARS & set(name) else name
 
 
 def resolve_inputs(specs: Sequence[str]) -> list[Path]:
@@ -264,27 +85,6 @@ def _expand_path(path: Path, spec: str) -> list[Path]:
     if not path.exists():
         raise AdvcliError(f"{spec}: no such file or directory")
     return [path]
-
-
-def input_format_of(path: Path) -> InputFormat:
-    """The format a file is read as, from its extension (Parquet when unknown); for an Arrow
-    extension, an IPC file or stream as its first bytes say (``.arrows`` a stream unless they
-    say file)."""
-    suffix = path.suffix.lower()
-    if suffix in JSON_LINES_SUFFIXES:
-        return "json"
-    if suffix not in ARROW_SUFFIXES:
-        return "parquet"
-    try:
-        with path.open("rb") as file:
-            head = file.read(len(IPC_FILE_MAGIC))
-    except OSError:
-        head = b""
-    if head.startswith(IPC_FILE_MAGIC):
-        return "arrow"
-    if head.startswith(IPC_STREAM_MARKER) or suffix == ".arrows":
-        return "arrow_stream"
-    return "arrow"
 
 
 def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
@@ -350,45 +150,6 @@ def _identity_at_open(path: Path, label: str) -> FileIdentity:
     return identity
 
 
-def spool_stdin(folder: Path) -> Path:
-    """Copy standard input to a file in ``folder``, named for its format, which its first bytes
-    tell: ``PAR1`` Parquet, ``ARROW1`` an Arrow IPC file, an IPC stream's continuation marker a
-    stream, a ``{`` after any blank space JSON lines."""
-    if stdin_closed():
-        raise AdvcliError("<stdin>: standard input is closed")
-    source = sys.stdin.buffer
-    head = source.read(8)
-    if not head:
-        raise AdvcliError("<stdin>: standard input is empty")
-    # JSON lines may start with blank lines or a byte-order mark: read on to the first other byte.
-    while not head.lstrip(JSON_BLANK) and len(head) < SNIFF_LIMIT:
-        more = source.read(8)
-        if not more:
-            break
-        head += more
-    name = (
-        "stdin.parquet"
-        if head.startswith(b"PAR1")
-        else "stdin.arrow"
-        if head.startswith(IPC_FILE_MAGIC)
-        else "stdin.arrows"
-        if head.startswith(IPC_STREAM_MARKER)
-        else "stdin.jsonl"
-        if head.lstrip(JSON_BLANK).startswith(b"{")
-        else None
-    )
-    if name is None:
-        raise AdvcliError(
-            "<stdin>: not Parquet, an Arrow IPC stream or JSON lines (checked the first bytes)"
-        )
-    path = folder / name
-    with path.open("wb") as sink:
-        # Polars' JSON reader takes no byte-order mark.
-        sink.write(head.removeprefix(UTF8_BOM) if name == "stdin.jsonl" else head)
-        shutil.copyfileobj(source, sink)
-    return path
-
-
 def _read_header(
     path: Path, source: str, label: str, input_format: InputFormat
 ) -> tuple[int, pl.Schema]:
@@ -438,7 +199,7 @@ def _read_header(
         raise AdvcliError(f"{label}: cannot read the file ({error.strerror})") from None
     except (pa.ArrowException, OSError, pl.exceptions.PolarsError) as error:
         if input_format == "json":
-            bad_line = _first_bad_json_line(path)
+            bad_line = first_bad_line(path)
             if bad_line is not None:
                 raise AdvcliError(f"{label} {bad_line}") from None
         kind = kind if input_format == "arrow_stream" else f"{kind} file"
@@ -504,142 +265,6 @@ def _unsupported_type(
         if found is not None:
             return found
     return None
-
-
-def _first_bad_json_line(path: Path) -> str | None:
-    """``line K: …`` for the first line of a JSON-lines file that is not a JSON object (a
-    line-by-line parse, on the error path only), or None."""
-    try:
-        with path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line, parse_constant=_NotJson)
-                except json.JSONDecodeError as error:
-                    return f"line {number}: not valid JSON ({error.msg} at column {error.colno})"
-                if not isinstance(value, dict):
-                    return f"line {number}: not a JSON object"
-                for name, item in value.items():
-                    literal = _not_json(item)
-                    if literal is not None:
-                        return (
-                            f"line {number}: column '{name}' holds {literal}, which is not JSON "
-                            "(JSON has no NaN or infinity); write null or a number"
-                        )
-    except UnicodeDecodeError as error:
-        return f"byte {error.start}: not UTF-8 text"
-    except OSError:
-        return None
-    return None
-
-
-class _NotJson(str):
-    """``NaN``, ``Infinity`` or ``-Infinity``: literals Python's JSON parser takes (and Polars'
-    refuses, without saying where), kept to name the column that holds one."""
-
-
-def _not_json(value: Any) -> str | None:
-    """The first ``NaN``/``Infinity`` literal in a line's value (also inside lists and objects)."""
-    if isinstance(value, _NotJson):
-        return str(value)
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return next((found for item in items if (found := _not_json(item)) is not None), None)
-
-
-def check_json_lines(dataset: Dataset, ids: Sequence[str], reward: str) -> None:
-    """What Polars' JSON reader would silently change, refused with the line that shows it.
-
-    - An id column read as strings that also holds other JSON values: Polars turns ``0``,
-      ``true``, ``[1]`` or ``{"k": 1}`` into the text ``"0"``, ``"true"``…, so they would join
-      the group of that string.
-    - A float reward column holding an integer literal beyond 2^53: it is rounded when read.
-
-    Polars reads each file once more as plain lines and finds the candidates with a regular
-    expression (a key followed by something other than a string; an integer literal of 16 digits
-    or more); only those lines are parsed, to look at their top-level values.
-    """
-    string_ids = [name for name in ids if dataset.schema[name] == pl.String]
-    reward_type = dataset.schema[reward]
-    float_reward = reward_type == pl.Float64 or reward_type == pl.List(pl.Float64)
-    for index, path in enumerate(dataset.files):
-        for name in string_ids:
-            for line in _lines_matching(dataset.source(index), _value_after_key(name)):
-                value = json.loads(line).get(name)
-                if value is not None and not isinstance(value, str):
-                    raise AdvcliError(f"{dataset.label(index)} {_mixed_ids(path, name, line)}")
-        if float_reward:
-            for line in _lines_matching(dataset.source(index), LONG_INTEGER):
-                too_large = _beyond_exact(json.loads(line).get(reward))
-                if too_large is not None:
-                    raise AdvcliError(
-                        f"{dataset.label(index)} line {_line_number(path, line)}: column "
-                        f"'{reward}' holds the integer {too_large}, beyond 2^53, which float64 "
-                        "cannot hold exactly; advcli would round it"
-                    )
-
-
-# An integer literal that may be beyond 2^53 (16 digits or more, no fraction or exponent).
-LONG_INTEGER = r"(^|[^\w.])-?\d{16,}([^\w.]|$)"
-
-
-def _value_after_key(name: str) -> str:
-    """``"name":`` followed by the first character of a value that is not a string or null."""
-    return re.escape(json.dumps(name, ensure_ascii=False)) + r"\s*:\s*[^\"\sn]"
-
-
-def _lines_matching(source: str, pattern: str) -> Iterator[str]:
-    """The lines of a text file (by its native name: :class:`NativeNames`) that match
-    ``pattern``, found by Polars batch by batch (a NUL byte, the separator, cannot occur in JSON
-    text)."""
-    lines = pl.scan_csv(
-        source,
-        glob=False,
-        has_header=False,
-        separator="\x00",
-        quote_char=None,
-        new_columns=["line"],
-        schema={"line": pl.String},
-    )
-    for batch in lines.filter(pl.col("line").str.contains(pattern)).collect_batches():
-        yield from batch["line"]
-
-
-def _line_number(path: Path, line: str) -> int:
-    """The 1-based number of the first line of ``path`` that is ``line`` (error path only)."""
-    with path.open(encoding="utf-8") as lines:
-        return next(n for n, text in enumerate(lines, start=1) if text.rstrip("\r\n") == line)
-
-
-def _beyond_exact(value: Any) -> int | None:
-    """An integer in ``value`` (a number or a list of them) that float64 cannot hold exactly."""
-    values = value if isinstance(value, list) else [value]
-    return next(
-        (
-            v
-            for v in values
-            if isinstance(v, int) and not isinstance(v, bool) and abs(v) > EXACT_INTEGER_LIMIT
-        ),
-        None,
-    )
-
-
-def _mixed_ids(path: Path, name: str, line: str) -> str:
-    """The message for an id column whose ``line`` holds a value other than a string, naming the
-    first line with a string."""
-    number, value = _line_number(path, line), json.loads(line)[name]
-    kind = {bool: "a boolean", list: "a list", dict: "an object"}.get(type(value), "a number")
-    with path.open(encoding="utf-8") as lines:
-        for text_line, text in enumerate(lines, start=1):
-            found = json.loads(text).get(name) if text.strip() else None
-            if isinstance(found, str):
-                return (
-                    f"line {number}: column '{name}' mixes JSON strings with other values (line "
-                    f"{text_line} holds {json.dumps(found)}, line {number} {kind}, "
-                    f"{json.dumps(value)}); advcli would read both as text: give the ids one "
-                    "JSON type"
-                )
-    return f"line {number}: column '{name}' mixes JSON strings with other values"
 
 
 def _check_schemas_agree(files: Sequence[str], schemas: Sequence[pl.Schema]) -> None:

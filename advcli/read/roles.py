@@ -27,17 +27,9 @@ from dataclasses import replace
 import polars as pl
 
 from advcli.errors import AdvcliError, MissingRoles
-from advcli.read.columns import (
-    DIALECTS,
-    OPTIONS,
-    ColumnRoles,
-    Role,
-    can_hold,
-    is_id_type,
-    named_like,
-    resolve_columns,
-    sequence_of,
-)
+from advcli.read.columns import ColumnRoles, resolve_columns
+from advcli.read.dialects import DIALECTS, OPTIONS, Role, named_like
+from advcli.read.dtypes import can_hold, is_id_type, is_number, sequence_of
 from advcli.settings import ColumnNames
 
 # Reads the named columns in input order: every row, or the first ``limit``.
@@ -66,27 +58,23 @@ def read_roles(
     something (see the module's text). ``values`` reads columns of the dump; it is called only
     when a check or an error needs it. ``not_turns``: columns that are known not to be the turn
     (the ``--by`` step column)."""
-    options = {
-        "group": names.group,
-        "trajectory": names.trajectory,
-        "turn": names.turn,
-        "reward": names.reward,
-        "mask": names.mask,
-        "group_size": names.group_size,
-        "mask_needed_for": mask_needed_for,
-        "not_turns": not_turns,
-        "named_in": names.named_in,
-    }
     try:
-        roles = resolve_columns(schema, where, **options)  # type: ignore[arg-type]
+        roles = resolve_columns(
+            schema, where, names, mask_needed_for=mask_needed_for, not_turns=not_turns
+        )
     except MissingRoles as missing:
         raise _ranked(missing, schema, values, names) from None
     if roles.trajectory is None and not roles.trajectory_from_last_step:
         found = _trajectory_in_values(schema, where, roles, values, not_turns)
         if found is not None:
             column, why = found
-            options["trajectory"] = column
-            roles = resolve_columns(schema, where, **options)  # type: ignore[arg-type]
+            roles = resolve_columns(
+                schema,
+                where,
+                replace(names, trajectory=column),
+                mask_needed_for=mask_needed_for,
+                not_turns=not_turns,
+            )
             roles = replace(roles, reasons={**roles.reasons, "trajectory": why})
     if roles.turn is not None and "turn" in roles.by_name and _is_step(roles.turn):
         _check_not_a_training_step(where, roles, values)
@@ -117,7 +105,7 @@ def _trajectory_in_values(
     turn_like = [
         name
         for name in schema.names()
-        if name not in taken and _is_number(schema[name]) and _says("turn", name)
+        if name not in taken and is_number(schema[name]) and _says("turn", name)
     ]
     if not trajectory_like and not turn_like:
         return None
@@ -188,10 +176,6 @@ def _says(role: Role, name: str) -> bool:
 def _is_step(name: str) -> bool:
     """``step``, ``step_idx``…: a training step as often as an environment step."""
     return name.lower().lstrip("_").startswith("step")
-
-
-def _is_number(dtype: pl.DataType) -> bool:
-    return dtype.is_numeric() and dtype != pl.Boolean
 
 
 def _group_key(roles: ColumnRoles, rows: int) -> pl.Expr:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import polars as pl
 import pyarrow as pa
@@ -16,15 +16,22 @@ from polars.io.plugins import register_io_source
 
 from advcli.errors import AdvcliError, first_line
 
-if TYPE_CHECKING:
-    from advcli.read.inputs import Dataset
-
 # Parquet is read in Arrow record batches of about this many values (list elements count one
 # each), whatever the width of the rows: some 50 MB of token data a batch.
 BATCH_VALUES = 8_000_000
 
 
-def scan_parquet(dataset: Dataset) -> pl.LazyFrame:
+@dataclass(frozen=True)
+class ScannedFile:
+    """What a scan needs of one input file: the name Polars and Arrow open it by, its name in
+    messages, and the rows it held when it was opened (a scan that reads another count fails)."""
+
+    source: str
+    label: str
+    rows: int
+
+
+def scan_parquet(files: Sequence[ScannedFile], schema: pl.Schema) -> pl.LazyFrame:
     """Parquet files as a Polars LazyFrame whose batches Arrow decodes.
 
     Arrow's Parquet reader decodes list columns about twice as fast as Polars' (the token lists of
@@ -40,11 +47,11 @@ def scan_parquet(dataset: Dataset) -> pl.LazyFrame:
         n_rows: int | None,
         batch_size: int | None,
     ) -> _Source:
-        opened = _Source(_parquet_frames(dataset, with_columns, predicate, n_rows))
+        opened = _Source(_parquet_frames(files, with_columns, predicate, n_rows))
         _OPEN_SOURCES.append(opened)
         return opened
 
-    return register_io_source(source, schema=dataset.schema)
+    return register_io_source(source, schema=schema)
 
 
 class _Source:
@@ -80,7 +87,8 @@ _OPEN_SOURCES: list[_Source] = []
 
 @contextlib.contextmanager
 def closing_sources() -> Iterator[None]:
-    """Run Polars queries over :meth:`Dataset.scan`; end their Parquet scans when the block ends."""
+    """Run Polars queries over :func:`scan_parquet` or :func:`scan_arrow_stream` (what
+    ``Dataset.scan`` returns); end their Parquet scans when the block ends."""
     try:
         yield
     finally:
@@ -106,7 +114,10 @@ def open_parquet(path: Path | str) -> pq.ParquetFile:
 
 
 def _parquet_frames(
-    dataset: Dataset, columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None
+    files: Sequence[ScannedFile],
+    columns: list[str] | None,
+    predicate: pl.Expr | None,
+    n_rows: int | None,
 ) -> Generator[pl.DataFrame, None, None]:
     """The files' rows in batches, with the selection, filter and limit applied.
 
@@ -115,12 +126,12 @@ def _parquet_frames(
     6 ms per 40 MB of strings.
     """
     remaining = n_rows
-    for index in range(len(dataset.files)):
+    for file in files:
         if remaining == 0:
             return
         read = 0
         try:
-            with open_parquet(dataset.source(index)) as parquet_file:
+            with open_parquet(file.source) as parquet_file:
                 rows = _batch_rows(parquet_file.metadata)
                 for batch in parquet_file.iter_batches(batch_size=rows, columns=columns):
                     batch.validate(full=True)
@@ -135,18 +146,16 @@ def _parquet_frames(
                     if remaining == 0:
                         return
         except (pa.ArrowException, OSError) as error:
-            raise AdvcliError(
-                f"{dataset.label(index)}: cannot read the file ({first_line(error)})"
-            ) from None
+            raise AdvcliError(f"{file.label}: cannot read the file ({first_line(error)})") from None
         # Row numbers, and so every row's advantage, rest on the counts read from the footers.
-        if read != dataset.row_counts[index]:
+        if read != file.rows:
             raise AdvcliError(
-                f"{dataset.label(index)}: the file holds {read:,} rows but its footer counts "
-                f"{dataset.row_counts[index]:,}; the file is damaged"
+                f"{file.label}: the file holds {read:,} rows but its footer counts "
+                f"{file.rows:,}; the file is damaged"
             )
 
 
-def scan_arrow_stream(dataset: Dataset) -> pl.LazyFrame:
+def scan_arrow_stream(files: Sequence[ScannedFile], schema: pl.Schema) -> pl.LazyFrame:
     """Arrow IPC stream files (Polars scans IPC *files* only) as a LazyFrame, each file
     memory-mapped and read batch by batch as it was written, with the selection, filter and
     limit applied as :func:`scan_parquet` applies them. Run queries on it inside
@@ -158,23 +167,26 @@ def scan_arrow_stream(dataset: Dataset) -> pl.LazyFrame:
         n_rows: int | None,
         batch_size: int | None,
     ) -> _Source:
-        opened = _Source(_stream_frames(dataset, with_columns, predicate, n_rows))
+        opened = _Source(_stream_frames(files, with_columns, predicate, n_rows))
         _OPEN_SOURCES.append(opened)
         return opened
 
-    return register_io_source(source, schema=dataset.schema)
+    return register_io_source(source, schema=schema)
 
 
 def _stream_frames(
-    dataset: Dataset, columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None
+    files: Sequence[ScannedFile],
+    columns: list[str] | None,
+    predicate: pl.Expr | None,
+    n_rows: int | None,
 ) -> Generator[pl.DataFrame, None, None]:
     """The stream files' rows in batches, validated and counted as Parquet's are
     (:func:`_parquet_frames`)."""
     remaining = n_rows
-    for index in range(len(dataset.files)):
+    for file in files:
         read = 0
         try:
-            with pa.memory_map(dataset.source(index)) as mapped:
+            with pa.memory_map(file.source) as mapped:
                 for batch in pa.ipc.open_stream(mapped):
                     if remaining == 0:
                         return
@@ -188,13 +200,11 @@ def _stream_frames(
                         remaining -= frame.height
                     yield frame
         except (pa.ArrowException, OSError) as error:
+            raise AdvcliError(f"{file.label}: cannot read the file ({first_line(error)})") from None
+        if read != file.rows:
             raise AdvcliError(
-                f"{dataset.label(index)}: cannot read the file ({first_line(error)})"
-            ) from None
-        if read != dataset.row_counts[index]:
-            raise AdvcliError(
-                f"{dataset.label(index)}: the stream holds {read:,} rows but held "
-                f"{dataset.row_counts[index]:,} when it was opened; the file changed"
+                f"{file.label}: the stream holds {read:,} rows but held "
+                f"{file.rows:,} when it was opened; the file changed"
             )
 
 

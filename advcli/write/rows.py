@@ -27,7 +27,9 @@ from advcli.errors import AdvcliError, first_line
 from advcli.keys import ROW, SCORE
 from advcli.names import native_name
 from advcli.read.columns import OUTPUT_COLUMNS, ColumnRoles, unused_name
-from advcli.read.inputs import FOLDER_SUFFIXES, STDIN, Dataset
+from advcli.read.dataset import Dataset
+from advcli.read.formats import FOLDER_SUFFIXES
+from advcli.read.inputs import STDIN
 from advcli.read.scan import closing_sources
 from advcli.settings import OutputFormat
 from advcli.write.atomic import atomic_output, check_output_path, writes_in_place

@@ -1,0 +1,182 @@
+"""The input files of one format read as one table (:class:`Dataset`), and what tells that each
+is still the file that was opened (:class:`FileIdentity`)."""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import glob
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from advcli.errors import AdvcliError, InputChanged, first_line
+from advcli.names import NativeNames, shown_path
+from advcli.read.formats import InputFormat
+from advcli.read.scan import ScannedFile, closing_sources, scan_arrow_stream, scan_parquet
+
+GLOB_CHARS = frozenset("*?[")
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """What tells that a path still names the file advcli opened: its device and inode (a file
+    renamed over it has others), its size and its modification time (a rewrite in place, an
+    append, change them)."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> FileIdentity | None:
+        """The identity of the file at ``path`` now; None when there is none (removed)."""
+        try:
+            info = os.stat(path)
+        except OSError:
+            return None
+        return cls(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+    def change_to(self, now: FileIdentity | None) -> str | None:
+        """What differs in ``now``, in words; None when nothing does."""
+        if now is None:
+            return "it was removed"
+        changes = []
+        if now.device != self.device:
+            changes.append(f"device {self.device}, now {now.device}")
+        if now.inode != self.inode:
+            changes.append(f"inode {self.inode}, now {now.inode}")
+        if now.size != self.size:
+            changes.append(f"size {self.size:,} bytes, now {now.size:,}")
+        if now.mtime_ns != self.mtime_ns:
+            changes.append(f"mtime {_clock(self.mtime_ns)}, now {_clock(now.mtime_ns)}")
+        return "; ".join(changes) or None
+
+
+def _clock(ns: int) -> str:
+    """A modification time to the nanosecond, in local time."""
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ns // 10**9))}.{ns % 10**9:09d}"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Input files of one format read as one table, rows numbered across files in the order
+    given. ``labels`` name the files in messages (``<stdin>`` for standard input); ``folders``
+    are the directories among the inputs (:func:`input_folders`); ``identities`` are the
+    files' identities when they were opened (:meth:`check_unchanged`)."""
+
+    files: tuple[Path, ...]
+    schema: pl.Schema
+    row_counts: tuple[int, ...]
+    input_format: InputFormat = "parquet"
+    labels: tuple[str, ...] = ()
+    folders: tuple[Path, ...] = ()
+    # What Polars and Arrow open each file by (see NativeNames); the paths themselves if None.
+    native: NativeNames | None = field(default=None, compare=False, repr=False)
+    identities: tuple[FileIdentity, ...] = ()
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.row_counts)
+
+    def scan(self) -> pl.LazyFrame:
+        """The files as one LazyFrame (Parquet decoded by Arrow: see :func:`scan_parquet`; an
+        Arrow IPC stream, which Polars cannot scan: :func:`scan_arrow_stream`). It may read a
+        file through a descriptor the dataset holds (:class:`~advcli.names.NativeNames`): keep
+        the dataset until the query has run."""
+        files = [self.source(index) for index in range(len(self.files))]
+        if self.input_format == "json":
+            return pl.scan_ndjson([as_pattern(name) for name in files], schema=self.schema)
+        if self.input_format == "arrow":
+            return pl.scan_ipc(files, glob=False)
+        scanned = [
+            ScannedFile(self.source(index), self.label(index), rows)
+            for index, rows in enumerate(self.row_counts)
+        ]
+        if self.input_format == "arrow_stream":
+            return scan_arrow_stream(scanned, self.schema)
+        return scan_parquet(scanned, self.schema)
+
+    def source(self, index: int) -> str:
+        """The name Polars and Arrow open file ``index`` by."""
+        return self.native.names[index] if self.native else str(self.files[index])
+
+    def read_columns(self, names: Sequence[str], limit: int | None = None) -> pl.DataFrame:
+        """The named columns in input order, every row or the first ``limit`` (small columns
+        only: ids, flags)."""
+        scan = self.scan().select(list(names))
+        try:
+            with closing_sources():
+                return (scan if limit is None else scan.head(limit)).collect(engine="streaming")
+        except pl.exceptions.PolarsError as error:
+            listed = ", ".join(f"'{name}'" for name in names)
+            raise AdvcliError(
+                f"{self.describe()}: cannot read the columns {listed} ({first_line(error)})"
+            ) from None
+
+    def file_numbers(self) -> pl.Series:
+        """Each input row's file, as its position among ``files`` (``file``, one per row)."""
+        return pl.Series("file", np.repeat(np.arange(len(self.files)), self.row_counts))
+
+    def file_of(self, row: int) -> int:
+        """The index of the file that holds global row number ``row``."""
+        starts = np.cumsum((0, *self.row_counts[:-1])).tolist()
+        return bisect.bisect_right(starts, row) - 1
+
+    def changed_input(self) -> InputChanged | None:
+        """The error for the first input that is no longer the file that was opened (renamed
+        over, rewritten, appended to, removed); None when every input is as it was."""
+        for index, (path, identity) in enumerate(zip(self.files, self.identities, strict=True)):
+            change = identity.change_to(FileIdentity.of(path))
+            if change is not None:
+                return InputChanged(self.label(index), change)
+        return None
+
+    def check_unchanged(self) -> None:
+        """Raise :class:`InputChanged` if an input changed since it was opened. Called after
+        the last read of an input and before anything derived from it is published: every read
+        in between saw the files as they were opened. (A change that keeps the size and lands
+        within the filesystem's timestamp granularity of the previous write is not seen.)"""
+        changed = self.changed_input()
+        if changed is not None:
+            raise changed
+
+    @contextlib.contextmanager
+    def changes_reported(self) -> Iterator[None]:
+        """Report an error raised in the block as the change of an input, when one changed: a
+        row count that no longer matches, a half-written line or a file gone come from that."""
+        try:
+            yield
+        except InputChanged:
+            raise
+        except Exception:
+            changed = self.changed_input()
+            if changed is None:
+                raise
+            raise changed from None
+
+    def label(self, index: int) -> str:
+        return self.labels[index] if self.labels else shown_path(self.files[index])
+
+    def describe(self) -> str:
+        """The inputs in one phrase, for messages."""
+        first = self.label(0)
+        return first if len(self.files) == 1 else f"{first} (and {len(self.files) - 1} more)"
+
+    def locate(self, row: int) -> str:
+        """Name a global row number as ``file row k`` (k counted from 0 within that file)."""
+        file_number = self.file_of(row)
+        start = sum(self.row_counts[:file_number])
+        return f"{self.label(file_number)} row {row - start}"
+
+
+def as_pattern(name: str) -> str:
+    """A file name as a glob pattern that matches only that file, for Polars' JSON reader, which
+    reads every name as a pattern (``step[1].jsonl`` would match no file, ``a*.jsonl`` others)."""
+    return glob.escape(name) if GLOB_CHARS & set(name) else name

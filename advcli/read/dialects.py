@@ -1,0 +1,198 @@
+"""The trainers' dialects: each trainer's names for the roles (group, trajectory, turn, reward,
+mask) as its batch holds them, which dialect a schema speaks, and the names people give a role by
+hand (:func:`named_like`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import polars as pl
+
+Role = Literal["group", "trajectory", "turn", "reward", "mask"]
+ROLES: tuple[Role, ...] = ("group", "trajectory", "turn", "reward", "mask")
+# The option that names each role's column.
+OPTIONS: dict[Role, str] = {
+    "group": "--group-col",
+    "trajectory": "--traj-col",
+    "turn": "--turn-col",
+    "reward": "--reward-col",
+    "mask": "--mask-col",
+}
+
+VERL_REWARDS = ("token_level_rewards", "token_level_scores")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One trainer's names for the roles, as its batch holds them.
+
+    A dump speaks a dialect when it has every column of ``signature``. Each role lists the
+    trainer's names for it; an empty ``trajectory`` means each row is a whole trajectory (the
+    trainer keeps a multi-turn episode in one row), an empty ``group`` that the groups are
+    contiguous blocks of rows (``--group-size``).
+    """
+
+    trainer: str
+    signature: tuple[str, ...]
+    group: tuple[str, ...]
+    trajectory: tuple[str, ...]
+    turn: tuple[str, ...] = ()
+    reward: tuple[str, ...] = VERL_REWARDS
+    mask: tuple[str, ...] = ("response_mask",)
+    # advcli's names that mean something else in this trainer's batch, never read for a role.
+    not_read: tuple[str, ...] = ()
+    # Columns a dump of this dialect never has: a dump with one speaks another dialect.
+    excludes: tuple[str, ...] = ()
+    # The trainer's flag of a trajectory's last step (SkyRL's step-wise batches): a trajectory's
+    # score is that row's reward, as the trainer's estimator reads it.
+    last_step: tuple[str, ...] = ()
+    # With no trajectory column: a trajectory is a run of rows ending at a last-step row.
+    trajectory_from_last_step: bool = False
+    # The ids (a regular expression, matched whole) of the rows a trainer pads its batch with.
+    padding_ids: str | None = None
+
+    def names(self, role: Role) -> tuple[str, ...]:
+        return tuple(getattr(self, role))
+
+
+# The trainers' dialects, in the order of the docs' trainers table. The most specific dialect a
+# dump speaks (the one whose signature holds every other matching signature) decides; two that
+# neither contains are an error, so no order here is ever a tie-break.
+ADVCLI = Dialect(
+    "advcli",
+    ("data_id", "rollout_id"),
+    group=("data_id",),
+    trajectory=("rollout_id",),
+    turn=("turn_index",),
+    reward=("token_level_rewards", "score", "reward"),
+    mask=("response_mask", "response_length"),
+)
+DIALECTS = (
+    ADVCLI,
+    Dialect(
+        "agent-lightning",
+        ("data_id_list", "rollout_id_list"),
+        group=("data_id_list",),
+        trajectory=("rollout_id_list",),
+        turn=("turn_index_list",),
+    ),
+    Dialect("verl-agent", ("uid", "traj_uid"), group=("uid",), trajectory=("traj_uid",)),
+    Dialect("verl (v1 multi-trajectory)", ("uid", "session_id"), ("uid",), ("session_id",)),
+    Dialect("verl", ("uid",), group=("uid",), trajectory=()),
+    Dialect(
+        "SkyRL",
+        ("uids", "trajectory_ids"),
+        group=("uids",),
+        trajectory=("trajectory_ids",),
+        reward=("rewards",),
+        mask=("loss_mask",),
+        # SkyRL's response_mask covers every response token; its loss mask is loss_mask.
+        not_read=("response_mask",),
+        last_step=("is_last_step",),
+        # pad_batch appends rows with uids and trajectory_ids "pad0", "pad1", ... and loss_mask 0.
+        padding_ids=r"pad\d+",
+    ),
+    Dialect(
+        # skyrl 0.4.0 stores no trajectory_ids: its step-wise advantage recovers trajectories from
+        # is_last_step alone, and so does advcli.
+        "SkyRL 0.4.0",
+        ("uids", "is_last_step"),
+        group=("uids",),
+        trajectory=(),
+        reward=("rewards",),
+        mask=("loss_mask",),
+        not_read=("response_mask",),
+        excludes=("trajectory_ids",),
+        last_step=("is_last_step",),
+        trajectory_from_last_step=True,
+        padding_ids=r"pad\d+",
+    ),
+    Dialect(
+        "rLLM",
+        ("episode_ids", "trajectory_ids"),
+        group=("trajectory_ids",),
+        trajectory=("episode_ids",),
+        reward=("traj_rewards",),
+    ),
+    Dialect("rLLM (AgentPPOTrainer)", ("uid", "idxs"), group=("uid",), trajectory=("idxs",)),
+    Dialect(
+        "OpenRLHF",
+        ("action_mask",),
+        group=(),
+        trajectory=(),
+        reward=("rewards",),
+        mask=("action_mask",),
+    ),
+    Dialect(
+        "TRL",
+        ("completion_mask",),
+        group=(),
+        trajectory=(),
+        reward=("rewards",),
+        mask=("completion_mask",),
+    ),
+)
+
+# Where a trainer makes one column from another, both may be in its batch; the derived one is
+# what its estimators read. verl: token_level_rewards = token_level_scores - the KL penalty.
+DERIVED_FROM = {"token_level_rewards": "token_level_scores"}
+
+
+# Names people and trainers give a role, compared with case and separators dropped
+# ("ConversationID", "episode_idx", "rollout_uuid"): a stem, then an id suffix.
+_ID_SUFFIX = "(id|ids|idx|index|uuid|uid|key|no|num|number)"
+NAME_PATTERNS: dict[Role, re.Pattern[str]] = {
+    "group": re.compile(f"(group|prompt|question|task|instance|problem|query){_ID_SUFFIX}?"),
+    "trajectory": re.compile(
+        f"(traj|trajectory|rollout|episode|session|conversation|convo|dialog|dialogue){_ID_SUFFIX}?"
+    ),
+    # Not "ids": rLLM's step_ids are strings that name a step.
+    "turn": re.compile("(turn|step)(id|idx|index|no|num|number)?"),
+    "reward": re.compile("(reward|rewards|score|scores|return)"),
+    "mask": re.compile("(mask|responsemask|lossmask|actionmask)"),
+}
+
+
+def named_like(role: Role, name: str) -> bool:
+    """Whether ``name`` says ``role`` (any case; ``_id``, ``_idx``, ``_uuid``, ``Id`` forms)."""
+    return NAME_PATTERNS[role].fullmatch(re.sub(r"[^a-z0-9]", "", name.lower())) is not None
+
+
+def dialect_of(schema: pl.Schema) -> tuple[Dialect | None, tuple[Dialect, Dialect] | None]:
+    """The dialect with the widest signature the schema has (and None), or, when two tie,
+    (None, the two)."""
+    columns = set(schema.names())
+    matching = [
+        d for d in DIALECTS if set(d.signature) <= columns and not columns & set(d.excludes)
+    ]
+    if not matching:
+        return None, None
+    widest = max(len(d.signature) for d in matching)
+    top = [d for d in matching if len(d.signature) == widest]
+    if len(top) > 1:
+        return None, (top[0], top[1])
+    return top[0], None
+
+
+def signed(dialect: Dialect) -> str:
+    """The trainer with its signature, for messages: ``verl's (uid)``."""
+    return f"{dialect.trainer}'s ({', '.join(dialect.signature)})"
+
+
+def all_names(role: Role) -> tuple[str, ...]:
+    """Every dialect's names for ``role``, for a dump that speaks none of them; a name that
+    another dialect gives another role (rLLM's group ``trajectory_ids`` is SkyRL's trajectory)
+    is left out, since without the dialect it says nothing."""
+    elsewhere = {
+        name for d in DIALECTS for other in ROLES if other != role for name in d.names(other)
+    }
+    return tuple(
+        dict.fromkeys(name for d in DIALECTS for name in d.names(role) if name not in elsewhere)
+    )
+
+
+def trainer_of(name: str) -> str:
+    """The first trainer (in the table's order) whose dialect names the column ``name``."""
+    return next(d.trainer for d in DIALECTS if any(name in d.names(role) for role in ROLES))

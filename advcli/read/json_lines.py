@@ -1,0 +1,153 @@
+"""The JSON-lines checks that need the raw text: the line that is not a JSON object (or holds
+``NaN``), and what Polars' JSON reader would silently change (ids of mixed JSON types, integers
+beyond 2^53 in a float reward)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from advcli.errors import AdvcliError
+from advcli.read.dataset import Dataset
+from advcli.rules import EXACT_INTEGER_LIMIT
+
+
+def first_bad_line(path: Path) -> str | None:
+    """``line K: …`` for the first line of a JSON-lines file that is not a JSON object (a
+    line-by-line parse, on the error path only), or None."""
+    try:
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line, parse_constant=_NotJson)
+                except json.JSONDecodeError as error:
+                    return f"line {number}: not valid JSON ({error.msg} at column {error.colno})"
+                if not isinstance(value, dict):
+                    return f"line {number}: not a JSON object"
+                for name, item in value.items():
+                    literal = _not_json(item)
+                    if literal is not None:
+                        return (
+                            f"line {number}: column '{name}' holds {literal}, which is not JSON "
+                            "(JSON has no NaN or infinity); write null or a number"
+                        )
+    except UnicodeDecodeError as error:
+        return f"byte {error.start}: not UTF-8 text"
+    except OSError:
+        return None
+    return None
+
+
+class _NotJson(str):
+    """``NaN``, ``Infinity`` or ``-Infinity``: literals Python's JSON parser takes (and Polars'
+    refuses, without saying where), kept to name the column that holds one."""
+
+
+def _not_json(value: Any) -> str | None:
+    """The first ``NaN``/``Infinity`` literal in a line's value (also inside lists and objects)."""
+    if isinstance(value, _NotJson):
+        return str(value)
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return next((found for item in items if (found := _not_json(item)) is not None), None)
+
+
+def check_json_lines(dataset: Dataset, ids: Sequence[str], reward: str) -> None:
+    """What Polars' JSON reader would silently change, refused with the line that shows it.
+
+    - An id column read as strings that also holds other JSON values: Polars turns ``0``,
+      ``true``, ``[1]`` or ``{"k": 1}`` into the text ``"0"``, ``"true"``…, so they would join
+      the group of that string.
+    - A float reward column holding an integer literal beyond 2^53: it is rounded when read.
+
+    Polars reads each file once more as plain lines and finds the candidates with a regular
+    expression (a key followed by something other than a string; an integer literal of 16 digits
+    or more); only those lines are parsed, to look at their top-level values.
+    """
+    string_ids = [name for name in ids if dataset.schema[name] == pl.String]
+    reward_type = dataset.schema[reward]
+    float_reward = reward_type == pl.Float64 or reward_type == pl.List(pl.Float64)
+    for index, path in enumerate(dataset.files):
+        for name in string_ids:
+            for line in _lines_matching(dataset.source(index), _value_after_key(name)):
+                value = json.loads(line).get(name)
+                if value is not None and not isinstance(value, str):
+                    raise AdvcliError(f"{dataset.label(index)} {_mixed_ids(path, name, line)}")
+        if float_reward:
+            for line in _lines_matching(dataset.source(index), LONG_INTEGER):
+                too_large = _beyond_exact(json.loads(line).get(reward))
+                if too_large is not None:
+                    raise AdvcliError(
+                        f"{dataset.label(index)} line {_line_number(path, line)}: column "
+                        f"'{reward}' holds the integer {too_large}, beyond 2^53, which float64 "
+                        "cannot hold exactly; advcli would round it"
+                    )
+
+
+# An integer literal that may be beyond 2^53 (16 digits or more, no fraction or exponent).
+LONG_INTEGER = r"(^|[^\w.])-?\d{16,}([^\w.]|$)"
+
+
+def _value_after_key(name: str) -> str:
+    """``"name":`` followed by the first character of a value that is not a string or null."""
+    return re.escape(json.dumps(name, ensure_ascii=False)) + r"\s*:\s*[^\"\sn]"
+
+
+def _lines_matching(source: str, pattern: str) -> Iterator[str]:
+    """The lines of a text file (by its native name: :class:`NativeNames`) that match
+    ``pattern``, found by Polars batch by batch (a NUL byte, the separator, cannot occur in JSON
+    text)."""
+    lines = pl.scan_csv(
+        source,
+        glob=False,
+        has_header=False,
+        separator="\x00",
+        quote_char=None,
+        new_columns=["line"],
+        schema={"line": pl.String},
+    )
+    for batch in lines.filter(pl.col("line").str.contains(pattern)).collect_batches():
+        yield from batch["line"]
+
+
+def _line_number(path: Path, line: str) -> int:
+    """The 1-based number of the first line of ``path`` that is ``line`` (error path only)."""
+    with path.open(encoding="utf-8") as lines:
+        return next(n for n, text in enumerate(lines, start=1) if text.rstrip("\r\n") == line)
+
+
+def _beyond_exact(value: Any) -> int | None:
+    """An integer in ``value`` (a number or a list of them) that float64 cannot hold exactly."""
+    values = value if isinstance(value, list) else [value]
+    return next(
+        (
+            v
+            for v in values
+            if isinstance(v, int) and not isinstance(v, bool) and abs(v) > EXACT_INTEGER_LIMIT
+        ),
+        None,
+    )
+
+
+def _mixed_ids(path: Path, name: str, line: str) -> str:
+    """The message for an id column whose ``line`` holds a value other than a string, naming the
+    first line with a string."""
+    number, value = _line_number(path, line), json.loads(line)[name]
+    kind = {bool: "a boolean", list: "a list", dict: "an object"}.get(type(value), "a number")
+    with path.open(encoding="utf-8") as lines:
+        for text_line, text in enumerate(lines, start=1):
+            found = json.loads(text).get(name) if text.strip() else None
+            if isinstance(found, str):
+                return (
+                    f"line {number}: column '{name}' mixes JSON strings with other values (line "
+                    f"{text_line} holds {json.dumps(found)}, line {number} {kind}, "
+                    f"{json.dumps(value)}); advcli would read both as text: give the ids one "
+                    "JSON type"
+                )
+    return f"line {number}: column '{name}' mixes JSON strings with other values"
