@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib.image
 import pytest
 from test_cli_compute import BAD_FRAMES
+
+pytest.importorskip("matplotlib")
 
 # Group "A": t1 (1 turn, score 1.0, 2 tokens), t2 (1 turn, 0.4, 2 tokens), t3 (4 turns, 0.0,
 # 1 token each). Group "B": one trajectory "s" of 3 turns scoring 3.0, 5 tokens each.
@@ -174,7 +175,7 @@ def test_markdown_and_plot(write_dump, run, tmp_path):
     assert "**Verdict.**" in text
     # A real PNG of the figure's size (16 × 9 inches at 100 dpi), with something drawn on it:
     # a fair share of its pixels are not the white background.
-    pixels = matplotlib.image.imread(plot)
+    pixels = pytest.importorskip("matplotlib.image").imread(plot)
     assert pixels.shape[:2] == (900, 1600)
     drawn = (pixels[..., :3] < 0.95).any(axis=-1).mean()
     assert drawn > 0.05, f"only {drawn:.1%} of the pixels are drawn"

@@ -10,13 +10,15 @@ import sys
 import numpy as np
 import polars as pl
 import pytest
-import torch
 from reference import reference_advantages
-from verl import DataProto
-from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from advcli.dump import write_batch
 from advcli.errors import AdvcliError
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("verl")
+from verl import DataProto  # noqa: E402
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # noqa: E402
 
 LENGTH = 6
 

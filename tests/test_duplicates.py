@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
-import torch
 from reference import reference_advantages
 from test_trainer_dumps import SEED, WIDTH, append, at, ids, mask_of, new_uuid, plan, stored
 from test_trainer_dumps import write_batch as write_torch_batch
+
+torch = pytest.importorskip("torch")
 
 # The data-parallel size the batch is padded to a multiple of.
 DIVISOR = 16

@@ -12,12 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-import matplotlib.image
 import polars as pl
+import pytest
 from conftest import dump_frame
 from typer.testing import CliRunner
 
 from advcli.cli.app import app
+
+pytest.importorskip("matplotlib")
 
 # Each hostile text, and how a Markdown cell writes it so that it renders as the text itself.
 MARKDOWN = {
@@ -94,7 +96,7 @@ def test_compare_shows_ids_literally_in_every_view(tmp_path):
         f"{text}/t{t}" for text in TEXTS for t in range(2)
     }
 
-    image = matplotlib.image.imread(files["png"])
+    image = pytest.importorskip("matplotlib.image").imread(files["png"])
     assert image.ndim == 3 and image.shape[0] > 100
     html = files["html"].read_text()
     assert "<script>" not in html and "&lt;script&gt;" in html
@@ -130,7 +132,7 @@ def test_step_labels_and_the_step_column_are_shown_literally(tmp_path):
     summary = json.loads(report_json.read_text())
     assert summary["by_step"]["by"] == column
     assert [entry["step"] for entry in summary["by_step"]["steps"]] == sorted(TEXTS)
-    assert matplotlib.image.imread(plot).ndim == 3
+    assert pytest.importorskip("matplotlib.image").imread(plot).ndim == 3
 
 
 def test_column_names_are_shown_literally(tmp_path):

@@ -9,7 +9,8 @@ import warnings
 import numpy as np
 import polars as pl
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # verl's imports warn (Ray's state API, no megatron)

@@ -12,12 +12,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
-import torch
 from reference import reference_advantages
 from test_trainer_dumps import SEED, WIDTH, append, error_line, skyrl_steps, write_batch
 
 from advcli.dump import write_batch as write_dump_of_batch
 from advcli.errors import AdvcliError
+
+torch = pytest.importorskip("torch")
 
 PADS = 3
 

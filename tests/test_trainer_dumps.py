@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import torch
+import pytest
 from reference import reference_advantages
+
+torch = pytest.importorskip("torch")
 
 SEED = 1234
 WIDTH = 32  # the padded response length L

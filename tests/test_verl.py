@@ -10,18 +10,21 @@ import warnings
 import numpy as np
 import polars as pl
 import pytest
-import torch
 from reference import reference_advantages
-from verl import DataProto
 
 from advcli.dump import write_batch
 from advcli.errors import AdvcliError
-from advcli.torch import (
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("verl")
+from verl import DataProto  # noqa: E402
+
+from advcli.torch import (  # noqa: E402
     RewardError,
     compute_grpo_outcome_advantage,
     compute_rloo_outcome_advantage,
 )
-from advcli.verl import compute_advantage
+from advcli.verl import compute_advantage  # noqa: E402
 
 with warnings.catch_warnings():
     # verl's trainer modules warn on import (Ray's state API, no megatron): not ours to fix.
