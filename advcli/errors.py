@@ -1,7 +1,7 @@
 """The one exception type advcli raises for bad input (and its kinds).
 
 The library raises :class:`AdvcliError` with a message that names the file, column and row (or
-trajectory key) at fault; only ``advcli.cli.app`` turns it into ``Error: …`` and an exit code.
+trajectory key) at fault; only ``advcli.cli.exits`` turns it into ``Error: …`` and an exit code.
 """
 
 from __future__ import annotations

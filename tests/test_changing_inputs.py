@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import dump_frame
 
-from advcli.cli import app as cli_app
+from advcli.cli import compute as cli_compute
 from advcli.cli.app import app
 from advcli.read.dataset import Dataset
 
@@ -167,7 +167,7 @@ def between_stages(monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]) 
     def progress(enabled: bool) -> Iterator[Callable[[str], None]]:
         yield lambda stage: change() if stage == "writing output" else None
 
-    monkeypatch.setattr(cli_app, "_stage_progress", progress)
+    monkeypatch.setattr(cli_compute, "_stage_progress", progress)
 
 
 def in_stage_3(monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]) -> None:

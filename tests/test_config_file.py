@@ -18,7 +18,8 @@ import typer
 from conftest import partials
 from reference import reference_advantages
 
-from advcli.cli.app import _savable, app
+from advcli.cli.app import app
+from advcli.cli.saved_options import savable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -427,7 +428,7 @@ def test_saved_keys_of_each_command():
         "threads",
     }
     math = {"estimator", "epsilon", "traj-score", "scale", "singleton", "engine", "address"}
-    saved = {name: set(_savable(commands[name])) for name in ("compute", "compare", "inspect")}
+    saved = {name: set(savable(commands[name])) for name in ("compute", "compare", "inspect")}
     assert saved == {
         "compute": shared
         | math

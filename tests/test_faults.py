@@ -708,7 +708,7 @@ main()
 ERROR_AFTER_INTERRUPT = """
 import os, signal, sys, types
 import typer
-from advcli.cli.app import reports_errors
+from advcli.cli.exits import reports_errors
 from advcli.errors import AdvcliError
 from advcli._runtime.signals import held
 

@@ -5,8 +5,9 @@ command (``[compare]``, or ``[tool.advcli.compare]`` in pyproject.toml) override
 command. Keys are the long option names without their dashes (``group-col = "prompt_id"``).
 
 This module reads and checks the file's shape and TOML types only: which keys a command has and
-how their values are converted and range-checked is the command line's (``advcli.cli.app``), so that
-a saved value is checked exactly as the same value typed as an option.
+how their values are converted and range-checked is the command line's
+(``advcli.cli.saved_options``), so that a saved value is checked exactly as the same value typed
+as an option.
 """
 
 from __future__ import annotations

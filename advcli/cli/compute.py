@@ -1,0 +1,264 @@
+"""``advcli compute``: advantages for every row of a dump, with a summary of the run on stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from advcli._runtime.process import use_threads
+from advcli._runtime.signals import held
+from advcli.cli.consoles import stderr
+from advcli.cli.exits import reports_errors
+from advcli.cli.options import (
+    DEFAULTS,
+    AddressOpt,
+    ConfigOpt,
+    DropDuplicatesOpt,
+    EngineOpt,
+    EpsilonOpt,
+    EstimatorOpt,
+    GroupCol,
+    GroupSize,
+    Inputs,
+    LevelOpt,
+    MaskCol,
+    RewardCol,
+    ScaleOpt,
+    SingletonOpt,
+    ThreadsOpt,
+    TrajCol,
+    TrajScoreOpt,
+    TurnCol,
+    dump_settings,
+)
+from advcli.settings import Engine, LossMode, OutputFormat
+
+if TYPE_CHECKING:
+    from advcli.pipeline import ComputeSummary
+
+Output = Annotated[
+    Path,
+    typer.Option(
+        "--output",
+        "-o",
+        help="Output file (.parquet, .arrow IPC file, .arrows IPC stream, .npz or .pt); '-' "
+        "writes an Arrow IPC stream to stdout (--format parquet for Parquet bytes).",
+    ),
+]
+FormatOpt = Annotated[
+    OutputFormat | None,
+    typer.Option("--format", help="Output format [default: from the output's extension]."),
+]
+LossWeightOpt = Annotated[
+    LossMode | None,
+    typer.Option(
+        "--loss-weight",
+        help="Also write each row's loss_weight under this loss aggregation: a plain sum of "
+        "loss_weight x per-token loss over the batch is that mode's loss.",
+    ),
+]
+LossScaleFactorOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--loss-scale-factor",
+        help="verl's loss_scale_factor H for seq-mean-token-sum-norm [default: the width of "
+        "a fixed-size mask].",
+    ),
+]
+NoTokensOpt = Annotated[
+    bool, typer.Option("--no-tokens", help="Leave out the per-token 'advantages' column.")
+]
+ReportOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--report",
+        help="Also write the bias report (.json or .md), from the same read of the input.",
+    ),
+]
+ByOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--by",
+        help="Each input file ('file') or each value of a column (e.g. step) is its own "
+        "batch: ids may repeat across them.",
+    ),
+]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
+
+# Progress shows only on a terminal, and only once the work has lasted this long.
+PROGRESS_DELAY_SECONDS = 1.0
+
+
+@reports_errors
+def compute_command(
+    ctx: typer.Context,
+    output: Output,
+    inputs: Inputs = None,
+    level: LevelOpt = DEFAULTS.level,
+    estimator: EstimatorOpt = DEFAULTS.estimator,
+    epsilon: EpsilonOpt = DEFAULTS.epsilon,
+    traj_score: TrajScoreOpt = None,
+    scale: ScaleOpt = None,
+    singleton: SingletonOpt = DEFAULTS.singleton,
+    group_col: GroupCol = None,
+    group_size: GroupSize = None,
+    traj_col: TrajCol = None,
+    turn_col: TurnCol = None,
+    reward_col: RewardCol = None,
+    mask_col: MaskCol = None,
+    output_format: FormatOpt = None,
+    loss_weight: LossWeightOpt = None,
+    loss_scale_factor: LossScaleFactorOpt = None,
+    no_tokens: NoTokensOpt = False,
+    report: ReportOpt = None,
+    by: ByOpt = None,
+    drop_duplicates: DropDuplicatesOpt = False,
+    force: ForceOpt = False,
+    engine: EngineOpt = Engine.LOCAL,
+    address: AddressOpt = None,
+    threads: ThreadsOpt = None,
+    config_path: ConfigOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Compute per-row and per-token advantages for a rollout dump.
+
+    Example: advcli compute rollouts.parquet -o advantages.parquet --level trajectory
+    """
+    settings = dump_settings(ctx)
+    use_threads(threads)
+    with held():  # Polars panics when a Ctrl-C lands inside its import
+        from advcli.pipeline import compute
+
+    with _stage_progress(not quiet) as on_stage:
+        summary = compute(
+            inputs or [],
+            output,
+            settings.config,
+            names=settings.names,
+            output_format=output_format,
+            tokens=not no_tokens,
+            force=force,
+            report_path=report,
+            on_stage=on_stage,
+            engine=engine,
+            address=address,
+            loss_weight=loss_weight,
+            loss_scale_factor=loss_scale_factor,
+            by=by,
+            drop_duplicates=drop_duplicates,
+        )
+    if not quiet:
+        _print_summary(summary, config_path, report)
+
+
+@contextlib.contextmanager
+def _stage_progress(enabled: bool) -> Iterator[Callable[[str], None] | None]:
+    """Yield a callback that names the stage being worked on, shown as a rich progress bar on
+    stderr; yield None when stderr is not a terminal or output is quiet."""
+    if not enabled or not stderr.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    stages = ("reading keys", "computing statistics", "writing output")
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("stage {task.completed:.0f}/{task.total:.0f}"),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+    )
+    task = progress.add_task(stages[0], total=len(stages))
+
+    def on_stage(stage: str) -> None:
+        progress.update(task, description=stage, completed=stages.index(stage))
+
+    timer = threading.Timer(PROGRESS_DELAY_SECONDS, progress.start)
+    timer.start()
+    try:
+        yield on_stage
+    finally:
+        timer.cancel()
+        progress.stop()
+
+
+def _print_summary(summary: ComputeSummary, config_path: Path | None, report: Path | None) -> None:
+    """The run's table on stderr, then what it noticed about duplicated rows and where the report
+    went."""
+    from advcli.report.views import visible
+
+    table = _summary_table(summary)
+    if config_path is not None:
+        table.add_row("config", Text(visible(config_path)))
+    stderr.print(table)
+    if summary.duplicate_rows and not summary.duplicates_confirmed:
+        stderr.print(
+            f"{summary.duplicate_rows:,} rows alike in keys, score and tokens: possible "
+            "copies (the dump has no token ids to confirm them), counted as rows"
+        )
+    elif summary.duplicate_rows and not summary.duplicates_dropped:
+        stderr.print(
+            f"{summary.duplicate_rows:,} duplicated rows counted as the trainer did; "
+            "--drop-duplicates to count each once"
+        )
+    if report is not None:
+        stderr.print(Text(f"report: {visible(report)}"))
+
+
+def _summary_table(summary: ComputeSummary) -> Table:
+    """The run's figures; text from the data or the command line is shown as plain text, ids
+    and column names shortened as the reports show them."""
+    from advcli.report.views import shown, visible
+
+    table = Table(title="advcli compute", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    config = summary.config
+    for name, value in [
+        ("rows", f"{summary.rows:,}"),
+        ("groups", f"{summary.groups:,}"),
+        ("trajectories", f"{summary.trajectories:,}"),
+        (f"singleton groups ({config.level.value} level)", f"{summary.singleton_groups:,}"),
+        (f"zero-std groups ({config.level.value} level)", f"{summary.zero_std_groups:,}"),
+        ("duplicate rows", _duplicate_rows(summary)),
+        ("level", config.level.value),
+        ("estimator", config.describe()),
+        ("read as", visible(summary.columns.read_as())),
+        *(
+            (
+                f"{role} column",
+                visible(f"{shown(entry['column'])}: {entry['why']}")
+                if entry["column"]
+                else visible(entry["why"]),
+            )
+            for role, entry in summary.columns.reading()["roles"].items()
+        ),
+        *(("note", visible(note)) for note in summary.columns.notes),
+        ("output", f"{visible(summary.output)} ({summary.output_format.value})"),
+        ("seconds", f"{summary.seconds:.2f} ({summary.threads} threads)"),
+    ]:
+        table.add_row(name, Text(value))
+    if summary.padding_rows:
+        table.add_row("padding rows (advantage 0)", f"{summary.padding_rows:,}")
+    if summary.replaced:
+        table.add_row("replaced input columns", Text(", ".join(map(shown, summary.replaced))))
+    return table
+
+
+def _duplicate_rows(summary: ComputeSummary) -> str:
+    if summary.duplicate_rows and summary.duplicates_dropped:
+        return (
+            f"{summary.duplicate_rows:,} (left out of the statistics; written with the "
+            "advantage of the row each copies)"
+        )
+    return f"{summary.duplicate_rows:,}"

@@ -1,0 +1,68 @@
+"""``advcli inspect``: a dump's column roles, counts, turns, scores and problems, from its key
+columns only."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from advcli._runtime.process import require_stdout, use_threads, write_stdout_text
+from advcli._runtime.signals import held
+from advcli.cli.consoles import stdout
+from advcli.cli.exits import reports_errors
+from advcli.cli.options import (
+    ConfigOpt,
+    GroupCol,
+    GroupSize,
+    Inputs,
+    MaskCol,
+    RewardCol,
+    ThreadsOpt,
+    TrajCol,
+    TurnCol,
+    dump_settings,
+)
+from advcli.names import printable
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")]
+
+
+@reports_errors
+def inspect_command(
+    ctx: typer.Context,
+    inputs: Inputs = None,
+    group_col: GroupCol = None,
+    group_size: GroupSize = None,
+    traj_col: TrajCol = None,
+    turn_col: TurnCol = None,
+    reward_col: RewardCol = None,
+    mask_col: MaskCol = None,
+    json_output: JsonOpt = False,
+    threads: ThreadsOpt = None,
+    config_path: ConfigOpt = None,
+) -> None:
+    """Look at a dump before computing: column roles, counts, turns, scores, and problems.
+
+    Reads only the key columns. Example: advcli inspect rollouts/ --json | jq .counts
+    """
+    require_stdout("the inspection")
+    use_threads(threads)
+    with held():  # Polars panics when a Ctrl-C lands inside its import
+        from advcli.pipeline import inspect
+
+    summary = inspect(inputs or [], dump_settings(ctx).names)
+    if config_path is not None:
+        summary["config"] = printable(str(config_path))
+    if json_output:
+        write_stdout_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", "the JSON")
+    else:
+        from advcli.cli.terminal import render_inspection
+        from advcli.report.views import visible
+
+        console = stdout()
+        render_inspection(summary, console)
+        if config_path is not None:
+            console.print(Text(f"config: {visible(config_path)}"))
