@@ -19,8 +19,9 @@ from typing import Any
 import polars as pl
 
 from advcli._runtime.process import copy_to_stdout
-from advcli.advantages.estimators import Advantages, Naming, compute_advantages
+from advcli.advantages.estimators import Advantages, compute_advantages
 from advcli.advantages.loss import token_weight, unwritable_weight
+from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import Trajectories, count_trajectories, index_trajectories
 from advcli.errors import AdvcliError, UsageError
 from advcli.keys import GROUP, ROW, SCORE, TOKENS
