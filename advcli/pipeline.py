@@ -20,6 +20,7 @@ import polars as pl
 
 from advcli._runtime.process import copy_to_stdout
 from advcli.advantages.estimators import Advantages, compute_advantages
+from advcli.advantages.levels import both_levels
 from advcli.advantages.loss import token_weight, unwritable_weight
 from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import Trajectories, count_trajectories, index_trajectories
@@ -31,7 +32,7 @@ from advcli.read.inputs import STDIN, Dataset, open_dataset
 from advcli.read.projection import check_unique_turns, key_projection, split_padding
 from advcli.read.roles import read_roles
 from advcli.read.scan import release_freed_memory
-from advcli.report.bias import BiasReport, TurnLevel, bias_report, by_step, turn_level
+from advcli.report.bias import BiasReport, bias_report, by_step
 from advcli.report.inspection import inspect_dump
 from advcli.report.render import render_html, render_json, render_markdown, write_plot, write_text
 from advcli.rules import RULES
@@ -66,18 +67,25 @@ class LoadedDump:
         """Each row's trajectory, found once for every use (both levels, the report)."""
         return index_trajectories(self.projection)
 
-    def advantages(self, config: AdvantageConfig) -> Advantages:
-        naming = Naming(
+    @property
+    def naming(self) -> Naming:
+        """How stage 2's errors name the dump's key columns, rows and files."""
+        return Naming(
             self.columns.group or "group",
             self.columns.trajectory or "row",
             self.dataset.locate,
             self.dataset.file_of,
             _turn_hint(self.columns),
         )
+
+    @property
+    def batch(self) -> str | None:
+        """With --by each step is its own batch, for the batch-wide quantities too."""
+        return self.steps.name if self.steps is not None else None
+
+    def advantages(self, config: AdvantageConfig) -> Advantages:
         trajectories = self.trajectories if config.level is Level.TRAJECTORY else None
-        # With --by each step is its own batch, for the batch-wide quantities too.
-        batch = self.steps.name if self.steps is not None else None
-        return compute_advantages(self.projection, config, naming, trajectories, batch)
+        return compute_advantages(self.projection, config, self.naming, trajectories, self.batch)
 
     def trajectory_count(self) -> int:
         """How many trajectories the dump holds: the index's count when it was made anyway (at
@@ -85,14 +93,6 @@ class LoadedDump:
         if "trajectories" in self.__dict__:  # functools.cached_property keeps it there
             return self.trajectories.count
         return count_trajectories(self.projection)
-
-    def both_levels(self, config: AdvantageConfig) -> tuple[TurnLevel, Advantages]:
-        """``config``'s estimator at both levels, for the report: the turn level summed over each
-        trajectory (its per-row result is let go first), and the trajectory level's result."""
-        # The index first: its sort then runs before the turn level's advantages are held.
-        trajectories = self.trajectories
-        turn = turn_level(self.advantages(replace(config, level=Level.TURN)), trajectories)
-        return turn, self.advantages(replace(config, level=Level.TRAJECTORY))
 
     def report_settings(self) -> dict[str, Any]:
         """What the report says of the input: its column roles, how it was read, and its
@@ -383,14 +383,14 @@ def compute(
         advantages = dump.advantages(config)
         report = None
         if report_path is not None:
-            if config.level is Level.TURN:
-                turn = turn_level(advantages, dump.trajectories)
-                trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
-            else:
-                turn = turn_level(
-                    dump.advantages(replace(config, level=Level.TURN)), dump.trajectories
-                )
-                trajectory = advantages
+            turn, trajectory = both_levels(
+                dump.projection,
+                config,
+                dump.naming,
+                dump.trajectories,
+                dump.batch,
+                computed=advantages,
+            )
             report = bias_report(
                 turn, trajectory, config=config, settings=report_settings(dump, drop_duplicates)
             )
@@ -615,7 +615,10 @@ def compare(
         )
         settings = report_settings(dump, drop_duplicates)
         steps = _step_order(dump, by) if by is not None else None
-        turn, trajectory = dump.both_levels(config)
+        # The index is made first: its sort runs before the turn level's advantages are held.
+        turn, trajectory = both_levels(
+            dump.projection, config, dump.naming, dump.trajectories, dump.batch
+        )
         # The report needs the trajectories only: the rows (and their index) go first.
         del dump
         trajectory = trajectory.without_index()
