@@ -18,7 +18,6 @@ from typing import Any
 
 import polars as pl
 
-from advcli._runtime.process import copy_to_stdout
 from advcli.advantages.estimators import Advantages, compute_advantages
 from advcli.advantages.levels import both_levels
 from advcli.advantages.loss import token_weight, unwritable_weight
@@ -37,17 +36,8 @@ from advcli.report.inspection import inspect_dump
 from advcli.report.render import render_html, render_json, render_markdown, write_plot, write_text
 from advcli.rules import RULES
 from advcli.settings import AdvantageConfig, ColumnNames, Engine, Level, LossMode, OutputFormat
-from advcli.write.atomic import writes_in_place
-from advcli.write.rows import check_output, replaced_columns, with_padding, write_advantages
-
-FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
-    ".parquet": OutputFormat.PARQUET,
-    ".pq": OutputFormat.PARQUET,
-    ".arrow": OutputFormat.ARROW,
-    ".arrows": OutputFormat.ARROWS,
-    ".npz": OutputFormat.NPZ,
-    ".pt": OutputFormat.PT,
-}
+from advcli.write.outputs import check_outputs, output_format_for, report_format_for, write_rows
+from advcli.write.rows import replaced_columns, with_padding
 
 
 @dataclass(frozen=True)
@@ -287,24 +277,6 @@ def opened(inputs: Sequence[str]) -> Iterator[Dataset]:
             yield dataset
 
 
-def output_format_for(output: Path, requested: OutputFormat | None) -> OutputFormat:
-    """The output format: ``requested`` if given, else the one its extension names."""
-    if requested is not None:
-        chosen = OutputFormat(requested)
-    elif str(output) == STDIN:
-        chosen = OutputFormat.ARROWS
-    elif output.suffix.lower() in FORMAT_BY_SUFFIX:
-        chosen = FORMAT_BY_SUFFIX[output.suffix.lower()]
-    else:
-        raise AdvcliError(
-            f"{output}: cannot tell the output format from the extension; use .parquet, .arrow, "
-            ".arrows, .npz or .pt, or pass --format"
-        )
-    if chosen == "pt" and importlib.util.find_spec("torch") is None:
-        raise AdvcliError(f"{output}: writing .pt needs torch: pip install 'advcli[torch]'")
-    return chosen
-
-
 def compute(
     inputs: Sequence[str],
     output: Path,
@@ -448,7 +420,7 @@ def compute(
             row_values = with_padding(row_values, dump.padding)
             del dump, every_row, duplicates, advantages
             release_freed_memory()
-            _write_local(dataset, summary.columns, row_values, output, fmt, tokens, force)
+            write_rows(dataset, summary.columns, row_values, output, fmt, tokens, force)
     if report is not None and report_path is not None:
         text = render_json(report) if report_kind == "json" else render_markdown(report)
         try:
@@ -499,63 +471,6 @@ def _estimator_needs_mask(config: AdvantageConfig) -> str | None:
     if RULES[config.estimator].counts_tokens:
         return f"{config.estimator.value} weighs rows by their tokens and needs one"
     return None
-
-
-def _write_local(
-    dataset: Dataset,
-    columns: ColumnRoles,
-    row_values: pl.DataFrame,
-    output: Path,
-    fmt: OutputFormat,
-    tokens: bool,
-    force: bool,
-) -> None:
-    if str(output) != STDIN:
-        write_advantages(
-            dataset, columns, row_values, output, output_format=fmt, tokens=tokens, force=force
-        )
-        return
-    # Written whole to a temporary file first, so that a failure sends nothing down the pipe.
-    with tempfile.TemporaryDirectory(prefix="advcli-stdout-") as folder:
-        staged = Path(folder) / f"out.{fmt.value}"
-        try:
-            write_advantages(dataset, columns, row_values, staged, output_format=fmt, tokens=tokens)
-        except AdvcliError as error:
-            raise AdvcliError(f"standard output: staging the output failed: {error}") from None
-        with staged.open("rb") as result:
-            copy_to_stdout(result)
-
-
-def report_format_for(path: Path) -> str:
-    """``json`` or ``markdown``, from a report path's extension."""
-    kind = {".json": "json", ".md": "markdown", ".markdown": "markdown"}.get(path.suffix.lower())
-    if kind is None:
-        raise AdvcliError(f"{path}: a report is .json or .md")
-    return kind
-
-
-def check_outputs(
-    outputs: Sequence[Path | None], dataset: Dataset, *, force: bool, engine: Engine = Engine.LOCAL
-) -> None:
-    """Check every file a command will write before any work is done; two outputs may not share
-    a path. The first output is a folder with the Ray engine."""
-    seen: set[Path] = set()
-    for position, output in enumerate(outputs):
-        if output is None or str(output) == STDIN:
-            continue
-        if writes_in_place(output) and not (engine == Engine.RAY and position == 0):
-            # /dev/null twice is fine: a device or pipe takes each output as it comes.
-            check_output(output, dataset, force=force)
-            continue
-        if output.resolve() in seen:
-            raise AdvcliError(f"{output}: named for two outputs; give each its own path")
-        seen.add(output.resolve())
-        folder_output = engine == Engine.RAY and position == 0
-        check_output(output, dataset, force=force, folder_output=folder_output)
-
-
-def _other_level(level: Level) -> Level:
-    return Level.TURN if level is Level.TRAJECTORY else Level.TRAJECTORY
 
 
 @dataclass(frozen=True)
