@@ -4,8 +4,9 @@ schema, one Parquet file per call in a dump folder.
 It takes a verl ``DataProto`` (``.batch`` tensors, ``.non_tensor_batch`` numpy arrays) or a plain
 mapping of tensors, numpy arrays and lists, and finds the group, trajectory, turn, reward and mask
 among its keys with the command line's vocabulary (:data:`advcli.read.dialects.DIALECTS`), so a
-batch of any trainer advcli knows is written with no arguments. Only those roles (and ``keys``) are
-converted and written, never the prompts or the logits.
+batch of any trainer advcli knows is written with no arguments (the batch is read by
+:mod:`advcli.batch`). Only those roles (and ``keys``) are converted and written, never the prompts
+or the logits.
 
 torch is not imported: tensors are recognised by their methods and moved to numpy.
 """
@@ -20,10 +21,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from advcli.errors import AdvcliError, first_line
+from advcli.batch import batch_column, batch_entries, batch_roles
+from advcli.errors import AdvcliError
 from advcli.read.columns import ColumnRoles
-from advcli.read.roles import read_roles
-from advcli.settings import ColumnNames
 from advcli.write.atomic import atomic_output
 
 # What the written file's columns are called: advcli's own names, so the dump is read with no
@@ -123,60 +123,6 @@ def write_batch(
     return path
 
 
-def batch_roles(
-    entries: Mapping[str, Any],
-    *,
-    group: str | None = None,
-    trajectory: str | None = None,
-    turn: str | None = None,
-    reward: str | None = None,
-    mask: str | None = None,
-    mask_needed_for: str | None = None,
-) -> ColumnRoles:
-    """The roles of a batch's keys, found as the command line finds columns (the trainers'
-    dialects) from the entries' types and shapes, and checked against the values of the few
-    entries that could contradict that reading (:func:`advcli.read.roles.read_roles`): a batch whose
-    ``trajectory_id`` repeats within a group is not read one row a trajectory."""
-
-    def values(names: Sequence[str], limit: int | None) -> pl.DataFrame:
-        return pl.DataFrame([_series(name, entries[name][:limit]) for name in names])
-
-    return read_roles(
-        _schema(entries),
-        "the batch",
-        ColumnNames(group, trajectory, turn, reward, mask),
-        values,
-        mask_needed_for=mask_needed_for,
-    )
-
-
-def batch_entries(batch: Any) -> dict[str, Any]:
-    """The batch's columns by key: a DataProto's tensors and non-tensor arrays, or a mapping."""
-    if hasattr(batch, "batch") and hasattr(batch, "non_tensor_batch"):
-        tensors = batch.batch
-        # keys(), not iteration: a TensorDict iterates over its rows.
-        names = tensors.keys() if tensors is not None else ()
-        entries = {key: tensors[key] for key in names}
-        entries.update(batch.non_tensor_batch)
-        return entries
-    if isinstance(batch, Mapping):
-        return dict(batch)
-    raise TypeError(
-        f"write_batch takes a verl DataProto or a mapping of arrays, not {type(batch).__name__}"
-    )
-
-
-def _numpy(value: Any) -> np.ndarray:
-    """A tensor, array or list as numpy; bfloat16 (which numpy lacks) widened to float32, which
-    holds every bfloat16 value exactly."""
-    if hasattr(value, "detach"):
-        value = value.detach().cpu()
-        if str(value.dtype) == "torch.bfloat16":
-            value = value.float()
-        return np.asarray(value.numpy())
-    return np.asarray(value)
-
-
 def _row_count(entries: Mapping[str, Any]) -> int:
     lengths = {key: len(value) for key, value in entries.items()}
     if len(set(lengths.values())) > 1:
@@ -185,91 +131,32 @@ def _row_count(entries: Mapping[str, Any]) -> int:
     return next(iter(lengths.values()), 0)
 
 
-def _schema(entries: Mapping[str, Any]) -> pl.Schema:
-    """The Polars types the entries would be written as, from their dtype and shape alone (no
-    tensor is converted to find the roles)."""
-    return pl.Schema({key: _dtype(value) for key, value in entries.items()})
-
-
-def _dtype(value: Any) -> pl.DataType:
-    shape = tuple(value.shape) if hasattr(value, "shape") else (len(value),)
-    kind = _kind(value)
-    element: pl.DataType = (
-        pl.Float32()
-        if kind == "f"
-        else pl.Int64()
-        if kind in "iu"
-        else pl.Boolean()
-        if kind == "b"
-        else pl.String()
-    )
-    if len(shape) == 2:
-        return pl.Array(element, shape[1])
-    if len(shape) == 1:
-        return element
-    return pl.Object()
-
-
-def _kind(value: Any) -> str:
-    """numpy's dtype kind letter (``f``, ``i``, ``u``, ``b``, ``U``, ``O``…) of a tensor, array
-    or list; an object array or list by its first element."""
-    dtype = getattr(value, "dtype", None)
-    if dtype is not None and str(dtype).startswith("torch."):
-        name = str(dtype)
-        return "b" if name == "torch.bool" else "f" if "float" in name else "i"
-    array = np.asarray(value) if dtype is None else value
-    if array.dtype.kind == "O" and len(array):
-        return np.asarray([array[0]]).dtype.kind
-    return str(array.dtype.kind)
-
-
 def _frame(
     entries: Mapping[str, Any], roles: ColumnRoles, rows: int, keys: Sequence[str]
 ) -> pl.DataFrame:
     columns: dict[str, pl.Series] = {}
     if roles.group is None:
         raise AdvcliError("the batch has no group ids: pass group= (a key, or one id per row)")
-    columns[GROUP] = _series(GROUP, entries[roles.group])
+    columns[GROUP] = batch_column(GROUP, entries[roles.group])
     columns[TRAJECTORY] = (
-        _series(TRAJECTORY, entries[roles.trajectory])
+        batch_column(TRAJECTORY, entries[roles.trajectory])
         if roles.trajectory is not None
         else pl.Series(TRAJECTORY, np.arange(rows, dtype=np.int64))
     )
     if roles.turn is not None:
-        columns[TURN] = _series(TURN, entries[roles.turn])
+        columns[TURN] = batch_column(TURN, entries[roles.turn])
     reward_name = TOKEN_REWARDS if roles.reward_kind == "token_rewards" else SCORE
-    columns[reward_name] = _series(reward_name, entries[roles.reward])
+    columns[reward_name] = batch_column(reward_name, entries[roles.reward])
     if roles.mask is not None:
         mask_name = MASK if roles.mask_kind == "mask" else LENGTH
-        columns[mask_name] = _series(mask_name, entries[roles.mask])
+        columns[mask_name] = batch_column(mask_name, entries[roles.mask])
     for key in keys:
         if key not in entries:
             raise AdvcliError(f"the batch has no key '{key}' (keys=)")
         if key in columns:
             raise AdvcliError(f"keys= names '{key}', which the dump already writes")
-        columns[key] = _series(key, entries[key])
+        columns[key] = batch_column(key, entries[key])
     return pl.DataFrame(columns)
-
-
-def _series(name: str, value: Any) -> pl.Series:
-    array = _numpy(value)
-    try:
-        if array.dtype.kind == "O":
-            series = pl.Series(name, array.tolist(), strict=True)
-        elif array.dtype.kind == "U":
-            series = pl.Series(name, array.astype(object).tolist(), dtype=pl.String)
-        else:
-            series = pl.Series(name, array)
-    except (TypeError, ValueError, pl.exceptions.PolarsError) as error:
-        raise AdvcliError(
-            f"the batch's '{name}' cannot be written as one column ({first_line(error)}); give "
-            "its values one type"
-        ) from None
-    if series.null_count():
-        raise AdvcliError(
-            f"the batch's '{name}' holds a null (None) at row {series.is_null().arg_max()}"
-        )
-    return series
 
 
 _NUMBERED = re.compile(r"batch-(\d+)\.parquet")

@@ -5,13 +5,10 @@ These functions know nothing of Typer; they raise :class:`~advcli.errors.AdvcliE
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib.util
 import math
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,101 +16,34 @@ from typing import Any
 import polars as pl
 
 from advcli import __version__
-from advcli._runtime.process import copy_to_stdout
-from advcli.advantages.estimators import Advantages, Naming, compute_advantages
+from advcli.advantages.estimators import Advantages
+from advcli.advantages.levels import both_levels
 from advcli.advantages.loss import token_weight, unwritable_weight
-from advcli.advantages.units import Trajectories, count_trajectories, index_trajectories
 from advcli.errors import AdvcliError, UsageError
-from advcli.keys import GROUP, ROW, SCORE, TOKENS
+from advcli.keys import ROW, SCORE, TOKENS
+from advcli.loading import (
+    LoadedDump,
+    check_by,
+    counted_rows,
+    load_dump,
+    load_ray_engine,
+    opened,
+    report_settings,
+)
 from advcli.read.columns import ColumnRoles
-from advcli.read.dataset import Dataset
-from advcli.read.dtypes import is_enum
-from advcli.read.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
-from advcli.read.inputs import STDIN, open_dataset
-from advcli.read.projection import check_unique_turns, key_projection, split_padding
-from advcli.read.roles import read_roles
+from advcli.read.duplicates import DuplicateRows, find_duplicates
+from advcli.read.inputs import STDIN
 from advcli.read.scan import release_freed_memory
-from advcli.report.bias import BiasReport, TurnLevel, bias_report, turn_level
+from advcli.report.bias import BiasReport, bias_report
 from advcli.report.by_step import by_step
 from advcli.report.documents import render_html, render_json, render_markdown
 from advcli.report.figure import figure_png
 from advcli.report.inspection import inspect_dump
 from advcli.rules import RULES
-from advcli.settings import AdvantageConfig, ColumnNames, Engine, Level, LossMode, OutputFormat
-from advcli.write.atomic import writes_in_place
+from advcli.settings import AdvantageConfig, ColumnNames, Engine, LossMode, OutputFormat
 from advcli.write.documents import write_bytes, write_text
-from advcli.write.rows import (
-    check_not_written_into,
-    check_output,
-    replaced_columns,
-    with_padding,
-    write_advantages,
-)
-
-FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
-    ".parquet": OutputFormat.PARQUET,
-    ".pq": OutputFormat.PARQUET,
-    ".arrow": OutputFormat.ARROW,
-    ".arrows": OutputFormat.ARROWS,
-    ".npz": OutputFormat.NPZ,
-    ".pt": OutputFormat.PT,
-}
-
-
-@dataclass(frozen=True)
-class LoadedDump:
-    """A dump after stage 1: its files, its column roles and its checked key projection, less
-    its padding rows (SkyRL's), which are in ``padding``."""
-
-    dataset: Dataset
-    columns: ColumnRoles
-    projection: pl.DataFrame
-    # With --by, each row's step (its file's number, or its value of the --by column).
-    steps: pl.Series | None = None
-    padding: pl.DataFrame = field(default_factory=pl.DataFrame)
-
-    @functools.cached_property
-    def trajectories(self) -> Trajectories:
-        """Each row's trajectory, found once for every use (both levels, the report)."""
-        return index_trajectories(self.projection)
-
-    def advantages(self, config: AdvantageConfig) -> Advantages:
-        naming = Naming(
-            self.columns.group or "group",
-            self.columns.trajectory or "row",
-            self.dataset.locate,
-            self.dataset.file_of,
-            _turn_hint(self.columns),
-        )
-        trajectories = self.trajectories if config.level is Level.TRAJECTORY else None
-        # With --by each step is its own batch, for the batch-wide quantities too.
-        batch = self.steps.name if self.steps is not None else None
-        return compute_advantages(self.projection, config, naming, trajectories, batch)
-
-    def trajectory_count(self) -> int:
-        """How many trajectories the dump holds: the index's count when it was made anyway (at
-        trajectory level, for a report), else a streaming count, a third of the index's time."""
-        if "trajectories" in self.__dict__:  # functools.cached_property keeps it there
-            return self.trajectories.count
-        return count_trajectories(self.projection)
-
-    def both_levels(self, config: AdvantageConfig) -> tuple[TurnLevel, Advantages]:
-        """``config``'s estimator at both levels, for the report: the turn level summed over each
-        trajectory (its per-row result is let go first), and the trajectory level's result."""
-        # The index first: its sort then runs before the turn level's advantages are held.
-        trajectories = self.trajectories
-        turn = turn_level(self.advantages(replace(config, level=Level.TURN)), trajectories)
-        return turn, self.advantages(replace(config, level=Level.TRAJECTORY))
-
-    def report_settings(self) -> dict[str, Any]:
-        """What the report says of the input: its column roles, how it was read, and its
-        files."""
-        return {
-            "columns": self.columns.describe(),
-            "reading": self.columns.reading(),
-            "inputs": [self.dataset.label(i) for i in range(len(self.dataset.files))],
-            "padding_rows": self.padding.height,
-        }
+from advcli.write.outputs import check_outputs, output_format_for, report_format_for, write_rows
+from advcli.write.rows import replaced_columns, with_padding
 
 
 @dataclass(frozen=True)
@@ -137,138 +67,6 @@ class ComputeSummary:
     padding_rows: int = 0
 
 
-def _turn_hint(columns: ColumnRoles) -> str:
-    """For a turn column read for its name: what to do if it is the training step."""
-    if columns.turn is None or "turn" not in columns.by_name:
-        return ""
-    return (
-        f" (or, if '{columns.turn}', read as the turn index for its name, is the training step, "
-        f"--by {columns.turn})"
-    )
-
-
-def load_dump(
-    dataset: Dataset,
-    names: ColumnNames = ColumnNames(),
-    *,
-    unique_turns: bool = True,
-    engine: Engine = Engine.LOCAL,
-    mask_needed_for: str | None = None,
-    by: str | None = None,
-) -> LoadedDump:
-    """Stage 1: pick the columns, read and check the key projection (on Ray Data with
-    ``engine="ray"``, after :func:`start_engine`). ``mask_needed_for`` says what needs the
-    token counts, if anything does: without it a dump with no mask column is read too.
-
-    ``by`` (``"file"`` or a column) makes each part its own batch: its groups are keyed by
-    ``(step, group)``, so ids that repeat across steps (dataset indices) stay apart."""
-    columns = read_roles(
-        dataset.schema,
-        dataset.describe(),
-        names,
-        dataset.read_columns,
-        mask_needed_for=mask_needed_for,
-        not_turns=(by,) if by not in (None, "file") else (),
-    )
-    if columns.group_size is not None and dataset.num_rows % columns.group_size:
-        raise AdvcliError(
-            f"{dataset.describe()}: {dataset.num_rows:,} rows are not whole groups of "
-            f"--group-size {columns.group_size}"
-        )
-    if engine == Engine.RAY and (columns.group is None or columns.trajectory is None):
-        raise AdvcliError(
-            f"{dataset.describe()}: --engine ray needs group and trajectory id columns (its "
-            "blocks do not know their rows' numbers); use the local engine"
-        )
-    project = _ray_engine().key_projection if engine == Engine.RAY else key_projection
-    # With --by the repeated turns are looked for once the groups are keyed by step.
-    projection, padding = split_padding(
-        project(dataset, columns, unique_turns=unique_turns and by is None), dataset, columns
-    )
-    if by is None:
-        notes = _spanning_files(dataset, projection)
-        return LoadedDump(dataset, replace(columns, notes=notes), projection, padding=padding)
-    steps = _step_labels(dataset, by)
-    projection = projection.with_columns(
-        pl.struct(steps.gather(projection[ROW]), pl.col(GROUP).alias("group")).alias(GROUP)
-    )
-    if unique_turns and columns.turn is not None:
-        check_unique_turns(projection, dataset, columns)
-    part = "file" if by == "file" else f"value of '{by}'"
-    reasons = {
-        **columns.reasons,
-        "group": f"{columns.reasons['group']}; each {part} is its own batch (--by {by}): "
-        f"a group is a ({steps.name}, group) pair",
-    }
-    return LoadedDump(
-        dataset, replace(columns, reasons=reasons), projection, steps=steps, padding=padding
-    )
-
-
-def _spanning_files(dataset: Dataset, projection: pl.DataFrame) -> tuple[str, ...]:
-    """A note on the groups whose rows are in more than one input file: the files are read as
-    one batch, right for the parts of one, wrong for step files whose ids repeat (a dataset
-    index), which nothing else may contradict."""
-    if len(dataset.files) < 2:
-        return ()
-    files = dataset.file_numbers().gather(projection[ROW])
-    spanning = (
-        projection.select(GROUP, files.alias("__file"))
-        .group_by(GROUP)
-        .agg(pl.col("__file").n_unique() > 1)
-        .get_column("__file")
-        .sum()
-    )
-    if not spanning:
-        return ()
-    return (
-        f"{spanning:,} groups have rows in more than one file: the files are read as one batch "
-        "(if each file is a training step whose ids repeat, pass --by file)",
-    )
-
-
-def _step_labels(dataset: Dataset, by: str) -> pl.Series:
-    """Each input row's step: its file's number (``by="file"``) or its value of column ``by``."""
-    if by == "file":
-        return dataset.file_numbers()
-    labels = dataset.read_columns([by]).to_series().alias("step")
-    if labels.dtype == pl.Categorical or is_enum(labels.dtype):
-        labels = labels.cast(pl.String)  # steps in the order of their text
-    if labels.null_count():
-        row = int(labels.is_null().arg_max() or 0)
-        raise AdvcliError(f"{dataset.locate(row)}: column '{by}' (--by) is null")
-    return labels
-
-
-def _ray_engine() -> Any:
-    try:
-        from advcli import ray_engine
-    except ImportError:
-        raise AdvcliError("--engine ray needs Ray: pip install 'advcli[ray]'") from None
-    return ray_engine
-
-
-def counted_rows(dump: LoadedDump, drop_duplicates: bool) -> tuple[LoadedDump, DuplicateRows]:
-    """The dump as stage 2 counts it, and its duplicated rows: every row, as the trainer counted
-    them, or with ``drop_duplicates`` only the first row of each identical set."""
-    duplicates = find_duplicates(dump.dataset, dump.columns, dump.projection)
-    if not drop_duplicates or duplicates.count == 0:
-        return dump, duplicates
-    if not duplicates.confirmed:
-        raise AdvcliError(
-            f"{dump.dataset.describe()}: --drop-duplicates needs the rows' token ids "
-            f"({', '.join(TOKEN_COLUMNS)}) to tell a copy from a turn alike in score and tokens; "
-            f"the dump has none, so its {duplicates.count:,} rows alike in keys, score and tokens "
-            "are only possible copies"
-        )
-    return replace(dump, projection=duplicates.drop_from(dump.projection)), duplicates
-
-
-def report_settings(dump: LoadedDump, drop_duplicates: bool) -> dict[str, Any]:
-    """What a bias report says of its input and of how its rows were counted."""
-    return {**dump.report_settings(), "drop_duplicates": drop_duplicates}
-
-
 def check_engine(engine: Engine, address: str | None) -> None:
     """Refuse a cluster address without the engine that uses one."""
     if address is not None and engine != Engine.RAY:
@@ -278,46 +76,7 @@ def check_engine(engine: Engine, address: str | None) -> None:
 def start_engine(engine: Engine, address: str | None) -> None:
     """Connect to (or start) the engine's cluster; nothing to do for the local engine."""
     if engine == Engine.RAY:
-        _ray_engine().start(address)
-
-
-@contextlib.contextmanager
-def opened(inputs: Sequence[str]) -> Iterator[Dataset]:
-    """Open the inputs as one dataset; standard input (``-``) is spooled to a temporary folder
-    that is removed afterwards. Without ``-`` no folder is made (a run killed by SIGKILL, which no
-    cleanup outlives, would leave it behind). An error in the block is reported as an input's
-    change when one changed (:meth:`Dataset.changes_reported`). Standard output that is an input
-    file (``advcli compare dump.parquet >> dump.parquet``) is refused whatever the command, as
-    ``cat`` refuses it: what a command prints would go into the input."""
-    if STDIN not in inputs:
-        dataset = open_dataset(inputs)
-        check_not_written_into(Path(STDIN), dataset)
-        with dataset.changes_reported():
-            yield dataset
-        return
-    with tempfile.TemporaryDirectory(prefix="advcli-stdin-") as spool:
-        dataset = open_dataset(inputs, spool=Path(spool))
-        check_not_written_into(Path(STDIN), dataset)
-        with dataset.changes_reported():
-            yield dataset
-
-
-def output_format_for(output: Path, requested: OutputFormat | None) -> OutputFormat:
-    """The output format: ``requested`` if given, else the one its extension names."""
-    if requested is not None:
-        chosen = OutputFormat(requested)
-    elif str(output) == STDIN:
-        chosen = OutputFormat.ARROWS
-    elif output.suffix.lower() in FORMAT_BY_SUFFIX:
-        chosen = FORMAT_BY_SUFFIX[output.suffix.lower()]
-    else:
-        raise AdvcliError(
-            f"{output}: cannot tell the output format from the extension; use .parquet, .arrow, "
-            ".arrows, .npz or .pt, or pass --format"
-        )
-    if chosen == "pt" and importlib.util.find_spec("torch") is None:
-        raise AdvcliError(f"{output}: writing .pt needs torch: pip install 'advcli[torch]'")
-    return chosen
+        load_ray_engine().start(address)
 
 
 def compute(
@@ -367,6 +126,111 @@ def compute(
     """
     started = time.perf_counter()
     check_engine(engine, address)
+    _check_compute_options(output, output_format, engine, loss_weight, loss_scale_factor, by)
+    fmt = OutputFormat.PARQUET if engine == Engine.RAY else output_format_for(output, output_format)
+    report_kind = report_format_for(report_path) if report_path is not None else None
+    stage = on_stage or (lambda name: None)
+    with opened(inputs) as dataset:
+        check_outputs([output, report_path], dataset, force=force, engine=engine)
+        if by is not None:
+            check_by(dataset, by)
+        start_engine(engine, address)
+        stage("reading keys")
+        needs_mask = (
+            "--loss-weight needs one" if loss_weight else _mask_needed_for(config, fmt, tokens)
+        )
+        every_row = load_dump(dataset, names, engine=engine, mask_needed_for=needs_mask, by=by)
+        dump, duplicates = counted_rows(every_row, drop_duplicates)
+        stage("computing statistics")
+        advantages = dump.advantages(config)
+        report = (
+            _compute_report(dump, advantages, duplicates, config, drop_duplicates)
+            if report_path is not None
+            else None
+        )
+        summary = _summary(
+            dump, advantages, duplicates, config, output, fmt, report, drop_duplicates
+        )
+        stage("writing output")
+        if engine == Engine.RAY:
+            load_ray_engine().write_advantages(
+                dataset,
+                dump.columns,
+                dump.projection,
+                advantages,
+                config,
+                output,
+                tokens=tokens,
+                force=force,
+                padding=dump.padding,
+            )
+        else:
+            row_values = _row_values(
+                every_row, dump, duplicates, advantages, loss_weight, loss_scale_factor
+            )
+            # Only the per-row values go on to the write: let the key projection, the unit
+            # frames and the float64 values go first, so their memory is reused for the
+            # streaming write's buffers.
+            del dump, every_row, duplicates, advantages
+            release_freed_memory()
+            write_rows(dataset, summary.columns, row_values, output, fmt, tokens, force)
+    if report is not None and report_path is not None:
+        _write_compute_report(report, report_path, report_kind == "json", output, force=force)
+    return replace(summary, seconds=time.perf_counter() - started)
+
+
+def _write_compute_report(
+    report: BiasReport, path: Path, as_json: bool, output: Path, *, force: bool
+) -> None:
+    """Write ``compute --report``'s report, once ``output`` is: an error says it was written."""
+    text = render_json(report) if as_json else render_markdown(report)
+    try:
+        write_text(path, text, force=force)
+    except AdvcliError as error:
+        raise AdvcliError(f"{error}; the output {output} was written") from None
+
+
+def _summary(
+    dump: LoadedDump,
+    advantages: Advantages,
+    duplicates: DuplicateRows,
+    config: AdvantageConfig,
+    output: Path,
+    fmt: OutputFormat,
+    report: BiasReport | None,
+    drop_duplicates: bool,
+) -> ComputeSummary:
+    """What ``compute`` tells of its run (its time is set once the output is written)."""
+    return ComputeSummary(
+        rows=dump.dataset.num_rows,
+        groups=advantages.groups.height,
+        trajectories=dump.trajectory_count(),
+        singleton_groups=advantages.singleton_groups,
+        zero_std_groups=advantages.zero_std_groups,
+        config=config,
+        columns=dump.columns,
+        output=output,
+        output_format=fmt,
+        seconds=0.0,
+        threads=pl.thread_pool_size(),
+        replaced=replaced_columns(dump.dataset.schema.names()),
+        report=report,
+        duplicate_rows=duplicates.count,
+        duplicates_dropped=drop_duplicates,
+        duplicates_confirmed=duplicates.confirmed,
+        padding_rows=dump.padding.height,
+    )
+
+
+def _check_compute_options(
+    output: Path,
+    output_format: OutputFormat | None,
+    engine: Engine,
+    loss_weight: LossMode | None,
+    loss_scale_factor: float | None,
+    by: str | None,
+) -> None:
+    """Refuse the options of ``compute`` that do not go together, before any input is opened."""
     if engine == Engine.RAY and (output_format not in (None, "parquet") or str(output) == STDIN):
         raise UsageError(
             "--engine ray writes a Parquet dataset folder: no '-o -', no --format other than "
@@ -380,101 +244,56 @@ def compute(
         raise UsageError("--loss-scale-factor goes with --loss-weight seq-mean-token-sum-norm")
     if loss_scale_factor is not None and not 0 < loss_scale_factor < math.inf:
         raise UsageError(f"--loss-scale-factor must be a positive number, got {loss_scale_factor}")
-    fmt = OutputFormat.PARQUET if engine == Engine.RAY else output_format_for(output, output_format)
-    report_kind = report_format_for(report_path) if report_path is not None else None
-    stage = on_stage or (lambda name: None)
-    with opened(inputs) as dataset:
-        check_outputs([output, report_path], dataset, force=force, engine=engine)
-        if by is not None:
-            _check_by(dataset, by)
-        start_engine(engine, address)
-        stage("reading keys")
-        needs_mask = (
-            "--loss-weight needs one" if loss_weight else _mask_needed_for(config, fmt, tokens)
+
+
+def _compute_report(
+    dump: LoadedDump,
+    advantages: Advantages,
+    duplicates: DuplicateRows,
+    config: AdvantageConfig,
+    drop_duplicates: bool,
+) -> BiasReport:
+    """``compute --report``'s bias report: the other level from the same key projection, beside
+    ``advantages`` (``config.level``'s)."""
+    turn, trajectory = both_levels(
+        dump.projection, config, dump.naming, dump.trajectories, dump.batch, computed=advantages
+    )
+    report = bias_report(
+        turn,
+        trajectory,
+        config=config,
+        settings=report_settings(dump, drop_duplicates),
+        version=__version__,
+    )
+    report.summary["duplicate_rows"] = duplicates.report(dump.dataset.locate)
+    return report
+
+
+def _row_values(
+    every_row: LoadedDump,
+    dump: LoadedDump,
+    duplicates: DuplicateRows,
+    advantages: Advantages,
+    loss_weight: LossMode | None,
+    loss_scale_factor: float | None,
+) -> pl.DataFrame:
+    """What stage 3 attaches to each input row (``dump``: the rows stage 2 counted, of
+    ``every_row``): its score and advantage, as the float32 they are written as, its
+    ``loss_weight`` if asked for, and the padding rows' own."""
+    row_values = advantages.rows(dump.projection).select(
+        ROW, pl.col(SCORE, "advantage").cast(pl.Float32)
+    )
+    if dump is not every_row:
+        row_values = duplicates.spread_to_copies(row_values)
+    if loss_weight is not None:
+        # Over every row: the weights are of the batch as written, copies included.
+        row_values = row_values.join(
+            _loss_weights(every_row, loss_weight, loss_scale_factor),
+            on=ROW,
+            how="left",
+            maintain_order="left",
         )
-        every_row = load_dump(dataset, names, engine=engine, mask_needed_for=needs_mask, by=by)
-        dump, duplicates = counted_rows(every_row, drop_duplicates)
-        stage("computing statistics")
-        advantages = dump.advantages(config)
-        report = None
-        if report_path is not None:
-            if config.level is Level.TURN:
-                turn = turn_level(advantages, dump.trajectories)
-                trajectory = dump.advantages(replace(config, level=Level.TRAJECTORY))
-            else:
-                turn = turn_level(
-                    dump.advantages(replace(config, level=Level.TURN)), dump.trajectories
-                )
-                trajectory = advantages
-            report = bias_report(
-                turn,
-                trajectory,
-                config=config,
-                settings=report_settings(dump, drop_duplicates),
-                version=__version__,
-            )
-            report.summary["duplicate_rows"] = duplicates.report(dataset.locate)
-            del turn, trajectory
-        summary = ComputeSummary(
-            rows=dataset.num_rows,
-            groups=advantages.groups.height,
-            trajectories=dump.trajectory_count(),
-            singleton_groups=advantages.singleton_groups,
-            zero_std_groups=advantages.zero_std_groups,
-            config=config,
-            columns=dump.columns,
-            output=output,
-            output_format=fmt,
-            seconds=0.0,
-            threads=pl.thread_pool_size(),
-            replaced=replaced_columns(dataset.schema.names()),
-            report=report,
-            duplicate_rows=duplicates.count,
-            duplicates_dropped=drop_duplicates,
-            duplicates_confirmed=duplicates.confirmed,
-            padding_rows=dump.padding.height,
-        )
-        stage("writing output")
-        if engine == Engine.RAY:
-            _ray_engine().write_advantages(
-                dataset,
-                dump.columns,
-                dump.projection,
-                advantages,
-                config,
-                output,
-                tokens=tokens,
-                force=force,
-                padding=dump.padding,
-            )
-        else:
-            # Only the per-row (score, advantage) pairs go on to the write, as the float32 they
-            # are written as: let the key projection, the unit frames and the float64 values go
-            # first, so their memory is reused for the streaming write's buffers.
-            row_values = advantages.rows(dump.projection).select(
-                ROW, pl.col(SCORE, "advantage").cast(pl.Float32)
-            )
-            if dump is not every_row:
-                row_values = duplicates.spread_to_copies(row_values)
-            if loss_weight is not None:
-                # Over every row: the weights are of the batch as written, copies included.
-                row_values = row_values.join(
-                    _loss_weights(every_row, loss_weight, loss_scale_factor),
-                    on=ROW,
-                    how="left",
-                    maintain_order="left",
-                )
-            row_values = with_padding(row_values, dump.padding)
-            del dump, every_row, duplicates, advantages
-            release_freed_memory()
-            _write_local(dataset, summary.columns, row_values, output, fmt, tokens, force)
-    if report is not None and report_path is not None:
-        text = render_json(report) if report_kind == "json" else render_markdown(report)
-        try:
-            write_text(report_path, text, force=force)
-        except AdvcliError as error:
-            raise AdvcliError(f"{error}; the output {output} was written") from None
-    return replace(summary, seconds=time.perf_counter() - started)
+    return with_padding(row_values, dump.padding)
 
 
 def _loss_weights(dump: LoadedDump, mode: LossMode, scale_factor: float | None) -> pl.DataFrame:
@@ -518,64 +337,6 @@ def _estimator_needs_mask(config: AdvantageConfig) -> str | None:
     if RULES[config.estimator].counts_tokens:
         return f"{config.estimator.value} weighs rows by their tokens and needs one"
     return None
-
-
-def _write_local(
-    dataset: Dataset,
-    columns: ColumnRoles,
-    row_values: pl.DataFrame,
-    output: Path,
-    fmt: OutputFormat,
-    tokens: bool,
-    force: bool,
-) -> None:
-    if str(output) != STDIN:
-        write_advantages(
-            dataset, columns, row_values, output, output_format=fmt, tokens=tokens, force=force
-        )
-        return
-    # Written whole to a temporary file first, so that a failure sends nothing down the pipe.
-    with tempfile.TemporaryDirectory(prefix="advcli-stdout-") as folder:
-        staged = Path(folder) / f"out.{fmt.value}"
-        try:
-            write_advantages(dataset, columns, row_values, staged, output_format=fmt, tokens=tokens)
-        except AdvcliError as error:
-            raise AdvcliError(f"standard output: staging the output failed: {error}") from None
-        with staged.open("rb") as result:
-            copy_to_stdout(result)
-
-
-def report_format_for(path: Path) -> str:
-    """``json`` or ``markdown``, from a report path's extension."""
-    kind = {".json": "json", ".md": "markdown", ".markdown": "markdown"}.get(path.suffix.lower())
-    if kind is None:
-        raise AdvcliError(f"{path}: a report is .json or .md")
-    return kind
-
-
-def check_outputs(
-    outputs: Sequence[Path | None], dataset: Dataset, *, force: bool, engine: Engine = Engine.LOCAL
-) -> None:
-    """Check every file a command will write before any work is done; two outputs may not share
-    a path. The first output is a folder with the Ray engine."""
-    seen: set[Path] = set()
-    for position, output in enumerate(outputs):
-        if output is None:
-            continue
-        in_place = writes_in_place(output) and not (engine == Engine.RAY and position == 0)
-        if str(output) == STDIN or in_place:
-            # /dev/null twice is fine: a device or pipe takes each output as it comes.
-            check_output(output, dataset, force=force)
-            continue
-        if output.resolve() in seen:
-            raise AdvcliError(f"{output}: named for two outputs; give each its own path")
-        seen.add(output.resolve())
-        folder_output = engine == Engine.RAY and position == 0
-        check_output(output, dataset, force=force, folder_output=folder_output)
-
-
-def _other_level(level: Level) -> Level:
-    return Level.TURN if level is Level.TRAJECTORY else Level.TRAJECTORY
 
 
 @dataclass(frozen=True)
@@ -625,7 +386,7 @@ def compare(
     with opened(inputs) as dataset:
         check_outputs([files.json, files.markdown, files.plot, files.html], dataset, force=force)
         if by is not None:
-            _check_by(dataset, by)
+            check_by(dataset, by)
         start_engine(engine, address)
         dump, duplicates = counted_rows(
             load_dump(
@@ -635,7 +396,10 @@ def compare(
         )
         settings = report_settings(dump, drop_duplicates)
         steps = _step_order(dump, by) if by is not None else None
-        turn, trajectory = dump.both_levels(config)
+        # The index is made first: its sort runs before the turn level's advantages are held.
+        turn, trajectory = both_levels(
+            dump.projection, config, dump.naming, dump.trajectories, dump.batch
+        )
         # The report needs the trajectories only: the rows (and their index) go first.
         del dump
         trajectory = trajectory.without_index()
@@ -653,6 +417,12 @@ def compare(
         # Stage 1 has read the inputs for the last time: the report is theirs if they are as
         # they were opened.
         dataset.check_unchanged()
+    _write_report_files(report, files, force=force)
+    return report
+
+
+def _write_report_files(report: BiasReport, files: ReportFiles, *, force: bool) -> None:
+    """Write ``report`` to each of ``files`` given, in order; an error names the ones written."""
     writers: list[tuple[Path | None, Callable[[Path], None]]] = [
         (files.json, lambda path: write_text(path, render_json(report), force=force)),
         (files.markdown, lambda path: write_text(path, render_markdown(report), force=force)),
@@ -669,24 +439,6 @@ def compare(
             done = f"; {', '.join(map(str, written))} was written" if written else ""
             raise AdvcliError(f"{error}{done}") from None
         written.append(path)
-    return report
-
-
-def _check_by(dataset: Dataset, by: str) -> None:
-    """Refuse a ``--by`` column that is missing or not integers or strings, before any work."""
-    if by == "file":
-        return
-    if by not in dataset.schema:
-        raise AdvcliError(
-            f"{dataset.describe()}: column '{by}' (--by) not found; --by takes 'file' or a "
-            "column such as 'step'"
-        )
-    dtype = dataset.schema[by]
-    if not (dtype.is_integer() or dtype in (pl.String, pl.Categorical) or is_enum(dtype)):
-        raise AdvcliError(
-            f"{dataset.describe()}: column '{by}' (--by) has type {dtype}; steps are integers "
-            "or strings"
-        )
 
 
 def _step_order(dump: LoadedDump, by: str) -> tuple[pl.Series, list[Any]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from advcli.dump import batch_entries, batch_roles
+from advcli.batch import batch_entries, batch_roles
 from advcli.errors import AdvcliError
 from advcli.torch import RewardError, compute_advantage_with_metrics
 

@@ -97,7 +97,7 @@ KEY_PROJECTION_ONLY = """
 import sys
 from advcli._runtime.process import tune_allocator
 tune_allocator()
-from advcli.pipeline import load_dump, opened
+from advcli.loading import load_dump, opened
 with opened([sys.argv[1]]) as dataset:
     load_dump(dataset, unique_turns=False)
 """
@@ -114,7 +114,7 @@ tune_allocator()
 import polars as pl
 from advcli.read.columns import resolve_columns
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY
-from advcli.pipeline import opened
+from advcli.loading import opened
 from advcli.read.projection import KeyExpressions
 from advcli.read.scan import closing_sources
 from advcli.settings import ColumnNames

@@ -39,7 +39,8 @@ OVERHEAD = ("import", "start-up", "shut-down")
 
 def stages(engine: str, source: str, output: str) -> dict[str, float]:
     """The stage times of one compute run, in this process."""
-    from advcli.pipeline import load_dump, opened, start_engine
+    from advcli.loading import load_dump, opened
+    from advcli.pipeline import start_engine
     from advcli.settings import AdvantageConfig, ColumnNames, Engine, OutputFormat
 
     config = AdvantageConfig()

@@ -68,7 +68,7 @@ def pair(label: str, a: list[str], b: list[str], runs: int) -> None:
 
 def duplicate_search(path: Path, runs: int) -> None:
     """The duplicate search's own time, in this process, against stage 1's."""
-    from advcli.pipeline import load_dump, opened
+    from advcli.loading import load_dump, opened
     from advcli.read.duplicates import find_duplicates
 
     loads, searches = [], []

@@ -11,7 +11,7 @@ import statistics
 import numpy as np
 import polars as pl
 
-from advcli.advantages.estimators import group_statistics
+from advcli.advantages.statistics import group_statistics
 from advcli.advantages.units import index_trajectories, sorted_sum
 from advcli.keys import repeated_turns
 

@@ -18,8 +18,8 @@ import numpy as np
 import polars as pl
 
 from advcli.advantages.estimators import Advantages
-from advcli.advantages.loss import LOSS_MODES, MODE_SOURCES, trajectory_terms, trajectory_weight
-from advcli.advantages.units import Trajectories
+from advcli.advantages.levels import TurnLevel
+from advcli.advantages.loss import LOSS_MODES, MODE_SOURCES, trajectory_weight
 from advcli.keys import GROUP, SCORE, TOKENS, TRAJECTORY
 from advcli.report.verdict import assess, verdict
 from advcli.settings import AdvantageConfig
@@ -37,48 +37,6 @@ class BiasReport:
     groups: pl.DataFrame
 
 
-@dataclass(frozen=True)
-class TurnLevel:
-    """What the report needs of the turn level's result, and nothing of its rows: its groups and
-    counts, and each trajectory's figures summed over its rows (``per_trajectory``, in the
-    trajectories' input order, with their ``turn_first_row``): ``advantage_turn``, the mean of
-    its rows' advantages, and the sums of :func:`advcli.advantages.loss.trajectory_terms` (null
-    without a
-    mask column)."""
-
-    groups: pl.DataFrame
-    zero_std_groups: int
-    rows: int
-    tokens: int | None
-    nonempty_rows: int | None
-    per_trajectory: pl.DataFrame
-
-
-def turn_level(turn: Advantages, trajectories: Trajectories) -> TurnLevel:
-    """Sum the turn level's result over each trajectory's rows, through the one index of the
-    rows' trajectories (no group-by of the rows), so that the rows can go before the report."""
-    tokens = turn.units[TOKENS]
-    tokens_known = tokens.null_count() == 0
-    columns = [
-        trajectories.table["first_row"].alias("turn_first_row"),
-        pl.Series("advantage_turn", trajectories.mean(turn.units, pl.col("advantage"))),
-    ]
-    # Unknown (null) without a mask column.
-    for name, term in trajectory_terms("advantage").items():
-        if tokens_known:
-            columns.append(pl.Series(name, trajectories.sum(turn.units, term)))
-        else:
-            columns.append(pl.Series(name, [None] * trajectories.count, dtype=pl.Float64))
-    return TurnLevel(
-        groups=turn.groups,
-        zero_std_groups=turn.zero_std_groups,
-        rows=turn.units.height,
-        tokens=int(tokens.sum()) if tokens_known else None,
-        nonempty_rows=int((tokens > 0).sum()) if tokens_known else None,
-        per_trajectory=pl.DataFrame(columns),
-    )
-
-
 def bias_report(
     turn: TurnLevel,
     trajectory: Advantages,
@@ -89,7 +47,8 @@ def bias_report(
     top: int = 10,
 ) -> BiasReport:
     """Compare the turn-level and trajectory-level results of one estimator on one dump: a pure
-    function of the two stage-2 results (the turn level's summed by :func:`turn_level`).
+    function of the two stage-2 results (the turn level's summed by
+    :func:`advcli.advantages.levels.turn_level`).
 
     The trajectory-level units are the trajectories (their turns, tokens and advantage); a
     trajectory's turn-level advantage ``a_turn`` is the mean of its turn-level units' (its rows')

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 
 import polars as pl
 
-from advcli.advantages.estimators import Naming, build_units, group_statistics, scores_disagree
+from advcli.advantages.statistics import group_statistics
+from advcli.advantages.unit_scores import Naming, build_units, scores_disagree
 from advcli.advantages.units import index_trajectories
 from advcli.keys import GROUP, LAST_STEP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, repeated_turns
 from advcli.report.bias import histogram, number

@@ -11,7 +11,6 @@ import errno
 import os
 import select
 import stat
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,18 +20,16 @@ import polars as pl
 import pyarrow as pa
 
 from advcli._runtime.native_stderr import cancelled_tasks_unreported
-from advcli._runtime.process import available_memory, require_stdout
+from advcli._runtime.process import available_memory
 from advcli._runtime.signals import held
 from advcli.errors import AdvcliError, first_line
 from advcli.keys import ROW, SCORE
 from advcli.names import native_name
 from advcli.read.columns import OUTPUT_COLUMNS, ColumnRoles, unused_name
 from advcli.read.dataset import Dataset
-from advcli.read.formats import FOLDER_SUFFIXES
-from advcli.read.inputs import STDIN
 from advcli.read.scan import closing_sources
 from advcli.settings import OutputFormat
-from advcli.write.atomic import atomic_output, check_output_path, writes_in_place
+from advcli.write.atomic import atomic_output
 
 
 def write_advantages(
@@ -302,64 +299,3 @@ def padded(lists: pl.Series) -> np.ndarray:
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
     out[row_ids, np.arange(len(row_ids)) - starts] = flat[: len(row_ids)]
     return out
-
-
-def check_output(
-    output: Path, dataset: Dataset, *, force: bool, folder_output: bool = False
-) -> None:
-    """Refuse an output that would overwrite, remove or join the inputs
-    (:func:`check_not_an_input`), or that :func:`advcli.write.atomic.check_output_path` refuses
-    (``-``, standard output, is always fine)."""
-    if str(output) == STDIN:
-        require_stdout("the output")
-        check_not_written_into(output, dataset)
-        return
-    check_not_an_input(output, dataset, folder_output=folder_output)
-    if writes_in_place(output):
-        check_not_written_into(output, dataset)
-    check_output_path(output, force=force, folder_output=folder_output)
-
-
-def check_not_written_into(output: Path, dataset: Dataset) -> None:
-    """Refuse an output written in place (``-``, ``/dev/stdout``, ``/dev/fd/N``) that is an
-    input file under a name the path checks do not see (a hard link, a shell's ``>>`` onto
-    one): its bytes would go into the input, which a Parquet or Arrow writer opening the path
-    also truncates. Told by the file's device and inode."""
-    try:
-        info = os.fstat(sys.stdout.fileno()) if str(output) == STDIN else os.stat(output)
-    except (OSError, ValueError):
-        return
-    for index, identity in enumerate(dataset.identities):
-        if (info.st_dev, info.st_ino) == (identity.device, identity.inode):
-            shown = "standard output" if str(output) == STDIN else str(output)
-            raise AdvcliError(
-                f"{shown}: the output is the input {dataset.label(index)} (the same file); choose "
-                "another path"
-            )
-
-
-def check_not_an_input(output: Path, dataset: Dataset, *, folder_output: bool = False) -> None:
-    """Refuse an output that is an input file, a folder holding an input at any depth (``--force``
-    would replace the folder, inputs and all), or, for a dataset folder or a file a directory's
-    reading picks up, a path inside an input directory (the next run would read it as an
-    input). A report beside the inputs is fine. Paths are compared resolved: symbolic links and
-    ``..`` followed."""
-    # Where the output points (a link followed) and where the rename puts it (the link itself).
-    targets = {output.resolve(), output.parent.resolve() / output.name}
-    for index, path in enumerate(dataset.files):
-        # The file's data and its name (a link in an input folder is removed with the folder).
-        sources = {path.resolve(), Path(os.path.abspath(path))}
-        if sources & targets:
-            raise AdvcliError(f"{output}: the output is also an input; choose another path")
-        if targets & {folder for source in sources for folder in source.parents}:
-            raise AdvcliError(
-                f"{output}: the output folder holds the input {dataset.label(index)}; choose "
-                "another path"
-            )
-    for folder in dataset.folders:
-        inside = any(folder.resolve() in target.parents for target in targets)
-        if inside and (folder_output or output.suffix in FOLDER_SUFFIXES):
-            raise AdvcliError(
-                f"{output}: the output is inside the input folder {folder}, whose files are "
-                "read as inputs; choose a path outside it"
-            )

@@ -1,0 +1,135 @@
+"""Reading a trainer's batch: a verl ``DataProto`` (``.batch`` tensors, ``.non_tensor_batch``
+numpy arrays) or a plain mapping of tensors, numpy arrays and lists, as entries by key
+(:func:`batch_entries`), the roles of its keys found with the command line's vocabulary
+(:func:`batch_roles`, :data:`advcli.read.columns.DIALECTS`), and one entry as a Polars column
+(:func:`batch_column`). Used by :mod:`advcli.dump` (writing a batch) and :mod:`advcli.verl`
+(computing in a training step).
+
+torch is not imported: tensors are recognised by their methods and moved to numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from advcli.errors import AdvcliError, first_line
+from advcli.read.columns import ColumnRoles
+from advcli.read.roles import read_roles
+from advcli.settings import ColumnNames
+
+
+def batch_roles(
+    entries: Mapping[str, Any],
+    *,
+    group: str | None = None,
+    trajectory: str | None = None,
+    turn: str | None = None,
+    reward: str | None = None,
+    mask: str | None = None,
+    mask_needed_for: str | None = None,
+) -> ColumnRoles:
+    """The roles of a batch's keys, found as the command line finds columns (the trainers'
+    dialects) from the entries' types and shapes, and checked against the values of the few
+    entries that could contradict that reading (:func:`advcli.read.roles.read_roles`): a batch whose
+    ``trajectory_id`` repeats within a group is not read one row a trajectory."""
+
+    def values(names: Sequence[str], limit: int | None) -> pl.DataFrame:
+        return pl.DataFrame([batch_column(name, entries[name][:limit]) for name in names])
+
+    return read_roles(
+        _schema(entries),
+        "the batch",
+        ColumnNames(group, trajectory, turn, reward, mask),
+        values,
+        mask_needed_for=mask_needed_for,
+    )
+
+
+def batch_entries(batch: Any) -> dict[str, Any]:
+    """The batch's columns by key: a DataProto's tensors and non-tensor arrays, or a mapping."""
+    if hasattr(batch, "batch") and hasattr(batch, "non_tensor_batch"):
+        tensors = batch.batch
+        # keys(), not iteration: a TensorDict iterates over its rows.
+        names = tensors.keys() if tensors is not None else ()
+        entries = {key: tensors[key] for key in names}
+        entries.update(batch.non_tensor_batch)
+        return entries
+    if isinstance(batch, Mapping):
+        return dict(batch)
+    raise TypeError(
+        f"write_batch takes a verl DataProto or a mapping of arrays, not {type(batch).__name__}"
+    )
+
+
+def _numpy(value: Any) -> np.ndarray:
+    """A tensor, array or list as numpy; bfloat16 (which numpy lacks) widened to float32, which
+    holds every bfloat16 value exactly."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()
+        return np.asarray(value.numpy())
+    return np.asarray(value)
+
+
+def _schema(entries: Mapping[str, Any]) -> pl.Schema:
+    """The Polars types the entries would be written as, from their dtype and shape alone (no
+    tensor is converted to find the roles)."""
+    return pl.Schema({key: _dtype(value) for key, value in entries.items()})
+
+
+def _dtype(value: Any) -> pl.DataType:
+    shape = tuple(value.shape) if hasattr(value, "shape") else (len(value),)
+    kind = _kind(value)
+    element: pl.DataType = (
+        pl.Float32()
+        if kind == "f"
+        else pl.Int64()
+        if kind in "iu"
+        else pl.Boolean()
+        if kind == "b"
+        else pl.String()
+    )
+    if len(shape) == 2:
+        return pl.Array(element, shape[1])
+    if len(shape) == 1:
+        return element
+    return pl.Object()
+
+
+def _kind(value: Any) -> str:
+    """numpy's dtype kind letter (``f``, ``i``, ``u``, ``b``, ``U``, ``O``…) of a tensor, array
+    or list; an object array or list by its first element."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and str(dtype).startswith("torch."):
+        name = str(dtype)
+        return "b" if name == "torch.bool" else "f" if "float" in name else "i"
+    array = np.asarray(value) if dtype is None else value
+    if array.dtype.kind == "O" and len(array):
+        return np.asarray([array[0]]).dtype.kind
+    return str(array.dtype.kind)
+
+
+def batch_column(name: str, value: Any) -> pl.Series:
+    array = _numpy(value)
+    try:
+        if array.dtype.kind == "O":
+            series = pl.Series(name, array.tolist(), strict=True)
+        elif array.dtype.kind == "U":
+            series = pl.Series(name, array.astype(object).tolist(), dtype=pl.String)
+        else:
+            series = pl.Series(name, array)
+    except (TypeError, ValueError, pl.exceptions.PolarsError) as error:
+        raise AdvcliError(
+            f"the batch's '{name}' cannot be written as one column ({first_line(error)}); give "
+            "its values one type"
+        ) from None
+    if series.null_count():
+        raise AdvcliError(
+            f"the batch's '{name}' holds a null (None) at row {series.is_null().arg_max()}"
+        )
+    return series

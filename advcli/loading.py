@@ -1,0 +1,259 @@
+"""Stage 1 for the commands: the inputs opened as one dataset (:func:`opened`), their column
+roles and checked key projection (:func:`load_dump`, locally or on Ray Data), each row's step
+with ``--by``, and the rows stage 2 counts (:func:`counted_rows`, duplicates as the trainer
+counted them or dropped). A :class:`LoadedDump` hands its projection to stage 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from advcli.advantages.estimators import Advantages, compute_advantages
+from advcli.advantages.unit_scores import Naming
+from advcli.advantages.units import Trajectories, count_trajectories, index_trajectories
+from advcli.errors import AdvcliError
+from advcli.keys import GROUP, ROW
+from advcli.read.columns import ColumnRoles
+from advcli.read.dataset import Dataset
+from advcli.read.dtypes import is_enum
+from advcli.read.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
+from advcli.read.inputs import STDIN, open_dataset
+from advcli.read.projection import check_unique_turns, key_projection, split_padding
+from advcli.read.roles import read_roles
+from advcli.settings import AdvantageConfig, ColumnNames, Engine, Level
+from advcli.write.outputs import check_not_written_into
+
+
+@dataclass(frozen=True)
+class LoadedDump:
+    """A dump after stage 1: its files, its column roles and its checked key projection, less
+    its padding rows (SkyRL's), which are in ``padding``."""
+
+    dataset: Dataset
+    columns: ColumnRoles
+    projection: pl.DataFrame
+    # With --by, each row's step (its file's number, or its value of the --by column).
+    steps: pl.Series | None = None
+    padding: pl.DataFrame = field(default_factory=pl.DataFrame)
+
+    @functools.cached_property
+    def trajectories(self) -> Trajectories:
+        """Each row's trajectory, found once for every use (both levels, the report)."""
+        return index_trajectories(self.projection)
+
+    @property
+    def naming(self) -> Naming:
+        """How stage 2's errors name the dump's key columns, rows and files."""
+        return Naming(
+            self.columns.group or "group",
+            self.columns.trajectory or "row",
+            self.dataset.locate,
+            self.dataset.file_of,
+            _turn_hint(self.columns),
+        )
+
+    @property
+    def batch(self) -> str | None:
+        """With --by each step is its own batch, for the batch-wide quantities too."""
+        return self.steps.name if self.steps is not None else None
+
+    def advantages(self, config: AdvantageConfig) -> Advantages:
+        trajectories = self.trajectories if config.level is Level.TRAJECTORY else None
+        return compute_advantages(self.projection, config, self.naming, trajectories, self.batch)
+
+    def trajectory_count(self) -> int:
+        """How many trajectories the dump holds: the index's count when it was made anyway (at
+        trajectory level, for a report), else a streaming count, a third of the index's time."""
+        if "trajectories" in self.__dict__:  # functools.cached_property keeps it there
+            return self.trajectories.count
+        return count_trajectories(self.projection)
+
+    def report_settings(self) -> dict[str, Any]:
+        """What the report says of the input: its column roles, how it was read, and its
+        files."""
+        return {
+            "columns": self.columns.describe(),
+            "reading": self.columns.reading(),
+            "inputs": [self.dataset.label(i) for i in range(len(self.dataset.files))],
+            "padding_rows": self.padding.height,
+        }
+
+
+def _turn_hint(columns: ColumnRoles) -> str:
+    """For a turn column read for its name: what to do if it is the training step."""
+    if columns.turn is None or "turn" not in columns.by_name:
+        return ""
+    return (
+        f" (or, if '{columns.turn}', read as the turn index for its name, is the training step, "
+        f"--by {columns.turn})"
+    )
+
+
+def load_dump(
+    dataset: Dataset,
+    names: ColumnNames = ColumnNames(),
+    *,
+    unique_turns: bool = True,
+    engine: Engine = Engine.LOCAL,
+    mask_needed_for: str | None = None,
+    by: str | None = None,
+) -> LoadedDump:
+    """Stage 1: pick the columns, read and check the key projection (on Ray Data with
+    ``engine="ray"``, after :func:`start_engine`). ``mask_needed_for`` says what needs the
+    token counts, if anything does: without it a dump with no mask column is read too.
+
+    ``by`` (``"file"`` or a column) makes each part its own batch: its groups are keyed by
+    ``(step, group)``, so ids that repeat across steps (dataset indices) stay apart."""
+    columns = read_roles(
+        dataset.schema,
+        dataset.describe(),
+        names,
+        dataset.read_columns,
+        mask_needed_for=mask_needed_for,
+        not_turns=(by,) if by not in (None, "file") else (),
+    )
+    if columns.group_size is not None and dataset.num_rows % columns.group_size:
+        raise AdvcliError(
+            f"{dataset.describe()}: {dataset.num_rows:,} rows are not whole groups of "
+            f"--group-size {columns.group_size}"
+        )
+    if engine == Engine.RAY and (columns.group is None or columns.trajectory is None):
+        raise AdvcliError(
+            f"{dataset.describe()}: --engine ray needs group and trajectory id columns (its "
+            "blocks do not know their rows' numbers); use the local engine"
+        )
+    project = load_ray_engine().key_projection if engine == Engine.RAY else key_projection
+    # With --by the repeated turns are looked for once the groups are keyed by step.
+    projection, padding = split_padding(
+        project(dataset, columns, unique_turns=unique_turns and by is None), dataset, columns
+    )
+    if by is None:
+        notes = _spanning_files(dataset, projection)
+        return LoadedDump(dataset, replace(columns, notes=notes), projection, padding=padding)
+    steps = _step_labels(dataset, by)
+    projection = projection.with_columns(
+        pl.struct(steps.gather(projection[ROW]), pl.col(GROUP).alias("group")).alias(GROUP)
+    )
+    if unique_turns and columns.turn is not None:
+        check_unique_turns(projection, dataset, columns)
+    part = "file" if by == "file" else f"value of '{by}'"
+    reasons = {
+        **columns.reasons,
+        "group": f"{columns.reasons['group']}; each {part} is its own batch (--by {by}): "
+        f"a group is a ({steps.name}, group) pair",
+    }
+    return LoadedDump(
+        dataset, replace(columns, reasons=reasons), projection, steps=steps, padding=padding
+    )
+
+
+def _spanning_files(dataset: Dataset, projection: pl.DataFrame) -> tuple[str, ...]:
+    """A note on the groups whose rows are in more than one input file: the files are read as
+    one batch, right for the parts of one, wrong for step files whose ids repeat (a dataset
+    index), which nothing else may contradict."""
+    if len(dataset.files) < 2:
+        return ()
+    files = dataset.file_numbers().gather(projection[ROW])
+    spanning = (
+        projection.select(GROUP, files.alias("__file"))
+        .group_by(GROUP)
+        .agg(pl.col("__file").n_unique() > 1)
+        .get_column("__file")
+        .sum()
+    )
+    if not spanning:
+        return ()
+    return (
+        f"{spanning:,} groups have rows in more than one file: the files are read as one batch "
+        "(if each file is a training step whose ids repeat, pass --by file)",
+    )
+
+
+def _step_labels(dataset: Dataset, by: str) -> pl.Series:
+    """Each input row's step: its file's number (``by="file"``) or its value of column ``by``."""
+    if by == "file":
+        return dataset.file_numbers()
+    labels = dataset.read_columns([by]).to_series().alias("step")
+    if labels.dtype == pl.Categorical or is_enum(labels.dtype):
+        labels = labels.cast(pl.String)  # steps in the order of their text
+    if labels.null_count():
+        row = int(labels.is_null().arg_max() or 0)
+        raise AdvcliError(f"{dataset.locate(row)}: column '{by}' (--by) is null")
+    return labels
+
+
+def load_ray_engine() -> Any:
+    """The module of ``--engine ray`` (:mod:`advcli.ray_engine`), imported only when it is
+    asked for: Ray is an optional extra."""
+    try:
+        from advcli import ray_engine
+    except ImportError:
+        raise AdvcliError("--engine ray needs Ray: pip install 'advcli[ray]'") from None
+    return ray_engine
+
+
+def counted_rows(dump: LoadedDump, drop_duplicates: bool) -> tuple[LoadedDump, DuplicateRows]:
+    """The dump as stage 2 counts it, and its duplicated rows: every row, as the trainer counted
+    them, or with ``drop_duplicates`` only the first row of each identical set."""
+    duplicates = find_duplicates(dump.dataset, dump.columns, dump.projection)
+    if not drop_duplicates or duplicates.count == 0:
+        return dump, duplicates
+    if not duplicates.confirmed:
+        raise AdvcliError(
+            f"{dump.dataset.describe()}: --drop-duplicates needs the rows' token ids "
+            f"({', '.join(TOKEN_COLUMNS)}) to tell a copy from a turn alike in score and tokens; "
+            f"the dump has none, so its {duplicates.count:,} rows alike in keys, score and tokens "
+            "are only possible copies"
+        )
+    return replace(dump, projection=duplicates.drop_from(dump.projection)), duplicates
+
+
+def report_settings(dump: LoadedDump, drop_duplicates: bool) -> dict[str, Any]:
+    """What a bias report says of its input and of how its rows were counted."""
+    return {**dump.report_settings(), "drop_duplicates": drop_duplicates}
+
+
+def check_by(dataset: Dataset, by: str) -> None:
+    """Refuse a ``--by`` column that is missing or not integers or strings, before any work."""
+    if by == "file":
+        return
+    if by not in dataset.schema:
+        raise AdvcliError(
+            f"{dataset.describe()}: column '{by}' (--by) not found; --by takes 'file' or a "
+            "column such as 'step'"
+        )
+    dtype = dataset.schema[by]
+    if not (dtype.is_integer() or dtype in (pl.String, pl.Categorical) or is_enum(dtype)):
+        raise AdvcliError(
+            f"{dataset.describe()}: column '{by}' (--by) has type {dtype}; steps are integers "
+            "or strings"
+        )
+
+
+@contextlib.contextmanager
+def opened(inputs: Sequence[str]) -> Iterator[Dataset]:
+    """Open the inputs as one dataset; standard input (``-``) is spooled to a temporary folder
+    that is removed afterwards. Without ``-`` no folder is made (a run killed by SIGKILL, which no
+    cleanup outlives, would leave it behind). An error in the block is reported as an input's
+    change when one changed (:meth:`Dataset.changes_reported`). Standard output that is an input
+    file (``advcli compare dump.parquet >> dump.parquet``) is refused whatever the command, as
+    ``cat`` refuses it: what a command prints would go into the input."""
+    if STDIN not in inputs:
+        dataset = open_dataset(inputs)
+        check_not_written_into(Path(STDIN), dataset)
+        with dataset.changes_reported():
+            yield dataset
+        return
+    with tempfile.TemporaryDirectory(prefix="advcli-stdin-") as spool:
+        dataset = open_dataset(inputs, spool=Path(spool))
+        check_not_written_into(Path(STDIN), dataset)
+        with dataset.changes_reported():
+            yield dataset

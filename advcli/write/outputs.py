@@ -1,0 +1,170 @@
+"""Where a command's outputs go, checked in one place before any work is done: each output's
+format (from ``--format`` or its extension), the paths every output may not take (an input, a
+folder holding one, a path named twice, what :func:`advcli.write.atomic.check_output_path`
+refuses), and standard output, which gets a result only once it is whole.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+
+from advcli._runtime.process import copy_to_stdout, require_stdout
+from advcli.errors import AdvcliError
+from advcli.read.columns import ColumnRoles
+from advcli.read.dataset import Dataset
+from advcli.read.formats import FOLDER_SUFFIXES
+from advcli.read.inputs import STDIN
+from advcli.settings import Engine, OutputFormat
+from advcli.write.atomic import check_output_path, writes_in_place
+from advcli.write.rows import write_advantages
+
+FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
+    ".parquet": OutputFormat.PARQUET,
+    ".pq": OutputFormat.PARQUET,
+    ".arrow": OutputFormat.ARROW,
+    ".arrows": OutputFormat.ARROWS,
+    ".npz": OutputFormat.NPZ,
+    ".pt": OutputFormat.PT,
+}
+
+
+def output_format_for(output: Path, requested: OutputFormat | None) -> OutputFormat:
+    """The output format: ``requested`` if given, else the one its extension names."""
+    if requested is not None:
+        chosen = OutputFormat(requested)
+    elif str(output) == STDIN:
+        chosen = OutputFormat.ARROWS
+    elif output.suffix.lower() in FORMAT_BY_SUFFIX:
+        chosen = FORMAT_BY_SUFFIX[output.suffix.lower()]
+    else:
+        raise AdvcliError(
+            f"{output}: cannot tell the output format from the extension; use .parquet, .arrow, "
+            ".arrows, .npz or .pt, or pass --format"
+        )
+    if chosen == "pt" and importlib.util.find_spec("torch") is None:
+        raise AdvcliError(f"{output}: writing .pt needs torch: pip install 'advcli[torch]'")
+    return chosen
+
+
+def report_format_for(path: Path) -> str:
+    """``json`` or ``markdown``, from a report path's extension."""
+    kind = {".json": "json", ".md": "markdown", ".markdown": "markdown"}.get(path.suffix.lower())
+    if kind is None:
+        raise AdvcliError(f"{path}: a report is .json or .md")
+    return kind
+
+
+def check_outputs(
+    outputs: Sequence[Path | None], dataset: Dataset, *, force: bool, engine: Engine = Engine.LOCAL
+) -> None:
+    """Check every file a command will write before any work is done; two outputs may not share
+    a path. The first output is a folder with the Ray engine."""
+    seen: set[Path] = set()
+    for position, output in enumerate(outputs):
+        if output is None:
+            continue
+        in_place = writes_in_place(output) and not (engine == Engine.RAY and position == 0)
+        if str(output) == STDIN or in_place:
+            # /dev/null twice is fine: a device or pipe takes each output as it comes.
+            check_output(output, dataset, force=force)
+            continue
+        if output.resolve() in seen:
+            raise AdvcliError(f"{output}: named for two outputs; give each its own path")
+        seen.add(output.resolve())
+        folder_output = engine == Engine.RAY and position == 0
+        check_output(output, dataset, force=force, folder_output=folder_output)
+
+
+def check_output(
+    output: Path, dataset: Dataset, *, force: bool, folder_output: bool = False
+) -> None:
+    """Refuse an output that would overwrite, remove or join the inputs
+    (:func:`check_not_an_input`), or that :func:`advcli.write.atomic.check_output_path` refuses
+    (``-``, standard output, is always fine)."""
+    if str(output) == STDIN:
+        require_stdout("the output")
+        check_not_written_into(output, dataset)
+        return
+    check_not_an_input(output, dataset, folder_output=folder_output)
+    if writes_in_place(output):
+        check_not_written_into(output, dataset)
+    check_output_path(output, force=force, folder_output=folder_output)
+
+
+def check_not_written_into(output: Path, dataset: Dataset) -> None:
+    """Refuse an output written in place (``-``, ``/dev/stdout``, ``/dev/fd/N``) that is an
+    input file under a name the path checks do not see (a hard link, a shell's ``>>`` onto
+    one): its bytes would go into the input, which a Parquet or Arrow writer opening the path
+    also truncates. Told by the file's device and inode."""
+    try:
+        info = os.fstat(sys.stdout.fileno()) if str(output) == STDIN else os.stat(output)
+    except (OSError, ValueError):
+        return
+    for index, identity in enumerate(dataset.identities):
+        if (info.st_dev, info.st_ino) == (identity.device, identity.inode):
+            shown = "standard output" if str(output) == STDIN else str(output)
+            raise AdvcliError(
+                f"{shown}: the output is the input {dataset.label(index)} (the same file); choose "
+                "another path"
+            )
+
+
+def check_not_an_input(output: Path, dataset: Dataset, *, folder_output: bool = False) -> None:
+    """Refuse an output that is an input file, a folder holding an input at any depth (``--force``
+    would replace the folder, inputs and all), or, for a dataset folder or a file a directory's
+    reading picks up, a path inside an input directory (the next run would read it as an
+    input). A report beside the inputs is fine. Paths are compared resolved: symbolic links and
+    ``..`` followed."""
+    # Where the output points (a link followed) and where the rename puts it (the link itself).
+    targets = {output.resolve(), output.parent.resolve() / output.name}
+    for index, path in enumerate(dataset.files):
+        # The file's data and its name (a link in an input folder is removed with the folder).
+        sources = {path.resolve(), Path(os.path.abspath(path))}
+        if sources & targets:
+            raise AdvcliError(f"{output}: the output is also an input; choose another path")
+        if targets & {folder for source in sources for folder in source.parents}:
+            raise AdvcliError(
+                f"{output}: the output folder holds the input {dataset.label(index)}; choose "
+                "another path"
+            )
+    for folder in dataset.folders:
+        inside = any(folder.resolve() in target.parents for target in targets)
+        if inside and (folder_output or output.suffix in FOLDER_SUFFIXES):
+            raise AdvcliError(
+                f"{output}: the output is inside the input folder {folder}, whose files are "
+                "read as inputs; choose a path outside it"
+            )
+
+
+def write_rows(
+    dataset: Dataset,
+    columns: ColumnRoles,
+    row_values: pl.DataFrame,
+    output: Path,
+    fmt: OutputFormat,
+    tokens: bool,
+    force: bool,
+) -> None:
+    """Stage 3 to ``output``: :func:`advcli.write.rows.write_advantages`, or, for ``-``, the
+    same written whole to a temporary file and then copied to standard output."""
+    if str(output) != STDIN:
+        write_advantages(
+            dataset, columns, row_values, output, output_format=fmt, tokens=tokens, force=force
+        )
+        return
+    # Written whole to a temporary file first, so that a failure sends nothing down the pipe.
+    with tempfile.TemporaryDirectory(prefix="advcli-stdout-") as folder:
+        staged = Path(folder) / f"out.{fmt.value}"
+        try:
+            write_advantages(dataset, columns, row_values, staged, output_format=fmt, tokens=tokens)
+        except AdvcliError as error:
+            raise AdvcliError(f"standard output: staging the output failed: {error}") from None
+        with staged.open("rb") as result:
+            copy_to_stdout(result)
