@@ -76,15 +76,18 @@ def group_table(
     each unit's token count (opo's weights); ``order``: each unit's first row (pass@k's tie
     break)."""
     count = torch.bincount(group, minlength=bound).to(torch.float64)
-    high = x.new_full((bound,), -math.inf).scatter_reduce_(0, group, x, "amax")
-    low = x.new_full((bound,), math.inf).scatter_reduce_(0, group, x, "amin")
-    all_equal = high == low
-    # The mean from values shifted by one of the group's own: equal units give their score
-    # exactly, and Σ(x − mean)² exactly 0.
-    mean = high + x.new_zeros(bound).scatter_add_(0, group, x - high.index_select(0, group)) / count
-    mean = torch.where(all_equal, high, mean)
-    deviation = x - mean.index_select(0, group)
-    m2 = x.new_zeros(bound).scatter_add_(0, group, deviation * deviation)
+    # The mean from values shifted by one of the group's own (any one: a scatter, cheaper than
+    # a group maximum): equal units give their score exactly, and Σ(x − mean)² exactly 0, which
+    # tells them (a group whose units differ has a unit off its mean).
+    representative = x.new_zeros(bound).scatter_(0, group, x)
+    # One per-unit buffer for every intermediate: fresh large allocations cost page faults.
+    work = representative.index_select(0, group)
+    torch.sub(x, work, out=work)
+    mean = representative + x.new_zeros(bound).scatter_add_(0, group, work) / count
+    torch.index_select(mean, 0, group, out=work)
+    torch.sub(x, work, out=work)
+    m2 = x.new_zeros(bound).scatter_add_(0, group, work.mul_(work))
+    all_equal = m2 == 0
     std = torch.where(all_equal, ZERO_STD, torch.sqrt(m2 / (count - STD_DDOF)))
     alone = count == 1
 
@@ -96,6 +99,7 @@ def group_table(
         baseline = torch.where(all_equal, mean, torch.where(weight > 0, weighted / weight, 0.0))
     elif rule.baseline is Baseline.SECOND_BEST:
         order = order if order is not None else torch.arange(x.shape[0], device=x.device)
+        high = x.new_full((bound,), -math.inf).scatter_reduce_(0, group, x, "amax")
         top = _top_units(x, group, bound, high, order)
         is_top = top.index_select(0, group) == order
         second = x.masked_fill(is_top, -math.inf)
@@ -132,17 +136,22 @@ def apply_table(
 ) -> torch.Tensor:
     """The advantage of each score ``x`` of group ``group`` under the groups' ``table``;
     ``order`` (each score's unit's first row) picks pass@k's top unit."""
-    centred = x - table.baseline.index_select(0, group)
+    # Each intermediate written into a buffer of its own gather: fresh large allocations cost
+    # page faults.
+    centred = table.baseline.index_select(0, group)
+    torch.sub(x, centred, out=centred)
     if table.top is not None:
         assert order is not None
         centred = torch.where(order == table.top.index_select(0, group), centred, 0.0)
     if table.factor is not None:
         advantage = centred * table.factor.index_select(0, group)
     elif table.divisor is not None:
-        # A centred score of exactly 0 (a zero-std group's) stays exactly 0, also with ε = 0,
-        # where 0 / 0 would be NaN.
-        quotient = centred / table.divisor.index_select(0, group)
-        advantage = torch.where(centred == 0, 0.0, quotient)
+        divisor = table.divisor.index_select(0, group)
+        advantage = torch.div(centred, divisor, out=divisor)
+        if bool((table.divisor == 0).any()):
+            # A centred score of exactly 0 (a zero-std group's) stays exactly 0, also with
+            # ε = 0, where 0 / 0 would be NaN; over a divisor above 0 it is 0 already.
+            advantage = torch.where(centred == 0, 0.0, advantage)
     else:
         advantage = centred
     if table.lone_zero:
