@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,17 +41,7 @@ def scan_parquet(files: Sequence[ScannedFile], schema: pl.Schema) -> pl.LazyFram
     tests/test_parquet_scan.py checks all three. Run queries on it inside :func:`closing_sources`.
     """
 
-    def source(
-        with_columns: list[str] | None,
-        predicate: pl.Expr | None,
-        n_rows: int | None,
-        batch_size: int | None,
-    ) -> _Source:
-        opened = _Source(_parquet_frames(files, with_columns, predicate, n_rows))
-        _OPEN_SOURCES.append(opened)
-        return opened
-
-    return register_io_source(source, schema=schema)
+    return _registered(_parquet_frames, files, schema)
 
 
 class _Source:
@@ -113,6 +103,30 @@ def open_parquet(path: Path | str) -> pq.ParquetFile:
     return pq.ParquetFile(path, coerce_int96_timestamp_unit="us")
 
 
+def _registered(
+    frames_of: Callable[
+        [Sequence[ScannedFile], list[str] | None, pl.Expr | None, int | None],
+        Generator[pl.DataFrame, None, None],
+    ],
+    files: Sequence[ScannedFile],
+    schema: pl.Schema,
+) -> pl.LazyFrame:
+    """``frames_of`` as a Polars IO source: each query opens its own frames (with the selection,
+    filter and limit Polars pushes down), closed by :func:`closing_sources`."""
+
+    def source(
+        with_columns: list[str] | None,
+        predicate: pl.Expr | None,
+        n_rows: int | None,
+        batch_size: int | None,
+    ) -> _Source:
+        opened = _Source(frames_of(files, with_columns, predicate, n_rows))
+        _OPEN_SOURCES.append(opened)
+        return opened
+
+    return register_io_source(source, schema=schema)
+
+
 def _parquet_frames(
     files: Sequence[ScannedFile],
     columns: list[str] | None,
@@ -161,17 +175,7 @@ def scan_arrow_stream(files: Sequence[ScannedFile], schema: pl.Schema) -> pl.Laz
     limit applied as :func:`scan_parquet` applies them. Run queries on it inside
     :func:`closing_sources`."""
 
-    def source(
-        with_columns: list[str] | None,
-        predicate: pl.Expr | None,
-        n_rows: int | None,
-        batch_size: int | None,
-    ) -> _Source:
-        opened = _Source(_stream_frames(files, with_columns, predicate, n_rows))
-        _OPEN_SOURCES.append(opened)
-        return opened
-
-    return register_io_source(source, schema=schema)
+    return _registered(_stream_frames, files, schema)
 
 
 def _stream_frames(
