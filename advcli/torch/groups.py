@@ -88,8 +88,10 @@ def group_table(
     torch.sub(x, work, out=work)
     m2 = x.new_zeros(bound).scatter_add_(0, group, work.mul_(work))
     all_equal = m2 == 0
-    std = torch.where(all_equal, ZERO_STD, torch.sqrt(m2 / (count - STD_DDOF)))
     alone = count == 1
+    # A lone unit's std is never read (the singleton rule divides it): its divisor is kept at 1 so
+    # no 0 / 0 is taken.
+    std = torch.where(all_equal, ZERO_STD, torch.sqrt(m2 / (count - STD_DDOF).clamp_(min=1)))
 
     top = None
     if rule.baseline is Baseline.TOKEN_WEIGHTED_MEAN:
