@@ -139,34 +139,21 @@ def _parquet_frames(
     does not check strings, and Polars would write invalid UTF-8 to the output. It costs about
     6 ms per 40 MB of strings.
     """
-    remaining = n_rows
-    for file in files:
-        if remaining == 0:
-            return
-        read = 0
-        try:
-            with open_parquet(file.source) as parquet_file:
-                rows = _batch_rows(parquet_file.metadata)
-                for batch in parquet_file.iter_batches(batch_size=rows, columns=columns):
-                    batch.validate(full=True)
-                    read += batch.num_rows
-                    frame = _frame_of(batch)
-                    if predicate is not None:
-                        frame = frame.filter(predicate)
-                    if remaining is not None:
-                        frame = frame.head(remaining)
-                        remaining -= frame.height
-                    yield frame
-                    if remaining == 0:
-                        return
-        except (pa.ArrowException, OSError) as error:
-            raise AdvcliError(f"{file.label}: cannot read the file ({first_line(error)})") from None
+
+    @contextlib.contextmanager
+    def batches(file: ScannedFile) -> Iterator[Iterator[pa.RecordBatch]]:
+        with open_parquet(file.source) as parquet_file:
+            rows = _batch_rows(parquet_file.metadata)
+            yield parquet_file.iter_batches(batch_size=rows, columns=columns)
+
+    def damaged(file: ScannedFile, read: int) -> str:
         # Row numbers, and so every row's advantage, rest on the counts read from the footers.
-        if read != file.rows:
-            raise AdvcliError(
-                f"{file.label}: the file holds {read:,} rows but its footer counts "
-                f"{file.rows:,}; the file is damaged"
-            )
+        return (
+            f"{file.label}: the file holds {read:,} rows but its footer counts {file.rows:,}; "
+            "the file is damaged"
+        )
+
+    return _frames(files, batches, predicate, n_rows, damaged)
 
 
 def scan_arrow_stream(files: Sequence[ScannedFile], schema: pl.Schema) -> pl.LazyFrame:
@@ -186,30 +173,55 @@ def _stream_frames(
 ) -> Generator[pl.DataFrame, None, None]:
     """The stream files' rows in batches, validated and counted as Parquet's are
     (:func:`_parquet_frames`)."""
+
+    @contextlib.contextmanager
+    def batches(file: ScannedFile) -> Iterator[Iterator[pa.RecordBatch]]:
+        with pa.memory_map(file.source) as mapped:
+            stream = pa.ipc.open_stream(mapped)
+            yield (batch if columns is None else batch.select(columns) for batch in stream)
+
+    def changed(file: ScannedFile, read: int) -> str:
+        return (
+            f"{file.label}: the stream holds {read:,} rows but held {file.rows:,} when it was "
+            "opened; the file changed"
+        )
+
+    return _frames(files, batches, predicate, n_rows, changed)
+
+
+def _frames(
+    files: Sequence[ScannedFile],
+    batches: Callable[[ScannedFile], contextlib.AbstractContextManager[Iterator[pa.RecordBatch]]],
+    predicate: pl.Expr | None,
+    n_rows: int | None,
+    miscounted: Callable[[ScannedFile, int], str],
+) -> Generator[pl.DataFrame, None, None]:
+    """Each file's ``batches`` (the selected columns), validated in full, filtered and cut to
+    ``n_rows`` in all; a file that gives other rows than it held when it was opened is refused
+    with ``miscounted``'s message."""
     remaining = n_rows
     for file in files:
+        if remaining == 0:
+            return
         read = 0
         try:
-            with pa.memory_map(file.source) as mapped:
-                for batch in pa.ipc.open_stream(mapped):
-                    if remaining == 0:
-                        return
+            with batches(file) as file_batches:
+                for batch in file_batches:
                     batch.validate(full=True)
                     read += batch.num_rows
-                    frame = _frame_of(batch if columns is None else batch.select(columns))
+                    frame = _frame_of(batch)
                     if predicate is not None:
                         frame = frame.filter(predicate)
                     if remaining is not None:
                         frame = frame.head(remaining)
                         remaining -= frame.height
                     yield frame
+                    if remaining == 0:
+                        return
         except (pa.ArrowException, OSError) as error:
             raise AdvcliError(f"{file.label}: cannot read the file ({first_line(error)})") from None
         if read != file.rows:
-            raise AdvcliError(
-                f"{file.label}: the stream holds {read:,} rows but held "
-                f"{file.rows:,} when it was opened; the file changed"
-            )
+            raise AdvcliError(miscounted(file, read))
 
 
 def _frame_of(batch: pa.RecordBatch) -> pl.DataFrame:
