@@ -7,7 +7,7 @@ module only lays them out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -106,37 +106,35 @@ def _histogram_table(counts: dict[str, int]) -> Table:
 
 
 def _by_turns_table(report: BiasReport) -> Table:
-    by_turns = Table(
-        title="By turn count (diff = traj − turn; mass = Σ adv × tokens)",
-        title_justify="left",
-        show_edge=False,
-    )
-    for header in BY_TURNS_HEADERS:
-        by_turns.add_column(header, justify="right")
-    _add_rows(by_turns, by_turns_rows(report))
-    return by_turns
+    title = "By turn count (diff = traj − turn; mass = Σ adv × tokens)"
+    return _right_aligned(title, BY_TURNS_HEADERS, by_turns_rows(report))
 
 
 def _top_group_table(report: BiasReport) -> Table:
-    top = Table(
-        title="Most affected groups (baseline shift)", title_justify="left", show_edge=False
-    )
-    for header in TOP_GROUP_HEADERS:
-        # Ids are folded, not cut at the column's width: two uuids that share a prefix must stay
-        # apart.
-        top.add_column(header, justify="right", overflow="fold")
-    _add_rows(top, top_group_rows(report))
-    return top
+    title = "Most affected groups (baseline shift)"
+    # Ids are folded, not cut at the column's width: two uuids that share a prefix must stay
+    # apart.
+    return _right_aligned(title, TOP_GROUP_HEADERS, top_group_rows(report), overflow="fold")
 
 
 def _top_trajectory_table(report: BiasReport) -> Table:
-    worst = Table(
-        title="Most affected trajectories (|diff|)", title_justify="left", show_edge=False
-    )
-    for header in TOP_TRAJECTORY_HEADERS:
-        worst.add_column(header, justify="right", overflow="fold")
-    _add_rows(worst, top_trajectory_rows(report))
-    return worst
+    title = "Most affected trajectories (|diff|)"
+    rows = top_trajectory_rows(report)
+    return _right_aligned(title, TOP_TRAJECTORY_HEADERS, rows, overflow="fold")
+
+
+def _right_aligned(
+    title: str,
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    overflow: Literal["fold", "ellipsis"] = "ellipsis",
+) -> Table:
+    """A table of right-aligned columns of plain text, titled on the left."""
+    table = Table(title=title, title_justify="left", show_edge=False)
+    for header in headers:
+        table.add_column(header, justify="right", overflow=overflow)
+    _add_rows(table, rows)
+    return table
 
 
 def _loss_weight_table(report: BiasReport) -> Table | None:
