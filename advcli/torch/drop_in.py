@@ -7,7 +7,7 @@ import torch
 
 from advcli.rules import RULES
 from advcli.settings import Scale, Singleton
-from advcli.torch.groups import apply_table, group_table
+from advcli.torch.groups import apply_table, apply_table_to_units, group_table
 from advcli.torch.ids import (
     KEY_LIMIT,
     Codes,
@@ -162,6 +162,8 @@ def _own_score_advantages(
         unit_group = group.values.index_select(0, units)
     rule = RULES[estimator]
     table = group_table(unit_scores, unit_group, group.bound, rule, scale, Singleton.RAW, epsilon)
+    if is_unit is None:
+        return apply_table_to_units(table, scores, group.values)
     return apply_table(table, scores, group.values)
 
 

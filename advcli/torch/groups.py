@@ -39,7 +39,9 @@ class GroupTable:
     ``factor`` (what the centred score is multiplied by: rloo's n / (n − 1); None for the
     others), ``divisor`` (what it is divided by, ε included; None when the estimator does not
     divide), ``top`` (pass@k: the order of the group's top unit, the only one whose centred score
-    counts; None for the others) and ``lone_zero`` (a unit alone in its group gets 0). Slots that
+    counts; None for the others), ``lone_zero`` (a unit alone in its group gets 0) and
+    ``unit_centred`` (each unit's score less its baseline, when that is the mean: kept so the
+    table applied to its own units gathers nothing again; None for the others). Slots that
     no unit uses hold NaN or infinities; they are never read.
     """
 
@@ -50,6 +52,7 @@ class GroupTable:
     divisor: torch.Tensor | None
     top: torch.Tensor | None
     lone_zero: bool
+    unit_centred: torch.Tensor | None
 
     def counts(self) -> GroupCounts:
         """The groups, those of one unit and those of more whose units carry one score."""
@@ -76,29 +79,32 @@ def group_table(
     each unit's token count (opo's weights); ``order``: each unit's first row (pass@k's tie
     break)."""
     count = torch.bincount(group, minlength=bound).to(torch.float64)
+    alone = count == 1
     # The mean from values shifted by one of the group's own (any one: a scatter, cheaper than
     # a group maximum): equal units give their score exactly, and Σ(x − mean)² exactly 0, which
     # tells them (a group whose units differ has a unit off its mean).
     representative = x.new_zeros(bound).scatter_(0, group, x)
-    # One per-unit buffer for every intermediate: fresh large allocations cost page faults.
+    # Two per-unit buffers for every intermediate, and per-group ones updated in place: fresh
+    # large allocations cost page faults.
     work = representative.index_select(0, group)
     torch.sub(x, work, out=work)
-    mean = representative + x.new_zeros(bound).scatter_add_(0, group, work) / count
-    torch.index_select(mean, 0, group, out=work)
-    torch.sub(x, work, out=work)
-    m2 = x.new_zeros(bound).scatter_add_(0, group, work.mul_(work))
-    all_equal = m2 == 0
-    alone = count == 1
-    # A lone unit's std is never read (the singleton rule divides it): its divisor is kept at 1 so
-    # no 0 / 0 is taken.
-    std = torch.where(all_equal, ZERO_STD, torch.sqrt(m2 / (count - STD_DDOF).clamp_(min=1)))
+    mean = x.new_zeros(bound).scatter_add_(0, group, work).div_(count).add_(representative)
+    # Centred on the mean after the singleton rule: a lone unit's Σ(x − mean)² is never read, and
+    # the centred scores are the advantages' numerators when the baseline is the mean.
+    centre = mean.masked_fill(alone, SINGLETON_MEAN)
+    centred = centre.index_select(0, group)
+    torch.sub(x, centred, out=centred)
+    m2 = x.new_zeros(bound).scatter_add_(0, group, torch.mul(centred, centred, out=work))
+    all_equal = (m2 == 0).logical_or_(alone)
 
     top = None
+    unit_centred = None
     if rule.baseline is Baseline.TOKEN_WEIGHTED_MEAN:
         assert tokens is not None
         weight = x.new_zeros(bound).scatter_add_(0, group, tokens)
         weighted = x.new_zeros(bound).scatter_add_(0, group, tokens * x)
         baseline = torch.where(all_equal, mean, torch.where(weight > 0, weighted / weight, 0.0))
+        baseline.masked_fill_(alone, SINGLETON_MEAN)
     elif rule.baseline is Baseline.SECOND_BEST:
         order = order if order is not None else torch.arange(x.shape[0], device=x.device)
         high = x.new_full((bound,), -math.inf).scatter_reduce_(0, group, x, "amax")
@@ -106,30 +112,35 @@ def group_table(
         is_top = top.index_select(0, group) == order
         second = x.masked_fill(is_top, -math.inf)
         baseline = x.new_full((bound,), -math.inf).scatter_reduce_(0, group, second, "amax")
+        baseline.masked_fill_(alone, SINGLETON_MEAN)
     else:
-        baseline = mean
+        baseline, unit_centred = centre, centred
     factor = None
     if rule.baseline is Baseline.LEAVE_ONE_OUT:
         # s minus the mean of the other n - 1 units = n / (n - 1) * (s - mean).
-        factor = torch.where(alone, 1.0, count / (count - 1))
+        factor = (count / (count - 1)).masked_fill_(alone, 1.0)
 
     divisor = None
     if scale is Scale.GROUP:
-        divisor = torch.where(alone, SINGLETON_STD, std) + epsilon
+        # A lone unit is divided by the singleton std (its own is never read, so no 0 / 0 is
+        # taken for it); equal units by the zero std.
+        std = m2.div_((count - STD_DDOF).clamp_(min=1)).sqrt_().masked_fill_(all_equal, ZERO_STD)
+        divisor = std.masked_fill_(alone, SINGLETON_STD).add_(epsilon)
     elif scale is Scale.BATCH:
         # Every unit divided by the batch std; one alone in its group by the singleton std
         # when the batch std is 0 (advcli.rules).
         batch = _batch_std(x)
         lone = batch if batch != ZERO_STD else SINGLETON_STD
-        divisor = torch.where(alone, lone, torch.full_like(std, batch)) + epsilon
+        divisor = torch.full_like(count, batch).masked_fill_(alone, lone).add_(epsilon)
     return GroupTable(
         count=count,
         all_equal=all_equal,
-        baseline=torch.where(alone, SINGLETON_MEAN, baseline),
+        baseline=baseline,
         factor=factor,
         divisor=divisor,
         top=top,
         lone_zero=singleton is Singleton.ZERO or not rule.singleton_keeps_score,
+        unit_centred=unit_centred,
     )
 
 
@@ -142,6 +153,23 @@ def apply_table(
     # page faults.
     centred = table.baseline.index_select(0, group)
     torch.sub(x, centred, out=centred)
+    return _advantage_of_centred(table, centred, group, order)
+
+
+def apply_table_to_units(
+    table: GroupTable, x: torch.Tensor, group: torch.Tensor, order: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`apply_table` to the units the table was made from (``x``, ``group``), reusing their
+    centred scores where the table kept them."""
+    if table.unit_centred is None:
+        return apply_table(table, x, group, order)
+    return _advantage_of_centred(table, table.unit_centred, group, order)
+
+
+def _advantage_of_centred(
+    table: GroupTable, centred: torch.Tensor, group: torch.Tensor, order: torch.Tensor | None
+) -> torch.Tensor:
+    """The advantage of each score, from its ``centred`` score (it less its group's baseline)."""
     if table.top is not None:
         assert order is not None
         centred = torch.where(order == table.top.index_select(0, group), centred, 0.0)
@@ -177,7 +205,7 @@ def unit_advantages(units: Units, config: AdvantageConfig) -> tuple[torch.Tensor
         units.tokens,
         order,
     )
-    return apply_table(table, units.score, units.group, order), table.counts()
+    return apply_table_to_units(table, units.score, units.group, order), table.counts()
 
 
 def _top_units(
