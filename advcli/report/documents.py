@@ -145,12 +145,12 @@ def render_html(report: BiasReport) -> str:
         "<h1>advcli compare: turn level vs trajectory level</h1>",
         f'<p class="verdict"><strong>Verdict.</strong> {escape(summary["verdict"])}</p>',
         f"<p>{escape(assessment_line(report))}</p>",
+        _html_table(("metric", "value"), headline_rows(report)),
     ]
     remedies = remedy_rows(summary)
     if remedies:
         sections += ["<h2>What to change</h2>", _html_table(REMEDY_HEADERS, remedies)]
     sections += [
-        _html_table(("metric", "value"), headline_rows(report)),
         "<h2>How the dump was read</h2>",
         f"<p>Inputs: {escape(visible(', '.join(summary['settings']['inputs'])))}. advcli "
         f"{escape(summary['settings']['advcli_version'])}.</p>",
