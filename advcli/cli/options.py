@@ -102,6 +102,14 @@ EngineOpt = Annotated[
         "Parquet dataset folder.",
     ),
 ]
+CompareEngineOpt = Annotated[
+    Engine,
+    typer.Option(
+        "--engine",
+        help="local: Polars on this machine; ray: Ray Data reads the dump (needs advcli[ray], "
+        "Parquet inputs) and this machine makes the report.",
+    ),
+]
 AddressOpt = Annotated[
     str | None,
     typer.Option("--address", help="Ray cluster address (e.g. auto) [default: a new local one]."),

@@ -17,6 +17,7 @@ from rich.text import Text
 from advcli.report.views import (
     BY_TURNS_HEADERS,
     READING_HEADERS,
+    REMEDY_HEADERS,
     SHORTENED_NOTE,
     STEP_HEADERS,
     TOP_GROUP_HEADERS,
@@ -27,6 +28,7 @@ from advcli.report.views import (
     headline_rows,
     loss_weight_table,
     reading_rows,
+    remedy_rows,
     shortened,
     shown,
     step_rows,
@@ -70,9 +72,21 @@ def render_terminal(report: BiasReport, console: Console) -> None:
         parts += [steps, ""]
     if shortened(report):
         parts += [Text(SHORTENED_NOTE), ""]
+    remedies = remedy_rows(report.summary)
+    if remedies:
+        parts += [_remedy_table(remedies), ""]
     verdict = report.summary["verdict"] + "\n\n" + assessment_line(report)
     parts.append(Panel(Text(verdict), title="Verdict", title_align="left"))
     console.print(Group(*parts))
+
+
+def _remedy_table(rows: Sequence[Sequence[str]]) -> Table:
+    """Each trainer's change; its source is in the JSON, Markdown and HTML reports."""
+    table = Table(title="What to change", title_justify="left", show_edge=False)
+    for header in REMEDY_HEADERS[:2]:
+        table.add_column(header, overflow="fold")
+    _add_rows(table, [row[:2] for row in rows])
+    return table
 
 
 def _reading_table(report: BiasReport) -> Table:

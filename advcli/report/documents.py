@@ -11,13 +11,15 @@ import json
 import re
 from collections.abc import Sequence
 from html import escape
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from advcli.errors import AdvcliError
 from advcli.report.figure import figure_png
 from advcli.report.views import (
     BY_TURNS_HEADERS,
     READING_HEADERS,
+    REMEDY_HEADERS,
+    SETTINGS_HEADERS,
     SHORTENED_NOTE,
     STEP_HEADERS,
     TOP_GROUP_HEADERS,
@@ -27,6 +29,8 @@ from advcli.report.views import (
     headline_rows,
     loss_weight_table,
     reading_rows,
+    remedy_rows,
+    settings_rows,
     shortened,
     step_rows,
     top_group_rows,
@@ -52,8 +56,10 @@ def render_markdown(report: BiasReport) -> str:
             [
                 "# advcli compare: turn level vs trajectory level",
                 f"**Verdict.** {summary['verdict']}",
-                f"Inputs: {inputs}. advcli {summary['settings']['advcli_version']}.",
+                *_markdown_remedy(summary),
                 "## How the dump was read",
+                f"Inputs: {inputs}. advcli {summary['settings']['advcli_version']}.",
+                _markdown_table(SETTINGS_HEADERS, settings_rows(summary["settings"])),
                 _markdown_table(READING_HEADERS, reading_rows(summary["settings"]["reading"])),
                 "## Figures",
                 _markdown_table(("metric", "value"), headline_rows(report)),
@@ -82,6 +88,13 @@ def render_markdown(report: BiasReport) -> str:
         )
         + "\n"
     )
+
+
+def _markdown_remedy(summary: dict[str, Any]) -> list[str]:
+    rows = remedy_rows(summary)
+    if not rows:
+        return []
+    return ["## What to change", _markdown_table(REMEDY_HEADERS, rows)]
 
 
 def _markdown_loss_weights(report: BiasReport) -> list[str]:
@@ -133,7 +146,15 @@ def render_html(report: BiasReport) -> str:
         f'<p class="verdict"><strong>Verdict.</strong> {escape(summary["verdict"])}</p>',
         f"<p>{escape(assessment_line(report))}</p>",
         _html_table(("metric", "value"), headline_rows(report)),
+    ]
+    remedies = remedy_rows(summary)
+    if remedies:
+        sections += ["<h2>What to change</h2>", _html_table(REMEDY_HEADERS, remedies)]
+    sections += [
         "<h2>How the dump was read</h2>",
+        f"<p>Inputs: {escape(visible(', '.join(summary['settings']['inputs'])))}. advcli "
+        f"{escape(summary['settings']['advcli_version'])}.</p>",
+        _html_table(SETTINGS_HEADERS, settings_rows(summary["settings"])),
         _html_table(READING_HEADERS, reading_rows(summary["settings"]["reading"])),
     ]
     try:
@@ -161,8 +182,6 @@ def render_html(report: BiasReport) -> str:
         _html_table(TOP_TRAJECTORY_HEADERS, top_trajectory_rows(report)),
         "<h2>Most affected groups</h2>",
         _html_table(TOP_GROUP_HEADERS, top_group_rows(report)),
-        f"<p>Inputs: {escape(visible(', '.join(summary['settings']['inputs'])))}. advcli "
-        f"{escape(summary['settings']['advcli_version'])}.</p>",
     ]
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'

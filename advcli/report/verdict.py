@@ -1,6 +1,6 @@
 """How the bias report judges what it measured: the bias's level by its thresholds, the remedy for
-each trainer (one table, read by the JSON's ``assessment`` and by the verdict's sentence), and the
-verdict in plain language.
+each trainer (one table, read by the JSON's ``assessment.remedy``, the verdict's sentence and every
+view's "What to change"), and the verdict in plain language.
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ def assess(summary: dict[str, Any]) -> dict[str, Any]:
         "sign_flip_share": flips,
         "thresholds": THRESHOLDS,
         "lopsided_loss_modes": lopsided,
-        "remedy": remedies() if level != "negligible" else None,
+        "remedy": remedy(summary["settings"]["reading"]["trainer"])
+        if level != "negligible"
+        else None,
     }
 
 
@@ -59,40 +61,171 @@ def bias_level(diff: float, flips: float) -> str:
 
 @dataclass(frozen=True)
 class Remedy:
-    """What a trainer's user sets to count each trajectory once: ``setting`` as the JSON's
-    ``assessment.remedy`` states it, ``brief`` as the verdict's sentence names it (None: the
-    verdict does not name it)."""
+    """What one trainer's user changes to count each trajectory once, as that trainer's released
+    code has it (``docs/reference/trainer-sources.md``, "Remedies", cites each line).
 
-    setting: str
-    brief: str | None
+    ``change`` is the JSON's and every report's sentence, ``brief`` the verdict's words for it
+    (after the trainer's name),
+    ``source`` where the code says so (repository at a commit, or a release; file; function or
+    key), ``config_keys`` every config key ``change`` names, each read in ``source``.
+    """
+
+    trainer: str
+    change: str
+    brief: str
+    source: str
+    config_keys: tuple[str, ...] = ()
+
+    def entry(self) -> dict[str, str]:
+        """The remedy as the JSON's ``assessment.remedy.advice`` lists it."""
+        return {"trainer": self.trainer, "change": self.change, "source": self.source}
 
 
-REMEDIES = {
-    "advcli": Remedy(
-        "advcli compute --level trajectory (the default) writes trajectory-level "
-        "advantages; advcli.verl.compute_advantage(batch) applies them in the training step",
-        brief="advcli compute --level trajectory, or advcli.verl in the training step",
+ADVCLI = Remedy(
+    "advcli",
+    "advcli compute --level trajectory (the default) writes trajectory-level advantages; in a "
+    "verl-based training step, advcli.verl.compute_advantage(batch) in place of verl's "
+    "compute_advantage call applies them",
+    brief="advcli compute --level trajectory, or advcli.verl.compute_advantage(batch) in the "
+    "training step",
+    source="advcli: advcli/verl.py, compute_advantage",
+)
+VERL = Remedy(
+    "verl",
+    "verl's agent loop keeps a conversation in one row, so its own batch has no turn bias; where "
+    "rows are turns (a trajectory column of your own), replace the compute_advantage call in "
+    "RayPPOTrainer.fit (verl/trainer/ppo/ray_trainer.py) with "
+    "advcli.verl.compute_advantage(batch)",
+    brief="advcli.verl.compute_advantage(batch) in place of compute_advantage in RayPPOTrainer.fit",
+    source="verl 0.9.1 (PyPI): verl/trainer/ppo/ray_trainer.py, compute_advantage and "
+    "RayPPOTrainer.fit",
+)
+VERL_V1 = Remedy(
+    "verl (v1 multi-trajectory)",
+    "for GRPO the v1 trainer already counts each session once: "
+    "compute_advantage_for_multi_trajectories (verl/trainer/ppo/v1/utils.py, called by "
+    "TrainerBase._compute_advantage) scores each session's final output and broadcasts it; "
+    "other estimators run per row there, so for them replace that call with "
+    "advcli.verl.compute_advantage(batch)",
+    brief="GRPO already does; other estimators: advcli.verl.compute_advantage(batch)",
+    source="verl 0.9.1 (PyPI): verl/trainer/ppo/v1/utils.py, "
+    "compute_advantage_for_multi_trajectories; verl/trainer/ppo/v1/trainer_base.py, "
+    "TrainerBase._compute_advantage",
+)
+VERL_AGENT = Remedy(
+    "verl-agent",
+    "no config key does it: compute_mean_std_cross_steps is only a keyword default of "
+    "compute_grpo_outcome_advantage (verl/trainer/ppo/core_algos.py) and episode_norm_reward "
+    "(gigpo/core_gigpo.py), which compute_advantage (verl/trainer/ppo/ray_trainer.py) never "
+    "passes, and flipping it alone is unsafe: each row stays centred on its own score, so with "
+    "the invalid-action penalty (actor_rollout_ref.actor.use_invalid_action_penalty, on by "
+    "default) a group whose trajectories' first rows tie (std 0) divides a later penalized row's "
+    "-0.1 by epsilon: an advantage of -1e5. "
+    "Replace the compute_advantage call in RayPPOTrainer.fit for GRPO with "
+    'advcli.verl.compute_advantage(batch, traj_score="mean"): the penalty makes an episode\'s '
+    "rows differ, and the mean is its reward less its share of penalties",
+    brief='advcli.verl.compute_advantage(batch, traj_score="mean") in place of '
+    "compute_advantage in RayPPOTrainer.fit (no config key does it)",
+    source="langfengQ/verl-agent@2716b30: verl/trainer/ppo/ray_trainer.py, compute_advantage, "
+    "apply_invalid_action_penalty and RayPPOTrainer.fit; verl/trainer/ppo/core_algos.py, "
+    "compute_grpo_outcome_advantage; gigpo/core_gigpo.py, episode_norm_reward; "
+    "verl/trainer/config/ppo_trainer.yaml, actor_rollout_ref.actor.use_invalid_action_penalty",
+    config_keys=("actor_rollout_ref.actor.use_invalid_action_penalty",),
+)
+AGENT_LIGHTNING = Remedy(
+    "agent-lightning",
+    "algorithm.enable_rollout_level_advantage=true (agentlightning/verl/config.yaml sets it; the "
+    "trainer reads it with a default of false) computes the advantage on one row per rollout "
+    "(compute_rollout_level_advantage) and broadcasts it to the rollout's rows; "
+    "actor_rollout_ref.actor.policy_loss.loss_mode=per_rollout_mean (also config.yaml's) gives "
+    "each rollout equal weight in the loss",
+    brief="algorithm.enable_rollout_level_advantage=true",
+    source="microsoft/agent-lightning@c632d8d: agentlightning/verl/config.yaml, "
+    "algorithm.enable_rollout_level_advantage and actor_rollout_ref.actor.policy_loss.loss_mode; "
+    "agentlightning/verl/trainer.py; agentlightning/verl/rollout_level_advantage.py, "
+    "compute_rollout_level_advantage",
+    config_keys=(
+        "algorithm.enable_rollout_level_advantage",
+        "actor_rollout_ref.actor.policy_loss.loss_mode",
     ),
-    "verl-agent": Remedy(
-        "algorithm.compute_mean_std_cross_steps=False (each (uid, traj_uid) counts once)",
-        brief="verl-agent: algorithm.compute_mean_std_cross_steps=False",
-    ),
-    "agent-lightning": Remedy(
-        "algorithm.enable_rollout_level_advantage=true (its default), and "
-        "actor.policy_loss.loss_mode=per_rollout_mean for equal loss weight per rollout",
-        brief="agent-lightning: enable_rollout_level_advantage",
-    ),
-    "verl v1": Remedy(
-        "the v1 trainer's compute_advantage_for_multi_trajectories does it for GRPO "
-        "(final turn's score); other estimators run per row there",
-        brief=None,
-    ),
+)
+SKYRL = Remedy(
+    "SkyRL",
+    "nothing to change: with generator.step_wise_trajectories=true, "
+    "RayPPOTrainer.compute_advantages_and_returns (skyrl/train/trainer.py) runs the estimator on "
+    "the is_last_step rows only and broadcasts each trajectory's advantage to its steps; the "
+    "turn level here is what counting every step would give",
+    brief="its step-wise training already does",
+    source="NovaSky-AI/SkyRL@a956457: skyrl/train/trainer.py, "
+    "RayPPOTrainer.compute_advantages_and_returns; skyrl/train/config/config.py, "
+    "generator.step_wise_trajectories",
+    config_keys=("generator.step_wise_trajectories",),
+)
+RLLM = Remedy(
+    "rLLM",
+    "rLLM's unified trainer already counts each trajectory once "
+    "(collect_reward_and_advantage_from_trajectory_groups in "
+    "rllm/trainer/algorithms/advantage.py: one advantage per trajectory from its reward, given "
+    "to each step); in AgentWorkflowPPOTrainer (rllm/trainer/verl/agent_workflow_trainer.py) "
+    "replace the compute_advantage call in fit_agent with advcli.verl.compute_advantage(batch, "
+    'group_key="trajectory_ids", trajectory_key="episode_ids")',
+    brief='advcli.verl.compute_advantage(batch, group_key="trajectory_ids", '
+    'trajectory_key="episode_ids") in AgentWorkflowPPOTrainer.fit_agent',
+    source="rllm-org/rllm@9beb6e0: rllm/trainer/algorithms/advantage.py, "
+    "collect_reward_and_advantage_from_trajectory_groups; "
+    "rllm/trainer/verl/agent_workflow_trainer.py, AgentWorkflowPPOTrainer.fit_agent",
+)
+RLLM_AGENT_PPO = Remedy(
+    "rLLM (AgentPPOTrainer)",
+    "in step-wise training (rllm.stepwise_advantage.enable=true), "
+    "rllm.stepwise_advantage.mode=broadcast (its default) has AgentPPOTrainer.fit_agent compute "
+    "the advantage on the is_last_step rows only and broadcast it to each step of the same idxs; "
+    "per_step counts every step row",
+    brief="rllm.stepwise_advantage.mode=broadcast",
+    source="rllm-org/rllm@0b1853c: rllm/trainer/verl/agent_ppo_trainer.py, "
+    "AgentPPOTrainer.fit_agent and _stepwise_advantage_broadcast; "
+    "rllm/trainer/config/agent_ppo_trainer.yaml, rllm.stepwise_advantage.enable and "
+    "rllm.stepwise_advantage.mode",
+    config_keys=("rllm.stepwise_advantage.enable", "rllm.stepwise_advantage.mode"),
+)
+ONE_ROW_PER_EPISODE = Remedy(
+    "OpenRLHF, TRL",
+    "nothing to change: each row is a whole episode, so both levels are the same",
+    brief="one row per episode, nothing to change",
+    source="openrlhf 0.11.2 and trl 1.16.0 (PyPI): one row per sample",
+)
+
+# Each dialect's remedy, keyed and ordered as advcli.read.dialects.DIALECTS names them.
+# advcli's own schema is written by advcli.dump.write_batch from any trainer's batch, so a dump
+# in it gets the whole table, as a dump no dialect matched does.
+REMEDIES: dict[str, Remedy] = {
+    "advcli": ADVCLI,
+    "agent-lightning": AGENT_LIGHTNING,
+    "verl-agent": VERL_AGENT,
+    "verl (v1 multi-trajectory)": VERL_V1,
+    "verl": VERL,
+    "SkyRL": SKYRL,
+    "SkyRL 0.4.0": SKYRL,
+    "rLLM": RLLM,
+    "rLLM (AgentPPOTrainer)": RLLM_AGENT_PPO,
+    "OpenRLHF": ONE_ROW_PER_EPISODE,
+    "TRL": ONE_ROW_PER_EPISODE,
 }
 
 
-def remedies() -> dict[str, str]:
-    """The JSON's ``assessment.remedy``: each trainer's setting."""
-    return {trainer: remedy.setting for trainer, remedy in REMEDIES.items()}
+def remedies_for(trainer: str | None) -> list[Remedy]:
+    """The remedies that apply to a dump read in ``trainer``'s dialect: that trainer's, then
+    advcli's; every trainer's (advcli's first) where the dialect does not tell the trainer."""
+    own = REMEDIES.get(trainer or "")
+    if own is None or own is ADVCLI:
+        return list(dict.fromkeys(REMEDIES.values()))
+    return [own, ADVCLI]
+
+
+def remedy(trainer: str | None) -> dict[str, Any]:
+    """The JSON's ``assessment.remedy``: the dialect the advice was chosen for (None: no
+    dialect matched) and the advice, the trainer's own first."""
+    return {"trainer": trainer, "advice": [entry.entry() for entry in remedies_for(trainer)]}
 
 
 def verdict(summary: dict[str, Any], per_trajectory: pl.DataFrame) -> str:
@@ -117,9 +250,11 @@ def verdict(summary: dict[str, Any], per_trajectory: pl.DataFrame) -> str:
             pl.col("diff").filter(pl.col("turns") >= threshold).mean(),
             pl.col("diff").filter(pl.col("turns") < threshold).mean().alias("short"),
         ).row(0)
+        # diff = trajectory − turn level, so counting every turn gives a trajectory −diff more.
         sentences.append(
-            f"Compared with counting each trajectory once, trajectories with ≥ {threshold} turns "
-            f"get {_less_or_more(long)}, and shorter ones {_less_or_more(short)}."
+            f"Counting every turn gives trajectories with ≥ {threshold} turns "
+            f"{_more_or_less(long, 'than counting each trajectory once')}, and shorter ones "
+            f"{_more_or_less(short)}."
         )
     flips = summary["trajectories"]["sign_flips"]
     sentences.append(
@@ -139,13 +274,24 @@ def verdict(summary: dict[str, Any], per_trajectory: pl.DataFrame) -> str:
     if level == "negligible":
         sentences.append("The bias is negligible here: either level gives about the same numbers.")
     else:
-        briefs = "; ".join(remedy.brief for remedy in REMEDIES.values() if remedy.brief)
-        sentences.append(f"The bias is {level}: use trajectory-level advantages ({briefs}).")
+        advice = remedies_for(summary["settings"]["reading"]["trainer"])
+        named = [
+            entry.brief if entry is ADVCLI else f"{entry.trainer}: {entry.brief}"
+            for entry in advice
+        ]
+        if len(named) > 2:
+            briefs = f"{named[0]}; What to change lists each trainer's"
+        else:
+            briefs = "; or ".join(named)
+        sentences.append(f"The bias is {level}: count each trajectory once ({briefs}).")
     return " ".join(sentences)
 
 
-def _less_or_more(mean_diff: Any) -> str:
+def _more_or_less(mean_diff: Any, than: str = "") -> str:
+    """What counting every turn gives, from a mean trajectory − turn level ``diff``: ``than``
+    names the other level where the sentence first compares the two."""
     value = float(mean_diff or 0.0)
     if abs(value) < 5e-4:
-        return "about the same advantage"
-    return f"{abs(value):.3f} {'less' if value > 0 else 'more'} advantage on average"
+        return f"about the same advantage{' as' + than.removeprefix('than') if than else ''}"
+    words = f"{abs(value):.3f} {'less' if value > 0 else 'more'}"
+    return f"{words} advantage on average {than}" if than else words

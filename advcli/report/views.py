@@ -6,6 +6,7 @@ Everything here reads a :class:`~advcli.report.bias.BiasReport`; nothing compute
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from advcli.names import NOT_UTF8_ESCAPES
@@ -46,6 +47,8 @@ TOP_TRAJECTORY_HEADERS = (
     "diff",
 )
 READING_HEADERS = ("role", "column", "why")
+SETTINGS_HEADERS = ("setting", "value")
+REMEDY_HEADERS = ("trainer", "change", "source")
 STEP_HEADERS = ("step", "rows", "trajs", "mean |diff|", "max |diff|", "shift", "flips", "bias")
 
 
@@ -253,6 +256,29 @@ def _duplicate_rows_line(summary: dict[str, Any]) -> list[tuple[str, str]]:
             f"{count:,} counted as the trainer did; --drop-duplicates to count each once",
         )
     ]
+
+
+def settings_rows(settings: dict[str, Any]) -> list[tuple[str, str]]:
+    """The report's ``settings`` as the JSON holds them, a row a key, the trainer (the dialect
+    the dump was read in) first. The columns are :func:`reading_rows`'s; the inputs and advcli's
+    version each view names in a sentence of its own (a path as a code span in Markdown)."""
+    rows = [("trainer", visible(settings["reading"]["trainer"] or "none"))]
+    for key, value in settings.items():
+        if key in ("columns", "reading", "inputs", "advcli_version"):
+            continue
+        if isinstance(value, list):
+            value = ", ".join(map(str, value))
+        rows.append((key, visible(value if isinstance(value, str) else json.dumps(value))))
+    return rows
+
+
+def remedy_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """What to change in each trainer that applies, the dump's own first (none when the bias is
+    negligible)."""
+    remedy = summary["assessment"]["remedy"]
+    if remedy is None:
+        return []
+    return [(entry["trainer"], entry["change"], entry["source"]) for entry in remedy["advice"]]
 
 
 def reading_rows(reading: dict[str, Any]) -> list[tuple[str, str, str]]:

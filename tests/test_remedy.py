@@ -1,0 +1,284 @@
+"""The remedy table and the verdict's words: each trainer's dump (real Parquet in that trainer's
+dialect, through the CLI) gets that trainer's change first and advcli's after it, and nothing
+else; a dump whose trainer is unknown gets every trainer's; no remedy names a config key its
+cited source does not hold; the verdict's sentence says which level gives what.
+
+The facts each remedy states are read from the trainers' released code, cited in
+docs/reference/trainer-sources.md ("Remedies"). Expected advantages are hand-computed here or
+come from tests/reference.py, never from advcli.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import polars as pl
+import pytest
+from reference import reference_advantages
+
+from advcli.read.dialects import DIALECTS
+from advcli.report.verdict import REMEDIES, remedies_for
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "sample_data" / "rollouts.parquet"
+SOURCES = ROOT / "docs" / "reference" / "trainer-sources.md"
+
+# Two groups, each a 1-turn success and a 4-turn failure (README's example), 2 tokens a row.
+TRAJECTORIES = [("g0", "a", 1.0, 1), ("g0", "b", 0.0, 4), ("g1", "c", 1.0, 1), ("g1", "d", 0.0, 4)]
+TOKENS = 2
+
+
+def _rows() -> list[tuple[str, str, int, float]]:
+    return [
+        (group, traj, turn, score)
+        for group, traj, score, turns in TRAJECTORIES
+        for turn in range(turns)
+    ]
+
+
+def _rewards(scores: list[float]) -> pl.Series:
+    return pl.Series([[0.0] * (TOKENS - 1) + [score] for score in scores])
+
+
+def _mask(length: int) -> pl.Series:
+    return pl.Series([[1] * TOKENS] * length, dtype=pl.List(pl.Int8))
+
+
+def dialect_dump(trainer: str, path: Path) -> Path:
+    """The example trajectories with the column names and types of ``trainer``'s batch
+    (docs/reference/trainer-sources.md): ids as strings, rewards on each row's last token."""
+    rows = _rows()
+    group = [f"{r[0]}-uuid" for r in rows]
+    trajectory = [f"{r[0]}-{r[1]}" for r in rows]
+    turn = [r[2] for r in rows]
+    scores = [r[3] for r in rows]
+    last = [i + 1 == len(rows) or rows[i + 1][1] != r[1] for i, r in enumerate(rows)]
+    columns: dict[str, pl.Series | list] = {
+        "verl-agent": {"uid": group, "traj_uid": trajectory, "token_level_rewards": None},
+        "agent-lightning": {
+            "data_id_list": group,
+            "rollout_id_list": trajectory,
+            "turn_index_list": turn,
+            "token_level_scores": None,
+        },
+        "verl (v1 multi-trajectory)": {
+            "uid": group,
+            "session_id": [ord(r[1]) for r in rows],
+            "token_level_rewards": None,
+        },
+        "verl": {"uid": group, "trajectory_id": trajectory, "token_level_rewards": None},
+        "SkyRL": {
+            "uids": group,
+            "trajectory_ids": trajectory,
+            "is_last_step": last,
+            "rewards": None,
+        },
+        "SkyRL 0.4.0": {"uids": group, "is_last_step": last, "rewards": None},
+        "rLLM": {"trajectory_ids": group, "episode_ids": trajectory, "traj_rewards": None},
+        "rLLM (AgentPPOTrainer)": {
+            "uid": group,
+            "idxs": [ord(r[1]) for r in rows],
+            "token_level_scores": None,
+        },
+        "hand-named": {"prompt_id": group, "traj_id": trajectory, "turn": turn, "reward": scores},
+    }[trainer]
+    frame = pl.DataFrame(
+        {name: _rewards(scores) if value is None else value for name, value in columns.items()}
+    )
+    if trainer != "hand-named":
+        mask = "loss_mask" if trainer.startswith("SkyRL") else "response_mask"
+        frame = frame.with_columns(_mask(len(rows)).alias(mask))
+    frame.write_parquet(path)
+    return path
+
+
+def compare_json(run, path: Path) -> dict:
+    result = run("compare", path, "--json", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+# Each dialect's trainer as its advice names it, and words its change must hold.
+OWN_ADVICE = {
+    "verl-agent": ("verl-agent", ['traj_score="mean"', "RayPPOTrainer.fit", "-1e5"]),
+    "agent-lightning": (
+        "agent-lightning",
+        [
+            "algorithm.enable_rollout_level_advantage=true",
+            "actor_rollout_ref.actor.policy_loss.loss_mode=per_rollout_mean",
+        ],
+    ),
+    "verl (v1 multi-trajectory)": (
+        "verl (v1 multi-trajectory)",
+        ["compute_advantage_for_multi_trajectories"],
+    ),
+    "verl": ("verl", ["advcli.verl.compute_advantage(batch)", "RayPPOTrainer.fit"]),
+    "SkyRL": ("SkyRL", ["nothing to change", "generator.step_wise_trajectories=true"]),
+    "SkyRL 0.4.0": ("SkyRL", ["nothing to change", "is_last_step"]),
+    "rLLM": ("rLLM", ['group_key="trajectory_ids"', 'trajectory_key="episode_ids"']),
+    "rLLM (AgentPPOTrainer)": (
+        "rLLM (AgentPPOTrainer)",
+        ["rllm.stepwise_advantage.mode=broadcast"],
+    ),
+}
+
+
+@pytest.mark.parametrize("trainer", list(OWN_ADVICE))
+def test_a_trainers_dump_gets_its_own_change_first_and_only_what_applies(run, tmp_path, trainer):
+    report = compare_json(run, dialect_dump(trainer, tmp_path / "dump.parquet"))
+    assert report["settings"]["reading"]["trainer"] == trainer
+    assert report["assessment"]["level"] == "severe"
+    remedy = report["assessment"]["remedy"]
+    assert remedy["trainer"] == trainer
+    label, words = OWN_ADVICE[trainer]
+    assert [entry["trainer"] for entry in remedy["advice"]] == [label, "advcli"]
+    own = remedy["advice"][0]
+    for word in words:
+        assert word in own["change"], word
+    assert own["source"]
+    assert "compute_mean_std_cross_steps=" not in json.dumps(report)
+    # The verdict names the trainer's own change, then advcli's, and no other trainer's.
+    others = {r.trainer for r in REMEDIES.values()} - {label, "advcli"}
+    brief = report["verdict"].rsplit("count each trajectory once", 1)[1]
+    assert brief.startswith(f" ({label}")
+    assert "advcli compute --level trajectory" in brief
+    assert not [other for other in others if f"{other}:" in brief]
+
+
+def test_the_markdown_and_html_say_what_to_change_for_the_dumps_trainer(run, tmp_path):
+    dump = dialect_dump("agent-lightning", tmp_path / "dump.parquet")
+    markdown, page = tmp_path / "r.md", tmp_path / "r.html"
+    result = run("compare", dump, "--markdown", markdown, "--html", page, "-q")
+    assert result.exit_code == 0, result.stderr
+    section = markdown.read_text().split("## What to change\n\n", 1)[1].split("\n\n", 1)[0]
+    lines = section.splitlines()[2:]
+    assert [line.split(" | ", 1)[0] for line in lines] == ["| agent-lightning", "| advcli"]
+    assert "algorithm.enable_rollout_level_advantage=true" in section
+    html = page.read_text()
+    table = html.split("<h2>What to change</h2>", 1)[1].split("</table>", 1)[0]
+    assert re.findall(r"<tr><td>([^<]*)</td>", table) == ["agent-lightning", "advcli"]
+
+
+def test_the_terminal_says_what_to_change(run, tmp_path):
+    result = run("compare", dialect_dump("verl-agent", tmp_path / "dump.parquet"))
+    assert result.exit_code == 0, result.stderr
+    text = result.stdout
+    table = text.split("What to change", 1)[1].split("Verdict", 1)[0]
+    assert "verl-agent" in table and "advcli" in table and "agent-lightning" not in table
+    assert 'traj_score="mean"' in " ".join(table.split())
+
+
+@pytest.mark.parametrize("dump", ["advcli", "hand-named"])
+def test_a_dump_whose_trainer_is_unknown_gets_every_trainers_change(run, tmp_path, dump):
+    # advcli's own schema is what write_batch writes from any trainer's batch.
+    path = SAMPLE if dump == "advcli" else dialect_dump(dump, tmp_path / "dump.parquet")
+    report = compare_json(run, path)
+    remedy = report["assessment"]["remedy"]
+    assert remedy["trainer"] == (None if dump == "hand-named" else "advcli")
+    names = [entry["trainer"] for entry in remedy["advice"]]
+    assert names[0] == "advcli"
+    assert set(names) == {r.trainer for r in REMEDIES.values()}
+    assert len(names) == len(set(names))
+    assert "What to change lists each trainer's" in report["verdict"]
+
+
+def test_every_dialect_has_a_remedy():
+    assert {dialect.trainer for dialect in DIALECTS} == set(REMEDIES)
+    for dialect in DIALECTS:
+        assert remedies_for(dialect.trainer)[0] is REMEDIES[dialect.trainer]
+
+
+# A config key as a remedy states one: dotted lower-case names, not a file (x.py, x.yaml), not
+# advcli's own module path, not an attribute of a name (Class.method).
+CONFIG_KEY = re.compile(r"(?<![\w./])[a-z_]+(?:\.[a-z_]+)+(?![\w(])")
+
+
+def test_no_remedy_names_a_config_key_its_source_does_not_cite():
+    cited = SOURCES.read_text()
+    for remedy in set(REMEDIES.values()):
+        named = {
+            key
+            for text in (remedy.change, remedy.brief)
+            for key in CONFIG_KEY.findall(text)
+            if not key.startswith("advcli.") and not key.endswith((".py", ".yaml"))
+        }
+        assert named <= set(remedy.config_keys), (remedy.trainer, named)
+        for key in remedy.config_keys:
+            assert key in remedy.source, (remedy.trainer, key)
+            assert f"`{key}`" in cited, (remedy.trainer, key)
+        # verl-agent's keyword is a function's default, never a config key.
+        for text in (remedy.change, remedy.brief, remedy.source, *remedy.config_keys):
+            assert "algorithm.compute_mean_std_cross_steps" not in text
+            assert "compute_mean_std_cross_steps=" not in text
+
+
+def test_the_docs_never_give_the_keyword_as_a_config_key():
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = page.read_text()
+        assert "algorithm.compute_mean_std_cross_steps" not in text, page
+        assert "compute_mean_std_cross_steps=False" not in text, page
+
+
+def _verdict_sentence(verdict: str) -> str:
+    return next(s for s in verdict.split(". ") if s.startswith("Counting every turn"))
+
+
+@pytest.mark.parametrize(
+    ("long_scores", "words"),
+    [
+        # Turn level: success (1 - 0.2) / 0.447 = +1.789, each failing turn -0.2 / 0.447 = -0.447;
+        # trajectory level ±0.707. diff (trajectory - turn): long -0.260, short -1.082.
+        (
+            (1.0, 0.0),
+            "0.260 more advantage on average than counting each trajectory once, "
+            "and shorter ones 1.082 more",
+        ),
+        # The long trajectory succeeds: turn level -1.789 and +0.447, so the signs turn.
+        (
+            (0.0, 1.0),
+            "0.260 less advantage on average than counting each trajectory once, "
+            "and shorter ones 1.082 less",
+        ),
+    ],
+)
+def test_the_verdict_says_which_level_gives_what(run, write_dump, long_scores, words):
+    short, long = long_scores
+    rows = [("g", "short", 0, short, 1)] + [("g", "long", t, long, 1) for t in range(4)]
+    report = compare_json(run, write_dump(rows))
+    assert _verdict_sentence(report["verdict"]) == (
+        f"Counting every turn gives trajectories with ≥ 3 turns {words}"
+    )
+
+
+def test_the_verdict_on_the_sample_is_the_hand_computed_one(run):
+    frame = pl.read_parquet(SAMPLE)
+    rows = [
+        (g, t, turn, sum(rewards), sum(mask))
+        for g, t, turn, rewards, mask in frame.select(
+            "data_id", "rollout_id", "turn_index", "token_level_rewards", "response_mask"
+        ).iter_rows()
+    ]
+    turn = reference_advantages(rows, level="turn", estimator="grpo")
+    trajectory = reference_advantages(rows, level="trajectory", estimator="grpo")
+    per: dict[tuple, list[int]] = {}
+    for position, row in enumerate(rows):
+        per.setdefault((row[0], row[1]), []).append(position)
+    # A trajectory's turn-level advantage is the mean of its rows'; diff = trajectory - turn.
+    diffs = {
+        key: (
+            len(positions),
+            trajectory[positions[0]] - sum(turn[p] for p in positions) / len(positions),
+        )
+        for key, positions in per.items()
+    }
+    long = [d for n, d in diffs.values() if n >= 3]
+    short = [d for n, d in diffs.values() if n < 3]
+    long_mean, short_mean = sum(long) / len(long), sum(short) / len(short)
+    assert long_mean < 0 and short_mean < 0  # counting every turn gives both more
+    sentence = _verdict_sentence(compare_json(run, SAMPLE)["verdict"])
+    assert sentence == (
+        f"Counting every turn gives trajectories with ≥ 3 turns {-long_mean:.3f} more advantage "
+        f"on average than counting each trajectory once, and shorter ones {-short_mean:.3f} more"
+    )
