@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import polars as pl
 
 from advcli import __version__
 from advcli.advantages.levels import both_levels
@@ -33,8 +32,8 @@ from advcli.read.columns import ColumnRoles
 from advcli.read.picker import Options
 from advcli.report.bias import bias_report
 from advcli.rules import RULES
-from advcli.settings import AdvantageConfig, Estimator
-from advcli.torch import RewardError, compute_advantage_with_metrics
+from advcli.settings import Estimator
+from advcli.torch import AdvantageResult, RewardError, compute_advantage_with_metrics
 
 # verl's estimator names (the values of verl.trainer.ppo.core_algos.AdvantageEstimator, 0.9.1)
 # and advcli's own, each to the advcli estimator that computes it with verl's meaning; None: a
@@ -129,12 +128,10 @@ def compute_advantage(
     key of a trainer advcli knows (``traj_uid``, ``rollout_id_list``, ``session_id``, …; none:
     each row is a trajectory, as in verl's agent loop), ``token_level_rewards`` (else
     ``token_level_scores``) and ``response_mask``; the ``*_key`` arguments name them instead.
-    A trajectory whose rows carry different scores is refused (``ValueError``) unless
-    ``traj_score`` picks a rule; the other settings are those of
-    :func:`advcli.torch.compute_advantage`. A NaN or infinite reward or mask value, integer
-    rewards beyond 2^53 and scores too large for float32 raise
-    :class:`advcli.torch.RewardError` (an ``AdvcliError`` and a ``ValueError``) naming the
-    batch's keys, the row and the token. Every error leaves the batch as it was.
+    The other settings are :func:`advcli.torch.compute_advantage`'s (rows of a trajectory that
+    disagree are refused unless ``traj_score`` picks a rule); rewards no advantage can be
+    computed from raise :class:`advcli.torch.RewardError` naming the batch's keys, the row and
+    the token. Every error leaves the batch as it was.
 
     The metrics: ``{prefix}rows``, ``trajectories``, ``multi_row_trajectories``,
     ``max_rows_per_trajectory``, ``groups``, ``singleton_groups`` and ``zero_std_groups`` (at
@@ -152,34 +149,12 @@ def compute_advantage(
             "compute_advantage takes a verl DataProto (with .batch, .non_tensor_batch and "
             f".meta_info), not {type(data).__name__}"
         )
-    for name, value in (("gamma", gamma), ("lam", lam), ("num_repeat", num_repeat)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(
-                f"{name} is verl's number (unused by the outcome estimators), got {value!r}; "
-                "advcli's settings (level=, …) are keywords"
-            )
+    _check_unused(gamma=gamma, lam=lam, num_repeat=num_repeat)
     name = verl_estimator(adv_estimator, estimator)
     scale = _scale(name, norm_adv_by_std_in_grpo, config, scale)
     entries = batch_entries(data)
-    try:
-        roles = batch_roles(
-            entries,
-            group=group_key,
-            trajectory=trajectory_key,
-            turn=turn_key,
-            reward=reward_key,
-            mask=mask_key,
-            mask_needed_for="the per-token advantages need one",
-            options=OPTIONS,
-        )
-    except AdvcliError as error:
-        raise ValueError(str(error)) from None
-    if roles.reward_kind != "token_rewards" or roles.mask_kind != "mask" or roles.group is None:
-        raise ValueError(
-            f"the batch's reward '{roles.reward}' and mask '{roles.mask}' must be (bs, "
-            "response_length) tensors, with a group id key"
-        )
-    assert roles.mask is not None
+    roles = _roles(entries, group_key, trajectory_key, turn_key, reward_key, mask_key)
+    assert roles.group is not None and roles.mask is not None
     try:
         result = compute_advantage_with_metrics(
             entries[roles.reward],
@@ -202,18 +177,49 @@ def compute_advantage(
         ) from None
     metrics: dict[str, float] = dict(result.metrics.as_dict(metrics_prefix))
     if bias_metrics:
-        scores = result.scores.cpu().numpy()
-        try:
-            projection = batch_projection(entries, roles, scores)
-        except AdvcliError as error:
-            raise ValueError(str(error)) from None
-        metrics.update(_bias(projection, result.config, roles, metrics_prefix))
+        metrics.update(_bias(entries, roles, result, metrics_prefix))
     data.batch["advantages"] = result.advantages
     data.batch["returns"] = result.advantages
     # verl's convention for the metrics a DataProto carries (its workers' outputs); merged into
     # a new dict, so that a dict the caller holds is not changed under it.
     data.meta_info["metrics"] = {**(data.meta_info.get("metrics") or {}), **metrics}
     return data
+
+
+def _check_unused(**arguments: Any) -> None:
+    """verl's numbers that its outcome estimators take and do not use: numbers still (an old
+    call's positional ``level`` would land in ``gamma``)."""
+    for name, value in arguments.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(
+                f"{name} is verl's number (unused by the outcome estimators), got {value!r}; "
+                "advcli's settings (level=, …) are keywords"
+            )
+
+
+def _roles(entries: Mapping[str, Any], *keys: str | None) -> ColumnRoles:
+    """The roles of the batch's keys (``keys``: the group, trajectory, turn, reward and mask
+    keys given), with token rewards, a 0/1 mask and a group id."""
+    group, trajectory, turn, reward, mask = keys
+    try:
+        roles = batch_roles(
+            entries,
+            group=group,
+            trajectory=trajectory,
+            turn=turn,
+            reward=reward,
+            mask=mask,
+            mask_needed_for="the per-token advantages need one",
+            options=OPTIONS,
+        )
+    except AdvcliError as error:
+        raise ValueError(str(error)) from None
+    if roles.reward_kind != "token_rewards" or roles.mask_kind != "mask" or roles.group is None:
+        raise ValueError(
+            f"the batch's reward '{roles.reward}' and mask '{roles.mask}' must be (bs, "
+            "response_length) tensors, with a group id key"
+        )
+    return roles
 
 
 def verl_estimator(adv_estimator: Any, estimator: Any = None) -> Estimator:
@@ -288,10 +294,16 @@ def _config_value(config: Any, key: str) -> Any:
 
 
 def _bias(
-    projection: pl.DataFrame, config: AdvantageConfig, roles: ColumnRoles, prefix: str
+    entries: Mapping[str, Any], roles: ColumnRoles, result: AdvantageResult, prefix: str
 ) -> dict[str, float]:
-    """:data:`BIAS_FIGURES` of ``advcli compare``'s report on the batch's key projection; NaN
-    where the report has null, and for an empty batch, of which there is no report."""
+    """:data:`BIAS_FIGURES` of ``advcli compare``'s report on the batch's key projection, with
+    ``result``'s settings and scores; NaN where the report has null, and for an empty batch, of
+    which there is no report."""
+    try:
+        projection = batch_projection(entries, roles, result.scores.cpu().numpy())
+    except AdvcliError as error:
+        raise ValueError(str(error)) from None
+    config = result.config
     if projection.is_empty():
         return {f"{prefix}{'/'.join(path)}": math.nan for path in BIAS_FIGURES}
     naming = Naming(roles.group or "group", roles.trajectory or "row")
