@@ -1,8 +1,9 @@
 """Reading a trainer's batch: a verl ``DataProto`` (``.batch`` tensors, ``.non_tensor_batch``
 numpy arrays) or a plain mapping of tensors, numpy arrays and lists, as entries by key
 (:func:`batch_entries`), the roles of its keys found with the command line's vocabulary
-(:func:`batch_roles`, :data:`advcli.read.columns.DIALECTS`), and one entry as a Polars column
-(:func:`batch_column`). Used by :mod:`advcli.dump` (writing a batch) and :mod:`advcli.verl`
+(:func:`batch_roles`, :data:`advcli.read.columns.DIALECTS`), one entry as a Polars column
+(:func:`batch_column`), and the batch's key projection (:func:`batch_projection`, the frame stage
+1 makes of a dump). Used by :mod:`advcli.dump` (writing a batch) and :mod:`advcli.verl`
 (computing in a training step).
 
 torch is not imported: tensors are recognised by their methods and moved to numpy.
@@ -17,9 +18,26 @@ import numpy as np
 import polars as pl
 
 from advcli.errors import AdvcliError, first_line
+from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
 from advcli.read.columns import ColumnRoles
+from advcli.read.picker import Options
 from advcli.read.roles import read_roles
 from advcli.settings import ColumnNames
+
+# How the errors name the arguments that give a role its key: write_batch's (``trajectory=``);
+# advcli.verl passes its own. A batch is one training step: there is no option to split it.
+WRITE_BATCH_OPTIONS = Options(
+    {
+        "group": "group",
+        "trajectory": "trajectory",
+        "turn": "turn",
+        "reward": "reward",
+        "mask": "mask",
+    },
+    keywords=True,
+    by=None,
+    holder="batch",
+)
 
 
 def batch_roles(
@@ -31,11 +49,13 @@ def batch_roles(
     reward: str | None = None,
     mask: str | None = None,
     mask_needed_for: str | None = None,
+    options: Options = WRITE_BATCH_OPTIONS,
 ) -> ColumnRoles:
     """The roles of a batch's keys, found as the command line finds columns (the trainers'
     dialects) from the entries' types and shapes, and checked against the values of the few
     entries that could contradict that reading (:func:`advcli.read.roles.read_roles`): a batch whose
-    ``trajectory_id`` repeats within a group is not read one row a trajectory."""
+    ``trajectory_id`` repeats within a group is not read one row a trajectory. ``options``: how
+    the errors name the caller's arguments for the keys."""
 
     def values(names: Sequence[str], limit: int | None) -> pl.DataFrame:
         return pl.DataFrame([batch_column(name, entries[name][:limit]) for name in names])
@@ -46,7 +66,37 @@ def batch_roles(
         ColumnNames(group, trajectory, turn, reward, mask),
         values,
         mask_needed_for=mask_needed_for,
+        options=options,
     )
+
+
+def batch_projection(
+    entries: Mapping[str, Any], roles: ColumnRoles, scores: np.ndarray
+) -> pl.DataFrame:
+    """The batch's key projection (:mod:`advcli.keys`), as stage 1 makes it of a dump: ``row``,
+    ``group``, ``trajectory`` (the row number where the batch has no trajectory key), ``turn``
+    where it has one, ``score`` (``scores``: each row's, float64) and ``tokens``, the sum of its
+    0/1 mask."""
+    assert roles.group is not None and roles.mask is not None
+    tokens = _numpy(entries[roles.mask]).sum(axis=-1, dtype=np.float64)
+    if not np.array_equal(tokens, np.round(tokens)):
+        first = int(np.flatnonzero(tokens != np.round(tokens))[0])
+        raise AdvcliError(
+            f"the batch's '{roles.mask}' is not a 0/1 mask: row {first} counts "
+            f"{tokens[first]:g} tokens"
+        )
+    row = pl.Series(ROW, np.arange(len(scores), dtype=np.uint32))
+    columns = [
+        row,
+        batch_column(roles.group, entries[roles.group]).alias(GROUP),
+        batch_column(roles.trajectory, entries[roles.trajectory]).alias(TRAJECTORY)
+        if roles.trajectory is not None
+        else row.alias(TRAJECTORY),
+    ]
+    if roles.turn is not None:
+        columns.append(batch_column(roles.turn, entries[roles.turn]).alias(TURN))
+    columns += [pl.Series(SCORE, scores, dtype=pl.Float64), pl.Series(TOKENS, tokens, pl.Int64)]
+    return pl.DataFrame(columns)
 
 
 def batch_entries(batch: Any) -> dict[str, Any]:

@@ -1,28 +1,100 @@
-"""The fix inside a verl training step: :func:`compute_advantage` fills a ``DataProto``'s
-``advantages`` and ``returns`` with advcli's numbers, any estimator, either level.
+"""The fix inside a verl training step: :func:`compute_advantage` takes verl's own call,
+``batch = compute_advantage(batch, adv_estimator=..., norm_adv_by_std_in_grpo=..., config=...)``,
+fills the ``DataProto``'s ``advantages`` and ``returns`` with advcli's numbers (either level) and
+puts the step's metrics, the length bias among them, in ``batch.meta_info["metrics"]``.
 
 It finds the group, trajectory and turn ids among the batch's keys with the command line's
 vocabulary (verl's ``uid``, verl-agent's ``traj_uid``, agent-lightning's ``rollout_id_list``…,
 :data:`advcli.read.dialects.DIALECTS`), or takes them by name, and computes with
-:func:`advcli.torch.compute_advantage_with_metrics`: the rule table the command line uses. It
-needs the ``torch`` extra; verl itself is never imported (the batch is used through its
-``batch`` and ``non_tensor_batch``).
+:func:`advcli.torch.compute_advantage_with_metrics`: the rule table the command line uses. The
+bias figures are ``advcli compare``'s own (:func:`advcli.advantages.levels.both_levels`,
+:func:`advcli.report.bias.bias_report`) on the batch's key projection. It needs the ``torch``
+extra; verl itself is never imported (the batch is used through its ``batch``,
+``non_tensor_batch`` and ``meta_info``).
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Mapping
 from typing import Any
 
-from advcli.batch import batch_entries, batch_roles
+import numpy as np
+
+from advcli import __version__
+from advcli.advantages.levels import both_levels
+from advcli.advantages.unit_scores import Naming
+from advcli.advantages.units import index_trajectories
+from advcli.batch import batch_entries, batch_projection, batch_roles
 from advcli.errors import AdvcliError
-from advcli.torch import RewardError, compute_advantage_with_metrics
+from advcli.read.columns import ColumnRoles
+from advcli.read.picker import Options
+from advcli.report.bias import bias_report
+from advcli.rules import RULES
+from advcli.settings import Estimator
+from advcli.torch import AdvantageResult, RewardError, compute_advantage_with_metrics
+
+# verl's estimator names (the values of verl.trainer.ppo.core_algos.AdvantageEstimator, 0.9.1)
+# and advcli's own, each to the advcli estimator that computes it with verl's meaning; None: a
+# verl estimator advcli does not implement (it needs a critic's values, per-token returns,
+# reward baselines, the actor's probabilities or per-dimension rewards).
+ESTIMATORS: dict[str, Estimator | None] = {
+    "grpo": Estimator.GRPO,
+    "grpo_vectorized": Estimator.GRPO,
+    "rloo": Estimator.RLOO,
+    "rloo_vectorized": Estimator.RLOO,
+    "opo": Estimator.OPO,
+    "grpo_passk": Estimator.GRPO_PASSK,
+    "reinforce_plus_plus_baseline": Estimator.REINFORCE_PP_BASELINE,
+    "drgrpo": Estimator.DRGRPO,
+    "reinforce_pp_baseline": Estimator.REINFORCE_PP_BASELINE,
+    "gae": None,
+    "reinforce_plus_plus": None,
+    "remax": None,
+    "gpg": None,
+    "optimal_token_baseline": None,
+    "tir_optimal_token_baseline": None,
+    "gdpo": None,
+}
+
+# The bias report's figures logged each step, by their place in the JSON report
+# (docs/compare.md, "The JSON report, key by key"); the metric is named by the path.
+BIAS_FIGURES = (
+    ("groups", "baseline_shift_mean"),
+    ("groups", "baseline_shift_max"),
+    ("trajectories", "advantage_diff_mean"),
+    ("trajectories", "advantage_diff_max"),
+    ("trajectories", "sign_flips"),
+    ("loss_weights", "token-mean", "longest_vs_shortest"),
+)
+
+# How the errors name the keys' arguments.
+OPTIONS = Options(
+    {
+        "group": "group_key",
+        "trajectory": "trajectory_key",
+        "turn": "turn_key",
+        "reward": "reward_key",
+        "mask": "mask_key",
+    },
+    keywords=True,
+    by=None,
+    holder="batch",
+)
 
 
 def compute_advantage(
     data: Any,
-    estimator: str = "grpo",
-    level: str = "trajectory",
+    adv_estimator: Any = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    num_repeat: int = 1,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
     *,
+    estimator: str | None = None,
+    level: str = "trajectory",
     group_key: str | None = None,
     trajectory_key: str | None = None,
     turn_key: str | None = None,
@@ -33,59 +105,63 @@ def compute_advantage(
     traj_score: str | None = None,
     epsilon: float = 1e-6,
     unit_tokens: str = "sum",
+    bias_metrics: bool = True,
     metrics_prefix: str = "advcli/",
-) -> dict[str, int]:
-    """Set ``data.batch["advantages"]`` and ``data.batch["returns"]`` (float32, ``(bs,
-    response_length)``) in place and return the metrics a trainer logs.
+) -> Any:
+    """verl's ``compute_advantage(data, adv_estimator, gamma, lam, num_repeat,
+    norm_adv_by_std_in_grpo, config)`` with advcli's numbers: set ``data.batch["advantages"]``
+    and ``data.batch["returns"]`` (float32, ``(bs, response_length)``), merge the step's
+    metrics into ``data.meta_info["metrics"]`` and return ``data``, so that verl's line
+    ``batch = compute_advantage(batch, ...)`` keeps working.
+
+    ``adv_estimator`` is one of verl's ``AdvantageEstimator`` members or its value (``grpo``,
+    ``grpo_vectorized``, ``rloo``, ``rloo_vectorized``, ``opo``, ``grpo_passk``,
+    ``reinforce_plus_plus_baseline``) or one of advcli's names (``drgrpo``,
+    ``reinforce_pp_baseline``); ``estimator=`` is the same argument (give one; neither:
+    ``grpo``). ``norm_adv_by_std_in_grpo=False`` divides by no std (``scale="none"``) for the
+    estimators that divide, grpo and grpo_passk: grpo is then Dr. GRPO. ``config`` is read for
+    what verl's estimators read of it, ``norm_adv_by_std_in_grpo`` (grpo_passk's source in
+    verl); a value there that contradicts the argument is an error. ``gamma``, ``lam`` and
+    ``num_repeat`` are taken, as verl's outcome estimators take them, and not used.
 
     The keys are found as the command line finds columns: verl's ``uid`` (group), a trajectory
     key of a trainer advcli knows (``traj_uid``, ``rollout_id_list``, ``session_id``, …; none:
     each row is a trajectory, as in verl's agent loop), ``token_level_rewards`` (else
     ``token_level_scores``) and ``response_mask``; the ``*_key`` arguments name them instead.
-    A trajectory whose rows carry different scores is refused (``ValueError``) unless
-    ``traj_score`` picks a rule; the other settings are those of
-    :func:`advcli.torch.compute_advantage`. A NaN or infinite reward or mask value, integer
-    rewards beyond 2^53 and scores too large for float32 raise
-    :class:`advcli.torch.RewardError` (an ``AdvcliError`` and a ``ValueError``) naming the
-    batch's keys, the row and the token, and leave the batch as it was (verl's estimators
-    return NaN for the group). An empty batch gets ``(0, response_length)`` advantages and
-    metrics of 0.
+    The other settings are :func:`advcli.torch.compute_advantage`'s (rows of a trajectory that
+    disagree are refused unless ``traj_score`` picks a rule); rewards no advantage can be
+    computed from raise :class:`advcli.torch.RewardError` naming the batch's keys, the row and
+    the token. Every error leaves the batch as it was.
 
-    Returns ``{prefix}rows``, ``trajectories``, ``multi_row_trajectories``,
-    ``max_rows_per_trajectory``, ``groups``, ``singleton_groups`` and ``zero_std_groups``.
+    The metrics: ``{prefix}rows``, ``trajectories``, ``multi_row_trajectories``,
+    ``max_rows_per_trajectory``, ``groups``, ``singleton_groups`` and ``zero_std_groups`` (at
+    ``level``), and with ``bias_metrics`` the bias of counting every turn, ``advcli compare``'s
+    figures on this batch (both levels, whatever ``level``) named by their JSON keys:
+    ``{prefix}groups/baseline_shift_mean``, ``…/baseline_shift_max``,
+    ``{prefix}trajectories/advantage_diff_mean``, ``…/advantage_diff_max``, ``…/sign_flips``
+    and ``{prefix}loss_weights/token-mean/longest_vs_shortest``; NaN where the report has
+    null (an empty batch). An empty batch gets ``(0, response_length)`` advantages and counts
+    of 0.
     """
-    if not (hasattr(data, "batch") and hasattr(data, "non_tensor_batch")):
+    if not all(hasattr(data, name) for name in ("batch", "non_tensor_batch", "meta_info")):
         # Checked first: the advantages are written back into the batch once computed.
         raise TypeError(
-            "compute_advantage takes a verl DataProto (with .batch and .non_tensor_batch), "
-            f"not {type(data).__name__}"
+            "compute_advantage takes a verl DataProto (with .batch, .non_tensor_batch and "
+            f".meta_info), not {type(data).__name__}"
         )
+    _check_unused(gamma=gamma, lam=lam, num_repeat=num_repeat)
+    name = verl_estimator(adv_estimator, estimator)
+    scale = _scale(name, norm_adv_by_std_in_grpo, config, scale)
     entries = batch_entries(data)
-    try:
-        roles = batch_roles(
-            entries,
-            group=group_key,
-            trajectory=trajectory_key,
-            turn=turn_key,
-            reward=reward_key,
-            mask=mask_key,
-            mask_needed_for="the per-token advantages need one",
-        )
-    except AdvcliError as error:
-        raise ValueError(str(error)) from None
-    if roles.reward_kind != "token_rewards" or roles.mask_kind != "mask" or roles.group is None:
-        raise ValueError(
-            f"the batch's reward '{roles.reward}' and mask '{roles.mask}' must be (bs, "
-            "response_length) tensors, with a group id key"
-        )
-    assert roles.mask is not None
+    roles = _roles(entries, group_key, trajectory_key, turn_key, reward_key, mask_key)
+    assert roles.group is not None and roles.mask is not None
     try:
         result = compute_advantage_with_metrics(
             entries[roles.reward],
             entries[roles.mask],
             entries[roles.group],
             entries[roles.trajectory] if roles.trajectory is not None else None,
-            estimator=estimator,
+            estimator=name.value,
             level=level,
             scale=scale,
             singleton=singleton,
@@ -99,6 +175,152 @@ def compute_advantage(
         raise RewardError(
             f"batch '{roles.reward}' (reward), '{roles.mask}' (mask): {error}"
         ) from None
+    metrics: dict[str, float] = dict(result.metrics.as_dict(metrics_prefix))
+    if bias_metrics:
+        metrics.update(_bias(entries, roles, result, metrics_prefix))
     data.batch["advantages"] = result.advantages
     data.batch["returns"] = result.advantages
-    return result.metrics.as_dict(metrics_prefix)
+    # verl's convention for the metrics a DataProto carries (its workers' outputs); merged into
+    # a new dict, so that a dict the caller holds is not changed under it.
+    data.meta_info["metrics"] = {**(data.meta_info.get("metrics") or {}), **metrics}
+    return data
+
+
+def _check_unused(**arguments: Any) -> None:
+    """verl's numbers that its outcome estimators take and do not use: numbers still (an old
+    call's positional ``level`` would land in ``gamma``)."""
+    for name, value in arguments.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(
+                f"{name} is verl's number (unused by the outcome estimators), got {value!r}; "
+                "advcli's settings (level=, …) are keywords"
+            )
+
+
+def _roles(entries: Mapping[str, Any], *keys: str | None) -> ColumnRoles:
+    """The roles of the batch's keys (``keys``: the group, trajectory, turn, reward and mask
+    keys given), with token rewards, a 0/1 mask and a group id."""
+    group, trajectory, turn, reward, mask = keys
+    try:
+        roles = batch_roles(
+            entries,
+            group=group,
+            trajectory=trajectory,
+            turn=turn,
+            reward=reward,
+            mask=mask,
+            mask_needed_for="the per-token advantages need one",
+            options=OPTIONS,
+        )
+    except AdvcliError as error:
+        raise ValueError(str(error)) from None
+    if roles.reward_kind != "token_rewards" or roles.mask_kind != "mask" or roles.group is None:
+        raise ValueError(
+            f"the batch's reward '{roles.reward}' and mask '{roles.mask}' must be (bs, "
+            "response_length) tensors, with a group id key"
+        )
+    return roles
+
+
+def verl_estimator(adv_estimator: Any, estimator: Any = None) -> Estimator:
+    """The advcli estimator of verl's ``adv_estimator`` (an ``AdvantageEstimator`` member or
+    its value) or of advcli's ``estimator``, by :data:`ESTIMATORS`; ``grpo`` when neither is
+    given."""
+    if adv_estimator is not None and estimator is not None:
+        raise ValueError(
+            f"adv_estimator={_spelled(adv_estimator)!r} and estimator={_spelled(estimator)!r} "
+            "name the same setting: give one"
+        )
+    given = adv_estimator if adv_estimator is not None else estimator
+    name = _spelled(given) if given is not None else Estimator.GRPO.value
+    implemented = ", ".join(key for key, value in ESTIMATORS.items() if value is not None)
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {name!r}; advcli.verl computes {implemented}")
+    found = ESTIMATORS[name]
+    if found is None:
+        raise ValueError(
+            f"verl's estimator {name!r} is not one advcli implements; advcli.verl computes "
+            f"{implemented}"
+        )
+    return found
+
+
+def _spelled(value: Any) -> Any:
+    """An enum member's value (verl's ``AdvantageEstimator``, advcli's ``Estimator``), else the
+    value itself."""
+    return getattr(value, "value", value)
+
+
+def _scale(
+    estimator: Estimator, norm_adv_by_std_in_grpo: Any, config: Any, scale: str | None
+) -> str | None:
+    """advcli's ``scale`` for verl's ``norm_adv_by_std_in_grpo``: ``none`` where it is False
+    and the estimator divides by a std (grpo, grpo_passk), ``scale`` otherwise. ``config``'s
+    own ``norm_adv_by_std_in_grpo`` (verl's grpo reads the argument, its grpo_passk the config)
+    must agree with the argument."""
+    if not RULES[estimator].divides:
+        return scale
+    norm = _flag("norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo)
+    in_config = _config_value(config, "norm_adv_by_std_in_grpo")
+    if in_config is not None and _flag("config.norm_adv_by_std_in_grpo", in_config) != norm:
+        raise ValueError(
+            f"norm_adv_by_std_in_grpo={norm} but config.norm_adv_by_std_in_grpo={in_config}: "
+            "verl's grpo reads the argument and its grpo_passk the config; give them one value"
+        )
+    if norm:
+        return scale
+    if scale not in (None, "none"):
+        raise ValueError(
+            f"norm_adv_by_std_in_grpo=False divides by no std, and scale={scale!r} by one: give "
+            "one of them"
+        )
+    return "none"
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} is True or False, got {value!r}")
+    return bool(value)
+
+
+def _config_value(config: Any, key: str) -> Any:
+    """``config[key]`` as verl reads it (``config.get``: an ``AlgoConfig``, an OmegaConf
+    ``DictConfig`` or a dict), None without a config or the key."""
+    if config is None:
+        return None
+    if isinstance(config, Mapping) or hasattr(config, "get"):
+        return config.get(key)
+    return getattr(config, key, None)
+
+
+def _bias(
+    entries: Mapping[str, Any], roles: ColumnRoles, result: AdvantageResult, prefix: str
+) -> dict[str, float]:
+    """:data:`BIAS_FIGURES` of ``advcli compare``'s report on the batch's key projection, with
+    ``result``'s settings and scores; NaN where the report has null, and for an empty batch, of
+    which there is no report."""
+    try:
+        projection = batch_projection(entries, roles, result.scores.cpu().numpy())
+    except AdvcliError as error:
+        raise ValueError(str(error)) from None
+    config = result.config
+    if projection.is_empty():
+        return {f"{prefix}{'/'.join(path)}": math.nan for path in BIAS_FIGURES}
+    naming = Naming(roles.group or "group", roles.trajectory or "row")
+    turn, trajectory = both_levels(projection, config, naming, index_trajectories(projection))
+    settings = {"columns": roles.describe(), "reading": roles.reading()}
+    report = bias_report(
+        turn,
+        trajectory.without_index(),
+        config=config,
+        settings=settings,
+        version=__version__,
+        top=0,
+    )
+    figures: dict[str, float] = {}
+    for path in BIAS_FIGURES:
+        value: Any = report.summary
+        for key in path:
+            value = value[key]
+        figures[f"{prefix}{'/'.join(path)}"] = math.nan if value is None else value
+    return figures

@@ -360,7 +360,7 @@ def test_the_library_reads_a_batch_as_the_command_line_does(tmp_path):
         },
         non_tensors={k: batch[k] for k in ("uid", "trajectory_id")},
     )
-    metrics = compute_advantage(data)
+    metrics = compute_advantage(data).meta_info["metrics"]
     assert metrics["advcli/trajectories"] == 60
     expected = reference_advantages(rows, level="trajectory", estimator="grpo")
     np.testing.assert_allclose(

@@ -96,7 +96,7 @@ def _scalar(advantages: torch.Tensor, rows: list[tuple]) -> np.ndarray:
 @pytest.mark.parametrize("level", ["trajectory", "turn"])
 def test_grpo_against_the_reference(level, dtype, int_ids):
     batch, rows = _batch(dtype=dtype, int_ids=int_ids)
-    metrics = compute_advantage(batch, level=level)
+    metrics = compute_advantage(batch, level=level).meta_info["metrics"]
     expected = reference_advantages(rows, level=level, estimator="grpo")
     np.testing.assert_allclose(_scalar(batch.batch["advantages"], rows), expected, atol=1e-5)
     assert torch.equal(batch.batch["returns"], batch.batch["advantages"])
@@ -180,7 +180,7 @@ def test_trajectory_level_is_verl_v1_final_turn_grpo():
     verl_result = compute_advantage_for_multi_trajectories(
         batch, keys, core_algos.AdvantageEstimator.GRPO
     )
-    metrics = compute_advantage(ours, traj_score="last")
+    metrics = compute_advantage(ours, traj_score="last").meta_info["metrics"]
     torch.testing.assert_close(
         ours.batch["advantages"], verl_result.batch["advantages"], atol=1e-5, rtol=1e-5
     )
@@ -208,8 +208,8 @@ def test_metrics_by_hand():
     )
     rewards[4] = 1.0  # b scores 1 too
     rewards[3] = 0.0  # c: both rows 0
-    metrics = compute_advantage(batch, metrics_prefix="")
-    assert metrics == {
+    assert compute_advantage(batch, bias_metrics=False, metrics_prefix="") is batch
+    assert batch.meta_info["metrics"] == {
         "rows": 6,
         "trajectories": 3,
         "multi_row_trajectories": 2,
@@ -337,7 +337,7 @@ def test_a_nan_mask_value_is_refused_where_verl_returns_nan_at_that_token():
 def test_an_empty_batch_like_verls(dtype):
     """0 rows: verl's estimators return (0, response_length); so do advcli's drop-ins, and
     advcli.verl fills an empty DataProto with float32 (0, response_length) advantages and
-    reports zero counts."""
+    reports zero counts, and NaN for the bias figures (there is no report of no rows)."""
     rewards, mask = torch.zeros(0, WIDTH, dtype=dtype), torch.zeros(0, WIDTH, dtype=torch.int64)
     uid = np.array([], dtype=object)
     for estimator, (verl_function, ours) in VERL_ESTIMATORS.items():
@@ -350,7 +350,10 @@ def test_an_empty_batch_like_verls(dtype):
             tensors={"token_level_rewards": rewards, "response_mask": mask},
             non_tensors={"uid": uid, "traj_uid": np.array([], dtype=object)},
         )
-        metrics = compute_advantage(batch, estimator)
+        metrics = compute_advantage(batch, estimator).meta_info["metrics"]
         assert batch.batch["advantages"].shape == (0, WIDTH)
         assert batch.batch["advantages"].dtype == torch.float32
-        assert set(metrics.values()) == {0}
+        counts = {key: value for key, value in metrics.items() if key.count("/") == 1}
+        assert len(counts) == 7 and set(counts.values()) == {0}
+        bias = [value for key, value in metrics.items() if key.count("/") > 1]
+        assert len(bias) == 6 and all(math.isnan(value) for value in bias)

@@ -13,7 +13,7 @@ import polars as pl
 from advcli.errors import AdvcliError, MissingRoles, UsageError
 from advcli.read.dialects import ROLES, Dialect, named_like
 from advcli.read.dtypes import is_id_type, is_number, sequence_of
-from advcli.read.picker import RolePicker
+from advcli.read.picker import COMMAND_LINE, Options, RolePicker
 from advcli.settings import ColumnNames
 
 # ColumnRoles that compute adds to its output.
@@ -109,6 +109,7 @@ def resolve_columns(
     *,
     mask_needed_for: str | None = "the per-token output needs one",
     not_turns: Collection[str] = (),
+    options: Options = COMMAND_LINE,
 ) -> ColumnRoles:
     """Pick the column for each role from the schema alone and check its type.
 
@@ -120,13 +121,14 @@ def resolve_columns(
     :class:`MissingRoles` error. The mask may be missing when ``mask_needed_for`` is None
     (nothing asks for token counts); otherwise that phrase says, in the error, what needs it
     ("… needs one"). ``not_turns``: columns known not to be the turn (the ``--by`` step column).
+    ``options``: how the errors name the options (the command line's flags by default).
 
     The readings that assume something (each row a trajectory, groups as blocks of rows) are
     taken here from the schema; :func:`advcli.read.roles.read_roles` then checks them against the
     values.
     """
     reasons: dict[str, str] = {}
-    pick = RolePicker(schema, where, reasons, names.named_in)
+    pick = RolePicker(schema, where, reasons, names.named_in, options)
     trainer = pick.dialect.trainer if pick.dialect is not None else "the"
     group_col = _group_column(pick, names, trainer)
     trajectory_col = pick("trajectory", names.trajectory, taken=(group_col,))
@@ -151,10 +153,10 @@ def resolve_columns(
     if turn_col is None:
         reasons["turn"] = _why_no_turn(schema, rows_are_trajectories)
     _check_id_types(schema, where, group_col, trajectory_col)
-    _check_turn_type(schema, where, turn_col, "turn" in pick.by_name)
+    _check_turn_type(schema, where, turn_col, "turn" in pick.by_name, options)
     reward_kind, reward_width = _reward_kind(schema, where, reward_col)
     mask_kind, mask_width = _mask_kind(schema, where, mask_col)
-    _check_not_an_output_name(where, reward_col)
+    _check_not_an_output_name(where, reward_col, options)
     reasons["reward"] += (
         ", a list of token rewards summed per row"
         if reward_kind == "token_rewards"
@@ -229,13 +231,15 @@ def _check_id_types(
             )
 
 
-def _check_turn_type(schema: pl.Schema, where: str, turn_col: str | None, by_name: bool) -> None:
+def _check_turn_type(
+    schema: pl.Schema, where: str, turn_col: str | None, by_name: bool, options: Options
+) -> None:
     """Refuse a turn column that is not integers (``by_name``: it was taken for its name)."""
     if turn_col is not None and not schema[turn_col].is_integer():
         picked = " (read as the turn for its name)" if by_name else ""
         raise AdvcliError(
             f"{where}: column '{turn_col}' (turn index){picked} has type {schema[turn_col]}; "
-            "expected integers: cast it, or name the turn column with --turn-col"
+            f"expected integers: cast it, or name the turn column with {options.named('turn')}"
         )
 
 
@@ -273,12 +277,12 @@ def _mask_kind(
     )
 
 
-def _check_not_an_output_name(where: str, reward_col: str) -> None:
+def _check_not_an_output_name(where: str, reward_col: str, options: Options) -> None:
     """Refuse a reward column named like a column compute writes: the output would replace it."""
     if reward_col in ("advantage", "advantages"):
         raise AdvcliError(
             f"{where}: the reward column '{reward_col}' has the name of an output column; "
-            "rename it or choose another with --reward-col"
+            f"rename it or choose another with {options.named('reward')}"
         )
 
 

@@ -5,7 +5,8 @@ every output, and what it could not find, for one error naming every missing rol
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import polars as pl
@@ -26,14 +27,51 @@ from advcli.read.dialects import (
 from advcli.read.dtypes import can_hold
 
 
+@dataclass(frozen=True)
+class Options:
+    """How the reading's errors name the options that give a role its column: the command
+    line's flags (``--traj-col NAME``, the default) or a library call's keywords
+    (``trajectory_key='NAME'``). ``by``: the option that reads each training step as its own
+    batch, None where the caller has none (a trainer's batch is one step). ``holder``: what
+    holds the columns, for the list of them."""
+
+    names: Mapping[Role, str] = field(default_factory=lambda: OPTIONS)
+    keywords: bool = False
+    by: str | None = "--by"
+    holder: str = "file"
+
+    def giving(self, role: Role, column: str) -> list[str]:
+        """The option naming ``column`` for ``role``, as command-line words."""
+        if self.keywords:
+            return [f"{self.names[role]}={column!r}"]
+        return [self.names[role], column]
+
+    def given(self, role: Role, column: str) -> str:
+        """:meth:`giving` as text: ``--traj-col traj_uid``, ``trajectory_key='traj_uid'``."""
+        return " ".join(self.giving(role, column))
+
+    def named(self, role: Role) -> str:
+        """The option alone: ``--traj-col``, ``trajectory_key=``."""
+        return f"{self.names[role]}=" if self.keywords else self.names[role]
+
+
+COMMAND_LINE = Options()
+
+
 class RolePicker:
     """Finds each role's column in one schema, in the dump's dialect, recording why for every
     output, and what it could not find in ``missing`` (role → what to do)."""
 
     def __init__(
-        self, schema: pl.Schema, where: str, reasons: dict[str, str], named_in: dict[str, str]
+        self,
+        schema: pl.Schema,
+        where: str,
+        reasons: dict[str, str],
+        named_in: dict[str, str],
+        options: Options = COMMAND_LINE,
     ) -> None:
         self.schema, self.where, self.reasons, self.named_in = schema, where, reasons, named_in
+        self.options = options
         self.dialect, self.tie = dialect_of(schema)
         self.missing: dict[str, str] = {}
         self.by_name: list[Role] = []
@@ -53,7 +91,7 @@ class RolePicker:
         in ``missing`` when the role is ``required``: True, or a phrase saying what needs it).
         ``taken``: columns other roles have; ``by_name``: whether a column named like the role
         (:func:`named_like`) may stand in where no trainer's name is found."""
-        option = OPTIONS[role]
+        option = self.options.named(role)
         if chosen is not None:
             if chosen not in self.schema:
                 named = self.named_in.get(role, option)
@@ -100,7 +138,7 @@ class RolePicker:
         if len(present) > 1:
             raise AdvcliError(
                 f"{self.where}: two columns could be the {role}: '{present[0]}' and "
-                f"'{present[1]}'; pick one with {option} NAME"
+                f"'{present[1]}'; pick one with {self.options.given(role, 'NAME')}"
             )
         if present:
             name = present[0]
@@ -145,7 +183,7 @@ class RolePicker:
         if len(found) > 1:
             raise AdvcliError(
                 f"{self.where}: two columns are named like the {role}: '{found[0]}' and "
-                f"'{found[1]}'; pick one with {OPTIONS[role]} NAME"
+                f"'{found[1]}'; pick one with {self.options.given(role, 'NAME')}"
             )
         if not found:
             return None
@@ -171,7 +209,7 @@ class RolePicker:
         suggestion = (
             f"; did you mean {' or '.join(repr(name) for name in nearest)}?" if nearest else ""
         )
-        return f". The file has {shown}{more}{suggestion}"
+        return f". The {self.options.holder} has {shown}{more}{suggestion}"
 
 
 # What a role's column holds, for the reasons: "named like the group id".

@@ -28,8 +28,9 @@ import polars as pl
 
 from advcli.errors import AdvcliError, MissingRoles
 from advcli.read.columns import ColumnRoles, resolve_columns
-from advcli.read.dialects import DIALECTS, OPTIONS, Role, named_like
+from advcli.read.dialects import DIALECTS, Role, named_like
 from advcli.read.dtypes import can_hold, is_id_type, is_number, sequence_of
+from advcli.read.picker import COMMAND_LINE, Options
 from advcli.settings import ColumnNames
 
 # Reads the named columns in input order: every row, or the first ``limit``.
@@ -53,19 +54,26 @@ def read_roles(
     *,
     mask_needed_for: str | None = None,
     not_turns: Sequence[str] = (),
+    options: Options = COMMAND_LINE,
 ) -> ColumnRoles:
     """The column of each role, checked against the values where the schema's reading assumes
     something (see the module's text). ``values`` reads columns of the dump; it is called only
     when a check or an error needs it. ``not_turns``: columns that are known not to be the turn
-    (the ``--by`` step column)."""
+    (the ``--by`` step column). ``options``: how the errors name the options (the command
+    line's flags by default)."""
     try:
         roles = resolve_columns(
-            schema, where, names, mask_needed_for=mask_needed_for, not_turns=not_turns
+            schema,
+            where,
+            names,
+            mask_needed_for=mask_needed_for,
+            not_turns=not_turns,
+            options=options,
         )
     except MissingRoles as missing:
-        raise _ranked(missing, schema, values, names) from None
+        raise _ranked(missing, schema, values, names, options) from None
     if roles.trajectory is None and not roles.trajectory_from_last_step:
-        found = _trajectory_in_values(schema, where, roles, values, not_turns)
+        found = _trajectory_in_values(schema, where, roles, values, not_turns, options)
         if found is not None:
             column, why = found
             roles = resolve_columns(
@@ -74,10 +82,11 @@ def read_roles(
                 replace(names, trajectory=column),
                 mask_needed_for=mask_needed_for,
                 not_turns=not_turns,
+                options=options,
             )
             roles = replace(roles, reasons={**roles.reasons, "trajectory": why})
     if roles.turn is not None and "turn" in roles.by_name and _is_step(roles.turn):
-        _check_not_a_training_step(where, roles, values)
+        _check_not_a_training_step(where, roles, values, options)
     if roles.group is None and roles.group_size is not None:
         _check_blocks(schema, where, roles, values)
     return roles
@@ -89,6 +98,7 @@ def _trajectory_in_values(
     roles: ColumnRoles,
     values: Values,
     not_turns: Sequence[str],
+    options: Options,
 ) -> tuple[str, str] | None:
     """For a dump read one row a trajectory: the column that the values show is the trajectory
     (and why), None when nothing contradicts the reading; an error when the rows are turns of
@@ -125,7 +135,7 @@ def _trajectory_in_values(
         listed = " and ".join(f"'{name}'" for name, _ in repeating)
         raise AdvcliError(
             f"{where}: the rows are not whole trajectories: {listed} both repeat within groups; "
-            f"name the trajectory column with --traj-col {repeating[0][0]}"
+            f"name the trajectory column with {options.given('trajectory', repeating[0][0])}"
         )
     if repeating:
         name, count = repeating[0]
@@ -133,7 +143,8 @@ def _trajectory_in_values(
             raise AdvcliError(
                 f"{where}: column '{name}' is named like a trajectory id and its values repeat "
                 f"within groups, so the rows are turns, but it has type {schema[name]}; ids must "
-                f"be integers or strings: cast it, or name the trajectory column with --traj-col"
+                "be integers or strings: cast it, or name the trajectory column with "
+                f"{options.named('trajectory')}"
             )
         return name, (
             f"'{name}' is named like a trajectory id and its values repeat within groups "
@@ -145,12 +156,15 @@ def _trajectory_in_values(
             raise AdvcliError(
                 f"{where}: {trainer} a trajectory in one row, but column '{name}' numbers turns "
                 f"within groups ({frame[name].n_unique():,} distinct values) and no column says "
-                "which trajectory a row belongs to; name the trajectory column with --traj-col"
+                "which trajectory a row belongs to; name the trajectory column with "
+                f"{options.named('trajectory')}"
             )
     return None
 
 
-def _check_not_a_training_step(where: str, roles: ColumnRoles, values: Values) -> None:
+def _check_not_a_training_step(
+    where: str, roles: ColumnRoles, values: Values, options: Options
+) -> None:
     """A ``step`` read as the turn for its name that is constant within every group but takes
     several values is the training step: reading it as the turn would join two steps' rows."""
     assert roles.turn is not None
@@ -160,11 +174,15 @@ def _check_not_a_training_step(where: str, roles: ColumnRoles, values: Values) -
     steps = frame[roles.turn].n_unique()
     varies = frame.select((pl.col(roles.turn).n_unique().over(group) > 1).any()).item()
     if steps > 1 and not varies:
+        by = (
+            f"pass {options.by} {roles.turn} to read each step as its own batch, or "
+            if options.by is not None
+            else "compute each step on its own, or pass "
+        )
         raise AdvcliError(
             f"{where}: column '{roles.turn}' was read as the turn index for its name, but it is "
             f"the same within every group and takes {steps:,} values: it looks like the "
-            f"training step; pass --by {roles.turn} to read each step as its own batch, or "
-            f"--turn-col {roles.turn} to read it as the turn"
+            f"training step; {by}{options.given('turn', roles.turn)} to read it as the turn"
         )
 
 
@@ -216,7 +234,7 @@ def _check_blocks(schema: pl.Schema, where: str, roles: ColumnRoles, values: Val
 
 
 def _ranked(
-    missing: MissingRoles, schema: pl.Schema, values: Values, names: ColumnNames
+    missing: MissingRoles, schema: pl.Schema, values: Values, names: ColumnNames, options: Options
 ) -> MissingRoles:
     """The missing roles' error, each role with its likeliest columns ranked by their values, and
     the options that read the dump when the values leave one choice for every missing role
@@ -264,10 +282,10 @@ def _ranked(
             listed = ", then ".join(f"'{name}' ({detail})" for name, detail in shown)
             reasons[role] = f"{why} (likeliest: {listed})"
         if role in picked:
-            flags += [OPTIONS[role], picked[role]]  # type: ignore[index]
+            flags += options.giving(role, picked[role])  # type: ignore[arg-type]
     complete = all(role in picked for role in missing.missing)
     if complete and turn is not None:
-        flags += ["--turn-col", turn]
+        flags += options.giving("turn", turn)
     return MissingRoles(
         missing.where, reasons, missing.hint, missing.found, flags if complete else ()
     )

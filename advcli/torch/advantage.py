@@ -131,17 +131,20 @@ class AdvantageMetrics:
 
 
 class AdvantageResult:
-    """``advantages``, and the batch's ``metrics``, counted when first asked for (they cost a
-    pass over the rows that the advantages alone do not need)."""
+    """``advantages``, the settings they were computed with (``config``), each row's float64
+    ``scores``, and the batch's ``metrics``, counted when first asked for (they cost a pass over
+    the rows that the advantages alone do not need)."""
 
     def __init__(
         self,
         advantages: torch.Tensor,
+        config: AdvantageConfig,
+        scores: torch.Tensor,
         rows: int,
         trajectories: Trajectories | None,
         groups: GroupCounts,
     ) -> None:
-        self.advantages = advantages
+        self.advantages, self.config, self.scores = advantages, config, scores
         self._rows, self._trajectories, self._groups = rows, trajectories, groups
 
     @functools.cached_property
@@ -218,7 +221,7 @@ def compute_advantage_with_metrics(
             assert tokens is not None
             advantage = whiten(advantage, tokens)
         out = broadcast(advantage, response_mask)
-    return AdvantageResult(out, n, trajectories, stats)
+    return AdvantageResult(out, config, scores, n, trajectories, stats)
 
 
 def _config(
