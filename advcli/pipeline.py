@@ -45,6 +45,7 @@ from advcli.write.documents import write_bytes, write_text
 from advcli.write.outputs import (
     check_outputs,
     check_standard_output,
+    goes_to_stdout,
     output_format_for,
     report_format_for,
     write_rows,
@@ -441,13 +442,15 @@ def compare(
 
 
 def _write_report_files(report: BiasReport, files: ReportFiles, *, force: bool) -> None:
-    """Write ``report`` to each of ``files`` given, in order; an error names the ones written."""
+    """Write ``report`` to each of ``files`` given, in order, the one on standard output last
+    (a failure before it sends nothing down the pipe); an error names the ones written."""
     writers: list[tuple[Path | None, Callable[[Path], None]]] = [
         (files.json, lambda path: write_text(path, render_json(report), force=force)),
         (files.markdown, lambda path: write_text(path, render_markdown(report), force=force)),
         (files.plot, lambda path: write_bytes(path, figure_png(report, path), force=force)),
         (files.html, lambda path: write_text(path, render_html(report), force=force)),
     ]
+    writers.sort(key=lambda writer: goes_to_stdout(writer[0]))
     written: list[Path] = []
     for path, write in writers:
         if path is None:

@@ -242,3 +242,28 @@ def test_stdout_that_is_an_input_is_refused(tmp_path):
 
 def _columns(width: int) -> dict[str, str]:
     return {**os.environ, "COLUMNS": str(width)}
+
+
+def test_a_report_file_that_fails_sends_nothing_to_stdout(tmp_path):
+    """The report on standard output is written after the files: the HTML page, larger than the
+    file-size limit, fails first, and the pipe gets no JSON of a run that failed."""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+
+    result = advcli(
+        "compare",
+        SAMPLE,
+        "-q",
+        "--json",
+        "-",
+        "--html",
+        "page.html",
+        cwd=tmp_path,
+        preexec_fn=limited,
+    )
+    assert result.returncode == 1
+    assert result.stdout == b""
+    assert result.stderr.decode().startswith("Error: page.html: cannot write (File too large)")
+    assert os.listdir(tmp_path) == []
