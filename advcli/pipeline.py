@@ -41,7 +41,7 @@ from advcli.report.figure import figure_png
 from advcli.report.inspection import inspect_dump
 from advcli.rules import RULES
 from advcli.settings import AdvantageConfig, ColumnNames, Engine, LossMode, OutputFormat
-from advcli.write.documents import write_bytes, write_text
+from advcli.write.documents import ReportFiles, write_bytes, write_text
 from advcli.write.outputs import (
     check_outputs,
     check_standard_output,
@@ -346,26 +346,6 @@ def _estimator_needs_mask(config: AdvantageConfig) -> str | None:
     if RULES[config.estimator].counts_tokens:
         return f"{config.estimator.value} weighs rows by their tokens and needs one"
     return None
-
-
-@dataclass(frozen=True)
-class ReportFiles:
-    """The files ``compare`` writes its report to (each optional; ``-`` is standard output, for
-    one of them at most)."""
-
-    json: Path | None = None
-    markdown: Path | None = None
-    plot: Path | None = None
-    html: Path | None = None
-
-    def options(self) -> dict[str, Path | None]:
-        """Each file by the option that names it on the command line."""
-        return {
-            "--json": self.json,
-            "--markdown": self.markdown,
-            "--plot": self.plot,
-            "--html": self.html,
-        }
 
 
 def compare(

@@ -145,7 +145,8 @@ def compare_command(
         raise typer.BadParameter("must be a finite number", param_hint="'--fail-above'")
     use_threads(threads)
     with held():  # Polars panics when a Ctrl-C lands inside its import
-        from advcli.pipeline import ReportFiles, compare
+        from advcli.pipeline import compare
+        from advcli.write.documents import ReportFiles
         from advcli.write.outputs import goes_to_stdout
 
     files = ReportFiles(json=json_path, markdown=markdown, plot=plot, html=html)

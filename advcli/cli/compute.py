@@ -48,9 +48,9 @@ Output = Annotated[
     typer.Option(
         "--output",
         "-o",
-        help="Output file (.parquet, .arrow IPC file, .arrows IPC stream, .npz or .pt); '-' "
-        "writes an Arrow IPC stream to stdout, not a terminal (--format parquet for Parquet "
-        "bytes).",
+        help="Output file (.parquet, .arrow IPC file, .arrows IPC stream, .npz or .pt; with "
+        "--engine ray a Parquet dataset folder); '-' writes an Arrow IPC stream to stdout, not "
+        "a terminal (--format parquet for Parquet bytes).",
     ),
 ]
 FormatOpt = Annotated[

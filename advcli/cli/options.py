@@ -98,8 +98,7 @@ EngineOpt = Annotated[
     Engine,
     typer.Option(
         "--engine",
-        help="local: Polars on this machine; ray: Ray Data (needs advcli[ray]), writing a "
-        "Parquet dataset folder.",
+        help="local: Polars on this machine; ray: Ray Data (needs advcli[ray]).",
     ),
 ]
 AddressOpt = Annotated[

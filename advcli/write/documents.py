@@ -5,6 +5,7 @@ standard output, which gets the document whole, as it is already in memory."""
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from advcli._runtime.process import copy_to_stdout, write_stdout_text
@@ -28,3 +29,18 @@ def write_bytes(path: Path, data: bytes, *, force: bool = False) -> None:
         return
     with atomic_output(path, force=force) as partial:
         partial.write_bytes(data)
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """The files ``compare`` writes its report to (each optional; ``-`` is standard output, for
+    one of them at most)."""
+
+    json: Path | None = None
+    markdown: Path | None = None
+    plot: Path | None = None
+    html: Path | None = None
+
+    def options(self) -> dict[str, Path | None]:
+        """Each file by the option that names it on the command line (``--json``, …)."""
+        return {f"--{field.name}": getattr(self, field.name) for field in fields(self)}
