@@ -267,3 +267,32 @@ def test_a_report_file_that_fails_sends_nothing_to_stdout(tmp_path):
     assert result.stdout == b""
     assert result.stderr.decode().startswith("Error: page.html: cannot write (File too large)")
     assert os.listdir(tmp_path) == []
+
+
+def test_sample_whose_staging_fails_sends_nothing_and_leaves_nothing(tmp_path):
+    """``sample -`` is written whole to a temporary file first: a file-size limit that stops it
+    is one error line, nothing reaches the pipe and the temporary folder is gone."""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    result = advcli(
+        "sample",
+        "-",
+        "--groups",
+        "200",
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(temporary)},
+        preexec_fn=limited,
+    )
+    assert result.returncode == 1
+    assert result.stdout == b""
+    lines = result.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "Error: standard output: staging the output failed ("
+    ), lines
+    assert "File too large" in lines[0]
+    assert os.listdir(temporary) == []

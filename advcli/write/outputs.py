@@ -96,10 +96,17 @@ def _stdout_is_terminal() -> bool:
 @contextlib.contextmanager
 def staged_for_stdout(name: str) -> Iterator[Path]:
     """A path in a temporary folder to write a result to whole, copied to standard output once
-    the block succeeds: a failure sends nothing down the pipe."""
+    the block succeeds: a failure sends nothing down the pipe, and is one error saying that the
+    staging failed (a full temporary folder, say)."""
     with tempfile.TemporaryDirectory(prefix="advcli-stdout-") as folder:
         staged = Path(folder) / name
-        yield staged
+        try:
+            yield staged
+        except AdvcliError as error:
+            raise AdvcliError(f"standard output: staging the output failed: {error}") from None
+        except OSError as error:
+            reason = error.strerror or type(error).__name__
+            raise AdvcliError(f"standard output: staging the output failed ({reason})") from None
         with staged.open("rb") as result:
             copy_to_stdout(result)
 
@@ -213,7 +220,4 @@ def write_rows(
         )
         return
     with staged_for_stdout(f"out.{fmt.value}") as staged:
-        try:
-            write_advantages(dataset, columns, row_values, staged, output_format=fmt, tokens=tokens)
-        except AdvcliError as error:
-            raise AdvcliError(f"standard output: staging the output failed: {error}") from None
+        write_advantages(dataset, columns, row_values, staged, output_format=fmt, tokens=tokens)
