@@ -26,7 +26,7 @@ _LAZY = {
     "compare": "advcli.pipeline",
     "inspect": "advcli.pipeline",
     "ComputeSummary": "advcli.pipeline",
-    "ReportFiles": "advcli.pipeline",
+    "ReportFiles": "advcli.write.documents",
     "BiasReport": "advcli.report.bias",
     "AdvantageConfig": "advcli.settings",
     "ColumnNames": "advcli.settings",

@@ -13,10 +13,12 @@ torch is not imported: tensors are recognised by their methods and moved to nump
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import polars as pl
@@ -24,7 +26,7 @@ import polars as pl
 from advcli.batch import batch_column, batch_entries, batch_roles
 from advcli.errors import AdvcliError
 from advcli.read.columns import ColumnRoles
-from advcli.write.atomic import atomic_output
+from advcli.write.atomic import OutputAppeared, atomic_output
 
 # What the written file's columns are called: advcli's own names, so the dump is read with no
 # flags whatever trainer it came from.
@@ -39,6 +41,19 @@ TOKEN_REWARDS, SCORE, MASK, LENGTH = (
 # A role given as values rather than a key is stored under this name while the roles are found.
 _GIVEN = "__advcli_given_{}"
 
+IfExists = Literal["error", "replace", "skip"]
+
+
+@dataclass(frozen=True)
+class BatchFile:
+    """What :func:`write_batch` did: ``path``, the batch's file, and ``action``: ``"written"``
+    (a new file), ``"replaced"`` (the step's file that was there before, replaced) or
+    ``"skipped"`` (the step's file was there before and is left as it is; this batch is not
+    written)."""
+
+    path: Path
+    action: Literal["written", "replaced", "skipped"]
+
 
 def write_batch(
     batch: Any,
@@ -51,10 +66,20 @@ def write_batch(
     reward: str | None = None,
     mask: str | None = None,
     keys: Sequence[str] = (),
-) -> Path:
-    """Write ``batch`` as a new Parquet file in ``folder`` (created if missing) and return its
-    path: ``step-00000042.parquet`` with ``step``, else ``batch-000000.parquet``,
-    ``batch-000001.parquet``, … An existing file is never replaced.
+    if_exists: IfExists = "replace",
+) -> BatchFile:
+    """Write ``batch`` as a Parquet file in ``folder`` (created if missing) and say where and
+    what was done: ``step-00000042.parquet`` with ``step``, else the next free name of
+    ``batch-000000.parquet``, ``batch-000001.parquet``, …
+
+    ``if_exists``: what to do when the step's file is there already. A run resumed from a
+    checkpoint trains the steps after it again, on new rollouts, and writes them again:
+    ``"replace"`` (the default) puts this batch in the old one's place, so that the folder holds
+    the batches the run's model was trained on, and a training loop that resumes goes on
+    without an error. The file is replaced atomically: a reader sees the old file or the new
+    one, never half of one. ``"skip"`` keeps the old file and writes nothing; ``"error"``
+    raises :class:`~advcli.errors.AdvcliError`. A file that appears while the batch is being
+    written is never replaced but with ``"replace"``.
 
     ``batch``: a verl ``DataProto`` or a mapping of key → tensor, numpy array or list, one entry
     per row. The roles are found among the keys by the trainers' names, as on the command line;
@@ -78,12 +103,16 @@ def write_batch(
     ...     "token_level_rewards": np.array([[0, 1.0], [0, 0], [0.5, 0]], dtype=np.float32),
     ...     "response_mask": np.array([[1, 1], [1, 0], [1, 1]]),
     ... }
-    >>> path = write_batch(batch, folder, step=7)
-    >>> path.name
-    'step-00000007.parquet'
-    >>> pl.read_parquet(path).columns
+    >>> written = write_batch(batch, folder, step=7)
+    >>> written.path.name, written.action
+    ('step-00000007.parquet', 'written')
+    >>> pl.read_parquet(written.path).columns
     ['data_id', 'rollout_id', 'token_level_rewards', 'response_mask', 'step']
+    >>> write_batch(batch, folder, step=7, if_exists="skip").action
+    'skipped'
     """
+    if if_exists not in ("error", "replace", "skip"):
+        raise AdvcliError(f"if_exists is 'error', 'replace' or 'skip', not {if_exists!r}")
     entries = batch_entries(batch)
     given: dict[str, str | None] = {}
     for role, value in (("group", group), ("trajectory", trajectory), ("turn", turn)):
@@ -118,9 +147,32 @@ def write_batch(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / (f"step-{step:08d}.parquet" if step is not None else _next_name(folder))
-    with atomic_output(path) as partial:
-        frame.write_parquet(partial)
-    return path
+    return _publish(frame, path, if_exists)
+
+
+def _publish(frame: pl.DataFrame, path: Path, if_exists: IfExists) -> BatchFile:
+    """Write ``frame`` at ``path`` atomically, as ``if_exists`` says for a file already there."""
+    existed = os.path.lexists(path)
+    if existed and if_exists == "skip":
+        return BatchFile(path, "skipped")
+    if existed and if_exists == "error":
+        raise AdvcliError(
+            f"{path}: the step's file exists already (a run resumed from a checkpoint writes "
+            "its steps again); if_exists='replace' writes this batch in its place, 'skip' keeps "
+            "it"
+        )
+    try:
+        with atomic_output(
+            path,
+            force=if_exists == "replace",
+            replace_hint="if_exists='replace' writes the batch in its place",
+        ) as partial:
+            frame.write_parquet(partial)
+    except OutputAppeared:
+        if if_exists == "skip":
+            return BatchFile(path, "skipped")
+        raise
+    return BatchFile(path, "replaced" if existed else "written")
 
 
 def _row_count(entries: Mapping[str, Any]) -> int:

@@ -41,8 +41,15 @@ from advcli.report.figure import figure_png
 from advcli.report.inspection import inspect_dump
 from advcli.rules import RULES
 from advcli.settings import AdvantageConfig, ColumnNames, Engine, LossMode, OutputFormat
-from advcli.write.documents import write_bytes, write_text
-from advcli.write.outputs import check_outputs, output_format_for, report_format_for, write_rows
+from advcli.write.documents import ReportFiles, write_bytes, write_text
+from advcli.write.outputs import (
+    check_outputs,
+    check_standard_output,
+    goes_to_stdout,
+    output_format_for,
+    report_format_for,
+    write_rows,
+)
 from advcli.write.rows import replaced_columns, with_padding
 
 
@@ -105,9 +112,10 @@ def compute(
     the masked tokens of the batch is that mode's loss. ``loss_scale_factor`` is verl's H for
     ``seq-mean-token-sum-norm`` (by default the width of a fixed-size mask column).
 
-    With ``report_path`` (``.json`` or ``.md``) the other level is computed from the same key
-    projection and the bias report is written there too, so the input is read once for the
-    statistics. ``on_stage`` is told when each stage starts: ``reading keys``, ``computing
+    With ``report_path`` (``.json`` or ``.md``; ``-``: JSON on standard output) the other level
+    is computed from the same key projection and the bias report is written there too, so the
+    input is read once for the statistics. ``output`` and ``report_path`` may not both be
+    standard output. ``on_stage`` is told when each stage starts: ``reading keys``, ``computing
     statistics``, ``writing output``. ``engine="ray"`` runs stages 1 and 3 on Ray Data (at
     ``address``, else on a new local cluster) and writes ``output`` as a Parquet dataset folder.
     ``by`` (``"file"`` or a column such as ``step``) computes each part as its own batch.
@@ -127,6 +135,7 @@ def compute(
     started = time.perf_counter()
     check_engine(engine, address)
     _check_compute_options(output, output_format, engine, loss_weight, loss_scale_factor, by)
+    check_standard_output({"-o": output, "--report": report_path}, binary={"-o"})
     fmt = OutputFormat.PARQUET if engine == Engine.RAY else output_format_for(output, output_format)
     report_kind = report_format_for(report_path) if report_path is not None else None
     stage = on_stage or (lambda name: None)
@@ -339,16 +348,6 @@ def _estimator_needs_mask(config: AdvantageConfig) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class ReportFiles:
-    """The files ``compare`` writes its report to (each optional)."""
-
-    json: Path | None = None
-    markdown: Path | None = None
-    plot: Path | None = None
-    html: Path | None = None
-
-
 def compare(
     inputs: Sequence[str],
     config: AdvantageConfig = AdvantageConfig(),
@@ -371,8 +370,8 @@ def compare(
     ``summary["duplicate_rows"]`` counts the duplicated rows (:mod:`advcli.read.duplicates`), which
     both levels count as the trainer did, or, with ``drop_duplicates``, once.
 
-    The report files are checked (not an input, not existing unless ``force``) before any work
-    is done.
+    The report files are checked (not an input, not existing unless ``force``, one at most on
+    standard output, the PNG not on a terminal) before any work is done.
 
     Examples
     --------
@@ -381,6 +380,7 @@ def compare(
     (512, 0)
     """
     check_engine(engine, address)
+    check_standard_output(files.options(), binary={"--plot"})
     if files.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise AdvcliError(f"{files.plot}: --plot needs matplotlib: pip install 'advcli[plot]'")
     with opened(inputs) as dataset:
@@ -422,13 +422,15 @@ def compare(
 
 
 def _write_report_files(report: BiasReport, files: ReportFiles, *, force: bool) -> None:
-    """Write ``report`` to each of ``files`` given, in order; an error names the ones written."""
+    """Write ``report`` to each of ``files`` given, in order, the one on standard output last
+    (a failure before it sends nothing down the pipe); an error names the ones written."""
     writers: list[tuple[Path | None, Callable[[Path], None]]] = [
         (files.json, lambda path: write_text(path, render_json(report), force=force)),
         (files.markdown, lambda path: write_text(path, render_markdown(report), force=force)),
         (files.plot, lambda path: write_bytes(path, figure_png(report, path), force=force)),
         (files.html, lambda path: write_text(path, render_html(report), force=force)),
     ]
+    writers.sort(key=lambda writer: goes_to_stdout(writer[0]))
     written: list[Path] = []
     for path, write in writers:
         if path is None:

@@ -19,10 +19,12 @@ import pyarrow as pa
 import pyarrow.compute
 import pyarrow.parquet as pq
 
-from advcli._runtime.process import available_memory
+from advcli._runtime.process import available_memory, require_stdout
 from advcli.errors import AdvcliError
 from advcli.names import native_name
+from advcli.read.inputs import STDIN
 from advcli.write.atomic import atomic_output, check_output_path
+from advcli.write.outputs import check_standard_output, staged_for_stdout
 
 
 def sample_table(
@@ -105,9 +107,14 @@ def write_sample(
 
     Groups are generated in chunks of :data:`GROUPS_PER_CHUNK`, each with its own seed derived from
     ``seed``, so millions of rows take seconds and bounded memory. A dump of at most one chunk is
-    exactly :func:`sample_table` with the same arguments.
+    exactly :func:`sample_table` with the same arguments. ``-`` is standard output (not a
+    terminal), which gets the file once it is whole.
     """
-    check_output_path(output, force=force)
+    check_standard_output({"the sample": output}, binary={"the sample"})
+    if str(output) == STDIN:
+        require_stdout("the sample")
+    else:
+        check_output_path(output, force=force)
     # The largest chunk's token lists (rewards and mask, ~12 bytes a token with offsets) must fit
     # in memory: refuse up front rather than be killed half-way.
     chunk_tokens = (
@@ -122,8 +129,17 @@ def write_sample(
             f"{needed / 2**30:,.1f} GiB of memory ({available / 2**30:,.1f} GiB available); "
             "lower --rollouts, --max-turns or --tokens"
         )
+    if str(output) == STDIN:
+        with staged_for_stdout("sample.parquet") as staged:
+            return _write_chunks(staged, groups, seed, options)
+    with atomic_output(output, force=force) as partial:
+        return _write_chunks(partial, groups, seed, options)
+
+
+def _write_chunks(path: Path, groups: int, seed: int, options: dict[str, int]) -> int:
+    """The sample's chunks as the row groups of one Parquet file at ``path``."""
     rows = 0
-    with atomic_output(output, force=force) as partial, native_name(partial) as target:
+    with native_name(path) as target:
         writer: pq.ParquetWriter | None = None
         try:
             for chunk, first_group in enumerate(range(0, groups, GROUPS_PER_CHUNK)):

@@ -433,7 +433,7 @@ def test_saved_keys_of_each_command():
         "compute": shared
         | math
         | {"level", "loss-weight", "loss-scale-factor", "no-tokens", "by", "drop-duplicates"},
-        "compare": shared | math | {"top", "by", "fail-above", "drop-duplicates"},
+        "compare": shared | math | {"top", "by", "fail-above", "fail-on", "drop-duplicates"},
         "inspect": shared,
     }
     config_help = next(p.help for p in commands["compute"].params if p.name == "config_path")

@@ -63,7 +63,7 @@ def _agent_lightning_batch() -> tuple[DataProto, list[tuple]]:
 
 def test_agent_lightning_batch_needs_no_flags(tmp_path, run):
     batch, rows = _agent_lightning_batch()
-    path = write_batch(batch, tmp_path / "dumps", step=3)
+    path = write_batch(batch, tmp_path / "dumps", step=3).path
     assert path.name == "step-00000003.parquet"
     written = pl.read_parquet(path)
     assert written.columns == [
@@ -131,29 +131,104 @@ def test_verl_v1_turns_from_row_keys(tmp_path):
             "session_id": np.array([int(k.split("_")[1]) for k in keys]),
         },
     )
-    path = write_batch(batch, tmp_path, turn=[int(k.rsplit("_", 1)[1]) for k in keys])
+    path = write_batch(batch, tmp_path, turn=[int(k.rsplit("_", 1)[1]) for k in keys]).path
     written = pl.read_parquet(path)
     assert written["data_id"].to_list() == ["u0", "u0", "u0", "u1"]
     assert written["rollout_id"].to_list() == [0, 0, 1, 0]
     assert written["turn_index"].to_list() == [0, 1, 0, 0]
 
 
-def test_files_are_numbered_and_never_replaced(tmp_path):
+def test_unnumbered_files_take_the_next_free_name(tmp_path):
     batch = {
         "data_id": [0, 0],
         "rollout_id": [0, 1],
         "score": [1.0, 0.0],
     }
-    names = [write_batch(batch, tmp_path).name for _ in range(3)]
+    written = [write_batch(batch, tmp_path) for _ in range(3)]
+    names = [file.path.name for file in written]
     assert names == ["batch-000000.parquet", "batch-000001.parquet", "batch-000002.parquet"]
+    assert {file.action for file in written} == {"written"}
     assert pl.read_parquet(tmp_path / names[0]).columns == ["data_id", "rollout_id", "score"]
 
-    write_batch(batch, tmp_path, step=1)
+
+def _step_batch(scores: list[float]) -> DataProto:
+    rewards, mask = _padded([2, 3], scores, torch.float32)
+    return DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": mask},
+        non_tensors={
+            "uid": np.array(["p0", "p0"], dtype=object),
+            "traj_uid": np.array(["t0", "t1"], dtype=object),
+        },
+    )
+
+
+def _written_scores(path) -> list[float]:
+    return [sum(row) for row in pl.read_parquet(path)["token_level_rewards"].to_list()]
+
+
+def test_a_resumed_run_writes_its_steps_again_in_place_of_the_old_files(tmp_path):
+    """The default: a run resumed from a checkpoint writes step 2 again, on new rollouts; the
+    folder then holds the batch the run trained on, and the other steps are untouched."""
+    first = write_batch(_step_batch([1.0, 0.0]), tmp_path, step=1)
+    old = write_batch(_step_batch([0.0, 0.0]), tmp_path, step=2)
+    step_one = first.path.read_bytes()
+
+    again = write_batch(_step_batch([0.5, 1.0]), tmp_path, step=2)
+
+    assert (old.action, again.action) == ("written", "replaced")
+    assert again.path == old.path == tmp_path / "step-00000002.parquet"
+    assert _written_scores(again.path) == [0.5, 1.0]
+    assert first.path.read_bytes() == step_one
+    # Published by a rename: no partial file is left beside it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000001.parquet",
+        "step-00000002.parquet",
+    ]
+
+
+def test_if_exists_skip_keeps_the_old_file_and_says_so(tmp_path):
+    write_batch(_step_batch([1.0, 0.0]), tmp_path, step=4)
+    before = (tmp_path / "step-00000004.parquet").read_bytes()
+    skipped = write_batch(_step_batch([0.0, 1.0]), tmp_path, step=4, if_exists="skip")
+    assert (skipped.path.name, skipped.action) == ("step-00000004.parquet", "skipped")
+    assert (tmp_path / "step-00000004.parquet").read_bytes() == before
+    # A step not written before is written whatever if_exists says.
+    assert write_batch(_step_batch([0.0, 1.0]), tmp_path, step=5, if_exists="skip").action == (
+        "written"
+    )
+
+
+def test_if_exists_error_refuses_in_the_librarys_words(tmp_path):
+    write_batch(_step_batch([1.0, 0.0]), tmp_path, step=1)
     before = (tmp_path / "step-00000001.parquet").read_bytes()
-    with pytest.raises(AdvcliError, match=r"step-00000001\.parquet"):
-        write_batch({**batch, "score": [5.0, 5.0]}, tmp_path, step=1)
+    with pytest.raises(AdvcliError) as raised:
+        write_batch(_step_batch([5.0, 5.0]), tmp_path, step=1, if_exists="error")
+    assert str(raised.value) == (
+        f"{tmp_path / 'step-00000001.parquet'}: the step's file exists already (a run resumed "
+        "from a checkpoint writes its steps again); if_exists='replace' writes this batch in its "
+        "place, 'skip' keeps it"
+    )
     assert (tmp_path / "step-00000001.parquet").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [*names, "step-00000001.parquet"]
+    with pytest.raises(AdvcliError, match=r"^if_exists is 'error', 'replace' or 'skip', not 'k'"):
+        write_batch(_step_batch([1.0, 0.0]), tmp_path, step=1, if_exists="k")  # type: ignore[arg-type]
+
+
+def test_a_file_that_appears_while_writing_is_left_in_the_librarys_words(tmp_path):
+    """What ``write_batch`` publishes through: a file that appears before the rename is left as
+    it is, and the error says how the caller asks for a replace."""
+    from advcli.write.atomic import OutputAppeared, atomic_output
+
+    output = tmp_path / "step-00000001.parquet"
+    hint = "if_exists='replace' writes it"
+    with (
+        pytest.raises(OutputAppeared) as raised,
+        atomic_output(output, replace_hint=hint) as partial,
+    ):
+        partial.write_bytes(b"advcli's")
+        output.write_bytes(b"the other writer's")
+    assert str(raised.value).endswith("it was left as it is (if_exists='replace' writes it)")
+    assert output.read_bytes() == b"the other writer's"
+    assert [p.name for p in tmp_path.iterdir()] == [output.name]
 
 
 def test_keys_and_errors(tmp_path):
@@ -164,7 +239,7 @@ def test_keys_and_errors(tmp_path):
         "response_mask": np.ones((2, 3), dtype=np.int64),
         "data_source": ["gsm8k", "math"],
     }
-    path = write_batch(batch, tmp_path, keys=["data_source"])
+    path = write_batch(batch, tmp_path, keys=["data_source"]).path
     assert pl.read_parquet(path)["data_source"].to_list() == ["gsm8k", "math"]
     with pytest.raises(AdvcliError, match="no key 'nope'"):
         write_batch(batch, tmp_path, keys=["nope"])

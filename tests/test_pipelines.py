@@ -4,6 +4,7 @@ and the docs' pipeline examples run as written."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -31,6 +32,9 @@ def shell(command: str, cwd: Path, stdin: bytes | None = None) -> subprocess.Com
     launcher.write_text(f'#!/bin/sh\nexec {sys.executable} -m advcli "$@"\n')
     launcher.chmod(0o755)
     env = {"PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin", "COLUMNS": "200"}
+    # The advcli under test, where a source tree is put ahead of an installed one.
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return subprocess.run(
         ["bash", "-o", "pipefail", "-c", command],
         cwd=cwd,
@@ -274,7 +278,7 @@ def test_the_pipeline_examples_run_as_written(tmp_path):
     (tmp_path / "sample_data").mkdir()
     shutil.copy(SAMPLE, tmp_path / "sample_data" / "rollouts.parquet")
     commands = pipeline_examples()
-    assert len(commands) == 3
+    assert len(commands) == 4
     outputs = []
     for command in commands:
         result = shell(command, tmp_path)
@@ -283,3 +287,4 @@ def test_the_pipeline_examples_run_as_written(tmp_path):
     assert pl.read_parquet(tmp_path / "advantages.parquet").height == 1553
     assert outputs[1] == "1553"
     assert float(outputs[2]) > 0
+    assert outputs[3] == "32"  # 4 groups of 8 rollouts

@@ -3,6 +3,7 @@ name in it imports."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import advcli
 
-LIBRARY_PAGE = (Path(__file__).resolve().parent.parent / "docs" / "library.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+LIBRARY_PAGE = (ROOT / "docs" / "library.md").read_text()
+SAMPLE = ROOT / "sample_data" / "rollouts.parquet"
 
 
 def test_every_exported_name_imports():
@@ -45,3 +48,54 @@ def test_importing_the_package_loads_no_polars():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.split() == ["False", "False"]
+
+
+def test_star_import_gives_every_exported_name():
+    code = (
+        "import advcli\n"
+        "from advcli import *\n"
+        "missing = [name for name in advcli.__all__ if name not in globals()]\n"
+        "assert not missing, missing\n"
+        "print(compare.__module__, BiasReport.__module__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["advcli.pipeline", "advcli.report.bias"]
+
+
+def _table_after(heading: str) -> list[list[str]]:
+    """The cells of the first table after ``heading`` on the library page."""
+    section = LIBRARY_PAGE[LIBRARY_PAGE.index(heading) :]
+    lines = section[section.index("\n|") + 1 :].splitlines()
+    rows = []
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return rows
+
+
+def _names(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def test_the_docs_give_every_field_of_compute_summary():
+    documented = [
+        name for row in _table_after("`ComputeSummary`, a frozen") for name in _names(row[0])
+    ]
+    assert documented == [field.name for field in dataclasses.fields(advcli.ComputeSummary)]
+
+
+def test_the_docs_give_the_columns_of_the_bias_reports_frames():
+    report = advcli.compare([str(SAMPLE)])
+    frames = {row[0].strip("`"): _names(row[2]) for row in _table_after("`BiasReport`, a frozen")}
+    assert frames == {
+        "trajectories": report.trajectories.columns,
+        "groups": report.groups.columns,
+    }
+    assert [field.name for field in dataclasses.fields(advcli.BiasReport)] == [
+        "summary",
+        *frames,
+    ]

@@ -346,7 +346,7 @@ def test_the_library_reads_a_batch_as_the_command_line_does(tmp_path):
         "token_level_rewards": np.array([[0.0, r[3]] for r in rows], dtype=np.float32),
         "response_mask": np.ones((len(rows), 2), dtype=np.int64),
     }
-    written = pl.read_parquet(write_batch(batch, tmp_path))
+    written = pl.read_parquet(write_batch(batch, tmp_path).path)
     assert written["rollout_id"].to_list() == [r[1] for r in rows]
 
     torch = pytest.importorskip("torch")

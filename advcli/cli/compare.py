@@ -4,13 +4,14 @@ terminal report and report files."""
 from __future__ import annotations
 
 import math
+from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.text import Text
 
-from advcli._runtime.process import require_stdout, use_threads, write_stdout_text
+from advcli._runtime.process import require_stdout, use_threads
 from advcli._runtime.signals import held
 from advcli.cli.consoles import stderr, stdout
 from advcli.cli.exits import reports_errors
@@ -38,6 +39,8 @@ from advcli.cli.options import (
 from advcli.settings import Engine
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from advcli.report.bias import BiasReport
 
 # A list longer than this is no report; Polars takes a count below 2**32.
@@ -48,20 +51,23 @@ TopOpt = Annotated[
     typer.Option("--top", min=1, max=MAX_TOP, help="How many groups and trajectories to list."),
 ]
 JsonOpt = Annotated[
-    str | None, typer.Option("--json", help="Write the report as JSON ('-' for stdout).")
+    Path | None, typer.Option("--json", help="Write the report as JSON ('-' for stdout).")
 ]
 MarkdownOpt = Annotated[
-    Path | None, typer.Option("--markdown", help="Write the report as Markdown.")
+    Path | None, typer.Option("--markdown", help="Write the report as Markdown ('-' for stdout).")
 ]
 PlotOpt = Annotated[
-    Path | None, typer.Option("--plot", help="Write a PNG figure (needs advcli[plot]).")
+    Path | None,
+    typer.Option(
+        "--plot", help="Write a PNG figure (needs advcli[plot]; '-' for stdout, not a terminal)."
+    ),
 ]
 HtmlOpt = Annotated[
     Path | None,
     typer.Option(
         "--html",
         help="Write the report as one self-contained HTML page (figure embedded with "
-        "advcli[plot]).",
+        "advcli[plot]; '-' for stdout).",
     ),
 ]
 ByOpt = Annotated[
@@ -77,7 +83,23 @@ FailAboveOpt = Annotated[
     float | None,
     typer.Option(
         "--fail-above",
-        help="Exit 3 when the largest per-trajectory advantage difference exceeds this.",
+        help="Exit 3 when the largest per-trajectory |advantage difference| (the report's "
+        "advantage_diff_max, one trajectory's) exceeds this.",
+    ),
+]
+
+
+class FailOn(str, Enum):
+    MATERIAL = "material"
+    SEVERE = "severe"
+
+
+FailOnOpt = Annotated[
+    FailOn | None,
+    typer.Option(
+        "--fail-on",
+        help="Exit 3 when the assessment's level reaches this one (with --by: the whole run's "
+        "or any step's).",
     ),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")]
@@ -109,6 +131,7 @@ def compare_command(
     engine: CompareEngineOpt = Engine.LOCAL,
     address: AddressOpt = None,
     fail_above: FailAboveOpt = None,
+    fail_on: FailOnOpt = None,
     threads: ThreadsOpt = None,
     config_path: ConfigOpt = None,
     quiet: QuietOpt = False,
@@ -120,61 +143,78 @@ def compare_command(
     settings = dump_settings(ctx)
     if fail_above is not None and not math.isfinite(fail_above):
         raise typer.BadParameter("must be a finite number", param_hint="'--fail-above'")
-    json_to_stdout = json_path == "-"
-    if json_to_stdout:
-        require_stdout("the JSON report")
-    elif not quiet:
-        require_stdout("the report (pass --quiet)")
     use_threads(threads)
     with held():  # Polars panics when a Ctrl-C lands inside its import
-        from advcli.pipeline import ReportFiles, compare
+        from advcli.pipeline import compare
+        from advcli.write.documents import ReportFiles
+        from advcli.write.outputs import goes_to_stdout
 
+    files = ReportFiles(json=json_path, markdown=markdown, plot=plot, html=html)
+    # The terminal report moves to stderr when stdout carries a report file.
+    file_on_stdout = any(map(goes_to_stdout, files.options().values()))
+    if not quiet and not file_on_stdout:
+        require_stdout("the report (pass --quiet)")
     report = compare(
         inputs or [],
         settings.config,
         names=settings.names,
         top=top,
-        files=ReportFiles(
-            json=None if json_path is None or json_to_stdout else Path(json_path),
-            markdown=markdown,
-            plot=plot,
-            html=html,
-        ),
+        files=files,
         force=force,
         engine=engine,
         address=address,
         by=by,
         drop_duplicates=drop_duplicates,
     )
-    _show(report, json_to_stdout=json_to_stdout, quiet=quiet, config_path=config_path)
-    _fail_above(report, fail_above)
+    if not quiet:
+        _show(report, stderr if file_on_stdout else stdout(), config_path)
+    tripped = [
+        reason
+        for reason in (_above(report, fail_above), _reached(report, fail_on))
+        if reason is not None
+    ]
+    for reason in tripped:
+        typer.echo(f"advcli compare: {reason}", err=True)
+    if tripped:
+        raise typer.Exit(3)
 
 
-def _show(
-    report: BiasReport, *, json_to_stdout: bool, quiet: bool, config_path: Path | None
-) -> None:
-    """The JSON on stdout when asked for, and the terminal report unless quiet."""
+def _show(report: BiasReport, console: Console, config_path: Path | None) -> None:
+    """The terminal report, and the config file in force."""
     from advcli.cli.terminal import render_terminal
-    from advcli.report.documents import render_json
     from advcli.report.views import visible
 
-    if json_to_stdout:
-        write_stdout_text(render_json(report), "the JSON report")
-    if not quiet:
-        # The terminal report moves to stderr when stdout carries the JSON.
-        console = stderr if json_to_stdout else stdout()
-        render_terminal(report, console)
-        if config_path is not None:
-            console.print(Text(f"config: {visible(config_path)}"))
+    render_terminal(report, console)
+    if config_path is not None:
+        console.print(Text(f"config: {visible(config_path)}"))
 
 
-def _fail_above(report: BiasReport, fail_above: float | None) -> None:
-    """Exit 3 when the largest per-trajectory advantage difference exceeds ``fail_above``."""
+def _above(report: BiasReport, fail_above: float | None) -> str | None:
+    """Why ``--fail-above`` trips: the largest per-trajectory advantage difference exceeds it
+    (with ``--by`` that is the largest of every step's)."""
     diff_max = report.summary["trajectories"]["advantage_diff_max"] or 0.0
-    if fail_above is not None and diff_max > fail_above:
-        typer.echo(
-            f"advcli compare: the largest advantage difference {diff_max:.4g} exceeds "
-            f"--fail-above {fail_above:g}",
-            err=True,
-        )
-        raise typer.Exit(3)
+    if fail_above is None or diff_max <= fail_above:
+        return None
+    return f"the largest advantage difference {diff_max:.4g} exceeds --fail-above {fail_above:g}"
+
+
+def _reached(report: BiasReport, fail_on: FailOn | None) -> str | None:
+    """Why ``--fail-on`` trips: the assessment's level, or with ``--by`` a step's, reaches it."""
+    if fail_on is None:
+        return None
+    from advcli.report.verdict import THRESHOLDS
+
+    order = ["negligible", *THRESHOLDS]
+    floor = order.index(fail_on.value)
+    level = report.summary["assessment"]["level"]
+    steps: list[dict[str, Any]] = (report.summary.get("by_step") or {}).get("steps", [])
+    # A step without rows has no level.
+    reaching = [step for step in steps if step["level"] and order.index(step["level"]) >= floor]
+    if reaching:
+        shown = ", ".join(f"{step['step']} ({step['level']})" for step in reaching[:5])
+        more = f" and {len(reaching) - 5:,} more" if len(reaching) > 5 else ""
+        steps_reach = "step {} reaches" if len(reaching) == 1 else "steps {} reach"
+        return f"{steps_reach.format(shown + more)} --fail-on {fail_on.value}"
+    if order.index(level) >= floor:
+        return f"the bias is {level}, which reaches --fail-on {fail_on.value}"
+    return None

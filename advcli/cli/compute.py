@@ -48,8 +48,9 @@ Output = Annotated[
     typer.Option(
         "--output",
         "-o",
-        help="Output file (.parquet, .arrow IPC file, .arrows IPC stream, .npz or .pt); '-' "
-        "writes an Arrow IPC stream to stdout (--format parquet for Parquet bytes).",
+        help="Output file (.parquet, .arrow IPC file, .arrows IPC stream, .npz or .pt; with "
+        "--engine ray a Parquet dataset folder); '-' writes an Arrow IPC stream to stdout, not "
+        "a terminal (--format parquet for Parquet bytes).",
     ),
 ]
 FormatOpt = Annotated[
@@ -79,7 +80,8 @@ ReportOpt = Annotated[
     Path | None,
     typer.Option(
         "--report",
-        help="Also write the bias report (.json or .md), from the same read of the input.",
+        help="Also write the bias report (.json or .md; '-': JSON on stdout), from the same "
+        "read of the input.",
     ),
 ]
 ByOpt = Annotated[

@@ -143,7 +143,7 @@ ConfigOpt = Annotated[
         "group-size, traj-col, turn-col, reward-col, mask-col, level, estimator, epsilon, "
         "traj-score, scale, singleton, loss-weight, loss-scale-factor, no-tokens, top, by, "
         "drop-duplicates, "
-        "fail-above, engine, address, threads; each command takes those it has, and a "
+        "fail-above, fail-on, engine, address, threads; each command takes those it has, and a "
         "[compute], [compare] or [inspect] table overrides them for that command. Options on "
         "the command line win.",
     ),

@@ -14,7 +14,13 @@ from advcli.cli.exits import reports_errors
 
 @reports_errors
 def sample_command(
-    output: Annotated[Path, typer.Argument(help="Parquet file to write.", show_default=False)],
+    output: Annotated[
+        Path,
+        typer.Argument(
+            help="Parquet file to write ('-': Parquet bytes on stdout, not a terminal).",
+            show_default=False,
+        ),
+    ],
     groups: Annotated[int, typer.Option(min=1, max=10**9, help="Prompts (groups).")] = 64,
     rollouts: Annotated[int, typer.Option(min=1, max=100_000, help="Trajectories per prompt.")] = 8,
     max_turns: Annotated[
@@ -33,6 +39,7 @@ def sample_command(
     """
     from advcli.report.views import visible
     from advcli.sample import write_sample
+    from advcli.write.outputs import goes_to_stdout
 
     rows = write_sample(
         output,
@@ -44,9 +51,7 @@ def sample_command(
         force=force,
     )
     if not quiet:
+        where = "standard output" if goes_to_stdout(output) else visible(output)
         stderr.print(
-            Text(
-                f"wrote {rows:,} turn rows of {groups * rollouts:,} trajectories to "
-                f"{visible(output)}"
-            )
+            Text(f"wrote {rows:,} turn rows of {groups * rollouts:,} trajectories to {where}")
         )

@@ -37,6 +37,13 @@ from advcli._runtime.signals import held
 from advcli.errors import AdvcliError, InputChanged
 
 PARTIAL_SUFFIX = ".advcli-partial"
+
+
+class OutputAppeared(AdvcliError):
+    """An output that did not exist when the write began exists when it is to be published: it
+    is left as it is."""
+
+
 # The extended attribute that marks a partial as advcli's: "PID INODE MACHINE" (see _machine).
 MARKER = "user.advcli.partial"
 
@@ -125,6 +132,7 @@ def atomic_output(
     folder: bool = False,
     keep: Sequence[Path] = (),
     before_publish: Callable[[], None] | None = None,
+    replace_hint: str = "pass --force to replace it",
 ) -> Iterator[Path]:
     """Yield a temporary path beside ``output`` (a new empty file, or with ``folder`` a new empty
     directory); publish it at ``output`` only if the block succeeds. A device, a pipe or an
@@ -134,7 +142,9 @@ def atomic_output(
     happens: a writer thread that outlives an interrupted block (Polars finishes its tasks on its
     own threads) cannot create the file again once its folder is gone.
 
-    Without ``force`` an ``output`` that exists when the block ends is an error, not replaced.
+    Without ``force`` an ``output`` that exists when the block ends is an error
+    (:class:`OutputAppeared`, its message ending with ``replace_hint``, how the caller's user
+    asks for a replace), not replaced.
     ``keep`` names files that the stale-partial cleanup must not touch (the run's inputs).
     ``before_publish`` is called when the block has succeeded: an error it raises (an input that
     changed, :class:`~advcli.errors.InputChanged`) publishes nothing.
@@ -177,7 +187,9 @@ def atomic_output(
             yield partial
             if before_publish is not None:
                 before_publish()
-            _publish(partial, output, force=force, folder=folder, keep=keep)
+            _publish(
+                partial, output, force=force, folder=folder, keep=keep, replace_hint=replace_hint
+            )
     finally:
         if container is not None:
             with held():
@@ -251,7 +263,13 @@ def _reason(error: OSError) -> str:
 
 
 def _publish(
-    partial: Path, output: Path, *, force: bool, folder: bool, keep: Sequence[Path]
+    partial: Path,
+    output: Path,
+    *,
+    force: bool,
+    folder: bool,
+    keep: Sequence[Path],
+    replace_hint: str,
 ) -> None:
     if force:
         if folder and output.is_dir():
@@ -262,9 +280,9 @@ def _publish(
     try:
         _rename_no_replace(partial, output, folder)
     except FileExistsError:
-        raise AdvcliError(
+        raise OutputAppeared(
             f"{output}: the file appeared while advcli was writing; it was left as it is "
-            "(pass --force to replace it)"
+            f"({replace_hint})"
         ) from None
 
 

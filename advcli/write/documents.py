@@ -1,20 +1,46 @@
 """Writing a report's documents to their files, atomically: the text or bytes the report room
-made (:mod:`advcli.report.documents`, :mod:`advcli.report.figure`), as they are."""
+made (:mod:`advcli.report.documents`, :mod:`advcli.report.figure`), as they are. ``-`` is
+standard output, which gets the document whole, as it is already in memory."""
 
 from __future__ import annotations
 
+import io
+from dataclasses import dataclass, fields
 from pathlib import Path
 
+from advcli._runtime.process import copy_to_stdout, write_stdout_text
+from advcli.read.inputs import STDIN
 from advcli.write.atomic import atomic_output
 
 
 def write_text(path: Path, text: str, *, force: bool = False) -> None:
     """Write a report file atomically (a reader never sees half of it)."""
+    if str(path) == STDIN:
+        write_stdout_text(text, "the report")
+        return
     with atomic_output(path, force=force) as partial:
         partial.write_text(text, encoding="utf-8")
 
 
 def write_bytes(path: Path, data: bytes, *, force: bool = False) -> None:
     """Write a binary report file (the figure's PNG) atomically."""
+    if str(path) == STDIN:
+        copy_to_stdout(io.BytesIO(data))
+        return
     with atomic_output(path, force=force) as partial:
         partial.write_bytes(data)
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """The files ``compare`` writes its report to (each optional; ``-`` is standard output, for
+    one of them at most)."""
+
+    json: Path | None = None
+    markdown: Path | None = None
+    plot: Path | None = None
+    html: Path | None = None
+
+    def options(self) -> dict[str, Path | None]:
+        """Each file by the option that names it on the command line (``--json``, …)."""
+        return {f"--{field.name}": getattr(self, field.name) for field in fields(self)}

@@ -1,22 +1,24 @@
 """Where a command's outputs go, checked in one place before any work is done: each output's
 format (from ``--format`` or its extension), the paths every output may not take (an input, a
 folder holding one, a path named twice, what :func:`advcli.write.atomic.check_output_path`
-refuses), and standard output, which gets a result only once it is whole.
+refuses), and standard output, which takes at most one output, never binary bytes onto a
+terminal, and a result only once it is whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import polars as pl
 
 from advcli._runtime.process import copy_to_stdout, require_stdout
-from advcli.errors import AdvcliError
+from advcli.errors import AdvcliError, UsageError
 from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
 from advcli.read.formats import FOLDER_SUFFIXES
@@ -53,8 +55,66 @@ def output_format_for(output: Path, requested: OutputFormat | None) -> OutputFor
     return chosen
 
 
+def goes_to_stdout(output: Path | None) -> bool:
+    """Whether ``output`` is standard output: ``-``, or a name of the process's descriptor 1
+    (``/dev/stdout``, ``/dev/fd/1``, ``/proc/self/fd/1``)."""
+    if output is None:
+        return False
+    if str(output) == STDIN:
+        return True
+    names = {"/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", f"/proc/{os.getpid()}/fd/1"}
+    return os.path.abspath(output) in names
+
+
+def check_standard_output(outputs: Mapping[str, Path | None], binary: Collection[str] = ()) -> None:
+    """Refuse, before any work, two outputs on standard output (``outputs``: each output's
+    option name and path), whose bytes would be interleaved, and an output of ``binary`` bytes
+    (Parquet, Arrow, a PNG) on a terminal, which it would garble."""
+    on_stdout = [option for option, path in outputs.items() if goes_to_stdout(path)]
+    if len(on_stdout) > 1:
+        listed = f"{', '.join(on_stdout[:-1])} and {on_stdout[-1]}"
+        every = "both" if len(on_stdout) == 2 else "all"
+        raise UsageError(
+            f"{listed} {every} write to standard output, which takes one output; send the "
+            "others to files"
+        )
+    binary_on_stdout = [option for option in on_stdout if option in binary]
+    if binary_on_stdout and _stdout_is_terminal():
+        raise UsageError(
+            f"{binary_on_stdout[0]} writes binary data to standard output, which is a terminal; "
+            "redirect it to a file or a pipe"
+        )
+
+
+def _stdout_is_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except ValueError:  # a closed stream
+        return False
+
+
+@contextlib.contextmanager
+def staged_for_stdout(name: str) -> Iterator[Path]:
+    """A path in a temporary folder to write a result to whole, copied to standard output once
+    the block succeeds: a failure sends nothing down the pipe, and is one error saying that the
+    staging failed (a full temporary folder, say)."""
+    with tempfile.TemporaryDirectory(prefix="advcli-stdout-") as folder:
+        staged = Path(folder) / name
+        try:
+            yield staged
+        except AdvcliError as error:
+            raise AdvcliError(f"standard output: staging the output failed: {error}") from None
+        except OSError as error:
+            reason = error.strerror or type(error).__name__
+            raise AdvcliError(f"standard output: staging the output failed ({reason})") from None
+        with staged.open("rb") as result:
+            copy_to_stdout(result)
+
+
 def report_format_for(path: Path) -> str:
-    """``json`` or ``markdown``, from a report path's extension."""
+    """``json`` or ``markdown``, from a report path's extension; JSON on standard output."""
+    if goes_to_stdout(path):
+        return "json"
     kind = {".json": "json", ".md": "markdown", ".markdown": "markdown"}.get(path.suffix.lower())
     if kind is None:
         raise AdvcliError(f"{path}: a report is .json or .md")
@@ -159,12 +219,5 @@ def write_rows(
             dataset, columns, row_values, output, output_format=fmt, tokens=tokens, force=force
         )
         return
-    # Written whole to a temporary file first, so that a failure sends nothing down the pipe.
-    with tempfile.TemporaryDirectory(prefix="advcli-stdout-") as folder:
-        staged = Path(folder) / f"out.{fmt.value}"
-        try:
-            write_advantages(dataset, columns, row_values, staged, output_format=fmt, tokens=tokens)
-        except AdvcliError as error:
-            raise AdvcliError(f"standard output: staging the output failed: {error}") from None
-        with staged.open("rb") as result:
-            copy_to_stdout(result)
+    with staged_for_stdout(f"out.{fmt.value}") as staged:
+        write_advantages(dataset, columns, row_values, staged, output_format=fmt, tokens=tokens)
