@@ -57,6 +57,9 @@ ESTIMATORS: dict[str, Estimator | None] = {
     "tir_optimal_token_baseline": None,
     "gdpo": None,
 }
+# What a group of one unit gets where verl's function differs from advcli's default (it keeps
+# its raw score): verl 0.9.1's rloo_vectorized gives it 0, its rloo the raw score.
+SINGLETONS = {"rloo_vectorized": "zero"}
 
 # The bias report's figures logged each step, by their place in the JSON report
 # (docs/compare.md, "The JSON report, key by key"); the metric is named by the path.
@@ -101,7 +104,7 @@ def compute_advantage(
     reward_key: str | None = None,
     mask_key: str | None = None,
     scale: str | None = None,
-    singleton: str = "raw",
+    singleton: str | None = None,
     traj_score: str | None = None,
     epsilon: float = 1e-6,
     unit_tokens: str = "sum",
@@ -122,7 +125,9 @@ def compute_advantage(
     estimators that divide, grpo and grpo_passk: grpo is then Dr. GRPO. ``config`` is read for
     what verl's estimators read of it, ``norm_adv_by_std_in_grpo`` (grpo_passk's source in
     verl); a value there that contradicts the argument is an error. ``gamma``, ``lam`` and
-    ``num_repeat`` are taken, as verl's outcome estimators take them, and not used.
+    ``num_repeat`` are taken, as verl's outcome estimators take them, and not used. A group of
+    one unit keeps its raw score, as in verl, except under ``rloo_vectorized``, where verl gives
+    it 0 (:data:`SINGLETONS`); ``singleton`` ("raw" or "zero") sets it instead.
 
     The keys are found as the command line finds columns: verl's ``uid`` (group), a trajectory
     key of a trainer advcli knows (``traj_uid``, ``rollout_id_list``, ``session_id``, …; none:
@@ -151,6 +156,9 @@ def compute_advantage(
         )
     _check_unused(gamma=gamma, lam=lam, num_repeat=num_repeat)
     name = verl_estimator(adv_estimator, estimator)
+    if singleton is None:
+        given = adv_estimator if adv_estimator is not None else estimator
+        singleton = SINGLETONS.get(_spelled(given), "raw")
     scale = _scale(name, norm_adv_by_std_in_grpo, config, scale)
     entries = batch_entries(data)
     roles = _roles(entries, group_key, trajectory_key, turn_key, reward_key, mask_key)
