@@ -303,8 +303,40 @@ IMPLEMENTED = (
             "gamma is verl's number (unused by the outcome estimators), got 'turn'; advcli's "
             "settings (level=, …) are keywords",
         ),
+        (
+            {"level": "traj"},
+            ValueError,
+            "level='traj' is not one of 'trajectory', 'turn'",
+        ),
+        (
+            {"singleton": "none"},
+            ValueError,
+            "singleton='none' is not one of 'raw', 'zero'",
+        ),
+        (
+            {"traj_score": "median"},
+            ValueError,
+            "traj_score='median' is not one of 'first', 'last', 'mean', 'max', 'sum'",
+        ),
+        (
+            {"scale": "global"},
+            ValueError,
+            "scale='global' is not one of 'group', 'batch', 'none'",
+        ),
     ],
-    ids=["wrong name", "gae", "remax", "both names", "config disagrees", "scale", "gamma"],
+    ids=[
+        "wrong name",
+        "gae",
+        "remax",
+        "both names",
+        "config disagrees",
+        "scale",
+        "gamma",
+        "level",
+        "singleton",
+        "traj_score",
+        "scale value",
+    ],
 )
 def test_settings_errors_name_the_valid_values(kwargs, error, message):
     batch = verl_step_batch()
@@ -312,6 +344,22 @@ def test_settings_errors_name_the_valid_values(kwargs, error, message):
         compute_advantage(batch, **kwargs)
     assert str(caught.value) == message
     assert "advantages" not in batch.batch.keys()  # noqa: SIM118 (a TensorDict iterates rows)
+
+
+def test_a_trajectory_whose_rows_disagree_is_named_by_the_batchs_ids():
+    """The message names the trajectory and its group by their ids, not advcli.torch's
+    argument names."""
+    batch = _plain_batch(
+        uid=np.array(["p", "p", "p"], dtype=object),
+        traj_uid=np.array(["a", "a", "b"], dtype=object),
+    )
+    batch.batch["token_level_rewards"][1, 1] = 0.0
+    with pytest.raises(ValueError) as caught:
+        compute_advantage(batch)
+    assert str(caught.value) == (
+        "row 0: trajectory 'a' of group 'p' has rows with different scores [1.0, 2.0]; pass "
+        "traj_score ('first', 'last', 'mean', 'max' or 'sum')"
+    )
 
 
 def test_rloo_takes_verls_flag_without_reading_it():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from enum import Enum
+from typing import TypeVar
 
 import torch
 
@@ -22,6 +24,8 @@ from advcli.torch.trajectories import (
     trajectory_units,
     turn_numbers,
 )
+
+SettingT = TypeVar("SettingT", bound=Enum)
 
 
 def compute_advantage(
@@ -233,15 +237,26 @@ def _config(
     epsilon: float,
 ) -> AdvantageConfig:
     """The settings checked by the command line's own :class:`AdvantageConfig` (a bad value is a
-    ``ValueError`` here)."""
+    ``ValueError`` here, naming the argument and its valid values)."""
     try:
         return AdvantageConfig(
-            level=Level(level),
-            estimator=Estimator(estimator),
+            level=_choice(Level, "level", level),
+            estimator=_choice(Estimator, "estimator", estimator),
             epsilon=epsilon,
-            traj_score=TrajScore(traj_score) if traj_score is not None else None,
-            scale=Scale(scale) if scale is not None else None,
-            singleton=Singleton(singleton),
+            traj_score=(
+                _choice(TrajScore, "traj_score", traj_score) if traj_score is not None else None
+            ),
+            scale=_choice(Scale, "scale", scale) if scale is not None else None,
+            singleton=_choice(Singleton, "singleton", singleton),
         )
     except UsageError as error:
         raise ValueError(str(error)) from None
+
+
+def _choice(kind: type[SettingT], argument: str, value: object) -> SettingT:
+    """``value`` as a member of the setting ``kind`` (its value or the member itself)."""
+    try:
+        return kind(value)
+    except ValueError:
+        valid = ", ".join(repr(member.value) for member in kind)
+        raise ValueError(f"{argument}={value!r} is not one of {valid}") from None

@@ -220,8 +220,8 @@ def check_consistent(
     row = int(rows[0])
     values = torch.unique(scores[trajectories.slot == trajectories.slot[row]]).tolist()
     raise ValueError(
-        f"row {row}: trajectory (index={_id_at(index, row)!r}, traj_index="
-        f"{_id_at(traj_index, row)!r}) has rows with different scores {values}; pass traj_score "
+        f"row {row}: trajectory {_id_at(traj_index, row)!r} of group {_id_at(index, row)!r} "
+        f"has rows with different scores {values}; pass traj_score "
         "('first', 'last', 'mean', 'max' or 'sum')"
     )
 
