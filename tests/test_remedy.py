@@ -112,9 +112,16 @@ OWN_ADVICE = {
     ),
     "verl (v1 multi-trajectory)": (
         "verl (v1 multi-trajectory)",
-        ["compute_advantage_for_multi_trajectories"],
+        [
+            "compute_advantage_for_multi_trajectories",
+            'data.non_tensor_batch["session_id"]',
+            "advcli.verl.compute_advantage(data, adv_estimator=",
+        ],
     ),
-    "verl": ("verl", ["advcli.verl.compute_advantage(batch)", "RayPPOTrainer.fit"]),
+    "verl": (
+        "verl",
+        ["trainer.use_v1=true", "TrainerBase._compute_advantage", "RayPPOTrainer.fit"],
+    ),
     "SkyRL": ("SkyRL", ["nothing to change", "generator.step_wise_trajectories=true"]),
     "SkyRL 0.4.0": ("SkyRL", ["nothing to change", "is_last_step"]),
     "rLLM": ("rLLM", ['group_key="trajectory_ids"', 'trajectory_key="episode_ids"']),
@@ -191,8 +198,9 @@ def test_every_dialect_has_a_remedy():
 
 
 # A config key as a remedy states one: dotted lower-case names, not a file (x.py, x.yaml), not
-# advcli's own module path, not an attribute of a name (Class.method).
-CONFIG_KEY = re.compile(r"(?<![\w./])[a-z_]+(?:\.[a-z_]+)+(?![\w(])")
+# advcli's own module path, not an attribute of a name (Class.method), not Python code (a call,
+# a subscript: x.y(…), x.y[…], [… x.y]).
+CONFIG_KEY = re.compile(r"(?<![\w./])[a-z_]+(?:\.[a-z_]+)+(?![\w(\[\]])")
 
 
 def test_no_remedy_names_a_config_key_its_source_does_not_cite():

@@ -93,21 +93,30 @@ ADVCLI = Remedy(
 VERL = Remedy(
     "verl",
     "verl's agent loop keeps a conversation in one row, so its own batch has no turn bias; where "
-    "rows are turns (a trajectory column of your own), replace the compute_advantage call in "
-    "RayPPOTrainer.fit (verl/trainer/ppo/ray_trainer.py) with "
-    "advcli.verl.compute_advantage(batch)",
-    brief="advcli.verl.compute_advantage(batch) in place of compute_advantage in RayPPOTrainer.fit",
-    source="verl 0.9.1 (PyPI): verl/trainer/ppo/ray_trainer.py, compute_advantage and "
-    "RayPPOTrainer.fit",
+    "rows are turns (a trajectory column of your own), call advcli.verl.compute_advantage(data, "
+    "adv_estimator=..., ...) with the trajectory key in place of verl's advantage call: in the v1 "
+    "trainer (trainer.use_v1=true, 0.9.1's default) of compute_advantage_for_multi_trajectories "
+    "in TrainerBase._compute_advantage, after adding the trajectory column to the fields it "
+    "fetches; in the legacy RayPPOTrainer.fit of compute_advantage",
+    brief="advcli.verl.compute_advantage(data, ...) in place of verl's advantage call in "
+    "TrainerBase._compute_advantage (v1) or RayPPOTrainer.fit (legacy)",
+    source="verl 0.9.1 (PyPI): verl/trainer/config/ppo_trainer.yaml, trainer.use_v1; "
+    "verl/trainer/ppo/v1/trainer_base.py, TrainerBase._compute_advantage; "
+    "verl/trainer/ppo/ray_trainer.py, compute_advantage and RayPPOTrainer.fit",
+    config_keys=("trainer.use_v1",),
 )
 VERL_V1 = Remedy(
     "verl (v1 multi-trajectory)",
     "for GRPO the v1 trainer already counts each session once: "
     "compute_advantage_for_multi_trajectories (verl/trainer/ppo/v1/utils.py, called by "
     "TrainerBase._compute_advantage) scores each session's final output and broadcasts it; "
-    "other estimators run per row there, so for them replace that call with "
-    "advcli.verl.compute_advantage(batch)",
-    brief="GRPO already does; other estimators: advcli.verl.compute_advantage(batch)",
+    "other estimators run per row there. For them, in TrainerBase._compute_advantage give data "
+    'each row\'s session from its key, data.non_tensor_batch["session_id"] = '
+    'np.array([key.rsplit("_", 2)[1] for key in batch.keys], dtype=object), and replace that '
+    "call with data = advcli.verl.compute_advantage(data, adv_estimator=..., ...) (data: the "
+    "DataProto it builds; batch there is a KVBatchMeta, whose fields carry no session)",
+    brief="GRPO already does; other estimators: the session from each key, then "
+    "advcli.verl.compute_advantage(data, ...) in TrainerBase._compute_advantage",
     source="verl 0.9.1 (PyPI): verl/trainer/ppo/v1/utils.py, "
     "compute_advantage_for_multi_trajectories; verl/trainer/ppo/v1/trainer_base.py, "
     "TrainerBase._compute_advantage",
