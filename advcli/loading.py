@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,9 @@ from advcli.read.projection import check_unique_turns, key_projection, split_pad
 from advcli.read.roles import read_roles
 from advcli.settings import AdvantageConfig, ColumnNames, Engine, Level
 from advcli.write.outputs import check_not_written_into
+
+# What the library calls take as inputs: one path, or a sequence of them (``-``: standard input).
+Inputs = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
 @dataclass(frozen=True)
@@ -238,22 +242,31 @@ def check_by(dataset: Dataset, by: str) -> None:
         )
 
 
+def input_names(inputs: Inputs) -> list[str]:
+    """The inputs' names: one path given alone is one input, not the characters of its name."""
+    if isinstance(inputs, (str, os.PathLike)):
+        return [os.fspath(inputs)]
+    return [os.fspath(name) for name in inputs]
+
+
 @contextlib.contextmanager
-def opened(inputs: Sequence[str]) -> Iterator[Dataset]:
-    """Open the inputs as one dataset; standard input (``-``) is spooled to a temporary folder
-    that is removed afterwards. Without ``-`` no folder is made (a run killed by SIGKILL, which no
-    cleanup outlives, would leave it behind). An error in the block is reported as an input's
-    change when one changed (:meth:`Dataset.changes_reported`). Standard output that is an input
-    file (``advcli compare dump.parquet >> dump.parquet``) is refused whatever the command, as
-    ``cat`` refuses it: what a command prints would go into the input."""
-    if STDIN not in inputs:
-        dataset = open_dataset(inputs)
+def opened(inputs: Inputs) -> Iterator[Dataset]:
+    """Open the inputs (one path, or a sequence of them) as one dataset; standard input (``-``)
+    is spooled to a temporary folder that is removed afterwards. Without ``-`` no folder is
+    made (a run killed by SIGKILL, which no cleanup outlives, would leave it behind). An error
+    in the block is reported as an input's change when one changed
+    (:meth:`Dataset.changes_reported`). Standard output that is an input file (``advcli compare
+    dump.parquet >> dump.parquet``) is refused whatever the command, as ``cat`` refuses it: what a
+    command prints would go into the input."""
+    names = input_names(inputs)
+    if STDIN not in names:
+        dataset = open_dataset(names)
         check_not_written_into(Path(STDIN), dataset)
         with dataset.changes_reported():
             yield dataset
         return
     with tempfile.TemporaryDirectory(prefix="advcli-stdin-") as spool:
-        dataset = open_dataset(inputs, spool=Path(spool))
+        dataset = open_dataset(names, spool=Path(spool))
         check_not_written_into(Path(STDIN), dataset)
         with dataset.changes_reported():
             yield dataset

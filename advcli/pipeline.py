@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from advcli.advantages.loss import token_weight, unwritable_weight
 from advcli.errors import AdvcliError, UsageError
 from advcli.keys import ROW, SCORE, TOKENS
 from advcli.loading import (
+    Inputs,
     LoadedDump,
     check_by,
     counted_rows,
@@ -87,7 +88,7 @@ def start_engine(engine: Engine, address: str | None) -> None:
 
 
 def compute(
-    inputs: Sequence[str],
+    inputs: Inputs,
     output: Path,
     config: AdvantageConfig = AdvantageConfig(),
     *,
@@ -349,7 +350,7 @@ def _estimator_needs_mask(config: AdvantageConfig) -> str | None:
 
 
 def compare(
-    inputs: Sequence[str],
+    inputs: Inputs,
     config: AdvantageConfig = AdvantageConfig(),
     *,
     names: ColumnNames = ColumnNames(),
@@ -467,7 +468,7 @@ def _step_order(dump: LoadedDump, by: str) -> tuple[pl.Series, list[Any]]:
 MAX_STEPS = 100_000
 
 
-def inspect(inputs: Sequence[str], names: ColumnNames = ColumnNames()) -> dict[str, Any]:
+def inspect(inputs: Inputs, names: ColumnNames = ColumnNames()) -> dict[str, Any]:
     """What a user should know about a dump before ``compute``, read from the key columns only.
 
     Examples

@@ -4,10 +4,13 @@ name in it imports."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pyarrow.parquet as pq
 
 import advcli
 
@@ -99,3 +102,13 @@ def test_the_docs_give_the_columns_of_the_bias_reports_frames():
         "summary",
         *frames,
     ]
+
+
+def test_one_path_given_alone_is_one_input(tmp_path):
+    """A str or a Path is the name of one input (not a sequence of one-letter names), and the
+    report files may be named by text."""
+    by_str = advcli.compare(str(SAMPLE), files=advcli.ReportFiles(json=str(tmp_path / "r.json")))
+    by_path = advcli.inspect(SAMPLE)
+    assert by_str.summary["counts"]["trajectories"] == by_path["counts"]["trajectories"] == 512
+    rows = pq.read_metadata(SAMPLE).num_rows
+    assert json.loads((tmp_path / "r.json").read_text())["counts"]["rows"] == rows

@@ -41,6 +41,13 @@ class ReportFiles:
     plot: Path | None = None
     html: Path | None = None
 
+    def __post_init__(self) -> None:
+        # A name given as text is that file (``ReportFiles(json="report.json")``).
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, item.name, Path(value))
+
     def options(self) -> dict[str, Path | None]:
         """Each file by the option that names it on the command line (``--json``, …)."""
         return {f"--{field.name}": getattr(self, field.name) for field in fields(self)}
