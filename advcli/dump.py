@@ -13,6 +13,7 @@ torch is not imported: tensors are recognised by their methods and moved to nump
 
 from __future__ import annotations
 
+import numbers
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -113,6 +114,8 @@ def write_batch(
     """
     if if_exists not in ("error", "replace", "skip"):
         raise AdvcliError(f"if_exists is 'error', 'replace' or 'skip', not {if_exists!r}")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral)):
+        raise AdvcliError(f"step is the training step's number, an integer, not {step!r}")
     entries = batch_entries(batch)
     given: dict[str, str | None] = {}
     for role, value in (("group", group), ("trajectory", trajectory), ("turn", turn)):
@@ -143,10 +146,15 @@ def write_batch(
         )
     frame = _frame(entries, roles, rows, keys)
     if step is not None:
-        frame = frame.with_columns(pl.lit(step, dtype=pl.Int64).alias(STEP))
+        frame = frame.with_columns(pl.lit(int(step), dtype=pl.Int64).alias(STEP))
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / (f"step-{step:08d}.parquet" if step is not None else _next_name(folder))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise AdvcliError(
+            f"{folder}: cannot make the folder for the batches: {error.strerror}"
+        ) from None
+    path = folder / (f"step-{int(step):08d}.parquet" if step is not None else _next_name(folder))
     return _publish(frame, path, if_exists)
 
 

@@ -198,6 +198,22 @@ def test_if_exists_skip_keeps_the_old_file_and_says_so(tmp_path):
     )
 
 
+def test_a_step_that_is_no_integer_and_a_folder_that_is_a_file_are_refused(tmp_path):
+    with pytest.raises(AdvcliError) as raised:
+        write_batch(_step_batch([1.0, 0.0]), tmp_path, step=3.0)  # type: ignore[arg-type]
+    assert str(raised.value) == "step is the training step's number, an integer, not 3.0"
+    (tmp_path / "a-file").write_text("mine")
+    with pytest.raises(AdvcliError) as raised:
+        write_batch(_step_batch([1.0, 0.0]), tmp_path / "a-file", step=1)
+    assert str(raised.value) == (
+        f"{tmp_path / 'a-file'}: cannot make the folder for the batches: File exists"
+    )
+    assert (tmp_path / "a-file").read_text() == "mine"
+    assert write_batch(_step_batch([1.0, 0.0]), tmp_path, step=np.int64(2)).path.name == (
+        "step-00000002.parquet"
+    )
+
+
 def test_if_exists_error_refuses_in_the_librarys_words(tmp_path):
     write_batch(_step_batch([1.0, 0.0]), tmp_path, step=1)
     before = (tmp_path / "step-00000001.parquet").read_bytes()
