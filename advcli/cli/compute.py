@@ -198,6 +198,7 @@ def _print_summary(summary: ComputeSummary, config_path: Path | None, report: Pa
     """The run's table on stderr, then what it noticed about duplicated rows and where the report
     went."""
     from advcli.report.views import visible
+    from advcli.write.outputs import goes_to_stdout
 
     table = _summary_table(summary)
     if config_path is not None:
@@ -214,7 +215,8 @@ def _print_summary(summary: ComputeSummary, config_path: Path | None, report: Pa
             "--drop-duplicates to count each once"
         )
     if report is not None:
-        stderr.print(Text(f"report: {visible(report)}"))
+        where = "standard output" if goes_to_stdout(report) else visible(report)
+        stderr.print(Text(f"report: {where}"))
 
 
 def _summary_table(summary: ComputeSummary) -> Table:
