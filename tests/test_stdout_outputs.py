@@ -58,7 +58,7 @@ def test_compute_report_on_stdout_is_json(tmp_path):
     assert json.loads(result.stdout)["counts"]["trajectories"] == 512
     told = advcli("compute", SAMPLE, "-o", "told.parquet", "--report", "-", cwd=tmp_path)
     assert told.returncode == 0, told.stderr
-    assert "report: standard output" in told.stderr
+    assert b"report: standard output" in told.stderr
 
 
 def test_the_figure_on_stdout_is_the_png(tmp_path):
