@@ -140,13 +140,10 @@ def compute_advantage(
 
     The metrics: ``{prefix}rows``, ``trajectories``, ``multi_row_trajectories``,
     ``max_rows_per_trajectory``, ``groups``, ``singleton_groups`` and ``zero_std_groups`` (at
-    ``level``), and with ``bias_metrics`` the bias of counting every turn, ``advcli compare``'s
-    figures on this batch (both levels, whatever ``level``) named by their JSON keys:
-    ``{prefix}groups/baseline_shift_mean``, ``…/baseline_shift_max``,
-    ``{prefix}trajectories/advantage_diff_mean``, ``…/advantage_diff_max``, ``…/sign_flips``
-    and ``{prefix}loss_weights/token-mean/longest_vs_shortest``; NaN where the report has
-    null (an empty batch). An empty batch gets ``(0, response_length)`` advantages and counts
-    of 0.
+    ``level``), and with ``bias_metrics`` ``advcli compare``'s figures on this batch (both
+    levels) named by their JSON keys (:data:`BIAS_FIGURES`: ``{prefix}groups/baseline_shift_mean``
+    …), NaN where the report has null. An empty batch gets ``(0, response_length)`` advantages
+    and counts of 0.
     """
     if not all(hasattr(data, name) for name in ("batch", "non_tensor_batch", "meta_info")):
         # Checked first: the advantages are written back into the batch once computed.
@@ -156,9 +153,7 @@ def compute_advantage(
         )
     _check_unused(gamma=gamma, lam=lam, num_repeat=num_repeat)
     name = verl_estimator(adv_estimator, estimator)
-    if singleton is None:
-        given = adv_estimator if adv_estimator is not None else estimator
-        singleton = SINGLETONS.get(_spelled(given), "raw")
+    singleton = singleton or SINGLETONS.get(_spelled(adv_estimator or estimator), "raw")
     scale = _scale(name, norm_adv_by_std_in_grpo, config, scale)
     entries = batch_entries(data)
     roles = _roles(entries, group_key, trajectory_key, turn_key, reward_key, mask_key)
