@@ -75,7 +75,8 @@ class AnchorScope(str, Enum):
 class StepTerm:
     """GiGPO's step term and how its episode term departs from the estimators' shared rules.
 
-    ``own_row_scores``: at trajectory level, the episode statistics come from each trajectory's
+    ``own_row_scores``: at trajectory level (at turn level every row is in the statistics and
+    centred on its own score already), the episode statistics come from each trajectory's
     first row (in row order) and every row is centred on its own score (verl-agent's rule for
     rows that disagree by the invalid-action penalty); a row of a group whose first rows tie
     (std 0) is divided by 1 + ε, never by ε. ``episode_from_steps``: a trajectory's episode
@@ -283,11 +284,6 @@ class AdvantageConfig:
             raise UsageError(
                 "--gamma, --step-weight, --gigpo-norm, --anchor-scope and --recipe apply to "
                 f"gigpo, not to {self.estimator.value}"
-            )
-        if self.step is not None and self.step.own_row_scores and self.level is Level.TURN:
-            raise UsageError(
-                "each row centred on its own score (verl-agent-trajectory) needs --level "
-                "trajectory: at turn level every row is in the statistics already"
             )
 
     def describe(self) -> str:

@@ -354,3 +354,30 @@ def test_the_docs_recipe_table_is_the_code_table():
     text = (Path(__file__).resolve().parent.parent / "docs" / "estimators.md").read_text()
     rows = dict(re.findall(r"^\| `([a-z-]+)` \| (--level [^|]+?) \|", text, re.MULTILINE))
     assert rows == {recipe.value: RECIPES[recipe].describe() for recipe in Recipe}
+
+
+def test_batch_scope_with_by_keeps_each_step_apart(run, tmp_path):
+    """--by step --anchor-scope batch: step 1's s0 rows are their own step group, as if that
+    step's rows were computed alone (returns 0.5 and 0.2: mean 0.35; scores the same)."""
+    frame = pl.concat(
+        [
+            WORKED.with_columns(step=pl.lit(0, dtype=pl.Int64)),
+            pl.DataFrame(
+                {
+                    "data_id": [1, 1],
+                    "rollout_id": [1, 2],
+                    "turn_index": [0, 0],
+                    "score": [0.5, 0.2],
+                    "anchor": ["s0", "s0"],
+                    "step_reward": [0.5, 0.2],
+                    "step": [1, 1],
+                }
+            ),
+        ]
+    )
+    options = ("--estimator", "gigpo", "--anchor-scope", "batch", "--by", "step")
+    got = advantages(run, tmp_path, frame, *options)
+    each = 2 * 0.15 / (1 + EPS)  # episode and step terms alike
+    assert got[5:] == pytest.approx([each, -each], abs=1e-7)
+    # Step 0's s0 group is the worked case's {1, 0} (γ 1), not merged with step 1's.
+    assert got[0] == pytest.approx(2 * 0.5 / (1 + EPS), abs=1e-7)

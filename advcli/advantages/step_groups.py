@@ -58,7 +58,7 @@ def gigpo_advantages(
         projection = projection.with_columns(pl.col(STEP_REWARD).alias(SCORE))
         if config.level is Level.TRAJECTORY:
             config = replace(config, traj_score=TrajScore.SUM)
-    if step.own_row_scores:
+    if step.own_row_scores and config.level is Level.TRAJECTORY:
         episode = _own_row_episode(projection, config, naming, trajectories, batch)
     else:
         at_level = trajectories if config.level is Level.TRAJECTORY else None
@@ -170,8 +170,7 @@ def _own_row_episode(
     there; advcli divides every row of such a group by SINGLETON_STD + ε (mean 0, std 1, as a
     lone unit), so the penalty stays its own size."""
     firsts = projection[trajectories.first_position()]
-    assert config.step is not None
-    at_turn = replace(config, level=Level.TURN, step=replace(config.step, own_row_scores=False))
+    at_turn = replace(config, level=Level.TURN)
     first_rows = compute_advantages(firsts, at_turn, naming, None, batch)
     groups = first_rows.groups.select(GROUP, "units", "baseline", "std", "zero_std")
     rows = projection.select(GROUP, SCORE).join(groups, on=GROUP, how="left", maintain_order="left")
