@@ -381,3 +381,56 @@ def test_batch_scope_with_by_keeps_each_step_apart(run, tmp_path):
     assert got[5:] == pytest.approx([each, -each], abs=1e-7)
     # Step 0's s0 group is the worked case's {1, 0} (γ 1), not merged with step 1's.
     assert got[0] == pytest.approx(2 * 0.5 / (1 + EPS), abs=1e-7)
+
+
+@pytest.mark.parametrize(("fnorm", "gamma"), [("none", 1.0), ("std", 0.9), ("none", 0.0)])
+def test_trinity_recipe_is_trinitys_own_function(fnorm, gamma, run, tmp_path):
+    """Trinity-RFT 0.6.0's GiGPOAdvantageFn on a generated batch (tasks with runs of 1 to 4
+    steps, anchors shared within and across tasks, one lone task) gives what --recipe trinity
+    gives, to float32's precision (Trinity normalizes in float32)."""
+    pytest.importorskip("torch")
+    gigpo_module = pytest.importorskip("trinity.algorithm.advantage_fn.gigpo_advantage")
+    experience = pytest.importorskip("trinity.common.experience")
+    import torch
+
+    rng = np.random.default_rng(3)
+    rows = []
+    for task in range(5):
+        for run_id in range(1 if task == 4 else 3):
+            for step in range(int(rng.integers(1, 5))):
+                anchor = f"s{rng.integers(0, 4)}" if task < 3 else f"t{task}-{step}"
+                reward = float(rng.choice([0.0, 0.0, 0.5, 1.0]))
+                rows.append((task, run_id, step, anchor, reward))
+    order = rng.permutation(len(rows))
+    rows = [rows[i] for i in order]
+    exps = [
+        experience.Experience(
+            eid=experience.EID(task=task, run=run_id, step=step),
+            tokens=torch.tensor([1, 2]),
+            reward=0.0,
+            info={"step_reward": reward, "env_state_hash": anchor},
+        )
+        for task, run_id, step, anchor, reward in rows
+    ]
+    function = gigpo_module.GiGPOAdvantageFn(gamma=gamma, fnorm=fnorm)
+    out, metrics = function.process(exps)
+    # The batch has step groups across tasks and a lone task: nothing here is trivially 0.
+    assert metrics["gigpo/anchor_groups_size_gt1"] >= 3 and metrics["gigpo/mean_abs_A_S"] > 0.1
+    theirs = {id(exp): float(exp.advantages) for exp in out}
+    expected = [theirs[id(exp)] for exp in exps]
+
+    frame = pl.DataFrame(
+        {
+            "data_id": [r[0] for r in rows],
+            "rollout_id": [r[1] for r in rows],
+            "turn_index": [r[2] for r in rows],
+            "score": [0.0] * len(rows),
+            "env_state_hash": [r[3] for r in rows],
+            "step_reward": [r[4] for r in rows],
+        }
+    )
+    norm = "mean_std" if fnorm == "std" else "mean"
+    got = advantages(
+        run, tmp_path, frame, "--recipe", "trinity", "--gigpo-norm", norm, "--gamma", str(gamma)
+    )
+    assert got == pytest.approx(expected, abs=2e-5)
