@@ -434,3 +434,27 @@ def test_trinity_recipe_is_trinitys_own_function(fnorm, gamma, run, tmp_path):
         run, tmp_path, frame, "--recipe", "trinity", "--gigpo-norm", norm, "--gamma", str(gamma)
     )
     assert got == pytest.approx(expected, abs=2e-5)
+
+
+def test_categorical_anchors_hash_by_their_text_across_files(tmp_path):
+    """Lists of Categorical in two files whose categories come in other orders: x is {0, 6}
+    (mean 3) and y {2, 4} (mean 3) wherever they are."""
+    anchor = pl.List(pl.Categorical)
+    for name, trajectories, returns, anchors in (
+        ("a", [0, 1], [0.0, 2.0], [["x"], ["y"]]),
+        ("b", [2, 3], [4.0, 6.0], [["y"], ["x"]]),
+    ):
+        pl.DataFrame(
+            {
+                "data_id": [0, 0],
+                "rollout_id": trajectories,
+                "score": [0.0, 0.0],
+                "step_return": returns,
+                "anchor": pl.Series(anchors, dtype=anchor),
+            }
+        ).write_parquet(tmp_path / f"{name}.parquet")
+    output = tmp_path / "out.parquet"
+    inputs = [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+    compute(inputs, output, AdvantageConfig(estimator=Estimator.GIGPO), tokens=False)
+    got = pl.read_parquet(output)["advantage"].to_list()
+    assert got == pytest.approx([v / (1 + EPS) for v in (-3.0, -1.0, 1.0, 3.0)], abs=1e-6)

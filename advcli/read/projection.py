@@ -329,16 +329,32 @@ def _row_rules(
 
 
 def _step_keys(schema: pl.Schema, columns: ColumnRoles) -> list[pl.Expr]:
-    """GiGPO's keys: the anchor hashed (Categorical as its strings, whose codes differ between
-    files; a null stays null, for its row rule), and the step reward or return as float64."""
+    """GiGPO's keys: the anchor hashed (Categorical values as their text; a null stays null,
+    for its row rule), and the step reward or return as float64."""
     if columns.anchor is None:
         return []
-    anchor = _as_key(columns.anchor, schema)
+    dtype = schema[columns.anchor]
+    as_text = _categories_as_text(dtype)
+    anchor = pl.col(columns.anchor) if as_text == dtype else pl.col(columns.anchor).cast(as_text)
     exprs = [pl.when(anchor.is_not_null()).then(anchor.hash()).alias(ANCHOR)]
     for key, name in ((STEP_REWARD, columns.step_reward), (STEP_RETURN, columns.step_return)):
         if name is not None:
             exprs.append(pl.col(name).cast(pl.Float64).alias(key))
     return exprs
+
+
+def _categories_as_text(dtype: Any) -> Any:
+    """``dtype`` with every Categorical or Enum in it (inside lists and structs too) as String:
+    the values hash by their text, not by codes that differ between files."""
+    if dtype == pl.Categorical or is_enum(dtype):
+        return pl.String
+    if isinstance(dtype, pl.List):
+        return pl.List(_categories_as_text(dtype.inner))
+    if isinstance(dtype, pl.Array):
+        return pl.Array(_categories_as_text(dtype.inner), dtype.size)
+    if isinstance(dtype, pl.Struct):
+        return pl.Struct([pl.Field(f.name, _categories_as_text(f.dtype)) for f in dtype.fields])
+    return dtype
 
 
 def _step_rules(columns: ColumnRoles) -> list[tuple[pl.Expr, str]]:
