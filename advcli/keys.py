@@ -20,6 +20,11 @@ TOKENS = "tokens"
 # removes those rows before stage 2).
 LAST_STEP = "last_step"
 PADDING = "padding"
+# GiGPO only: the anchor state hashed to an integer (equal states, equal hashes), and a step's
+# reward or its already discounted return.
+ANCHOR = "anchor"
+STEP_REWARD = "step_reward"
+STEP_RETURN = "step_return"
 
 
 def repeated_turn() -> pl.Expr:

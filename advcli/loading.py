@@ -18,6 +18,7 @@ from typing import Any
 import polars as pl
 
 from advcli.advantages.estimators import Advantages, compute_advantages
+from advcli.advantages.step_groups import gigpo_advantages
 from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import Trajectories, count_trajectories, index_trajectories
 from advcli.errors import AdvcliError
@@ -70,6 +71,10 @@ class LoadedDump:
         return self.steps.name if self.steps is not None else None
 
     def advantages(self, config: AdvantageConfig) -> Advantages:
+        if config.step is not None:
+            return gigpo_advantages(
+                self.projection, config, self.naming, self.trajectories, self.batch
+            )
         trajectories = self.trajectories if config.level is Level.TRAJECTORY else None
         return compute_advantages(self.projection, config, self.naming, trajectories, self.batch)
 
@@ -109,13 +114,15 @@ def load_dump(
     engine: Engine = Engine.LOCAL,
     mask_needed_for: str | None = None,
     by: str | None = None,
+    step_roles: bool = False,
 ) -> LoadedDump:
     """Stage 1: pick the columns, read and check the key projection (on Ray Data with
     ``engine="ray"``, after :func:`start_engine`). ``mask_needed_for`` says what needs the
     token counts, if anything does: without it a dump with no mask column is read too.
 
     ``by`` (``"file"`` or a column) makes each part its own batch: its groups are keyed by
-    ``(step, group)``, so ids that repeat across steps (dataset indices) stay apart."""
+    ``(step, group)``, so ids that repeat across steps (dataset indices) stay apart. ``step_roles``:
+    GiGPO's roles are read too (the anchor, the step reward or return)."""
     columns = read_roles(
         dataset.schema,
         dataset.describe(),
@@ -123,12 +130,15 @@ def load_dump(
         dataset.read_columns,
         mask_needed_for=mask_needed_for,
         not_turns=(by,) if by not in (None, "file") else (),
+        steps=step_roles,
     )
     if columns.group_size is not None and dataset.num_rows % columns.group_size:
         raise AdvcliError(
             f"{dataset.describe()}: {dataset.num_rows:,} rows are not whole groups of "
             f"--group-size {columns.group_size}"
         )
+    if engine == Engine.RAY and step_roles:
+        raise AdvcliError("--estimator gigpo runs on the local engine only")
     if engine == Engine.RAY and (columns.group is None or columns.trajectory is None):
         raise AdvcliError(
             f"{dataset.describe()}: --engine ray needs group and trajectory id columns (its "

@@ -109,9 +109,8 @@ def compute(
 
     With ``loss_weight`` each row also gets ``loss_weight``, its per-token weight under that
     loss aggregation (:mod:`advcli.advantages.loss`): a plain sum of ``loss_weight × per-token
-    loss`` over
-    the masked tokens of the batch is that mode's loss. ``loss_scale_factor`` is verl's H for
-    ``seq-mean-token-sum-norm`` (by default the width of a fixed-size mask column).
+    loss`` over the masked tokens of the batch is that mode's loss. ``loss_scale_factor`` is
+    verl's H for ``seq-mean-token-sum-norm`` (by default the width of a fixed-size mask column).
 
     With ``report_path`` (``.json`` or ``.md``; ``-``: JSON on standard output) the other level
     is computed from the same key projection and the bias report is written there too, so the
@@ -146,10 +145,11 @@ def compute(
             check_by(dataset, by)
         start_engine(engine, address)
         stage("reading keys")
-        needs_mask = (
-            "--loss-weight needs one" if loss_weight else _mask_needed_for(config, fmt, tokens)
+        needs_mask = _mask_needed_for(config, fmt, tokens, loss_weight)
+        gigpo = config.step is not None  # GiGPO reads its anchors and step rewards too
+        every_row = load_dump(
+            dataset, names, engine=engine, mask_needed_for=needs_mask, by=by, step_roles=gigpo
         )
-        every_row = load_dump(dataset, names, engine=engine, mask_needed_for=needs_mask, by=by)
         dump, duplicates = counted_rows(every_row, drop_duplicates)
         stage("computing statistics")
         advantages = dump.advantages(config)
@@ -334,8 +334,12 @@ def _loss_weights(dump: LoadedDump, mode: LossMode, scale_factor: float | None) 
     return weights.drop(TOKENS)
 
 
-def _mask_needed_for(config: AdvantageConfig, fmt: OutputFormat, tokens: bool) -> str | None:
+def _mask_needed_for(
+    config: AdvantageConfig, fmt: OutputFormat, tokens: bool, loss_weight: LossMode | None
+) -> str | None:
     """What in a compute run needs each row's token count, if anything."""
+    if loss_weight is not None:
+        return "--loss-weight needs one"
     if fmt in (OutputFormat.NPZ, OutputFormat.PT):
         return f"the .{fmt.value} output's response_mask array needs one"
     if tokens:

@@ -43,6 +43,9 @@ class EstimatorRule:
     divides: bool
     singleton_keeps_score: bool
     whitens: bool
+    # GiGPO: the rule above is the episode term's (its divisor the std under --gigpo-norm
+    # mean_std, 1 under mean, never --scale), plus ω times the step term (STEP_* below).
+    steps: bool = False
 
     @property
     def counts_tokens(self) -> bool:
@@ -69,7 +72,22 @@ RULES: dict[str, EstimatorRule] = {
     "reinforce_pp_baseline": EstimatorRule(
         Baseline.MEAN, divides=False, singleton_keeps_score=True, whitens=True
     ),
+    "gigpo": EstimatorRule(
+        Baseline.MEAN, divides=True, singleton_keeps_score=True, whitens=False, steps=True
+    ),
 }
+
+# GiGPO's step term. Each row's step return R_t = r_t + γ R_{t+1} over its trajectory's rows in
+# turn order (the turn column, else row order); rows with equal anchors (within a group, or
+# batch-wide) form a step group, and A_step = (R − mean) / (F + ε), F the group's std
+# (ddof=STD_DDOF) under mean_std, 1 under mean. A step group of one row gets STEP_SINGLETON (its
+# mean is its own value: every peer's rule); a step group whose returns are all equal gets 0
+# exactly; under ROLL's recipe a group whose std is at most ROLL_STEP_MIN_STD gets 0 too.
+STEP_SINGLETON = 0.0
+ROLL_STEP_MIN_STD = 1e-6
+# γ is a discount: 0 ≤ γ ≤ 1 (γ = 0: R_t = r_t; γ = 1: the undiscounted sum to the end, added
+# from the last step as the recurrence adds it). ω, the step term's weight, is ≥ 0.
+GAMMA_RANGE = (0.0, 1.0)
 
 # Rules every estimator shares.
 # The std is the unbiased sample std (Bessel's correction), as torch.std and verl.

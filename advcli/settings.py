@@ -7,11 +7,11 @@ count) before Polars is imported.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from advcli.errors import UsageError
-from advcli.rules import RULES
+from advcli.rules import GAMMA_RANGE, ROLL_STEP_MIN_STD, RULES
 
 
 class Level(str, Enum):
@@ -30,6 +30,7 @@ class Estimator(str, Enum):
     OPO = "opo"
     GRPO_PASSK = "grpo_passk"
     REINFORCE_PP_BASELINE = "reinforce_pp_baseline"
+    GIGPO = "gigpo"
 
 
 class Scale(str, Enum):
@@ -47,8 +48,126 @@ class Singleton(str, Enum):
     ZERO = "zero"
 
 
-# Estimators that divide by a std, and so take --scale.
-SCALED = tuple(estimator for estimator in Estimator if RULES[estimator].divides)
+# Estimators that divide by a std, and so take --scale (GiGPO's divisor is --gigpo-norm's).
+SCALED = tuple(
+    estimator for estimator in Estimator if RULES[estimator].divides and not RULES[estimator].steps
+)
+# Estimators that read a dump's outcome scores alone (no anchor or step reward).
+OUTCOME = tuple(estimator for estimator in Estimator if not RULES[estimator].steps)
+
+
+class GigpoNorm(str, Enum):
+    """GiGPO's normalization of both terms: ``mean``, (x − μ) / (1 + ε); ``mean_std``,
+    (x − μ) / (σ + ε)."""
+
+    MEAN = "mean"
+    MEAN_STD = "mean_std"
+
+
+class AnchorScope(str, Enum):
+    """Where equal anchors form one step group: within a task group, or across the batch."""
+
+    GROUP = "group"
+    BATCH = "batch"
+
+
+@dataclass(frozen=True)
+class StepTerm:
+    """GiGPO's step term and how its episode term departs from the estimators' shared rules.
+
+    ``own_row_scores``: at trajectory level (at turn level every row is in the statistics and
+    centred on its own score already), the episode statistics come from each trajectory's
+    first row (in row order) and every row is centred on its own score (verl-agent's rule for
+    rows that disagree by the invalid-action penalty); a row of a group whose first rows tie
+    (std 0) is divided by 1 + ε, never by ε. ``episode_from_steps``: a trajectory's episode
+    score is the sum of its step rewards (Trinity-RFT). ``min_std``: a step group whose std is
+    at most this gets 0 (ROLL); None: only equal returns do.
+    """
+
+    gamma: float = 1.0
+    weight: float = 1.0
+    norm: GigpoNorm = GigpoNorm.MEAN
+    scope: AnchorScope = AnchorScope.GROUP
+    own_row_scores: bool = False
+    episode_from_steps: bool = False
+    min_std: float | None = None
+
+    def __post_init__(self) -> None:
+        low, high = GAMMA_RANGE
+        if not low <= self.gamma <= high:
+            raise UsageError(f"--gamma must be in [{low:g}, {high:g}], got {self.gamma}")
+        if not 0 <= self.weight < math.inf:
+            raise UsageError(f"--step-weight must be a finite number >= 0, got {self.weight}")
+
+    def describe(self) -> str:
+        return (
+            f"norm {self.norm.value}, gamma {self.gamma:g}, step weight {self.weight:g}, "
+            f"anchor scope {self.scope.value}"
+        )
+
+
+class Recipe(str, Enum):
+    """A peer's GiGPO as one option (:data:`RECIPES` says what each sets)."""
+
+    VERL_AGENT = "verl-agent"
+    VERL_AGENT_TRAJECTORY = "verl-agent-trajectory"
+    TRINITY = "trinity"
+    ROLL = "roll"
+
+
+@dataclass(frozen=True)
+class RecipeSettings:
+    """What a recipe sets; an option given beside it wins. ``mean_epsilon``: the ε under
+    ``--gigpo-norm mean`` (verl-agent's mean_norm subtracts only), None for ``--epsilon``'s."""
+
+    level: Level
+    step: StepTerm
+    mean_epsilon: float | None = None
+
+    def describe(self) -> str:
+        """What the recipe sets, as the options that would: ``--level turn --gamma 1 ...``."""
+        step = self.step
+        words = [
+            f"--level {self.level.value}",
+            f"--gigpo-norm {step.norm.value}",
+            f"--gamma {step.gamma:g}",
+            f"--anchor-scope {step.scope.value}",
+        ]
+        if self.mean_epsilon is not None:
+            words.append(f"--epsilon {self.mean_epsilon:g} under mean")
+        if step.own_row_scores:
+            words.append("each row centred on its own score")
+        if step.episode_from_steps:
+            words.append("episode score the sum of step rewards")
+        if step.min_std is not None:
+            words.append(f"step groups of std <= {step.min_std:g} get 0")
+        return " ".join(words[:4]) + "".join(f", {word}" for word in words[4:])
+
+
+# Each peer's GiGPO as its released code computes it (the docs' estimators page names the
+# source files).
+RECIPES: dict[Recipe, RecipeSettings] = {
+    # Every row in its group's episode statistics; the yaml's mean_norm and γ 1.
+    Recipe.VERL_AGENT: RecipeSettings(Level.TURN, StepTerm(), mean_epsilon=0.0),
+    # compute_mean_std_cross_steps=False: one row per trajectory in the statistics.
+    Recipe.VERL_AGENT_TRAJECTORY: RecipeSettings(
+        Level.TRAJECTORY, StepTerm(own_row_scores=True), mean_epsilon=0.0
+    ),
+    # Each run once, R(τ) = Σ step rewards, anchors batch-wide, fnorm none.
+    Recipe.TRINITY: RecipeSettings(
+        Level.TRAJECTORY, StepTerm(scope=AnchorScope.BATCH, episode_from_steps=True)
+    ),
+    # Every row's episode score, step_reward_gamma 0.95, batch-wide step groups, σ ≤ 1e-6 → 0.
+    Recipe.ROLL: RecipeSettings(
+        Level.TURN,
+        StepTerm(
+            gamma=0.95,
+            norm=GigpoNorm.MEAN_STD,
+            scope=AnchorScope.BATCH,
+            min_std=ROLL_STEP_MIN_STD,
+        ),
+    ),
+}
 
 
 class TrajScore(str, Enum):
@@ -92,6 +211,34 @@ class Engine(str, Enum):
     RAY = "ray"
 
 
+def gigpo_settings(
+    recipe: Recipe | None,
+    *,
+    level: Level | None = None,
+    epsilon: float | None = None,
+    gamma: float | None = None,
+    weight: float | None = None,
+    norm: GigpoNorm | None = None,
+    scope: AnchorScope | None = None,
+) -> tuple[Level | None, StepTerm, float | None]:
+    """(level, step term, ε) from a recipe and the options given beside it (None: not given),
+    each given option winning over the recipe's; without a recipe, the step term's defaults."""
+    base = RECIPES[recipe] if recipe is not None else None
+    step = base.step if base is not None else StepTerm()
+    step = replace(
+        step,
+        gamma=step.gamma if gamma is None else gamma,
+        weight=step.weight if weight is None else weight,
+        norm=norm or step.norm,
+        scope=scope or step.scope,
+    )
+    if base is not None:
+        level = level if level is not None else base.level
+        if epsilon is None and step.norm is GigpoNorm.MEAN and base.mean_epsilon is not None:
+            epsilon = base.mean_epsilon
+    return level, step, epsilon
+
+
 @dataclass(frozen=True)
 class AdvantageConfig:
     """Everything that decides the numbers.
@@ -118,17 +265,34 @@ class AdvantageConfig:
     traj_score: TrajScore | None = None
     scale: Scale | None = None
     singleton: Singleton = Singleton.RAW
+    # GiGPO's step term: set for gigpo (its defaults when not given), None for every other.
+    step: StepTerm | None = None
 
     def __post_init__(self) -> None:
         if self.scale is not None and self.estimator not in SCALED:
+            divisor = (
+                " (its divisor is --gigpo-norm's)" if self.estimator is Estimator.GIGPO else ""
+            )
             raise UsageError(
-                f"--scale applies to grpo and grpo_passk, not to {self.estimator.value}"
+                f"--scale applies to grpo and grpo_passk, not to {self.estimator.value}{divisor}"
             )
         if not 0 <= self.epsilon < math.inf:
             raise UsageError(f"epsilon must be a finite number >= 0, got {self.epsilon}")
+        if RULES[self.estimator].steps and self.step is None:
+            object.__setattr__(self, "step", StepTerm())
+        if self.step is not None and not RULES[self.estimator].steps:
+            raise UsageError(
+                "--gamma, --step-weight, --gigpo-norm, --anchor-scope and --recipe apply to "
+                f"gigpo, not to {self.estimator.value}"
+            )
 
     def describe(self) -> str:
         """E.g. ``grpo (scale group, singleton raw, epsilon 1e-06)``."""
+        if self.step is not None:
+            return (
+                f"{self.estimator.value} ({self.step.describe()}, singleton "
+                f"{self.singleton.value}, epsilon {self.epsilon:g})"
+            )
         return (
             f"{self.estimator.value} (scale {self.effective_scale.value}, singleton "
             f"{self.singleton.value}, epsilon {self.epsilon:g})"
@@ -139,6 +303,8 @@ class AdvantageConfig:
         """The scale in force: the one given, else ``group`` for the estimators that divide."""
         if self.estimator in SCALED:
             return self.scale or Scale.GROUP
+        if self.step is not None:  # GiGPO divides by σ + ε or 1 + ε
+            return Scale.GROUP
         return Scale.NONE
 
 
@@ -153,9 +319,15 @@ class ColumnNames:
     mask: str | None = None
     # Groups as blocks of this many consecutive rows, for dumps with no group id (TRL, OpenRLHF).
     group_size: int | None = None
+    # GiGPO's roles: the anchor state, and a step's reward or its already discounted return.
+    anchor: str | None = None
+    step_reward: str | None = None
+    step_return: str | None = None
     # Where a role's name was given, when not by its option (a saved mapping's file and key).
     named_in: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.group_size is not None and self.group_size < 1:
             raise UsageError(f"--group-size must be at least 1, got {self.group_size}")
+        if self.step_reward is not None and self.step_return is not None:
+            raise UsageError("--step-reward-col and --step-return-col exclude each other: give one")

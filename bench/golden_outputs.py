@@ -24,7 +24,7 @@ import polars as pl
 
 from advcli.pipeline import ReportFiles, compare, compute, inspect
 from advcli.sample import sample_table
-from advcli.settings import AdvantageConfig, Estimator, Level, Scale, Singleton, TrajScore
+from advcli.settings import OUTCOME, AdvantageConfig, Estimator, Level, Scale, Singleton, TrajScore
 
 FORMATS = ("parquet", "arrow", "arrows", "npz", "pt")
 VERSIONS = ("polars", "pyarrow", "torch", "numpy")
@@ -81,7 +81,7 @@ def dumps(folder: Path) -> dict[str, list[str]]:
 def configs() -> dict[str, AdvantageConfig]:
     out: dict[str, AdvantageConfig] = {}
     for level in Level:
-        for estimator in Estimator:
+        for estimator in OUTCOME:
             out[f"{level.value}-{estimator.value}"] = AdvantageConfig(
                 level=level, estimator=estimator, traj_score=TrajScore.MEAN
             )
@@ -106,7 +106,7 @@ def hashes() -> dict[str, str]:
     try:
         for dump_name, inputs in dumps(folder).items():
             report_files = ReportFiles(json=folder / "r.json", markdown=folder / "r.md")
-            for estimator in Estimator:
+            for estimator in OUTCOME:
                 config = AdvantageConfig(estimator=estimator, traj_score=TrajScore.MEAN)
                 compare(inputs, config, files=report_files, force=True)
                 for path in (report_files.json, report_files.markdown):

@@ -786,6 +786,76 @@ CASES += [
 
 # inspect writes nothing, and it reports (rather than refuses) scores that disagree within a
 # trajectory and repeated turns: these cases go through compute and compare only.
+# ---------------------------------------------------------------------------------------------
+# Issue 29: GiGPO's roles, read by compute --estimator gigpo only.
+
+GIGPO = GOOD.with_columns(
+    anchor=pl.Series(["s0", "s1", "s0", "s0"]), step_reward=pl.Series([0.0, 1.0, 0.0, 0.5])
+)
+
+
+def gigpo_case(name: str, frame: pl.DataFrame, *expected: str) -> BadInput:
+    return dataclasses.replace(
+        frame_case(name, frame, *expected, options=("--estimator", "gigpo")), commands=("compute",)
+    )
+
+
+def _gigpo_json(folder: Path) -> list[str]:
+    path = folder / "dump.jsonl"
+    lines = GIGPO.with_columns(anchor=pl.Series([None] * 4, dtype=pl.String)).to_dicts()
+    lines[0]["anchor"], lines[1]["anchor"] = "s0", 0
+    lines[2]["anchor"] = lines[3]["anchor"] = "s1"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return [str(path)]
+
+
+CASES += [
+    gigpo_case(
+        "gigpo anchor null",
+        GIGPO.with_columns(anchor=pl.Series(["s0", None, "s0", "s0"])),
+        "row 1",
+        "column 'anchor' (anchor) is null",
+    ),
+    gigpo_case(
+        "gigpo anchor of floats",
+        GIGPO.with_columns(anchor=pl.Series([0.5, 0.25, 0.5, 0.5])),
+        "column 'anchor' (anchor) has type Float64",
+        "a string, an integer, or a list or struct of them",
+    ),
+    BadInput(
+        "gigpo anchor mixing JSON strings and numbers",
+        _gigpo_json,
+        ("dump.jsonl", "line 2: column 'anchor' mixes JSON strings with other values"),
+        options=("--estimator", "gigpo"),
+        commands=("compute",),
+    ),
+    gigpo_case(
+        "gigpo step reward NaN",
+        GIGPO.with_columns(step_reward=pl.Series([0.0, float("nan"), 0.0, 0.5])),
+        "row 1",
+        "column 'step_reward' (step reward) is NaN",
+    ),
+    gigpo_case(
+        "gigpo step reward null",
+        GIGPO.with_columns(step_reward=pl.Series([0.0, 1.0, None, 0.5])),
+        "row 2",
+        "column 'step_reward' (step reward) is null",
+    ),
+    gigpo_case(
+        "gigpo anchor missing",
+        GIGPO.drop("anchor"),
+        "no anchor column (gigpo's step groups need one)",
+        "'anchor'",
+        "--anchor-col",
+    ),
+    gigpo_case(
+        "gigpo step reward missing",
+        GIGPO.drop("step_reward"),
+        "no step reward column",
+        "--step-return-col",
+    ),
+]
+
 NOT_FOR_INSPECT = {
     "inconsistent trajectory scores",
     "duplicate turn",

@@ -428,10 +428,14 @@ def test_saved_keys_of_each_command():
         "threads",
     }
     math = {"estimator", "epsilon", "traj-score", "scale", "singleton", "engine", "address"}
+    math |= {"recipe", "gigpo-norm"}
+    gigpo = {"gamma", "step-weight", "anchor-scope", "anchor-col", "step-reward-col"}
+    gigpo |= {"step-return-col"}
     saved = {name: set(savable(commands[name])) for name in ("compute", "compare", "inspect")}
     assert saved == {
         "compute": shared
         | math
+        | gigpo
         | {"level", "loss-weight", "loss-scale-factor", "no-tokens", "by", "drop-duplicates"},
         "compare": shared | math | {"top", "by", "fail-above", "fail-on", "drop-duplicates"},
         "inspect": shared,

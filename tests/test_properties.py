@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from reference import reference_advantages, reference_scores
 
 from advcli import AdvantageConfig, Estimator, Level, Scale, Singleton, TrajScore, compute
+from advcli.settings import OUTCOME
 
 RTOL = 1e-5
 ATOL = 1e-5
@@ -34,7 +35,7 @@ PROPERTY_SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
-ESTIMATORS = list(Estimator)
+ESTIMATORS = list(OUTCOME)
 LEVELS = list(Level)
 
 

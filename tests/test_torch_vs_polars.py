@@ -22,6 +22,7 @@ from advcli.errors import AdvcliError  # noqa: E402
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN  # noqa: E402
 from advcli.rules import RULES  # noqa: E402
 from advcli.settings import (  # noqa: E402
+    OUTCOME,
     SCALED,
     AdvantageConfig,
     Estimator,
@@ -138,7 +139,7 @@ def any_batches(draw):
 
 SETTINGS = [
     (estimator, scale)
-    for estimator in Estimator
+    for estimator in OUTCOME
     for scale in ([None, "group", "batch", "none"] if estimator in SCALED else [None])
 ]
 

@@ -35,7 +35,7 @@ from advcli.rules import (
     Baseline,
     EstimatorRule,
 )
-from advcli.settings import AdvantageConfig, Level, Scale, Singleton
+from advcli.settings import AdvantageConfig, GigpoNorm, Level, Scale, Singleton
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,11 @@ class Advantages:
     trajectories: Trajectories | None
     # REINFORCE++ at trajectory level: a row without response tokens gets 0, as verl's mask does.
     empty_rows_zero: bool = False
+    # GiGPO: each row's advantage (episode term + ω · step term), in the projection's order,
+    # where the units' advantage is the episode term alone; and each row's step figures
+    # (:func:`advcli.advantages.step_groups.gigpo_advantages`).
+    row_advantage: pl.Series | None = None
+    steps: pl.DataFrame | None = None
 
     def without_index(self) -> Advantages:
         """The same result without the index of the rows' trajectories (4 bytes a row, and its
@@ -72,6 +77,9 @@ class Advantages:
     def rows(self, projection: pl.DataFrame) -> pl.DataFrame:
         """One row per row of ``projection`` (the key projection these advantages were computed
         from), in input order: ``row``, ``score``, ``advantage``."""
+        if self.row_advantage is not None:
+            episode = replace(self, row_advantage=None).rows(projection)
+            return episode.with_columns(self.row_advantage.alias("advantage"))
         if self.level is Level.TURN:  # the units are the rows
             return self.units.select(pl.col("first_row").alias(ROW), SCORE, "advantage")
         if self.trajectories is None:
@@ -104,7 +112,10 @@ def _baseline(rule: EstimatorRule) -> pl.Expr:
 
 
 def _divisor(config: AdvantageConfig) -> pl.Expr:
-    """What a centred score is divided by before epsilon (1 when the estimator does not divide)."""
+    """What a centred score is divided by before epsilon (1 when the estimator does not divide;
+    GiGPO's episode term: the std under --gigpo-norm mean_std, else 1)."""
+    if config.step is not None:
+        return pl.col("std") if config.step.norm is GigpoNorm.MEAN_STD else pl.lit(1.0)
     return {
         Scale.GROUP: pl.col("std"),
         Scale.BATCH: pl.col("batch_std"),

@@ -10,15 +10,22 @@ from typing import Annotated, NamedTuple, TypeVar
 import typer
 
 from advcli.cli.saved_options import read_config
+from advcli.errors import UsageError
 from advcli.settings import (
+    RECIPES,
     AdvantageConfig,
+    AnchorScope,
     ColumnNames,
     Engine,
     Estimator,
+    GigpoNorm,
     Level,
+    Recipe,
     Scale,
     Singleton,
+    StepTerm,
     TrajScore,
+    gigpo_settings,
 )
 
 # More threads than this only cost memory on any machine advcli runs on.
@@ -92,6 +99,69 @@ SingletonOpt = Annotated[
     Singleton,
     typer.Option("--singleton", help="A single-unit group keeps its raw score, or gets 0."),
 ]
+AnchorCol = Annotated[
+    str | None,
+    typer.Option(
+        "--anchor-col",
+        help="gigpo: the anchor state (string, integer, or a list or struct of them; equal "
+        f"values are one step group) {DIALECT_DEFAULT}.",
+    ),
+]
+StepRewardCol = Annotated[
+    str | None,
+    typer.Option(
+        "--step-reward-col",
+        help=f"gigpo: each step's own reward, discounted by --gamma {DIALECT_DEFAULT}.",
+    ),
+]
+StepReturnCol = Annotated[
+    str | None,
+    typer.Option(
+        "--step-return-col",
+        help="gigpo: each step's already discounted return, used as it is (instead of "
+        "--step-reward-col).",
+    ),
+]
+RecipeOpt = Annotated[
+    Recipe | None,
+    typer.Option(
+        "--recipe",
+        help="gigpo as a peer computes it (implies --estimator gigpo; options given beside it "
+        "win): "
+        + "; ".join(f"{recipe.value}: {RECIPES[recipe].describe()}" for recipe in Recipe)
+        + ".",
+    ),
+]
+GammaOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--gamma",
+        help=f"gigpo: the step returns' discount, in [0, 1] [default: {StepTerm().gamma:g}].",
+    ),
+]
+StepWeightOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--step-weight",
+        help=f"gigpo: ω, the step term's weight, >= 0 [default: {StepTerm().weight:g}].",
+    ),
+]
+GigpoNormOpt = Annotated[
+    GigpoNorm | None,
+    typer.Option(
+        "--gigpo-norm",
+        help="gigpo: both terms as (x - mean) / (1 + epsilon) or (x - mean) / (std + epsilon) "
+        f"[default: {StepTerm().norm.value}].",
+    ),
+]
+AnchorScopeOpt = Annotated[
+    AnchorScope | None,
+    typer.Option(
+        "--anchor-scope",
+        help="gigpo: equal anchors form a step group within a task group, or across the batch "
+        f"[default: {StepTerm().scope.value}].",
+    ),
+]
 
 
 EngineOpt = Annotated[
@@ -141,8 +211,9 @@ ConfigOpt = Annotated[
         help="TOML file of saved options [default: ./advcli.toml, else the [tool.advcli] table "
         "of ./pyproject.toml]. Keys are the long option names without dashes: group-col, "
         "group-size, traj-col, turn-col, reward-col, mask-col, level, estimator, epsilon, "
-        "traj-score, scale, singleton, loss-weight, loss-scale-factor, no-tokens, top, by, "
-        "drop-duplicates, "
+        "traj-score, scale, singleton, recipe, gamma, step-weight, gigpo-norm, anchor-scope, "
+        "anchor-col, step-reward-col, step-return-col, loss-weight, loss-scale-factor, "
+        "no-tokens, top, by, drop-duplicates, "
         "fail-above, fail-on, engine, address, threads; each command takes those it has, and a "
         "[compute], [compare] or [inspect] table overrides them for that command. Options on "
         "the command line win.",
@@ -158,7 +229,7 @@ class DumpSettings(NamedTuple):
     config: AdvantageConfig
 
 
-Choice = TypeVar("Choice", TrajScore, Scale)
+Choice = TypeVar("Choice", TrajScore, Scale, Recipe, GigpoNorm, AnchorScope)
 
 
 def dump_settings(ctx: typer.Context) -> DumpSettings:
@@ -170,15 +241,51 @@ def dump_settings(ctx: typer.Context) -> DumpSettings:
     settings type again because older Typer releases keep a choice's text there.
     """
     given = ctx.params
+    estimator = Estimator(given.get("estimator", DEFAULTS.estimator))
+    level = Level(given.get("level", DEFAULTS.level))
+    epsilon = given.get("epsilon", DEFAULTS.epsilon)
+    step = None
+    recipe = _chosen(Recipe, given.get("recipe"))
+    if recipe is not None:
+        if _given(ctx, "estimator") and estimator is not Estimator.GIGPO:
+            raise UsageError(f"--recipe is a gigpo recipe, not one of {estimator.value}")
+        estimator = Estimator.GIGPO
+    gamma, weight = given.get("gamma"), given.get("step_weight")
+    norm = _chosen(GigpoNorm, given.get("gigpo_norm"))
+    scope = _chosen(AnchorScope, given.get("anchor_scope"))
+    if estimator is Estimator.GIGPO:
+        chosen_level, step, chosen_epsilon = gigpo_settings(
+            recipe,
+            level=level if _given(ctx, "level") else None,
+            epsilon=epsilon if _given(ctx, "epsilon") else None,
+            gamma=gamma,
+            weight=weight,
+            norm=norm,
+            scope=scope,
+        )
+        level = chosen_level or level
+        epsilon = epsilon if chosen_epsilon is None else chosen_epsilon
+    elif any(value is not None for value in (gamma, weight, norm, scope)):
+        raise UsageError(
+            "--gamma, --step-weight, --gigpo-norm and --anchor-scope apply to gigpo, not to "
+            f"{estimator.value}"
+        )
     config = AdvantageConfig(
-        level=Level(given.get("level", DEFAULTS.level)),
-        estimator=Estimator(given.get("estimator", DEFAULTS.estimator)),
-        epsilon=given.get("epsilon", DEFAULTS.epsilon),
+        level=level,
+        estimator=estimator,
+        epsilon=epsilon,
         traj_score=_chosen(TrajScore, given.get("traj_score")),
         scale=_chosen(Scale, given.get("scale")),
         singleton=Singleton(given.get("singleton", DEFAULTS.singleton)),
+        step=step,
     )
     return DumpSettings(_column_names(ctx), config)
+
+
+def _given(ctx: typer.Context, parameter: str) -> bool:
+    """Whether ``parameter`` was given, on the command line or in the saved options."""
+    source = ctx.get_parameter_source(parameter)
+    return source is not None and source.name in ("COMMANDLINE", "DEFAULT_MAP", "ENVIRONMENT")
 
 
 def _chosen(choice: type[Choice], value: object) -> Choice | None:
@@ -197,6 +304,9 @@ def _column_names(ctx: typer.Context) -> ColumnNames:
             ("turn", "turn_col", "--turn-col"),
             ("reward", "reward_col", "--reward-col"),
             ("mask", "mask_col", "--mask-col"),
+            ("anchor", "anchor_col", "--anchor-col"),
+            ("step_reward", "step_reward_col", "--step-reward-col"),
+            ("step_return", "step_return_col", "--step-return-col"),
         )
         if _saved(ctx, parameter)
     }
@@ -215,6 +325,9 @@ def _column_names(ctx: typer.Context) -> ColumnNames:
         given["reward_col"],
         given["mask_col"],
         group_size,
+        anchor=given.get("anchor_col"),
+        step_reward=given.get("step_reward_col"),
+        step_return=given.get("step_return_col"),
         named_in=saved,
     )
 

@@ -11,8 +11,8 @@ from typing import Any, Literal
 import polars as pl
 
 from advcli.errors import AdvcliError, MissingRoles, UsageError
-from advcli.read.dialects import ROLES, Dialect, named_like
-from advcli.read.dtypes import is_id_type, is_number, sequence_of
+from advcli.read.dialects import ROLES, STEP_ROLES, Dialect, named_like
+from advcli.read.dtypes import is_anchor_type, is_id_type, is_number, sequence_of
 from advcli.read.picker import COMMAND_LINE, Options, RolePicker
 from advcli.settings import ColumnNames
 
@@ -55,6 +55,11 @@ class ColumnRoles:
     last_step: str | None = None
     trajectory_from_last_step: bool = False
     padding_ids: str | None = None
+    # GiGPO's roles (read for --estimator gigpo only): the anchor state, and a step's reward or
+    # its already discounted return (one of the two).
+    anchor: str | None = None
+    step_reward: str | None = None
+    step_return: str | None = None
     # Why each role went to its column (or what stands in for it), for every output.
     reasons: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
@@ -77,12 +82,13 @@ class ColumnRoles:
     def reading(self) -> dict[str, Any]:
         """How the dump was read, for every output: the trainer's dialect and, for each role,
         its column (None where an assumption stands in for it) and why."""
+        read = (*ROLES, *(role for role in STEP_ROLES if getattr(self, role) is not None))
         return {
             "trainer": self.dialect,
             "read_as": self.read_as(),
             "roles": {
                 role: {"column": getattr(self, role), "why": self.reasons.get(role, "")}
-                for role in ROLES
+                for role in read
             },
             "notes": list(self.notes),
         }
@@ -110,6 +116,7 @@ def resolve_columns(
     mask_needed_for: str | None = "the per-token output needs one",
     not_turns: Collection[str] = (),
     options: Options = COMMAND_LINE,
+    steps: bool = False,
 ) -> ColumnRoles:
     """Pick the column for each role from the schema alone and check its type.
 
@@ -122,6 +129,7 @@ def resolve_columns(
     (nothing asks for token counts); otherwise that phrase says, in the error, what needs it
     ("… needs one"). ``not_turns``: columns known not to be the turn (the ``--by`` step column).
     ``options``: how the errors name the options (the command line's flags by default).
+    ``steps``: GiGPO's roles are read too (the anchor, and the step reward or step return).
 
     The readings that assume something (each row a trajectory, groups as blocks of rows) are
     taken here from the schema; :func:`advcli.read.roles.read_roles` then checks them against the
@@ -146,6 +154,9 @@ def resolve_columns(
     )
     reward_col = pick("reward", names.reward)
     mask_col = pick("mask", names.mask, required=mask_needed_for)
+    anchor_col, step_reward_col, step_return_col = (
+        _step_columns(pick, names) if steps else (None, None, None)
+    )
     if pick.missing:
         found = {"group": group_col, "trajectory": trajectory_col, "turn": turn_col}
         raise MissingRoles(where, pick.missing, pick.hint_names(), found)
@@ -180,8 +191,59 @@ def resolve_columns(
         reward_width=reward_width,
         mask_width=mask_width,
         reasons=reasons,
+        anchor=anchor_col,
+        step_reward=step_reward_col,
+        step_return=step_return_col,
     )
+    if steps:
+        _check_step_types(schema, where, roles)
+    if step_reward_col is not None:
+        order = (
+            f"the order of '{turn_col}'" if turn_col is not None else "row order (no turn column)"
+        )
+        reasons["step_reward"] += (
+            f"; the step returns R_t = r_t + γ R_t+1 run over each trajectory's rows in {order}"
+        )
     return with_steps(roles, schema, where, pick.dialect)
+
+
+def _step_columns(
+    pick: RolePicker, names: ColumnNames
+) -> tuple[str | None, str | None, str | None]:
+    """GiGPO's columns: the anchor, and the step return if one is named or found, else the step
+    reward (one of the two is needed)."""
+    anchor = pick("anchor", names.anchor, required="gigpo's step groups need one", by_name=False)
+    step_return = None
+    if names.step_reward is None:
+        step_return = pick("step_return", names.step_return, required=None, by_name=False)
+    step_reward = None
+    if step_return is None:
+        step_reward = pick(
+            "step_reward",
+            names.step_reward,
+            required="gigpo's step returns need one, or an already discounted return named "
+            "with --step-return-col",
+            by_name=False,
+        )
+    return anchor, step_reward, step_return
+
+
+def _check_step_types(schema: pl.Schema, where: str, roles: ColumnRoles) -> None:
+    """Refuse an anchor that cannot be compared for equality (a float), and a step reward or
+    return that is not one number a row."""
+    assert roles.anchor is not None
+    dtype = schema[roles.anchor]
+    if not is_anchor_type(dtype):
+        raise AdvcliError(
+            f"{where}: column '{roles.anchor}' (anchor) has type {dtype}; an anchor must be a "
+            "string, an integer, or a list or struct of them (equal values are one state)"
+        )
+    for role, name in (("step reward", roles.step_reward), ("step return", roles.step_return)):
+        if name is not None and not is_number(schema[name]):
+            raise AdvcliError(
+                f"{where}: column '{name}' ({role}) has type {schema[name]}; expected one "
+                "number a row"
+            )
 
 
 def _group_column(pick: RolePicker, names: ColumnNames, trainer: str) -> str | None:

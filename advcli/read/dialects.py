@@ -10,8 +10,12 @@ from typing import Literal
 
 import polars as pl
 
-Role = Literal["group", "trajectory", "turn", "reward", "mask"]
+Role = Literal[
+    "group", "trajectory", "turn", "reward", "mask", "anchor", "step_reward", "step_return"
+]
 ROLES: tuple[Role, ...] = ("group", "trajectory", "turn", "reward", "mask")
+# GiGPO's roles, read only for --estimator gigpo.
+STEP_ROLES: tuple[Role, ...] = ("anchor", "step_reward", "step_return")
 # The option that names each role's column.
 OPTIONS: dict[Role, str] = {
     "group": "--group-col",
@@ -19,6 +23,9 @@ OPTIONS: dict[Role, str] = {
     "turn": "--turn-col",
     "reward": "--reward-col",
     "mask": "--mask-col",
+    "anchor": "--anchor-col",
+    "step_reward": "--step-reward-col",
+    "step_return": "--step-return-col",
 }
 
 VERL_REWARDS = ("token_level_rewards", "token_level_scores")
@@ -52,6 +59,10 @@ class Dialect:
     trajectory_from_last_step: bool = False
     # The ids (a regular expression, matched whole) of the rows a trainer pads its batch with.
     padding_ids: str | None = None
+    # GiGPO's roles (STEP_ROLES): the anchor state, a step's reward, its discounted return.
+    anchor: tuple[str, ...] = ()
+    step_reward: tuple[str, ...] = ()
+    step_return: tuple[str, ...] = ()
 
     def names(self, role: Role) -> tuple[str, ...]:
         return tuple(getattr(self, role))
@@ -68,6 +79,9 @@ ADVCLI = Dialect(
     turn=("turn_index",),
     reward=("token_level_rewards", "score", "reward"),
     mask=("response_mask", "response_length"),
+    anchor=("anchor",),
+    step_reward=("step_reward",),
+    step_return=("step_return",),
 )
 DIALECTS = (
     ADVCLI,
@@ -78,7 +92,15 @@ DIALECTS = (
         trajectory=("rollout_id_list",),
         turn=("turn_index_list",),
     ),
-    Dialect("verl-agent", ("uid", "traj_uid"), group=("uid",), trajectory=("traj_uid",)),
+    Dialect(
+        "verl-agent",
+        ("uid", "traj_uid"),
+        group=("uid",),
+        trajectory=("traj_uid",),
+        # Its batch's per-step environment reward is 'rewards' (gigpo/core_gigpo.py).
+        anchor=("anchor_obs",),
+        step_reward=("step_rewards", "rewards"),
+    ),
     Dialect("verl (v1 multi-trajectory)", ("uid", "session_id"), ("uid",), ("session_id",)),
     Dialect("verl", ("uid",), group=("uid",), trajectory=()),
     Dialect(
@@ -134,6 +156,16 @@ DIALECTS = (
         mask=("completion_mask",),
     ),
 )
+
+# The step roles' names of trainers whose batches advcli reads in no dialect of their own, for
+# a dump whose dialect names none: Trinity-RFT's experience info (gigpo_advantage.py) and ROLL's
+# batch (roll/pipeline/agentic/utils.py).
+STEP_NAMES: dict[Role, tuple[tuple[str, str], ...]] = {
+    "anchor": (("Trinity-RFT", "env_state_hash"), ("ROLL", "state_hash")),
+    "step_reward": (("Trinity-RFT", "step_reward"), ("ROLL", "step_scores")),
+    "step_return": (),
+}
+
 
 # Where a trainer makes one column from another, both may be in its batch; the derived one is
 # what its estimators read. verl: token_level_rewards = token_level_scores - the KL penalty.
@@ -195,4 +227,21 @@ def all_names(role: Role) -> tuple[str, ...]:
 
 def trainer_of(name: str) -> str:
     """The first trainer (in the table's order) whose dialect names the column ``name``."""
-    return next(d.trainer for d in DIALECTS if any(name in d.names(role) for role in ROLES))
+    for dialect in DIALECTS:
+        if any(name in dialect.names(role) for role in (*ROLES, *STEP_ROLES)):
+            return dialect.trainer
+    return next(
+        trainer for role in STEP_ROLES for trainer, known in STEP_NAMES[role] if known == name
+    )
+
+
+def step_names(role: Role, dialect: Dialect | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of step role ``role``: the dump's dialect's own, and then advcli's and the other
+    trainers' (less a name some trainer gives an outcome role: SkyRL's token 'rewards')."""
+    own = dialect.names(role) if dialect is not None else ()
+    taken = {name for d in DIALECTS for other in ROLES for name in d.names(other)}
+    names = [*ADVCLI.names(role), *(name for _, name in STEP_NAMES[role])]
+    names += [name for d in DIALECTS for name in d.names(role)]
+    return own, tuple(
+        name for name in dict.fromkeys(names) if name not in taken and name not in own
+    )

@@ -41,6 +41,17 @@ def can_hold(role: Role, dtype: pl.DataType | DataTypeClass) -> bool:
     return dtype.is_integer() or (inner is not None and (is_number(inner) or inner == pl.Boolean))
 
 
+def is_anchor_type(dtype: pl.DataType | DataTypeClass) -> bool:
+    """An anchor compares by equality: ids, booleans, binary, and lists, arrays and structs of
+    them (never floats, whose equal states can differ in their last bits)."""
+    inner = sequence_of(dtype)[0]
+    if isinstance(dtype, pl.List | pl.Array):
+        return inner is not None and is_anchor_type(inner)
+    if isinstance(dtype, pl.Struct):
+        return all(is_anchor_type(field.dtype) for field in dtype.fields)
+    return is_id_type(dtype) or dtype in (pl.Boolean, pl.Binary)
+
+
 def is_number(dtype: pl.DataType | DataTypeClass) -> bool:
     return dtype.is_numeric() and dtype != pl.Boolean
 

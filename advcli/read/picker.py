@@ -16,12 +16,14 @@ from advcli.read.dialects import (
     ADVCLI,
     DERIVED_FROM,
     OPTIONS,
+    STEP_ROLES,
     Dialect,
     Role,
     all_names,
     dialect_of,
     named_like,
     signed,
+    step_names,
     trainer_of,
 )
 from advcli.read.dtypes import can_hold
@@ -124,21 +126,12 @@ class RolePicker:
                 f"{signed(second)}; name the {role} column with {option}"
             )
         dialect = self.dialect
-        names = dialect.names(role) if dialect is not None else all_names(role)
-        present = _present(self.schema, role, names)
-        if not present and dialect is not None and role in ("turn", "reward", "mask"):
-            # A dialect's own names first, then advcli's (a scalar 'score', a
-            # 'response_length'), less any the trainer uses for something else.
-            names += tuple(
-                name
-                for name in ADVCLI.names(role)
-                if name not in names and name not in dialect.not_read
-            )
-            present = _present(self.schema, role, names)
+        names, present = self._known_names(role)
         if len(present) > 1:
             raise AdvcliError(
-                f"{self.where}: two columns could be the {role}: '{present[0]}' and "
-                f"'{present[1]}'; pick one with {self.options.given(role, 'NAME')}"
+                f"{self.where}: two columns could be the {role.replace('_', ' ')}: "
+                f"'{present[0]}' and '{present[1]}'; pick one with "
+                f"{self.options.given(role, 'NAME')}"
             )
         if present:
             name = present[0]
@@ -147,7 +140,9 @@ class RolePicker:
                 if dialect is not None and name in dialect.names(role)
                 else trainer_of(name)
             )
-            self.reasons[role] = f"'{name}' is the {role} column of {whose}'s dumps"
+            self.reasons[role] = (
+                f"'{name}' is the {role.replace('_', ' ')} column of {whose}'s dumps"
+            )
             return name
         rows_stand_in = dialect is not None and not names and role in ("group", "trajectory")
         if by_name and (role != "trajectory" or not rows_stand_in):
@@ -160,12 +155,38 @@ class RolePicker:
             return None
         needed = f" ({required})" if isinstance(required, str) else ""
         expected = ", ".join(f"'{name}'" for name in names)
-        source = f"{dialect.trainer}'s dumps name it" if dialect is not None else "expected"
+        own = dialect is not None and (role not in STEP_ROLES or dialect.names(role))
+        source = f"{dialect.trainer}'s dumps name it" if own and dialect else "expected"
         self.missing[role] = (
-            f"no {role} column{needed}: {source} {expected}, or name one with {option}"
+            f"no {role.replace('_', ' ')} column{needed}: {source} {expected}, or name one "
+            f"with {option}"
         )
         self._wanted += names
         return None
+
+    def _known_names(self, role: Role) -> tuple[tuple[str, ...], list[str]]:
+        """The trainers' names for ``role`` that were looked for, and those the schema has."""
+        dialect = self.dialect
+        if role in STEP_ROLES:
+            names, others = step_names(role, dialect)
+            present = _present(self.schema, role, names)
+            if not present:
+                # No name of the dump's own trainer: another trainer's (Trinity-RFT's, ROLL's).
+                names += others
+                present = _present(self.schema, role, names)
+            return names, present
+        names = dialect.names(role) if dialect is not None else all_names(role)
+        present = _present(self.schema, role, names)
+        if not present and dialect is not None and role in ("turn", "reward", "mask"):
+            # A dialect's own names first, then advcli's (a scalar 'score', a
+            # 'response_length'), less any the trainer uses for something else.
+            names += tuple(
+                name
+                for name in ADVCLI.names(role)
+                if name not in names and name not in dialect.not_read
+            )
+            present = _present(self.schema, role, names)
+        return names, present
 
     def _named_like(
         self, role: Role, taken: Sequence[str | None], dialect: Dialect | None
@@ -219,6 +240,9 @@ ROLE_NOUNS: dict[Role, str] = {
     "turn": "index",
     "reward": "",
     "mask": "",
+    "anchor": "",
+    "step_reward": "",
+    "step_return": "",
 }
 
 # How many of a file's columns an error lists.

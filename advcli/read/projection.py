@@ -14,11 +14,14 @@ import polars as pl
 
 from advcli.errors import AdvcliError, first_line
 from advcli.keys import (
+    ANCHOR,
     GROUP,
     LAST_STEP,
     PADDING,
     ROW,
     SCORE,
+    STEP_RETURN,
+    STEP_REWARD,
     TOKENS,
     TRAJECTORY,
     TURN,
@@ -103,6 +106,7 @@ class KeyExpressions:
             exprs.append(pl.col(columns.last_step).alias(LAST_STEP))
         if columns.padding_ids is not None and columns.group is not None:
             exprs.append(_is_padding(schema, columns, tokens).alias(PADDING))
+        exprs += _step_keys(schema, columns)
         return cls(exprs, [message for _, message in rules])
 
     def check(
@@ -142,7 +146,10 @@ def key_projection(
     once, batch by batch, and reduced to these scalars on the way.
     """
     if dataset.input_format == "json":
-        ids = [name for name in (columns.group, columns.trajectory) if name is not None]
+        # An anchor is compared as an id is: "0" and 0 must not become one state.
+        ids = [
+            name for name in (columns.group, columns.trajectory, columns.anchor) if name is not None
+        ]
         check_json_lines(dataset, ids, columns.reward)
     row_number = unused_name(dataset.schema)
     plan = KeyExpressions.of(dataset.schema, columns, row_number)
@@ -280,6 +287,7 @@ def _row_rules(
         (score == float("inf"), f"column '{reward}': the score is +inf"),
         (score == float("-inf"), f"column '{reward}': the score is -inf"),
     ]
+    rules += _step_rules(columns)
     if mask is None:
         return rules
     rules.append((pl.col(mask).is_null(), f"column '{mask}' (response mask) is null"))
@@ -317,6 +325,52 @@ def _row_rules(
                     f"column '{reward}'",
                 )
             )
+    return rules
+
+
+def _step_keys(schema: pl.Schema, columns: ColumnRoles) -> list[pl.Expr]:
+    """GiGPO's keys: the anchor hashed (Categorical values as their text; a null stays null,
+    for its row rule), and the step reward or return as float64."""
+    if columns.anchor is None:
+        return []
+    dtype = schema[columns.anchor]
+    as_text = _categories_as_text(dtype)
+    anchor = pl.col(columns.anchor) if as_text == dtype else pl.col(columns.anchor).cast(as_text)
+    exprs = [pl.when(anchor.is_not_null()).then(anchor.hash()).alias(ANCHOR)]
+    for key, name in ((STEP_REWARD, columns.step_reward), (STEP_RETURN, columns.step_return)):
+        if name is not None:
+            exprs.append(pl.col(name).cast(pl.Float64).alias(key))
+    return exprs
+
+
+def _categories_as_text(dtype: Any) -> Any:
+    """``dtype`` with every Categorical or Enum in it (inside lists and structs too) as String:
+    the values hash by their text, not by codes that differ between files."""
+    if dtype == pl.Categorical or is_enum(dtype):
+        return pl.String
+    if isinstance(dtype, pl.List):
+        return pl.List(_categories_as_text(dtype.inner))
+    if isinstance(dtype, pl.Array):
+        return pl.Array(_categories_as_text(dtype.inner), dtype.size)
+    if isinstance(dtype, pl.Struct):
+        return pl.Struct([pl.Field(f.name, _categories_as_text(f.dtype)) for f in dtype.fields])
+    return dtype
+
+
+def _step_rules(columns: ColumnRoles) -> list[tuple[pl.Expr, str]]:
+    """GiGPO's per-row rules: an anchor and a finite step reward (or return) on every row."""
+    if columns.anchor is None:
+        return []
+    rules = [(pl.col(columns.anchor).is_null(), f"column '{columns.anchor}' (anchor) is null")]
+    for role, name in (("step reward", columns.step_reward), ("step return", columns.step_return)):
+        if name is None:
+            continue
+        value = pl.col(name).cast(pl.Float64)
+        rules += [
+            (pl.col(name).is_null(), f"column '{name}' ({role}) is null"),
+            (value.is_nan(), f"column '{name}' ({role}) is NaN"),
+            (value.is_infinite(), f"column '{name}' ({role}) is infinite"),
+        ]
     return rules
 
 

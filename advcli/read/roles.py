@@ -55,12 +55,13 @@ def read_roles(
     mask_needed_for: str | None = None,
     not_turns: Sequence[str] = (),
     options: Options = COMMAND_LINE,
+    steps: bool = False,
 ) -> ColumnRoles:
     """The column of each role, checked against the values where the schema's reading assumes
     something (see the module's text). ``values`` reads columns of the dump; it is called only
     when a check or an error needs it. ``not_turns``: columns that are known not to be the turn
     (the ``--by`` step column). ``options``: how the errors name the options (the command
-    line's flags by default)."""
+    line's flags by default); ``steps``: GiGPO's roles too."""
     try:
         roles = resolve_columns(
             schema,
@@ -69,6 +70,7 @@ def read_roles(
             mask_needed_for=mask_needed_for,
             not_turns=not_turns,
             options=options,
+            steps=steps,
         )
     except MissingRoles as missing:
         raise _ranked(missing, schema, values, names, options) from None
@@ -83,6 +85,7 @@ def read_roles(
                 mask_needed_for=mask_needed_for,
                 not_turns=not_turns,
                 options=options,
+                steps=steps,
             )
             roles = replace(roles, reasons={**roles.reasons, "trajectory": why})
     if roles.turn is not None and "turn" in roles.by_name and _is_step(roles.turn):

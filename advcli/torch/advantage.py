@@ -238,6 +238,9 @@ def _config(
 ) -> AdvantageConfig:
     """The settings checked by the command line's own :class:`AdvantageConfig` (a bad value is a
     ``ValueError`` here, naming the argument and its valid values)."""
+    if estimator == Estimator.GIGPO.value:
+        # Its step term needs the anchors and step rewards, which this call does not take.
+        raise ValueError("gigpo runs in advcli compute only (its step term is not on tensors)")
     try:
         return AdvantageConfig(
             level=_choice(Level, "level", level),

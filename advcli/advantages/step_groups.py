@@ -1,0 +1,200 @@
+"""GiGPO: the episode term from the rule table plus ω times the step term over anchor-state
+groups (:func:`gigpo_advantages`).
+
+Each row's step return comes from its trajectory's step rewards in turn order
+(:func:`step_returns`); rows whose anchors are equal (within a task group, or batch-wide) form a
+step group, and each return is normalized within it (:func:`step_advantages`). The rules are
+those of :mod:`advcli.rules` (``STEP_*``, ``GAMMA_RANGE``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import polars as pl
+
+from advcli.advantages.estimators import Advantages, compute_advantages
+from advcli.advantages.statistics import batch_key
+from advcli.advantages.unit_scores import Naming
+from advcli.advantages.units import Trajectories
+from advcli.errors import AdvcliError
+from advcli.keys import ANCHOR, GROUP, ROW, SCORE, STEP_RETURN, STEP_REWARD, TURN
+from advcli.rules import FLOAT32_MAX, SINGLETON_STD, STD_DDOF, STEP_SINGLETON
+from advcli.settings import (
+    AdvantageConfig,
+    AnchorScope,
+    GigpoNorm,
+    Level,
+    Singleton,
+    StepTerm,
+    TrajScore,
+)
+
+
+def gigpo_advantages(
+    projection: pl.DataFrame,
+    config: AdvantageConfig,
+    naming: Naming,
+    trajectories: Trajectories,
+    batch: str | None = None,
+) -> Advantages:
+    """GiGPO on the key projection (with ``anchor`` and ``step_reward`` or ``step_return``):
+    ``A = A_episode + ω · A_step`` for every row.
+
+    The episode term is the estimators' machinery at ``config.level`` with gigpo's rule (or,
+    with ``own_row_scores``, each row centred on its own score); the result's units and groups
+    are the episode term's, its ``row_advantage`` the sum, its ``steps`` each row's
+    ``step_return``, ``step_group_rows`` and ``step_advantage``."""
+    step = config.step
+    if step is None:
+        raise ValueError("gigpo needs its step settings")
+    if step.episode_from_steps:
+        if STEP_REWARD not in projection.columns:
+            raise AdvcliError(
+                "the episode score as the sum of step rewards (Trinity-RFT's) needs the step "
+                "rewards: name them with --step-reward-col, not a step return"
+            )
+        projection = projection.with_columns(pl.col(STEP_REWARD).alias(SCORE))
+        if config.level is Level.TRAJECTORY:
+            config = replace(config, traj_score=TrajScore.SUM)
+    if step.own_row_scores and config.level is Level.TRAJECTORY:
+        episode = _own_row_episode(projection, config, naming, trajectories, batch)
+    else:
+        at_level = trajectories if config.level is Level.TRAJECTORY else None
+        episode = compute_advantages(projection, config, naming, at_level, batch)
+    episode_term = episode.rows(projection)["advantage"]
+    returns = (
+        projection[STEP_RETURN].to_numpy()
+        if STEP_RETURN in projection.columns
+        else step_returns(projection, trajectories, step.gamma)
+    )
+    steps = step_advantages(
+        projection, pl.Series(STEP_RETURN, returns), step, config.epsilon, batch
+    )
+    total = episode_term + step.weight * steps["step_advantage"]
+    _check_finite(projection, total, naming)
+    return replace(episode, row_advantage=total.alias("advantage"), steps=steps)
+
+
+def step_returns(projection: pl.DataFrame, trajectories: Trajectories, gamma: float) -> np.ndarray:
+    """Each row's ``R_t = r_t + γ R_{t+1}`` over its trajectory's rows in turn order (the
+    ``turn`` key, else row order), in the projection's order.
+
+    γ = 0 is the step reward itself and γ = 1 the sum to the end, added from the last step as
+    the recurrence adds it (a reversed cumulative sum per trajectory), both exactly. Any other
+    γ is a doubling scan over the sorted rows: after k passes each row holds its next 2^k terms
+    and the factor γ^(2^k) (0 once its trajectory ends), so no power of γ is divided by and a
+    long trajectory never underflows."""
+    rewards = projection[STEP_REWARD].cast(pl.Float64).to_numpy()
+    if gamma == 0:
+        return rewards.copy()
+    n = len(rewards)
+    position = projection[TURN].to_numpy() if TURN in projection.columns else np.arange(n)
+    order = np.lexsort((position, trajectories.of_row))
+    trajectory = trajectories.of_row[order]
+    value = rewards[order]
+    if gamma == 1:
+        value = (
+            pl.DataFrame({"t": trajectory, "r": value})
+            .select(pl.col("r").cum_sum(reverse=True).over("t"))
+            .to_series()
+            .to_numpy()
+        )
+    else:
+        last = np.ones(n, dtype=bool)
+        last[:-1] = trajectory[1:] != trajectory[:-1]
+        factor = np.where(last, 0.0, gamma)
+        shift = 1
+        while shift < n and factor.any():
+            ahead_value, ahead_factor = np.zeros(n), np.zeros(n)
+            ahead_value[:-shift], ahead_factor[:-shift] = value[shift:], factor[shift:]
+            value = value + factor * ahead_value
+            factor = factor * ahead_factor
+            shift *= 2
+    returns = np.empty(n)
+    returns[order] = value
+    return returns
+
+
+def step_advantages(
+    projection: pl.DataFrame,
+    returns: pl.Series,
+    step: StepTerm,
+    epsilon: float,
+    batch: str | None = None,
+) -> pl.DataFrame:
+    """Each row's ``step_return``, the size of its step group (``step_group_rows``) and its
+    ``step_advantage``, in the projection's order.
+
+    A step group is the rows of one anchor within a group (``--anchor-scope group``) or within
+    the batch (``batch``: each ``--by`` step, else the input). Its returns are summed sorted, so
+    its figures do not depend on the row order."""
+    scope = pl.col(GROUP) if step.scope is AnchorScope.GROUP else batch_key(batch)
+    rows = projection.select(
+        scope.alias("__scope"), ANCHOR, returns.alias(STEP_RETURN)
+    ).with_row_index("__position")
+    names = ["__scope", ANCHOR]
+    value = pl.col(STEP_RETURN)
+    stats = (
+        rows.sort(*names, STEP_RETURN)
+        .group_by(names, maintain_order=True)
+        .agg(
+            pl.len().alias("step_group_rows"),
+            value.mean().alias("__mean"),
+            value.std(ddof=STD_DDOF).alias("__std"),
+            (value.max() == value.min()).alias("__equal"),
+        )
+    )
+    joined = rows.join(stats, on=names, how="left", maintain_order="left").sort("__position")
+    centred = value - pl.col("__mean")
+    divisor = pl.col("__std") if step.norm is GigpoNorm.MEAN_STD else pl.lit(SINGLETON_STD)
+    dead = (pl.col("step_group_rows") == 1) | pl.col("__equal")
+    if step.min_std is not None:
+        dead = dead | (pl.col("__std") <= step.min_std)
+    advantage = pl.when(dead).then(STEP_SINGLETON).otherwise(centred / (divisor + epsilon))
+    return joined.select(STEP_RETURN, "step_group_rows", advantage.alias("step_advantage"))
+
+
+def _own_row_episode(
+    projection: pl.DataFrame,
+    config: AdvantageConfig,
+    naming: Naming,
+    trajectories: Trajectories,
+    batch: str | None,
+) -> Advantages:
+    """The episode term with each trajectory's first row (in row order) in the statistics and
+    every row centred on its own score (verl-agent's rule for rows that disagree by a penalty).
+
+    A group whose first rows tie has std 0: verl-agent divides a penalized row's −0.1 by ε
+    there; advcli divides every row of such a group by SINGLETON_STD + ε (mean 0, std 1, as a
+    lone unit), so the penalty stays its own size."""
+    firsts = projection[trajectories.first_position()]
+    at_turn = replace(config, level=Level.TURN)
+    first_rows = compute_advantages(firsts, at_turn, naming, None, batch)
+    groups = first_rows.groups.select(GROUP, "units", "baseline", "std", "zero_std")
+    rows = projection.select(GROUP, SCORE).join(groups, on=GROUP, how="left", maintain_order="left")
+    centred = pl.col(SCORE) - pl.col("baseline")
+    divisor = pl.when(pl.col("zero_std")).then(SINGLETON_STD).otherwise(pl.col("std"))
+    advantage = pl.when(centred == 0).then(0.0).otherwise(centred / (divisor + config.epsilon))
+    if config.singleton is Singleton.ZERO:
+        advantage = pl.when(pl.col("units") == 1).then(0.0).otherwise(advantage)
+    row_advantage = rows.select(advantage.alias("advantage")).to_series()
+    return Advantages(
+        level=Level.TRAJECTORY,
+        units=first_rows.units,
+        groups=first_rows.groups,
+        trajectories=trajectories,
+        row_advantage=row_advantage,
+    )
+
+
+def _check_finite(projection: pl.DataFrame, total: pl.Series, naming: Naming) -> None:
+    """A sum beyond the float32 range is an error naming its first row, never a written inf."""
+    bad = ~total.is_finite() | (total.abs() > FLOAT32_MAX)
+    if bad.any():
+        row = int(projection[ROW].filter(bad).min())  # type: ignore[arg-type]
+        raise AdvcliError(
+            f"{naming.locate(row)}: the gigpo advantage (episode term + step weight x step term) "
+            "does not fit a float32 (rescale the rewards or the step weight)"
+        )
