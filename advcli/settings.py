@@ -118,11 +118,13 @@ class Recipe(str, Enum):
 @dataclass(frozen=True)
 class RecipeSettings:
     """What a recipe sets; an option given beside it wins. ``mean_epsilon``: the ε under
-    ``--gigpo-norm mean`` (verl-agent's mean_norm subtracts only), None for ``--epsilon``'s."""
+    ``--gigpo-norm mean`` (verl-agent's mean_norm subtracts only), None for ``--epsilon``'s;
+    ``singleton``: what a lone episode group gets, None for ``--singleton``'s."""
 
     level: Level
     step: StepTerm
     mean_epsilon: float | None = None
+    singleton: Singleton | None = None
 
     def describe(self) -> str:
         """What the recipe sets, as the options that would: ``--level turn --gamma 1 ...``."""
@@ -141,6 +143,8 @@ class RecipeSettings:
             words.append("episode score the sum of step rewards")
         if step.min_std is not None:
             words.append(f"step groups of std <= {step.min_std:g} get 0")
+        if self.singleton is not None:
+            words.append(f"--singleton {self.singleton.value}")
         return " ".join(words[:4]) + "".join(f", {word}" for word in words[4:])
 
 
@@ -157,7 +161,8 @@ RECIPES: dict[Recipe, RecipeSettings] = {
     Recipe.TRINITY: RecipeSettings(
         Level.TRAJECTORY, StepTerm(scope=AnchorScope.BATCH, episode_from_steps=True)
     ),
-    # Every row's episode score, step_reward_gamma 0.95, batch-wide step groups, σ ≤ 1e-6 → 0.
+    # Every row's episode score, step_reward_gamma 0.95, batch-wide step groups, σ ≤ 1e-6 → 0;
+    # its normalization gives a group of one 0, episode groups included.
     Recipe.ROLL: RecipeSettings(
         Level.TURN,
         StepTerm(
@@ -166,6 +171,7 @@ RECIPES: dict[Recipe, RecipeSettings] = {
             scope=AnchorScope.BATCH,
             min_std=ROLL_STEP_MIN_STD,
         ),
+        singleton=Singleton.ZERO,
     ),
 }
 
@@ -220,9 +226,11 @@ def gigpo_settings(
     weight: float | None = None,
     norm: GigpoNorm | None = None,
     scope: AnchorScope | None = None,
-) -> tuple[Level | None, StepTerm, float | None]:
-    """(level, step term, ε) from a recipe and the options given beside it (None: not given),
-    each given option winning over the recipe's; without a recipe, the step term's defaults."""
+    singleton: Singleton | None = None,
+) -> tuple[Level | None, StepTerm, float | None, Singleton | None]:
+    """(level, step term, ε, singleton) from a recipe and the options given beside it (None:
+    not given), each given option winning over the recipe's; without a recipe, the step term's
+    defaults."""
     base = RECIPES[recipe] if recipe is not None else None
     step = base.step if base is not None else StepTerm()
     step = replace(
@@ -236,7 +244,8 @@ def gigpo_settings(
         level = level if level is not None else base.level
         if epsilon is None and step.norm is GigpoNorm.MEAN and base.mean_epsilon is not None:
             epsilon = base.mean_epsilon
-    return level, step, epsilon
+        singleton = singleton or base.singleton
+    return level, step, epsilon, singleton
 
 
 @dataclass(frozen=True)

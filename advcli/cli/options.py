@@ -244,6 +244,7 @@ def dump_settings(ctx: typer.Context) -> DumpSettings:
     estimator = Estimator(given.get("estimator", DEFAULTS.estimator))
     level = Level(given.get("level", DEFAULTS.level))
     epsilon = given.get("epsilon", DEFAULTS.epsilon)
+    singleton = Singleton(given.get("singleton", DEFAULTS.singleton))
     step = None
     recipe = _chosen(Recipe, given.get("recipe"))
     if recipe is not None:
@@ -254,7 +255,7 @@ def dump_settings(ctx: typer.Context) -> DumpSettings:
     norm = _chosen(GigpoNorm, given.get("gigpo_norm"))
     scope = _chosen(AnchorScope, given.get("anchor_scope"))
     if estimator is Estimator.GIGPO:
-        chosen_level, step, chosen_epsilon = gigpo_settings(
+        chosen_level, step, chosen_epsilon, chosen_singleton = gigpo_settings(
             recipe,
             level=level if _given(ctx, "level") else None,
             epsilon=epsilon if _given(ctx, "epsilon") else None,
@@ -262,9 +263,11 @@ def dump_settings(ctx: typer.Context) -> DumpSettings:
             weight=weight,
             norm=norm,
             scope=scope,
+            singleton=singleton if _given(ctx, "singleton") else None,
         )
         level = chosen_level or level
         epsilon = epsilon if chosen_epsilon is None else chosen_epsilon
+        singleton = chosen_singleton or singleton
     elif any(value is not None for value in (gamma, weight, norm, scope)):
         raise UsageError(
             "--gamma, --step-weight, --gigpo-norm and --anchor-scope apply to gigpo, not to "
@@ -276,7 +279,7 @@ def dump_settings(ctx: typer.Context) -> DumpSettings:
         epsilon=epsilon,
         traj_score=_chosen(TrajScore, given.get("traj_score")),
         scale=_chosen(Scale, given.get("scale")),
-        singleton=Singleton(given.get("singleton", DEFAULTS.singleton)),
+        singleton=singleton,
         step=step,
     )
     return DumpSettings(_column_names(ctx), config)
