@@ -114,8 +114,7 @@ def write_batch(
     """
     if if_exists not in ("error", "replace", "skip"):
         raise AdvcliError(f"if_exists is 'error', 'replace' or 'skip', not {if_exists!r}")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral)):
-        raise AdvcliError(f"step is the training step's number, an integer, not {step!r}")
+    step = _step_number(step)
     entries = batch_entries(batch)
     given: dict[str, str | None] = {}
     for role, value in (("group", group), ("trajectory", trajectory), ("turn", turn)):
@@ -146,7 +145,7 @@ def write_batch(
         )
     frame = _frame(entries, roles, rows, keys)
     if step is not None:
-        frame = frame.with_columns(pl.lit(int(step), dtype=pl.Int64).alias(STEP))
+        frame = frame.with_columns(pl.lit(step, dtype=pl.Int64).alias(STEP))
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -154,8 +153,17 @@ def write_batch(
         raise AdvcliError(
             f"{folder}: cannot make the folder for the batches: {error.strerror}"
         ) from None
-    path = folder / (f"step-{int(step):08d}.parquet" if step is not None else _next_name(folder))
+    path = folder / (f"step-{step:08d}.parquet" if step is not None else _next_name(folder))
     return _publish(frame, path, if_exists)
+
+
+def _step_number(step: object) -> int | None:
+    """The training step's number as an int (a numpy integer too), None without one."""
+    if step is None:
+        return None
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        raise AdvcliError(f"step is the training step's number, an integer, not {step!r}")
+    return int(step)
 
 
 def _publish(frame: pl.DataFrame, path: Path, if_exists: IfExists) -> BatchFile:
