@@ -28,15 +28,28 @@ from advcli import __version__
 from advcli.advantages.levels import both_levels
 from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import index_trajectories
-from advcli.batch import anchor_codes, batch_entries, batch_projection, batch_roles
+from advcli.batch import (
+    batch_entries,
+    batch_projection,
+    batch_roles,
+)
 from advcli.errors import AdvcliError
 from advcli.keys import SCORE, STEP_REWARD
 from advcli.read.columns import ColumnRoles
 from advcli.read.picker import Options
 from advcli.report.bias import bias_report
 from advcli.rules import RULES
-from advcli.settings import Estimator, TrajScore
+from advcli.settings import Estimator, RewardMode, TrajScore
 from advcli.torch import AdvantageResult, RewardError, compute_advantage_with_metrics
+from advcli.verl_keywords import (
+    PER_TURN_KEYS,
+    STEP_KEYS,
+    agreed,
+    check_gigpo_keywords,
+    config_value,
+    gigpo_arguments,
+    per_turn_keywords,
+)
 
 # verl's estimator names (the values of verl.trainer.ppo.core_algos.AdvantageEstimator, 0.9.1)
 # and advcli's own, each to the advcli estimator that computes it with verl's meaning; None: a
@@ -118,6 +131,8 @@ def compute_advantage(
     unit_tokens: str = "sum",
     bias_metrics: bool = True,
     metrics_prefix: str = "advcli/",
+    reward_mode: str | None = None,
+    step_groups: str | None = None,
     **gigpo: Any,
 ) -> Any:
     """verl's ``compute_advantage(data, adv_estimator, gamma, lam, num_repeat,
@@ -143,11 +158,20 @@ def compute_advantage(
     each row is a trajectory, as in verl's agent loop), ``token_level_rewards`` (else
     ``token_level_scores``) and ``response_mask``; the ``*_key`` arguments name them instead.
     gigpo reads the anchor (``anchor_obs``) and step returns (``step_rewards``) or rewards
-    (``rewards``) too, and takes :data:`GIGPO_KEYWORDS` (:func:`gigpo_arguments`). The rest is
+    (``rewards``) too, and takes :data:`advcli.verl_keywords.GIGPO_KEYWORDS`. The rest is
     :func:`advcli.torch.compute_advantage`'s (rows of a trajectory that disagree are refused
     unless ``traj_score`` picks a rule); rewards no advantage can be computed from raise
     :class:`advcli.torch.RewardError` naming the batch's keys, the row and the token. Every
     error leaves the batch as it was.
+
+    ``reward_mode="per-turn"`` (or ``config.reward_mode``) takes each row's reward as its own
+    turn's: verl-agent's per-step ``rewards`` (``step_reward_key`` names another key; none:
+    the row's token rewards summed), discounted with ``gamma`` into its reward-to-go in turn
+    order (the turn key, else batch order) and normalized within ``step_groups`` (or
+    ``config.step_groups``; ``anchor``: with ``anchor_obs`` or ``anchor_key``, and
+    ``anchor_scope``) by grpo, drgrpo or rloo (:func:`advcli.torch.compute_advantage`); a
+    null or NaN per-turn reward is a :class:`advcli.torch.RewardError`. ``compare``'s bias
+    figures are of outcome rewards, not logged under it.
 
     The metrics: ``{prefix}rows``, ``trajectories``, ``multi_row_trajectories``,
     ``max_rows_per_trajectory``, ``groups``, ``singleton_groups``, ``zero_std_groups`` (at
@@ -163,8 +187,13 @@ def compute_advantage(
             f".meta_info), not {type(data).__name__}"
         )
     name = verl_estimator(adv_estimator, estimator)
-    steps = _check_gigpo_keywords(gigpo, name)
-    _check_unused(lam=lam, num_repeat=num_repeat, **({} if steps else {"gamma": gamma}))
+    mode = agreed(
+        ("reward_mode", reward_mode), ("config.reward_mode", config_value(config, "reward_mode"))
+    )
+    per_turn = mode not in (None, RewardMode.OUTCOME.value)
+    per_turn_keys = {key: gigpo.pop(key) for key in PER_TURN_KEYS if per_turn and key in gigpo}
+    steps = check_gigpo_keywords(gigpo, name)
+    _check_unused(lam=lam, num_repeat=num_repeat, **({} if steps or per_turn else {"gamma": gamma}))
     singleton = singleton or SINGLETONS.get(_spelled(adv_estimator or estimator))
     scale = _scale(name, norm_adv_by_std_in_grpo, config, scale)
     entries = batch_entries(data)
@@ -172,6 +201,13 @@ def compute_advantage(
     roles = _roles(entries, *keys, steps=steps, **{key: gigpo.pop(key, None) for key in STEP_KEYS})
     assert roles.group is not None and roles.mask is not None
     step_arguments = gigpo_arguments(entries, roles, gamma, config, gigpo) if steps else {}
+    if per_turn:
+        step_arguments = per_turn_keywords(
+            entries, roles, step_groups, gamma, config, per_turn_keys
+        )
+        bias_metrics = False
+    elif step_groups is not None:
+        step_arguments = {"step_groups": step_groups}  # refused there, in its words
     try:
         result = compute_advantage_with_metrics(
             entries[roles.reward],
@@ -186,6 +222,7 @@ def compute_advantage(
             turn_index=entries[roles.turn] if roles.turn is not None else None,
             epsilon=epsilon,
             unit_tokens=unit_tokens,
+            reward_mode=mode or RewardMode.OUTCOME.value,
             **step_arguments,
         )
     except RewardError as error:
@@ -216,99 +253,6 @@ def _publish(
     # verl's convention for the metrics a DataProto carries (its workers' outputs); merged into
     # a new dict, so that a dict the caller holds is not changed under it.
     data.meta_info["metrics"] = {**(data.meta_info.get("metrics") or {}), **metrics}
-
-
-# advcli.verl's gigpo keywords: advcli's names (``--recipe``, ``--gigpo-norm``, ``--step-weight``,
-# ``--anchor-scope``) and verl-agent's compute_advantage's (``step_advantage_w``, ``gigpo_mode``).
-GIGPO_KEYWORDS = (
-    "recipe",
-    "gigpo_norm",
-    "step_weight",
-    "anchor_scope",
-    "step_advantage_w",
-    "gigpo_mode",
-)
-# The keys of gigpo's roles, as the other ``*_key`` arguments.
-STEP_KEYS = ("anchor_key", "step_reward_key", "step_return_key")
-# verl-agent's algorithm.gigpo.mode values as advcli's gigpo_norm.
-GIGPO_MODES = {"mean_norm": "mean", "mean_std_norm": "mean_std"}
-# The recipe without recipe=: verl-agent's own numbers (every row in the episode statistics).
-VERL_RECIPE = "verl-agent"
-
-
-def gigpo_arguments(
-    entries: Mapping[str, Any],
-    roles: ColumnRoles,
-    gamma: float,
-    config: Any,
-    given: Mapping[str, Any],
-) -> dict[str, Any]:
-    """:func:`advcli.torch.compute_advantage`'s gigpo keywords for the batch: its anchors hashed
-    as stage 1 hashes a dump's (:func:`advcli.batch.anchor_codes`), its step returns (verl-agent's
-    ``step_rewards``) or step rewards (discounted with ``gamma``, verl's
-    ``algorithm.gamma``), and the settings of ``given`` (:data:`GIGPO_KEYWORDS`) and of
-    ``config`` (verl-agent's ``algorithm`` section: ``gigpo.step_advantage_w``, ``gigpo.mode``;
-    a value there that contradicts a keyword is an error). ``recipe``: :data:`VERL_RECIPE`
-    unless given."""
-    section = _config_value(config, "gigpo")
-    weight = _agreed(
-        ("step_weight", given.get("step_weight")),
-        ("step_advantage_w", given.get("step_advantage_w")),
-        ("config.gigpo.step_advantage_w", _config_value(section, "step_advantage_w")),
-    )
-    mode = _agreed(
-        ("gigpo_mode", given.get("gigpo_mode")),
-        ("config.gigpo.mode", _config_value(section, "mode")),
-    )
-    if mode is not None and mode not in GIGPO_MODES:
-        raise ValueError(f"gigpo_mode is one of {', '.join(map(repr, GIGPO_MODES))}, got {mode!r}")
-    norm = _agreed(
-        ("gigpo_norm", given.get("gigpo_norm")),
-        ("gigpo_mode", GIGPO_MODES[mode] if mode is not None else None),
-    )
-    assert roles.anchor is not None
-    try:
-        anchors = anchor_codes(roles.anchor, entries[roles.anchor])
-    except AdvcliError as error:
-        raise ValueError(str(error)) from None
-    if roles.step_return is not None:
-        steps = {"step_returns": entries[roles.step_return]}
-    else:
-        assert roles.step_reward is not None
-        steps = {"step_rewards": entries[roles.step_reward]}
-    return {
-        "anchor_index": anchors,
-        **steps,
-        "gamma": gamma,
-        "step_weight": weight,
-        "gigpo_norm": norm,
-        "anchor_scope": given.get("anchor_scope"),
-        "recipe": given.get("recipe") or VERL_RECIPE,
-    }
-
-
-def _check_gigpo_keywords(given: Mapping[str, Any], estimator: Estimator) -> bool:
-    """Whether ``estimator`` has a step term (gigpo); a keyword compute_advantage does not take
-    is refused, and gigpo's keywords given to another estimator, which would not read them."""
-    unknown = sorted(set(given) - {*GIGPO_KEYWORDS, *STEP_KEYS})
-    if unknown:
-        raise TypeError(f"compute_advantage() got an unexpected keyword argument {unknown[0]!r}")
-    steps = RULES[estimator].steps
-    if not steps and given:
-        raise ValueError(f"{', '.join(sorted(given))} apply to gigpo, not to {estimator.value}")
-    return steps
-
-
-def _agreed(*values: tuple[str, Any]) -> Any:
-    """The one value the given (not None) ``(name, value)`` pairs hold; None if none is given;
-    an error naming two that differ."""
-    given = [(name, value) for name, value in values if value is not None]
-    for name, value in given[1:]:
-        if value != given[0][1]:
-            raise ValueError(
-                f"{given[0][0]}={given[0][1]!r} but {name}={value!r}: give them one value"
-            )
-    return given[0][1] if given else None
 
 
 def _check_unused(**arguments: Any) -> None:
@@ -394,7 +338,7 @@ def _scale(
         # gigpo's divisor is its norm's (verl-agent's gigpo does not read the flag either).
         return scale
     norm = _flag("norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo)
-    in_config = _config_value(config, "norm_adv_by_std_in_grpo")
+    in_config = config_value(config, "norm_adv_by_std_in_grpo")
     if in_config is not None and _flag("config.norm_adv_by_std_in_grpo", in_config) != norm:
         raise ValueError(
             f"norm_adv_by_std_in_grpo={norm} but config.norm_adv_by_std_in_grpo={in_config}: "
@@ -414,16 +358,6 @@ def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} is True or False, got {value!r}")
     return bool(value)
-
-
-def _config_value(config: Any, key: str) -> Any:
-    """``config[key]`` as verl reads it (``config.get``: an ``AlgoConfig``, an OmegaConf
-    ``DictConfig`` or a dict), None without a config or the key."""
-    if config is None:
-        return None
-    if isinstance(config, Mapping) or hasattr(config, "get"):
-        return config.get(key)
-    return getattr(config, key, None)
 
 
 def _bias(

@@ -76,9 +76,13 @@ def _step_groups(
     """Each row's step group as codes: its (group, position) pair, its anchor (within its group
     or batch-wide) or its group."""
     grouping = per_turn.grouping
-    if grouping.anchors:
-        if anchor_index is None:
-            raise ValueError("step_groups='anchor' needs anchor_index (one anchor id a row)")
+    if grouping.anchors != (anchor_index is not None):
+        raise ValueError(
+            f"step_groups={per_turn.groups.value!r} needs anchor_index (one anchor id a row)"
+            if grouping.anchors
+            else f"anchor_index applies to anchor step groups, not to {per_turn.groups.value!r}"
+        )
+    if anchor_index is not None:
         return step_groups(group, anchor_index, per_turn.scope, n)
     if not grouping.by_position or not n:
         return group
