@@ -39,16 +39,15 @@ from advcli.read.columns import ColumnRoles
 from advcli.read.picker import Options
 from advcli.report.bias import bias_report
 from advcli.rules import RULES
-from advcli.settings import Estimator, RewardMode, TrajScore
+from advcli.settings import Estimator, TrajScore
 from advcli.torch import AdvantageResult, RewardError, compute_advantage_with_metrics
 from advcli.verl_keywords import (
-    PER_TURN_KEYS,
     STEP_KEYS,
-    agreed,
     check_gigpo_keywords,
     config_value,
     gigpo_arguments,
     per_turn_keywords,
+    per_turn_mode,
 )
 
 # verl's estimator names (the values of verl.trainer.ppo.core_algos.AdvantageEstimator, 0.9.1)
@@ -162,38 +161,20 @@ def compute_advantage(
     :func:`advcli.torch.compute_advantage`'s (rows of a trajectory that disagree are refused
     unless ``traj_score`` picks a rule); rewards no advantage can be computed from raise
     :class:`advcli.torch.RewardError` naming the batch's keys, the row and the token. Every
-    error leaves the batch as it was.
-
-    ``reward_mode="per-turn"`` (or ``config.reward_mode``) takes each row's reward as its own
-    turn's: verl-agent's per-step ``rewards`` (``step_reward_key`` names another key; none:
-    the row's token rewards summed), discounted with ``gamma`` into its reward-to-go in turn
-    order (the turn key, else batch order) and normalized within ``step_groups`` (or
-    ``config.step_groups``; ``anchor``: with ``anchor_obs`` or ``anchor_key``, and
-    ``anchor_scope``) by grpo, drgrpo or rloo (:func:`advcli.torch.compute_advantage`); a
-    null or NaN per-turn reward is a :class:`advcli.torch.RewardError`. ``compare``'s bias
-    figures are of outcome rewards, not logged under it.
+    error leaves the batch as it was. ``reward_mode="per-turn"``, ``step_groups``: per-turn
+    rewards (:func:`advcli.verl_keywords.per_turn_keywords`).
 
     The metrics: ``{prefix}rows``, ``trajectories``, ``multi_row_trajectories``,
     ``max_rows_per_trajectory``, ``groups``, ``singleton_groups``, ``zero_std_groups`` (at
     ``level``), gigpo's :class:`advcli.torch.StepMetrics`, and with ``bias_metrics`` ``advcli
-    compare``'s figures on this batch (both levels; gigpo: its episode term's), by their JSON
-    keys (:data:`BIAS_FIGURES`), NaN where the report has null. An empty batch gets ``(0,
-    response_length)`` advantages and counts of 0.
+    compare``'s figures on this batch (both levels; gigpo: its episode term's) by their JSON
+    keys (:data:`BIAS_FIGURES`), NaN where the report has null. An empty batch: counts of 0.
     """
-    if not all(hasattr(data, name) for name in ("batch", "non_tensor_batch", "meta_info")):
-        # Checked first: the advantages are written back into the batch once computed.
-        raise TypeError(
-            "compute_advantage takes a verl DataProto (with .batch, .non_tensor_batch and "
-            f".meta_info), not {type(data).__name__}"
-        )
+    _check_data(data)
     name = verl_estimator(adv_estimator, estimator)
-    mode = agreed(
-        ("reward_mode", reward_mode), ("config.reward_mode", config_value(config, "reward_mode"))
-    )
-    per_turn = mode not in (None, RewardMode.OUTCOME.value)
-    per_turn_keys = {key: gigpo.pop(key) for key in PER_TURN_KEYS if per_turn and key in gigpo}
+    mode, turn = per_turn_mode(reward_mode, step_groups, gamma, config, gigpo)
     steps = check_gigpo_keywords(gigpo, name)
-    _check_unused(lam=lam, num_repeat=num_repeat, **({} if steps or per_turn else {"gamma": gamma}))
+    _check_unused(lam=lam, num_repeat=num_repeat, **({} if steps or mode else {"gamma": gamma}))
     singleton = singleton or SINGLETONS.get(_spelled(adv_estimator or estimator))
     scale = _scale(name, norm_adv_by_std_in_grpo, config, scale)
     entries = batch_entries(data)
@@ -201,13 +182,8 @@ def compute_advantage(
     roles = _roles(entries, *keys, steps=steps, **{key: gigpo.pop(key, None) for key in STEP_KEYS})
     assert roles.group is not None and roles.mask is not None
     step_arguments = gigpo_arguments(entries, roles, gamma, config, gigpo) if steps else {}
-    if per_turn:
-        step_arguments = per_turn_keywords(
-            entries, roles, step_groups, gamma, config, per_turn_keys
-        )
-        bias_metrics = False
-    elif step_groups is not None:
-        step_arguments = {"step_groups": step_groups}  # refused there, in its words
+    if turn:
+        step_arguments = per_turn_keywords(entries, roles, turn)
     try:
         result = compute_advantage_with_metrics(
             entries[roles.reward],
@@ -222,7 +198,6 @@ def compute_advantage(
             turn_index=entries[roles.turn] if roles.turn is not None else None,
             epsilon=epsilon,
             unit_tokens=unit_tokens,
-            reward_mode=mode or RewardMode.OUTCOME.value,
             **step_arguments,
         )
     except RewardError as error:
@@ -230,8 +205,18 @@ def compute_advantage(
         raise RewardError(
             f"batch '{roles.reward}' (reward), '{roles.mask}' (mask): {error}"
         ) from None
-    _publish(data, entries, roles, result, bias_metrics, metrics_prefix)
+    _publish(data, entries, roles, result, bias_metrics and not mode, metrics_prefix)
     return data
+
+
+def _check_data(data: Any) -> None:
+    """Refuse what is not a DataProto before anything: the advantages are written back into
+    the batch once computed."""
+    if not all(hasattr(data, name) for name in ("batch", "non_tensor_batch", "meta_info")):
+        raise TypeError(
+            "compute_advantage takes a verl DataProto (with .batch, .non_tensor_batch and "
+            f".meta_info), not {type(data).__name__}"
+        )
 
 
 def _publish(

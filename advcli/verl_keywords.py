@@ -12,7 +12,7 @@ from advcli.batch import TurnRewardError, anchor_codes, per_turn_inputs
 from advcli.errors import AdvcliError
 from advcli.read.columns import ColumnRoles
 from advcli.rules import RULES
-from advcli.settings import Estimator
+from advcli.settings import Estimator, RewardMode
 from advcli.torch import RewardError
 
 # advcli.verl's gigpo keywords: advcli's names (``--recipe``, ``--gigpo-norm``, ``--step-weight``,
@@ -27,8 +27,9 @@ GIGPO_KEYWORDS = (
 )
 # The keys of gigpo's roles, as the other ``*_key`` arguments.
 STEP_KEYS = ("anchor_key", "step_reward_key", "step_return_key")
-# The keywords of those that per-turn rewards read too.
+# The keywords of those that per-turn rewards read too, and those of them that name batch keys.
 PER_TURN_KEYS = ("anchor_key", "step_reward_key", "anchor_scope")
+BATCH_KEYS = ("anchor_key", "step_reward_key")
 # verl-agent's algorithm.gigpo.mode values as advcli's gigpo_norm.
 GIGPO_MODES = {"mean_norm": "mean", "mean_std_norm": "mean_std"}
 # The recipe without recipe=: verl-agent's own numbers (every row in the episode statistics).
@@ -86,35 +87,50 @@ def gigpo_arguments(
     }
 
 
-def per_turn_keywords(
-    entries: Mapping[str, Any],
-    roles: ColumnRoles,
+def per_turn_mode(
+    reward_mode: str | None,
     step_groups: str | None,
     gamma: float,
     config: Any,
-    given: Mapping[str, Any],
-) -> dict[str, Any]:
-    """:func:`advcli.torch.compute_advantage`'s per-turn keywords for the batch: ``step_groups``
-    (or ``config.step_groups``), ``gamma`` (verl's ``algorithm.gamma``), ``anchor_scope``, and
-    the per-turn rewards and anchors :func:`advcli.batch.per_turn_inputs` reads (``given``'s
-    ``step_reward_key``, ``anchor_key``); a bad per-turn reward is a
-    :class:`advcli.torch.RewardError`."""
+    keywords: dict[str, Any],
+) -> tuple[str | None, dict[str, Any]]:
+    """The reward mode given (the argument or ``config.reward_mode``; None for outcome
+    rewards) and the settings :func:`per_turn_keywords` reads: ``reward_mode``, ``step_groups``
+    (or ``config.step_groups``), ``gamma`` (verl's ``algorithm.gamma``) and
+    :data:`PER_TURN_KEYS` taken out of ``keywords``; under outcome rewards ``step_groups``
+    alone where given (for ``advcli.torch`` to refuse it), else nothing."""
+    mode = agreed(
+        ("reward_mode", reward_mode), ("config.reward_mode", config_value(config, "reward_mode"))
+    )
     groups = agreed(
         ("step_groups", step_groups), ("config.step_groups", config_value(config, "step_groups"))
     )
-    keys = {key: given[key] for key in ("step_reward_key", "anchor_key") if key in given}
+    if mode in (None, RewardMode.OUTCOME.value):
+        return None, {} if groups is None else {"step_groups": groups}
+    keys = {key: keywords.pop(key) for key in PER_TURN_KEYS if key in keywords}
+    return mode, {"reward_mode": mode, "step_groups": groups, "gamma": gamma, **keys}
+
+
+def per_turn_keywords(
+    entries: Mapping[str, Any], roles: ColumnRoles, settings: Mapping[str, Any]
+) -> dict[str, Any]:
+    """:func:`advcli.torch.compute_advantage`'s per-turn keywords for the batch: ``settings``
+    (:func:`per_turn_mode`) with the per-turn rewards and anchors
+    :func:`advcli.batch.per_turn_inputs` reads: verl-agent's per-step ``rewards`` (or the
+    ``step_reward_key`` entry; none: each row's token rewards summed) and its ``anchor_obs``
+    (or ``anchor_key``) for anchor step groups. A null, NaN or infinite per-turn reward is a
+    :class:`advcli.torch.RewardError`."""
+    keywords = {key: value for key, value in settings.items() if key not in BATCH_KEYS}
+    if "reward_mode" not in settings:
+        return keywords
+    keys = {key: settings[key] for key in BATCH_KEYS if key in settings}
     try:
-        inputs = per_turn_inputs(entries, roles, groups, **keys)
+        inputs = per_turn_inputs(entries, roles, settings["step_groups"], **keys)
     except TurnRewardError as error:
         raise RewardError(str(error)) from None
     except AdvcliError as error:
         raise ValueError(str(error)) from None
-    return {
-        "step_groups": groups,
-        "gamma": gamma,
-        "anchor_scope": given.get("anchor_scope"),
-        **inputs,
-    }
+    return {**keywords, **inputs}
 
 
 def check_gigpo_keywords(given: Mapping[str, Any], estimator: Estimator) -> bool:
