@@ -119,30 +119,8 @@ def compute_advantage(
     >>> compute_advantage(rewards, torch.ones(4, 1), uid, traj, level="turn")[0][:, 0]
     tensor([ 0.5000,  0.5000,  0.5000, -1.5000])
     """
-    result = compute_advantage_with_metrics(
-        token_level_rewards,
-        response_mask,
-        index,
-        traj_index,
-        estimator=estimator,
-        level=level,
-        scale=scale,
-        singleton=singleton,
-        traj_score=traj_score,
-        turn_index=turn_index,
-        epsilon=epsilon,
-        unit_tokens=unit_tokens,
-        anchor_index=anchor_index,
-        step_rewards=step_rewards,
-        step_returns=step_returns,
-        gamma=gamma,
-        step_weight=step_weight,
-        gigpo_norm=gigpo_norm,
-        anchor_scope=anchor_scope,
-        recipe=recipe,
-        reward_mode=reward_mode,
-        step_groups=step_groups,
-    )
+    # Every argument as given: the locals are the parameters, nothing else is bound yet.
+    result = compute_advantage_with_metrics(**locals())
     return result.advantages, result.advantages
 
 
