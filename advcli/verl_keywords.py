@@ -11,6 +11,7 @@ from typing import Any
 from advcli.batch import TurnRewardError, anchor_codes, per_turn_inputs
 from advcli.errors import AdvcliError
 from advcli.read.columns import ColumnRoles
+from advcli.recipes import PER_TURN_RECIPES
 from advcli.rules import RULES
 from advcli.settings import Estimator, RewardMode
 from advcli.torch import RewardError
@@ -97,7 +98,8 @@ def per_turn_mode(
     """The reward mode given (the argument or ``config.reward_mode``; None for outcome
     rewards) and the settings :func:`per_turn_keywords` reads: ``reward_mode``, ``step_groups``
     (or ``config.step_groups``), ``gamma`` (verl's ``algorithm.gamma``) and
-    :data:`PER_TURN_KEYS` taken out of ``keywords``; under outcome rewards ``step_groups``
+    :data:`PER_TURN_KEYS` and ``recipe`` taken out of ``keywords`` (a per-turn recipe,
+    ``lightrft``, implies per-turn rewards); under outcome rewards ``step_groups``
     alone where given (for ``advcli.torch`` to refuse it), else nothing."""
     mode = agreed(
         ("reward_mode", reward_mode), ("config.reward_mode", config_value(config, "reward_mode"))
@@ -105,9 +107,12 @@ def per_turn_mode(
     groups = agreed(
         ("step_groups", step_groups), ("config.step_groups", config_value(config, "step_groups"))
     )
+    recipe = keywords.get("recipe")
+    if mode is None and any(recipe in (known, known.value) for known in PER_TURN_RECIPES):
+        mode = RewardMode.PER_TURN.value  # as a per-turn recipe implies
     if mode in (None, RewardMode.OUTCOME.value):
         return None, {} if groups is None else {"step_groups": groups}
-    keys = {key: keywords.pop(key) for key in PER_TURN_KEYS if key in keywords}
+    keys = {key: keywords.pop(key) for key in (*PER_TURN_KEYS, "recipe") if key in keywords}
     return mode, {"reward_mode": mode, "step_groups": groups, "gamma": gamma, **keys}
 
 

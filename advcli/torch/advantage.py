@@ -39,7 +39,7 @@ def compute_advantage(
     index: Ids,
     traj_index: Ids | None = None,
     *,
-    estimator: str = "grpo",
+    estimator: str | None = None,
     level: str | None = None,
     scale: str | None = None,
     singleton: str | None = None,
@@ -55,7 +55,7 @@ def compute_advantage(
     gigpo_norm: str | None = None,
     anchor_scope: str | None = None,
     recipe: str | None = None,
-    reward_mode: str = "outcome",
+    reward_mode: str | None = None,
     step_groups: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Any of advcli's estimators on one batch, with the numbers of ``advcli compute``.
@@ -71,7 +71,8 @@ def compute_advantage(
         ``bs`` group ids (verl's ``uid``) and trajectory ids, unique within a group (``None``:
         each row is a trajectory).
     estimator
-        An :class:`advcli.settings.Estimator` value: ``grpo``, ``rloo``, …, ``gigpo``.
+        An :class:`advcli.settings.Estimator` value: ``grpo`` (the default, but for a
+        per-turn recipe's), ``rloo``, …, ``gigpo``.
     level, scale, singleton, epsilon
         As ``--level`` (``trajectory``: each trajectory is one unit of its group; ``turn``:
         every row is one), ``--scale`` (grpo and grpo_passk: ``group``, ``batch`` or ``none``),
@@ -92,12 +93,13 @@ def compute_advantage(
         gigpo, as ``--gamma``, ``--step-weight``, ``--gigpo-norm``, ``--anchor-scope`` and
         ``--recipe`` (a given argument wins over the recipe's; none: the level's default).
     reward_mode, step_groups
-        As ``--reward-mode`` and ``--step-groups``. ``"per-turn"``: each row's score (its
-        rewards' sum, or its ``step_rewards``) is its own turn's reward, and its reward-to-go
-        (``gamma``, default 1; turn order as above) is normalized by grpo, drgrpo or rloo
-        within its step group: ``turn``, ``turn-padded`` (the default), ``pooled`` or
-        ``anchor`` (``anchor_index``, ``anchor_scope``), at turn level
-        (:mod:`advcli.torch.per_turn`).
+        As ``--reward-mode`` and ``--step-groups`` (``recipe="lightrft"`` implies per-turn).
+        ``"per-turn"``: each row's score (its rewards' sum, or its ``step_rewards``) is its own
+        turn's reward, and its reward-to-go (``gamma``, default 1; turn order as above) is
+        normalized by grpo, drgrpo or rloo within its step group: ``turn``, ``turn-padded``
+        (the default), ``pooled``, ``anchor`` (``anchor_index``, ``anchor_scope``) or
+        ``turn-rewards`` (each position's rewards normalized, then summed to the end), at turn
+        level (:mod:`advcli.torch.per_turn`).
 
     Returns
     -------
@@ -185,7 +187,7 @@ def compute_advantage_with_metrics(
     index: Ids,
     traj_index: Ids | None = None,
     *,
-    estimator: str = "grpo",
+    estimator: str | None = None,
     level: str | None = None,
     scale: str | None = None,
     singleton: str | None = None,
@@ -201,7 +203,7 @@ def compute_advantage_with_metrics(
     gigpo_norm: str | None = None,
     anchor_scope: str | None = None,
     recipe: str | None = None,
-    reward_mode: str = "outcome",
+    reward_mode: str | None = None,
     step_groups: str | None = None,
 ) -> AdvantageResult:
     """:func:`compute_advantage`'s tensor (once) and the batch's :class:`AdvantageMetrics`."""

@@ -9,6 +9,7 @@ from enum import Enum
 from typing import TypeVar
 
 from advcli.errors import UsageError
+from advcli.recipes import PER_TURN_RECIPES, PerTurnRecipe, Recipe, gigpo_settings
 from advcli.settings import (
     DEFAULT_GROUPS,
     AdvantageConfig,
@@ -17,13 +18,11 @@ from advcli.settings import (
     GigpoNorm,
     Level,
     PerTurn,
-    Recipe,
     RewardMode,
     Scale,
     Singleton,
     StepGroups,
     TrajScore,
-    gigpo_settings,
 )
 
 SettingT = TypeVar("SettingT", bound=Enum)
@@ -49,14 +48,14 @@ class GigpoArguments:
 
 @dataclass(frozen=True)
 class PerTurnArguments:
-    """``reward_mode`` and ``step_groups`` as given."""
+    """``reward_mode`` and ``step_groups`` as given (None: not given)."""
 
-    reward_mode: str
+    reward_mode: str | None
     step_groups: str | None
 
 
 def settings_of(
-    estimator: str,
+    estimator: str | None,
     level: str | None,
     scale: str | None,
     singleton: str | None,
@@ -67,18 +66,27 @@ def settings_of(
 ) -> AdvantageConfig:
     """The settings checked by the command line's own :class:`AdvantageConfig`; gigpo's from
     its recipe and the arguments given beside it, as ``--recipe`` and the options (each given
-    one wins); per-turn rewards' from ``gamma`` and ``anchor_scope`` (:func:`per_turn_of`)."""
-    chosen = choice(Estimator, "estimator", estimator)
+    one wins); per-turn rewards' from ``gamma``, ``anchor_scope`` and a per-turn recipe
+    (:func:`per_turn_of`; its estimator, ε and singleton rule unless given). ``estimator``
+    None: the per-turn recipe's, else grpo."""
+    recipe = choice(Recipe, "recipe", gigpo.recipe) if gigpo.recipe is not None else None
+    turn_recipe = PER_TURN_RECIPES.get(recipe) if recipe is not None else None
+    chosen = choice(Estimator, "estimator", estimator) if estimator is not None else None
     level_of = choice(Level, "level", level) if level is not None else None
     singleton_of = choice(Singleton, "singleton", singleton) if singleton is not None else None
+    if turn_recipe is not None:
+        chosen = chosen or turn_recipe.estimator
+        epsilon = turn_recipe.epsilon if epsilon is None else epsilon
+        singleton_of = singleton_of or turn_recipe.singleton
+    chosen = chosen or Estimator.GRPO
     step = None
     try:
-        per_turn_settings = per_turn_of(per_turn, gigpo)
+        per_turn_settings = per_turn_of(per_turn, gigpo, turn_recipe)
         if per_turn_settings is not None:
             level_of = level_of or Level.TURN
         elif chosen is Estimator.GIGPO:
             level_of, step, epsilon, singleton_of = gigpo_settings(
-                choice(Recipe, "recipe", gigpo.recipe) if gigpo.recipe is not None else None,
+                recipe,
                 level=level_of,
                 epsilon=epsilon,
                 gamma=gigpo.gamma,
@@ -88,7 +96,7 @@ def settings_of(
                 singleton=singleton_of,
             )
         elif gigpo.given():
-            raise ValueError(f"{', '.join(gigpo.given())} apply to gigpo, not to {estimator}")
+            raise ValueError(f"{', '.join(gigpo.given())} apply to gigpo, not to {chosen.value}")
         return AdvantageConfig(
             level=level_of or Level.TRAJECTORY,
             estimator=chosen,
@@ -105,22 +113,31 @@ def settings_of(
         raise ValueError(str(error)) from None
 
 
-def per_turn_of(per_turn: PerTurnArguments, gigpo: GigpoArguments) -> PerTurn | None:
-    """The per-turn settings under ``reward_mode="per-turn"`` (``gamma`` default 1,
-    ``step_groups`` default ``turn-padded``, ``anchor_scope`` default ``group``); None under
-    outcome rewards, where ``step_groups`` is refused."""
-    mode = choice(RewardMode, "reward_mode", per_turn.reward_mode)
+def per_turn_of(
+    per_turn: PerTurnArguments, gigpo: GigpoArguments, recipe: PerTurnRecipe | None
+) -> PerTurn | None:
+    """The per-turn settings under ``reward_mode="per-turn"``, which a per-turn ``recipe``
+    implies (``gamma`` default 1, ``step_groups`` default the recipe's, else ``turn-padded``,
+    ``anchor_scope`` default ``group``, the recipe's divisor), as the command line makes
+    them; None under outcome rewards, where ``step_groups`` is refused."""
+    default = RewardMode.PER_TURN if recipe is not None else RewardMode.OUTCOME
+    mode = choice(RewardMode, "reward_mode", per_turn.reward_mode or default)
     if mode is RewardMode.OUTCOME:
+        if recipe is not None:
+            raise ValueError("a per-turn recipe implies reward_mode='per-turn', not 'outcome'")
         if per_turn.step_groups is not None:
             raise ValueError("step_groups applies to reward_mode='per-turn'")
         return None
-    gigpo_only = [name for name in gigpo.given() if name not in ("gamma", "anchor_scope")]
+    own = {"gamma", "anchor_scope", *(("recipe",) if recipe is not None else ())}
+    gigpo_only = [name for name in gigpo.given() if name not in own]
     if gigpo_only:
         raise ValueError(f"{', '.join(gigpo_only)} apply to gigpo, not to reward_mode='per-turn'")
+    groups = per_turn.step_groups or (recipe.groups if recipe is not None else DEFAULT_GROUPS)
     return PerTurn(
         gamma=1.0 if gigpo.gamma is None else gigpo.gamma,
-        groups=choice(StepGroups, "step_groups", per_turn.step_groups or DEFAULT_GROUPS),
+        groups=choice(StepGroups, "step_groups", groups),
         scope=choice(AnchorScope, "anchor_scope", gigpo.scope or AnchorScope.GROUP),
+        variance_epsilon=recipe.variance_epsilon if recipe is not None else None,
     )
 
 

@@ -75,13 +75,15 @@ def group_table(
     tokens: torch.Tensor | None = None,
     order: torch.Tensor | None = None,
     members: torch.Tensor | None = None,
+    variance_epsilon: float | None = None,
 ) -> GroupTable:
     """The table of the groups of the units ``x`` (``group``: codes in ``[0, bound)``) under
     ``rule``, as :func:`advcli.advantages.estimators.compute_advantages` computes it. ``tokens``:
     each unit's token count (opo's weights); ``order``: each unit's first row (pass@k's tie
     break); ``members``: each group's size (float64) where it has virtual members besides its
     units, each carrying PADDED_RETURN (per-turn rewards' padded step groups; mean-centred
-    rules only)."""
+    rules only); ``variance_epsilon``: the std is sqrt(population variance + it) (LightRFT's
+    group_norm) where the units differ."""
     count, centre, centred, work = group_centred(x, group, bound, members)
     alone = count == 1
     m2 = x.new_zeros(bound).scatter_add_(0, group, torch.mul(centred, centred, out=work))
@@ -118,7 +120,11 @@ def group_table(
     if scale is Scale.GROUP:
         # A lone unit is divided by the singleton std (its own is never read, so no 0 / 0 is
         # taken for it); equal units by the zero std.
-        std = m2.div_((count - STD_DDOF).clamp_(min=1)).sqrt_().masked_fill_(all_equal, ZERO_STD)
+        if variance_epsilon is None:
+            variance = m2.div_((count - STD_DDOF).clamp_(min=1))
+        else:
+            variance = m2.div_(count).add_(variance_epsilon)
+        std = variance.sqrt_().masked_fill_(all_equal, ZERO_STD)
         divisor = std.masked_fill_(alone, SINGLETON_STD).add_(epsilon)
     elif scale is Scale.BATCH:
         # Every unit divided by the batch std; one alone in its group by the singleton std

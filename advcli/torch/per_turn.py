@@ -46,17 +46,22 @@ def per_turn_advantage(
     anchor_index: Ids | None,
 ) -> tuple[torch.Tensor, GroupCounts]:
     """Each row's advantage from its reward-to-go normalized within its step group by
-    ``config.estimator``'s rule, and the step groups' counts (a padded group counts its
-    virtual members)."""
+    ``config.estimator``'s rule (under a grouping that ``normalizes_rewards``: the reward-to-go
+    of its step group's rewards normalized so), and the step groups' counts (a padded group
+    counts its virtual members)."""
     per_turn = config.per_turn
     assert per_turn is not None
+    grouping = per_turn.grouping
     n = rewards.shape[0]
     position = turn_positions(rows, n)
-    returns = step_returns(rewards, rows.trajectories, rows.turn, per_turn.gamma)
+    if grouping.normalizes_rewards:
+        values = rewards
+    else:
+        values = step_returns(rewards, rows.trajectories, rows.turn, per_turn.gamma)
     cells = _step_groups(rows.group, position, per_turn, anchor_index, n)
-    members = _members(rows, cells) if per_turn.grouping.padded else None
+    members = _members(rows, cells) if grouping.padded else None
     table = group_table(
-        returns,
+        values,
         cells.values,
         cells.bound,
         RULES[config.estimator],
@@ -64,9 +69,12 @@ def per_turn_advantage(
         config.singleton,
         config.epsilon,
         members=members,
+        variance_epsilon=per_turn.variance_epsilon,
     )
-    advantage = apply_table_to_units(table, returns, cells.values)
-    check_fits(returns, advantage, None)
+    advantage = apply_table_to_units(table, values, cells.values)
+    if grouping.normalizes_rewards:
+        advantage = step_returns(advantage, rows.trajectories, rows.turn, per_turn.gamma)
+    check_fits(values, advantage, None)
     return advantage, table.counts()
 
 
