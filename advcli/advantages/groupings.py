@@ -118,9 +118,15 @@ def every_grouping(
 
 
 def _grouping(per_turn: PerTurn, groups: StepGroups) -> PerTurn:
-    """``per_turn`` with step groups ``groups`` (its anchor scope for anchors only)."""
-    anchors = STEP_GROUPINGS[groups.value].anchors
-    return replace(per_turn, groups=groups, scope=per_turn.scope if anchors else AnchorScope.GROUP)
+    """``per_turn`` with step groups ``groups``: its anchor scope for anchors only, its divisor
+    of per-index rewards (LightRFT's) for the grouping that normalizes rewards only."""
+    grouping = STEP_GROUPINGS[groups.value]
+    return replace(
+        per_turn,
+        groups=groups,
+        scope=per_turn.scope if grouping.anchors else AnchorScope.GROUP,
+        variance_epsilon=per_turn.variance_epsilon if grouping.normalizes_rewards else None,
+    )
 
 
 def _aligned(rows: pl.DataFrame, result: pl.DataFrame, column: str) -> pl.Series:

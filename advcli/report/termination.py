@@ -75,6 +75,7 @@ def termination_report(
             "groupings": names,
             "reference": REFERENCE_GROUPING,
             "in_use": per_turn.groups.value,
+            "as_computed": config.describe(),
             **settings,
             "advcli_version": version,
         },
