@@ -383,3 +383,32 @@ def test_sample_turn_reward(run, tmp_path):
     assert set(frame.filter(pl.col("last"))["reward"].to_list()) <= {0.0, 1.0}
     refused = run("sample", tmp_path / "v.parquet", "--trainer", "verl-agent", "--turn-reward", "1")
     assert refused.exit_code == 2 and "--turn-reward applies to --trainer advcli" in refused.stderr
+
+
+def test_anchor_groups_are_computed_when_the_dump_has_anchors(run, tmp_path):
+    """With an anchor column the anchor grouping is one more, judged on its measured bonus;
+    without one, asking for it is the engine's error."""
+    frame = pl.DataFrame(
+        HAND, schema=["data_id", "rollout_id", "turn_index", "score"], orient="row"
+    )
+    anchored = tmp_path / "anchored.parquet"
+    frame.with_columns(pl.format("s{}", pl.col("turn_index")).alias("anchor")).write_parquet(
+        anchored
+    )
+    result = run(
+        "compare", anchored, "--reward-mode", "per-turn", "--anchor-col", "anchor",
+        "--json", "-", "-q",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert "anchor" in summary["settings"]["groupings"]
+    assert summary["groupings"]["anchor"]["verdict"]["basis"] == "measured"
+    # Anchors named by the turn make the anchor step groups the turn's: the same baselines.
+    for entry in summary["by_turn_index"]:
+        assert entry["baseline_minus_padded"]["anchor"] == pytest.approx(
+            entry["baseline_minus_padded"]["turn"], abs=1e-12
+        )
+    plain = _write(HAND, tmp_path / "plain.parquet")
+    missing = run("compare", plain, "--reward-mode", "per-turn", "--step-groups", "anchor", "-q")
+    assert missing.exit_code == 1
+    assert "--step-groups anchor needs each row's anchor state" in missing.stderr

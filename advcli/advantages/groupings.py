@@ -32,14 +32,16 @@ from advcli.settings import (
 TRAJECTORY = "trajectory"
 
 
-def groupings_of(projection: pl.DataFrame) -> list[str]:
+def groupings_of(projection: pl.DataFrame, in_use: StepGroups) -> list[str]:
     """The groupings the report computes on this dump, in ``StepGroups``' order then
     :data:`TRAJECTORY`: every step grouping, those of anchors only when the dump has an anchor
-    column."""
+    column or they are the grouping in use (whose missing anchors are then the engine's error)."""
     named = [
         groups.value
         for groups in StepGroups
-        if not STEP_GROUPINGS[groups.value].anchors or ANCHOR in projection.columns
+        if not STEP_GROUPINGS[groups.value].anchors
+        or ANCHOR in projection.columns
+        or groups is in_use
     ]
     return [*named, TRAJECTORY]
 
@@ -92,7 +94,7 @@ def every_grouping(
         }
     )
     returns: pl.Series | None = None
-    for name in groupings_of(projection):
+    for name in groupings_of(projection, per_turn.groups):
         results: dict[AdvantageConfig, pl.DataFrame] = {}
         for chosen in dict.fromkeys(runs.values()):
             if name == TRAJECTORY:
