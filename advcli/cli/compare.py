@@ -160,6 +160,9 @@ def compare_command(
 ) -> None:
     """Report how much counting every turn changes baselines and advantages.
 
+    Under --reward-mode per-turn: each step grouping's termination bias (its hidden bonus on
+    taking another turn) against turn-padded.
+
     Example: advcli compare rollouts.parquet --json report.json --plot bias.png
     """
     settings = dump_settings(ctx)
