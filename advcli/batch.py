@@ -165,7 +165,7 @@ def turn_rewards(name: str, value: Any) -> np.ndarray:
         raise AdvcliError(
             f"the batch's '{name}' (per-turn reward) holds {series.dtype}, not numbers"
         )
-    rewards = series.cast(pl.Float64).to_numpy()
+    rewards = series.cast(pl.Float64).to_numpy(writable=True)
     bad = np.flatnonzero(~np.isfinite(rewards))
     if bad.size:
         raise TurnRewardError(

@@ -25,6 +25,7 @@ import numpy as np
 import polars as pl
 
 from advcli import __version__
+from advcli.advantages.groupings import every_grouping, groupings_of
 from advcli.advantages.levels import both_levels
 from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import index_trajectories
@@ -34,10 +35,11 @@ from advcli.batch import (
     batch_roles,
 )
 from advcli.errors import AdvcliError
-from advcli.keys import SCORE, STEP_REWARD
+from advcli.keys import ANCHOR, SCORE, STEP_REWARD
 from advcli.read.columns import ColumnRoles
 from advcli.read.picker import Options
 from advcli.report.bias import bias_report
+from advcli.report.termination import termination_report
 from advcli.rules import RULES
 from advcli.settings import Estimator, TrajScore
 from advcli.torch import AdvantageResult, RewardError, compute_advantage_with_metrics
@@ -88,6 +90,11 @@ BIAS_FIGURES = (
     ("trajectories", "sign_flips"),
     ("loss_weights", "token-mean", "longest_vs_shortest"),
 )
+
+# The termination report's figures logged each step under per-turn rewards, for every grouping
+# it computes (docs/compare.md, "Per-turn rewards"): the hidden bonus the grouping gives
+# continuing, and its advantages' sign flips against the zero-padded grouping's.
+TERMINATION_FIGURES = ("implied_bonus", "sign_flips")
 
 # How the errors name the keys' arguments.
 OPTIONS = Options(
@@ -162,7 +169,7 @@ def compute_advantage(
     unless ``traj_score`` picks a rule); rewards no advantage can be computed from raise
     :class:`advcli.torch.RewardError` naming the batch's keys, the row and the token. Every
     error leaves the batch as it was. ``reward_mode="per-turn"``, ``step_groups``: per-turn
-    rewards (:func:`advcli.verl_keywords.per_turn_keywords`).
+    rewards (:func:`advcli.verl_keywords.per_turn_keywords`; the bias figures its report's).
 
     The metrics: ``{prefix}rows``, ``trajectories``, ``multi_row_trajectories``,
     ``max_rows_per_trajectory``, ``groups``, ``singleton_groups``, ``zero_std_groups`` (at
@@ -205,7 +212,7 @@ def compute_advantage(
         raise RewardError(
             f"batch '{roles.reward}' (reward), '{roles.mask}' (mask): {error}"
         ) from None
-    _publish(data, entries, roles, result, bias_metrics and not mode, metrics_prefix)
+    _publish(data, entries, roles, result, bias_metrics, metrics_prefix, step_arguments)
     return data
 
 
@@ -226,12 +233,16 @@ def _publish(
     result: AdvantageResult,
     bias_metrics: bool,
     prefix: str,
+    arguments: Mapping[str, Any],
 ) -> None:
-    """The advantages and the metrics into the batch."""
+    """The advantages and the metrics into the batch (``arguments``: the step keywords the
+    advantages were computed with, per-turn rewards' anchors among them)."""
     metrics: dict[str, float] = dict(result.metrics.as_dict(prefix))
     if result.step_metrics is not None:
         metrics.update(result.step_metrics.as_dict(prefix))
-    if bias_metrics:
+    if bias_metrics and result.config.per_turn is not None:
+        metrics.update(_termination(entries, roles, result, prefix, arguments))
+    elif bias_metrics:
         metrics.update(_bias(entries, roles, result, prefix))
     data.batch["advantages"] = result.advantages
     data.batch["returns"] = result.advantages
@@ -343,6 +354,43 @@ def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} is True or False, got {value!r}")
     return bool(value)
+
+
+def _termination(
+    entries: Mapping[str, Any],
+    roles: ColumnRoles,
+    result: AdvantageResult,
+    prefix: str,
+    arguments: Mapping[str, Any],
+) -> dict[str, float]:
+    """:data:`TERMINATION_FIGURES` of each grouping in ``advcli compare --reward-mode
+    per-turn``'s report on the batch's key projection (its per-turn rewards as the scores, its
+    anchors where the step groups are), named ``{prefix}groupings/{grouping}/{figure}``; NaN
+    where the report has null, and for an empty batch, of which there is no report."""
+    try:
+        projection = batch_projection(entries, roles, result.scores.cpu().numpy())
+    except AdvcliError as error:
+        raise ValueError(str(error)) from None
+    if arguments.get("anchor_index") is not None:
+        projection = projection.with_columns(pl.Series(ANCHOR, arguments["anchor_index"]))
+    config = result.config
+    assert config.per_turn is not None
+    if projection.is_empty():
+        names = groupings_of(projection, config.per_turn.groups)
+        return {
+            f"{prefix}groupings/{name}/{figure}": math.nan
+            for name in names
+            for figure in TERMINATION_FIGURES
+        }
+    naming = Naming(roles.group or "group", roles.trajectory or "row")
+    rows = every_grouping(projection, config, naming, index_trajectories(projection))
+    settings = {"columns": roles.describe(), "reading": roles.reading()}
+    report = termination_report(rows, config=config, settings=settings, version=__version__)
+    return {
+        f"{prefix}groupings/{name}/{figure}": math.nan if entry[figure] is None else entry[figure]
+        for name, entry in report.summary["groupings"].items()
+        for figure in TERMINATION_FIGURES
+    }
 
 
 def _bias(

@@ -6,6 +6,7 @@ LightRFT's recipe; a real verl DataProto as verl-agent holds it; and the bad inp
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from pathlib import Path
@@ -403,3 +404,37 @@ def test_verl_refuses_what_per_turn_rewards_do_not_take():
         verl_compute_advantage(
             agent_batch(), "grpo", reward_mode="per-turn", step_reward_key="turn_rewards"
         )
+
+
+def test_verl_termination_figures_are_compares(run, tmp_path):
+    """Under per-turn rewards the step's metrics are `advcli compare --reward-mode per-turn`'s
+    figures on the same rows, per grouping: its implied bonus and sign flips."""
+    frame = _random_dump(7)
+    batch = DataProto.from_dict(
+        tensors={
+            "token_level_rewards": torch.tensor(frame["score"].to_numpy()).unsqueeze(1),
+            "response_mask": torch.ones(frame.height, 1),
+        },
+        non_tensors={
+            "data_id": frame["data_id"].to_numpy(),
+            "rollout_id": frame["rollout_id"].to_numpy().astype(object),
+            "turn_index": frame["turn_index"].to_numpy(),
+        },
+    )
+    metrics = verl_compute_advantage(batch, "rloo", reward_mode="per-turn", gamma=0.9).meta_info[
+        "metrics"
+    ]
+    source = tmp_path / "in.parquet"
+    frame.drop("anchor").write_parquet(source)
+    result = run(
+        "compare", source, "--reward-mode", "per-turn", "--estimator", "rloo", "--gamma", "0.9",
+        "--json", "-",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    groupings = json.loads(result.stdout)["groupings"]
+    assert len(groupings) >= len(STEP_GROUPINGS) - 1  # every grouping but anchor (no anchors)
+    for name, entry in groupings.items():
+        for figure in ("implied_bonus", "sign_flips"):
+            expected = math.nan if entry[figure] is None else entry[figure]
+            got = metrics[f"advcli/groupings/{name}/{figure}"]
+            assert got == pytest.approx(expected, abs=1e-9, nan_ok=True), (name, figure)
