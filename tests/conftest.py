@@ -29,6 +29,28 @@ def dump_frame(rows: Sequence[tuple[object, object, int, float, int]]) -> pl.Dat
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``ray`` run last (in their usual order), those that join the one in-process
+    cluster after those that start their own: the cluster is then up only while they run, and
+    never beside another one."""
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("ray") is not None,
+            "cluster" in getattr(item, "fixturenames", ()),
+        )
+    )
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A local Ray cluster (2 CPUs) in this process, which ``--engine ray`` joins: one for every
+    test that needs one, since starting one, and its first job, are slow."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture
 def write_dump(tmp_path: Path):
     """Write rows (or a frame) to a Parquet file under tmp_path and return its path."""

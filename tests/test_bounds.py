@@ -315,42 +315,46 @@ def test_traj_score_first_on_skyrl_rows_in_step_order(run, tmp_path):
 def test_a_local_ray_cluster_leaves_no_session_folder(tmp_path):
     """advcli's own local cluster keeps its session files in a folder advcli made under TMPDIR
     (short: Ray's socket paths are limited), which is gone after a run that succeeds and after
-    one that fails once the cluster is up."""
+    one that fails once the cluster is up. The two runs go side by side, each with a TMPDIR of
+    its own: most of a cluster's start is waiting."""
     pytest.importorskip("ray")
-    temporary = Path(tempfile.mkdtemp(prefix="advcli-t-", dir="/tmp"))
+    good = tmp_path / "good.jsonl"
+    good.write_text(
+        '{"data_id": 0, "rollout_id": "a", "score": 1.0, "response_length": 2}\n'
+        '{"data_id": 0, "rollout_id": "b", "score": 0.0, "response_length": 2}\n'
+    )
+    source = tmp_path / "good.parquet"
+    pl.read_ndjson(good).write_parquet(source)
+    runs = [
+        ((source, "-o", tmp_path / "out", "--no-tokens", "-q"), 0),
+        # Refused once the cluster is up: the engine reads Parquet only.
+        ((good, "-o", tmp_path / "out2", "--no-tokens", "-q"), 1),
+    ]
+    temporaries = [Path(tempfile.mkdtemp(prefix="advcli-t-", dir="/tmp")) for _ in runs]
     try:
-        environment = {**os.environ, "TMPDIR": str(temporary)}
-        environment.pop("RAY_ADDRESS", None)
-        good = tmp_path / "good.jsonl"
-        good.write_text(
-            '{"data_id": 0, "rollout_id": "a", "score": 1.0, "response_length": 2}\n'
-            '{"data_id": 0, "rollout_id": "b", "score": 0.0, "response_length": 2}\n'
-        )
-        source = tmp_path / "good.parquet"
-        pl.read_ndjson(good).write_parquet(source)
-        runs = [
-            ((source, "-o", tmp_path / "out", "--no-tokens", "-q"), 0),
-            # Refused once the cluster is up: the engine reads Parquet only.
-            ((good, "-o", tmp_path / "out2", "--no-tokens", "-q"), 1),
-        ]
-        for arguments, code in runs:
-            result = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "advcli",
-                    "compute",
-                    *map(str, arguments),
-                    "--engine",
-                    "ray",
-                ],
-                env=environment,
-                capture_output=True,
-                text=True,
-                timeout=300,
+        processes = []
+        for (arguments, _), temporary in zip(runs, temporaries, strict=True):
+            environment = {**os.environ, "TMPDIR": str(temporary)}
+            environment.pop("RAY_ADDRESS", None)
+            command = [sys.executable, "-m", "advcli", "compute", *map(str, arguments)]
+            processes.append(
+                subprocess.Popen(
+                    [*command, "--engine", "ray"],
+                    env=environment,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
             )
-            assert result.returncode == code, result.stderr
+        for process, (_, code), temporary in zip(processes, runs, temporaries, strict=True):
+            _, stderr = process.communicate(timeout=300)
+            assert process.returncode == code, stderr
             assert list(temporary.iterdir()) == [], list(temporary.rglob("*"))[:5]
-        assert "--engine ray reads Parquet inputs" in result.stderr
+        assert "--engine ray reads Parquet inputs" in stderr
     finally:
-        shutil.rmtree(temporary, ignore_errors=True)
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+        for temporary in temporaries:
+            shutil.rmtree(temporary, ignore_errors=True)

@@ -397,18 +397,13 @@ def test_a_file_removed_from_an_input_folder_is_named(folders, monkeypatch, run,
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.filterwarnings("ignore::FutureWarning")
-def test_the_ray_engine_refuses_an_input_that_changes(folders, monkeypatch, run):
-    ray = pytest.importorskip("ray")
+def test_the_ray_engine_refuses_an_input_that_changes(cluster, folders, monkeypatch, run):
     data, spare = folders
     source = write_input(data / "rollouts.parquet")
     output = data / "advantages"
     before = snapshot(data)
     words = changed_during(monkeypatch, between_stages, rename_over, source, spare)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        result = run("compute", source, "-o", output, "--engine", "ray")
-    finally:
-        ray.shutdown()
+    result = run("compute", source, "-o", output, "--engine", "ray")
 
     assert_refused(result, source, words, before)
     assert not output.exists()

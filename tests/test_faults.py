@@ -164,6 +164,11 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def row_count(path: Path) -> int:
+    """The rows of a Parquet file, from its metadata: the big dump's token lists are not read."""
+    return pl.scan_parquet(path).select(pl.len()).collect().item()
+
+
 def listing(folder: Path) -> set[str]:
     """Every file and folder under ``folder`` (hidden ones too)."""
     return {str(path.relative_to(folder)) for path in folder.rglob("*")}
@@ -881,8 +886,7 @@ def test_sigint_around_the_end_of_a_run(share, big_dump, big_run_seconds, mplcon
         assert result.stderr.splitlines() == [INTERRUPTED], f"stderr {when}{result}"
     if result.returncode == 0 or listing(out):
         assert listing(out) == {"out.parquet"}, f"files left {when}{result}"
-        written = pl.scan_parquet(out / "out.parquet").select(pl.len()).collect().item()
-        assert written == pl.scan_parquet(big_dump).select(pl.len()).collect().item()
+        assert row_count(out / "out.parquet") == row_count(big_dump)
     assert listing(tmp) == set(), f"files left in $TMPDIR {when}{result}"
 
 
@@ -902,7 +906,7 @@ def test_a_sigint_the_parent_ignores_stays_ignored(big_dump, mplconfig, tmp_path
 
     assert result.returncode == 0, f"the ignored SIGINT stopped the run{result}"
     assert "Interrupted" not in result.stderr, f"the run says it was interrupted{result}"
-    assert pl.read_parquet(out / "out.parquet").height == pl.read_parquet(big_dump).height
+    assert row_count(out / "out.parquet") == row_count(big_dump)
 
 
 @pytest.mark.parametrize("command", ["inspect", "compare"])

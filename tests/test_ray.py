@@ -28,13 +28,6 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def parts(tmp_path_factory) -> list[Path]:
     """A dump of three files; every group spans them (rows are spread round-robin)."""
     folder = tmp_path_factory.mktemp("dump")
@@ -54,8 +47,6 @@ def parts(tmp_path_factory) -> list[Path]:
     [
         ["--level", "trajectory"],
         ["--level", "turn"],
-        ["--level", "trajectory", "--estimator", "rloo"],
-        ["--level", "turn", "--estimator", "opo"],
         ["--level", "turn", "--estimator", "grpo_passk"],
         ["--level", "trajectory", "--estimator", "reinforce_pp_baseline"],
         ["--level", "turn", "--scale", "batch"],

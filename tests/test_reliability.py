@@ -125,20 +125,6 @@ def test_sigkill_mid_write_leaves_nothing_and_keeps_the_old_output(large_dump, t
     assert pl.read_parquet(output).height == pl.read_parquet(small).height
 
 
-@pytest.mark.slow
-def test_sigint_exits_130_with_one_line_and_no_output(large_dump, tmp_path):
-    output = tmp_path / "advantages.parquet"
-    process = start_compute(large_dump, output)
-    wait_for_partial(process, output)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
-
-    assert process.returncode == 130
-    assert stderr.splitlines() == ["Interrupted; no partial output was left behind."]
-    assert not output.exists()
-    assert partials(output) == []
-
-
 # ---------------------------------------------------------------------------------------------
 # Determinism
 

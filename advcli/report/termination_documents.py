@@ -46,8 +46,10 @@ GROUPING_HEADERS = (
     "mean |A|",
     "sign flips",
     "long mass share",
-    "why",
 )
+# The reasons have a table of their own: a sentence in a column beside eight figures wraps to a
+# word a line on a terminal.
+REASON_HEADERS = ("grouping", "why")
 # What each table's figures are, said under its heading in every view.
 SECTIONS = {
     "groupings": "Hidden bonus: the mean advantage of the rows whose trajectory takes another "
@@ -55,6 +57,8 @@ SECTIONS = {
     "row-weighted over the turn indices that have both. Sign flips: rows whose advantage sign "
     "differs from the reference's. Long mass share: the share of Σ|A| on trajectories longer "
     "than the median.",
+    "reasons": "Safe by the derivation (docs/per-turn-rewards.md), or judged on the measured "
+    "hidden bonus against the thresholds of docs/compare.md.",
     "shift": "Per turn index: the mean over the groups with rows there of (the grouping's "
     "mean baseline there − the zero-padded one); baseline = return − the advantage under the "
     "estimator's centring alone.",
@@ -78,9 +82,15 @@ def grouping_rows(report: TerminationReport) -> list[list[str]]:
             fmt(entry["mean_abs_advantage"]),
             f"{entry['sign_flips']:,} ({100 * entry['sign_flip_share']:.1f}%)",
             fmt(entry["long_mass_share"], 3),
-            entry["verdict"]["reason"],
         ]
         for name, entry in report.summary["groupings"].items()
+    ]
+
+
+def reason_rows(report: TerminationReport) -> list[list[str]]:
+    """A row per grouping: why its verdict is what it is."""
+    return [
+        [name, entry["verdict"]["reason"]] for name, entry in report.summary["groupings"].items()
     ]
 
 
@@ -141,6 +151,12 @@ def tables(report: TerminationReport) -> list[tuple[str, str, Sequence[str], lis
     """Every table after the reading, as (title, what its figures are, headers, rows)."""
     return [
         ("Groupings", SECTIONS["groupings"], GROUPING_HEADERS, grouping_rows(report)),
+        (
+            "Why each grouping is judged so",
+            SECTIONS["reasons"],
+            REASON_HEADERS,
+            reason_rows(report),
+        ),
         ("Baseline − zero-padded baseline by turn index", SECTIONS["shift"], *shift_table(report)),
         ("Hidden bonus on continuing by turn index", SECTIONS["bonus"], *bonus_table(report)),
         (
