@@ -25,6 +25,7 @@ from advcli.read.dtypes import is_anchor_type
 from advcli.read.picker import Options
 from advcli.read.projection import anchor_key
 from advcli.read.roles import read_roles
+from advcli.rules import DEFAULT_STEP_GROUPS, STEP_GROUPINGS
 from advcli.settings import ColumnNames
 
 # How the errors name the arguments that give a role its key: write_batch's (``trajectory=``);
@@ -107,6 +108,70 @@ def has_step_keys(entries: Mapping[str, Any]) -> bool:
     return any(name in entries for name in names("anchor")) and any(
         name in entries for name in names("step_reward", "step_return")
     )
+
+
+class TurnRewardError(AdvcliError):
+    """A batch's per-turn reward no advantage can be computed from: null, NaN or infinite."""
+
+
+def per_turn_inputs(
+    entries: Mapping[str, Any],
+    roles: ColumnRoles,
+    step_groups: str | None,
+    step_reward_key: str | None = None,
+    anchor_key: str | None = None,
+) -> dict[str, Any]:
+    """:func:`advcli.torch.compute_advantage`'s per-turn inputs read from the batch: its
+    per-turn rewards (``step_rewards``: the ``step_reward_key`` entry, else its trainer's
+    per-step reward, verl-agent's ``rewards``; none: each row's token rewards summed are its
+    turn's reward) and, for anchor step groups, its anchors (``anchor_key``, else the
+    trainer's) hashed as stage 1 hashes a dump's. A null, NaN or infinite per-turn reward is
+    a :class:`TurnRewardError` naming the key and the row."""
+    inputs: dict[str, Any] = {}
+    key = _trainer_key(entries, roles, "step_reward", step_reward_key, "step_reward_key")
+    if key is not None:
+        inputs["step_rewards"] = turn_rewards(key, entries[key])
+    grouping = STEP_GROUPINGS.get(step_groups or DEFAULT_STEP_GROUPS)
+    anchor = _trainer_key(entries, roles, "anchor", anchor_key, "anchor_key")
+    if grouping is not None and grouping.anchors and anchor is not None:
+        inputs["anchor_index"] = anchor_codes(anchor, entries[anchor])
+    return inputs
+
+
+def _trainer_key(
+    entries: Mapping[str, Any], roles: ColumnRoles, role: Role, key: str | None, argument: str
+) -> str | None:
+    """The batch's key for a step role: ``key`` where given, else its trainer's name for it
+    that the batch has (None: neither)."""
+    if key is not None:
+        if key not in entries:
+            raise AdvcliError(f"the batch has no '{key}' ({argument})")
+        return key
+    dialect = next((d for d in DIALECTS if d.trainer == roles.dialect), None)
+    names = dialect.names(role) if dialect is not None else ()
+    return next((name for name in names if name in entries), None)
+
+
+def turn_rewards(name: str, value: Any) -> np.ndarray:
+    """A batch's per-turn rewards (one number a row) as float64, refused where one is null,
+    NaN or infinite, naming the key and the row."""
+    if _numpy(value).ndim != 1:
+        raise AdvcliError(f"the batch's '{name}' (per-turn reward) must hold one number a row")
+    try:
+        series = batch_column(name, value)
+    except AdvcliError as error:
+        raise TurnRewardError(str(error)) from None
+    if not series.dtype.is_numeric():
+        raise AdvcliError(
+            f"the batch's '{name}' (per-turn reward) holds {series.dtype}, not numbers"
+        )
+    rewards = series.cast(pl.Float64).to_numpy(writable=True)
+    bad = np.flatnonzero(~np.isfinite(rewards))
+    if bad.size:
+        raise TurnRewardError(
+            f"the batch's '{name}' (per-turn reward) is {rewards[bad[0]]} at row {bad[0]}"
+        )
+    return rewards
 
 
 def anchor_column(name: str, value: Any) -> pl.Series:

@@ -25,18 +25,32 @@ import numpy as np
 import polars as pl
 
 from advcli import __version__
+from advcli.advantages.groupings import every_grouping, groupings_of
 from advcli.advantages.levels import both_levels
 from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import index_trajectories
-from advcli.batch import anchor_codes, batch_entries, batch_projection, batch_roles
+from advcli.batch import (
+    batch_entries,
+    batch_projection,
+    batch_roles,
+)
 from advcli.errors import AdvcliError
-from advcli.keys import SCORE, STEP_REWARD
+from advcli.keys import ANCHOR, SCORE, STEP_REWARD
 from advcli.read.columns import ColumnRoles
 from advcli.read.picker import Options
 from advcli.report.bias import bias_report
+from advcli.report.termination import termination_report
 from advcli.rules import RULES
 from advcli.settings import Estimator, TrajScore
 from advcli.torch import AdvantageResult, RewardError, compute_advantage_with_metrics
+from advcli.verl_keywords import (
+    STEP_KEYS,
+    check_gigpo_keywords,
+    config_value,
+    gigpo_arguments,
+    per_turn_keywords,
+    per_turn_mode,
+)
 
 # verl's estimator names (the values of verl.trainer.ppo.core_algos.AdvantageEstimator, 0.9.1)
 # and advcli's own, each to the advcli estimator that computes it with verl's meaning; None: a
@@ -76,6 +90,11 @@ BIAS_FIGURES = (
     ("trajectories", "sign_flips"),
     ("loss_weights", "token-mean", "longest_vs_shortest"),
 )
+
+# The termination report's figures logged each step under per-turn rewards, for every grouping
+# it computes (docs/compare.md, "Per-turn rewards"): the hidden bonus the grouping gives
+# continuing, and its advantages' sign flips against the zero-padded grouping's.
+TERMINATION_FIGURES = ("implied_bonus", "sign_flips")
 
 # How the errors name the keys' arguments.
 OPTIONS = Options(
@@ -118,6 +137,8 @@ def compute_advantage(
     unit_tokens: str = "sum",
     bias_metrics: bool = True,
     metrics_prefix: str = "advcli/",
+    reward_mode: str | None = None,
+    step_groups: str | None = None,
     **gigpo: Any,
 ) -> Any:
     """verl's ``compute_advantage(data, adv_estimator, gamma, lam, num_repeat,
@@ -143,28 +164,24 @@ def compute_advantage(
     each row is a trajectory, as in verl's agent loop), ``token_level_rewards`` (else
     ``token_level_scores``) and ``response_mask``; the ``*_key`` arguments name them instead.
     gigpo reads the anchor (``anchor_obs``) and step returns (``step_rewards``) or rewards
-    (``rewards``) too, and takes :data:`GIGPO_KEYWORDS` (:func:`gigpo_arguments`). The rest is
+    (``rewards``) too, and takes :data:`advcli.verl_keywords.GIGPO_KEYWORDS`. The rest is
     :func:`advcli.torch.compute_advantage`'s (rows of a trajectory that disagree are refused
     unless ``traj_score`` picks a rule); rewards no advantage can be computed from raise
     :class:`advcli.torch.RewardError` naming the batch's keys, the row and the token. Every
-    error leaves the batch as it was.
+    error leaves the batch as it was. ``reward_mode="per-turn"``, ``step_groups``: per-turn
+    rewards (:func:`advcli.verl_keywords.per_turn_keywords`; the bias figures its report's).
 
     The metrics: ``{prefix}rows``, ``trajectories``, ``multi_row_trajectories``,
     ``max_rows_per_trajectory``, ``groups``, ``singleton_groups``, ``zero_std_groups`` (at
     ``level``), gigpo's :class:`advcli.torch.StepMetrics`, and with ``bias_metrics`` ``advcli
-    compare``'s figures on this batch (both levels; gigpo: its episode term's), by their JSON
-    keys (:data:`BIAS_FIGURES`), NaN where the report has null. An empty batch gets ``(0,
-    response_length)`` advantages and counts of 0.
+    compare``'s figures on this batch (both levels; gigpo: its episode term's) by their JSON
+    keys (:data:`BIAS_FIGURES`), NaN where the report has null. An empty batch: counts of 0.
     """
-    if not all(hasattr(data, name) for name in ("batch", "non_tensor_batch", "meta_info")):
-        # Checked first: the advantages are written back into the batch once computed.
-        raise TypeError(
-            "compute_advantage takes a verl DataProto (with .batch, .non_tensor_batch and "
-            f".meta_info), not {type(data).__name__}"
-        )
+    _check_data(data)
     name = verl_estimator(adv_estimator, estimator)
-    steps = _check_gigpo_keywords(gigpo, name)
-    _check_unused(lam=lam, num_repeat=num_repeat, **({} if steps else {"gamma": gamma}))
+    mode, turn = per_turn_mode(reward_mode, step_groups, gamma, config, gigpo)
+    steps = check_gigpo_keywords(gigpo, name)
+    _check_unused(lam=lam, num_repeat=num_repeat, **({} if steps or mode else {"gamma": gamma}))
     singleton = singleton or SINGLETONS.get(_spelled(adv_estimator or estimator))
     scale = _scale(name, norm_adv_by_std_in_grpo, config, scale)
     entries = batch_entries(data)
@@ -172,6 +189,8 @@ def compute_advantage(
     roles = _roles(entries, *keys, steps=steps, **{key: gigpo.pop(key, None) for key in STEP_KEYS})
     assert roles.group is not None and roles.mask is not None
     step_arguments = gigpo_arguments(entries, roles, gamma, config, gigpo) if steps else {}
+    if turn:
+        step_arguments = per_turn_keywords(entries, roles, turn)
     try:
         result = compute_advantage_with_metrics(
             entries[roles.reward],
@@ -193,8 +212,18 @@ def compute_advantage(
         raise RewardError(
             f"batch '{roles.reward}' (reward), '{roles.mask}' (mask): {error}"
         ) from None
-    _publish(data, entries, roles, result, bias_metrics, metrics_prefix)
+    _publish(data, entries, roles, result, bias_metrics, metrics_prefix, step_arguments)
     return data
+
+
+def _check_data(data: Any) -> None:
+    """Refuse what is not a DataProto before anything: the advantages are written back into
+    the batch once computed."""
+    if not all(hasattr(data, name) for name in ("batch", "non_tensor_batch", "meta_info")):
+        raise TypeError(
+            "compute_advantage takes a verl DataProto (with .batch, .non_tensor_batch and "
+            f".meta_info), not {type(data).__name__}"
+        )
 
 
 def _publish(
@@ -204,111 +233,22 @@ def _publish(
     result: AdvantageResult,
     bias_metrics: bool,
     prefix: str,
+    arguments: Mapping[str, Any],
 ) -> None:
-    """The advantages and the metrics into the batch."""
+    """The advantages and the metrics into the batch (``arguments``: the step keywords the
+    advantages were computed with, per-turn rewards' anchors among them)."""
     metrics: dict[str, float] = dict(result.metrics.as_dict(prefix))
     if result.step_metrics is not None:
         metrics.update(result.step_metrics.as_dict(prefix))
-    if bias_metrics:
+    if bias_metrics and result.config.per_turn is not None:
+        metrics.update(_termination(entries, roles, result, prefix, arguments))
+    elif bias_metrics:
         metrics.update(_bias(entries, roles, result, prefix))
     data.batch["advantages"] = result.advantages
     data.batch["returns"] = result.advantages
     # verl's convention for the metrics a DataProto carries (its workers' outputs); merged into
     # a new dict, so that a dict the caller holds is not changed under it.
     data.meta_info["metrics"] = {**(data.meta_info.get("metrics") or {}), **metrics}
-
-
-# advcli.verl's gigpo keywords: advcli's names (``--recipe``, ``--gigpo-norm``, ``--step-weight``,
-# ``--anchor-scope``) and verl-agent's compute_advantage's (``step_advantage_w``, ``gigpo_mode``).
-GIGPO_KEYWORDS = (
-    "recipe",
-    "gigpo_norm",
-    "step_weight",
-    "anchor_scope",
-    "step_advantage_w",
-    "gigpo_mode",
-)
-# The keys of gigpo's roles, as the other ``*_key`` arguments.
-STEP_KEYS = ("anchor_key", "step_reward_key", "step_return_key")
-# verl-agent's algorithm.gigpo.mode values as advcli's gigpo_norm.
-GIGPO_MODES = {"mean_norm": "mean", "mean_std_norm": "mean_std"}
-# The recipe without recipe=: verl-agent's own numbers (every row in the episode statistics).
-VERL_RECIPE = "verl-agent"
-
-
-def gigpo_arguments(
-    entries: Mapping[str, Any],
-    roles: ColumnRoles,
-    gamma: float,
-    config: Any,
-    given: Mapping[str, Any],
-) -> dict[str, Any]:
-    """:func:`advcli.torch.compute_advantage`'s gigpo keywords for the batch: its anchors hashed
-    as stage 1 hashes a dump's (:func:`advcli.batch.anchor_codes`), its step returns (verl-agent's
-    ``step_rewards``) or step rewards (discounted with ``gamma``, verl's
-    ``algorithm.gamma``), and the settings of ``given`` (:data:`GIGPO_KEYWORDS`) and of
-    ``config`` (verl-agent's ``algorithm`` section: ``gigpo.step_advantage_w``, ``gigpo.mode``;
-    a value there that contradicts a keyword is an error). ``recipe``: :data:`VERL_RECIPE`
-    unless given."""
-    section = _config_value(config, "gigpo")
-    weight = _agreed(
-        ("step_weight", given.get("step_weight")),
-        ("step_advantage_w", given.get("step_advantage_w")),
-        ("config.gigpo.step_advantage_w", _config_value(section, "step_advantage_w")),
-    )
-    mode = _agreed(
-        ("gigpo_mode", given.get("gigpo_mode")),
-        ("config.gigpo.mode", _config_value(section, "mode")),
-    )
-    if mode is not None and mode not in GIGPO_MODES:
-        raise ValueError(f"gigpo_mode is one of {', '.join(map(repr, GIGPO_MODES))}, got {mode!r}")
-    norm = _agreed(
-        ("gigpo_norm", given.get("gigpo_norm")),
-        ("gigpo_mode", GIGPO_MODES[mode] if mode is not None else None),
-    )
-    assert roles.anchor is not None
-    try:
-        anchors = anchor_codes(roles.anchor, entries[roles.anchor])
-    except AdvcliError as error:
-        raise ValueError(str(error)) from None
-    if roles.step_return is not None:
-        steps = {"step_returns": entries[roles.step_return]}
-    else:
-        assert roles.step_reward is not None
-        steps = {"step_rewards": entries[roles.step_reward]}
-    return {
-        "anchor_index": anchors,
-        **steps,
-        "gamma": gamma,
-        "step_weight": weight,
-        "gigpo_norm": norm,
-        "anchor_scope": given.get("anchor_scope"),
-        "recipe": given.get("recipe") or VERL_RECIPE,
-    }
-
-
-def _check_gigpo_keywords(given: Mapping[str, Any], estimator: Estimator) -> bool:
-    """Whether ``estimator`` has a step term (gigpo); a keyword compute_advantage does not take
-    is refused, and gigpo's keywords given to another estimator, which would not read them."""
-    unknown = sorted(set(given) - {*GIGPO_KEYWORDS, *STEP_KEYS})
-    if unknown:
-        raise TypeError(f"compute_advantage() got an unexpected keyword argument {unknown[0]!r}")
-    steps = RULES[estimator].steps
-    if not steps and given:
-        raise ValueError(f"{', '.join(sorted(given))} apply to gigpo, not to {estimator.value}")
-    return steps
-
-
-def _agreed(*values: tuple[str, Any]) -> Any:
-    """The one value the given (not None) ``(name, value)`` pairs hold; None if none is given;
-    an error naming two that differ."""
-    given = [(name, value) for name, value in values if value is not None]
-    for name, value in given[1:]:
-        if value != given[0][1]:
-            raise ValueError(
-                f"{given[0][0]}={given[0][1]!r} but {name}={value!r}: give them one value"
-            )
-    return given[0][1] if given else None
 
 
 def _check_unused(**arguments: Any) -> None:
@@ -394,7 +334,7 @@ def _scale(
         # gigpo's divisor is its norm's (verl-agent's gigpo does not read the flag either).
         return scale
     norm = _flag("norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo)
-    in_config = _config_value(config, "norm_adv_by_std_in_grpo")
+    in_config = config_value(config, "norm_adv_by_std_in_grpo")
     if in_config is not None and _flag("config.norm_adv_by_std_in_grpo", in_config) != norm:
         raise ValueError(
             f"norm_adv_by_std_in_grpo={norm} but config.norm_adv_by_std_in_grpo={in_config}: "
@@ -416,14 +356,41 @@ def _flag(name: str, value: Any) -> bool:
     return bool(value)
 
 
-def _config_value(config: Any, key: str) -> Any:
-    """``config[key]`` as verl reads it (``config.get``: an ``AlgoConfig``, an OmegaConf
-    ``DictConfig`` or a dict), None without a config or the key."""
-    if config is None:
-        return None
-    if isinstance(config, Mapping) or hasattr(config, "get"):
-        return config.get(key)
-    return getattr(config, key, None)
+def _termination(
+    entries: Mapping[str, Any],
+    roles: ColumnRoles,
+    result: AdvantageResult,
+    prefix: str,
+    arguments: Mapping[str, Any],
+) -> dict[str, float]:
+    """:data:`TERMINATION_FIGURES` of each grouping in ``advcli compare --reward-mode
+    per-turn``'s report on the batch's key projection (its per-turn rewards as the scores, its
+    anchors where the step groups are), named ``{prefix}groupings/{grouping}/{figure}``; NaN
+    where the report has null, and for an empty batch, of which there is no report."""
+    try:
+        projection = batch_projection(entries, roles, result.scores.cpu().numpy())
+    except AdvcliError as error:
+        raise ValueError(str(error)) from None
+    if arguments.get("anchor_index") is not None:
+        projection = projection.with_columns(pl.Series(ANCHOR, arguments["anchor_index"]))
+    config = result.config
+    assert config.per_turn is not None
+    if projection.is_empty():
+        names = groupings_of(projection, config.per_turn.groups)
+        return {
+            f"{prefix}groupings/{name}/{figure}": math.nan
+            for name in names
+            for figure in TERMINATION_FIGURES
+        }
+    naming = Naming(roles.group or "group", roles.trajectory or "row")
+    rows = every_grouping(projection, config, naming, index_trajectories(projection))
+    settings = {"columns": roles.describe(), "reading": roles.reading()}
+    report = termination_report(rows, config=config, settings=settings, version=__version__)
+    return {
+        f"{prefix}groupings/{name}/{figure}": math.nan if entry[figure] is None else entry[figure]
+        for name, entry in report.summary["groupings"].items()
+        for figure in TERMINATION_FIGURES
+    }
 
 
 def _bias(

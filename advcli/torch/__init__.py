@@ -30,6 +30,11 @@ Semantics (``s`` is a row's score, the sum of its token-level rewards):
   level's advantage with GiGPO's normalization): each row's step return over its trajectory in
   turn order, normalized within its step group (the rows of one anchor id, within a group or
   batch-wide); a step group of one row gets 0 (:mod:`advcli.torch.step_groups`).
+* ``reward_mode="per-turn"``: each row's score is its own turn's reward, and its reward-to-go
+  over its trajectory in turn order is normalized within its step group (the entries of
+  ``advcli.rules.STEP_GROUPINGS``: per turn position, the same zero-padded, pooled, by anchor,
+  or each position's rewards normalized and then summed) by grpo, drgrpo or rloo
+  (:mod:`advcli.torch.per_turn`).
 * An empty batch (0 rows) gives float32 ``(0, response_length)`` advantages and metrics that
   count 0.
 """

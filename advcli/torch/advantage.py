@@ -5,33 +5,23 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from enum import Enum
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from advcli.errors import UsageError
-from advcli.recipes import Recipe, gigpo_settings
 from advcli.rules import RULES
-from advcli.settings import (
-    AdvantageConfig,
-    AnchorScope,
-    Estimator,
-    GigpoNorm,
-    Level,
-    Scale,
-    Singleton,
-    TrajScore,
-)
+from advcli.settings import AdvantageConfig, Level, TrajScore
+from advcli.torch.arguments import GigpoArguments, PerTurnArguments, settings_of
 from advcli.torch.groups import GroupCounts, unit_advantages, whiten
 from advcli.torch.ids import Codes, Ids, compact, raw_codes
+from advcli.torch.per_turn import per_turn_rows
 from advcli.torch.step_groups import (
     StepMetrics,
     own_row_episode,
     step_advantages,
-    step_groups,
     step_values,
 )
+from advcli.torch.step_groups import step_groups as step_groups_of
 from advcli.torch.step_groups import step_returns as step_returns_of
 from advcli.torch.tensors import broadcast, check_fits, row_scores
 from advcli.torch.trajectories import (
@@ -42,10 +32,6 @@ from advcli.torch.trajectories import (
     turn_numbers,
 )
 
-SettingT = TypeVar("SettingT", bound=Enum)
-# The command line's --epsilon default.
-DEFAULT_EPSILON = AdvantageConfig().epsilon
-
 
 def compute_advantage(
     token_level_rewards: torch.Tensor,
@@ -53,7 +39,7 @@ def compute_advantage(
     index: Ids,
     traj_index: Ids | None = None,
     *,
-    estimator: str = "grpo",
+    estimator: str | None = None,
     level: str | None = None,
     scale: str | None = None,
     singleton: str | None = None,
@@ -69,6 +55,8 @@ def compute_advantage(
     gigpo_norm: str | None = None,
     anchor_scope: str | None = None,
     recipe: str | None = None,
+    reward_mode: str | None = None,
+    step_groups: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Any of advcli's estimators on one batch, with the numbers of ``advcli compute``.
 
@@ -83,7 +71,8 @@ def compute_advantage(
         ``bs`` group ids (verl's ``uid``) and trajectory ids, unique within a group (``None``:
         each row is a trajectory).
     estimator
-        An :class:`advcli.settings.Estimator` value: ``grpo``, ``rloo``, …, ``gigpo``.
+        An :class:`advcli.settings.Estimator` value: ``grpo`` (the default, but for a
+        per-turn recipe's), ``rloo``, …, ``gigpo``.
     level, scale, singleton, epsilon
         As ``--level`` (``trajectory``: each trajectory is one unit of its group; ``turn``:
         every row is one), ``--scale`` (grpo and grpo_passk: ``group``, ``batch`` or ``none``),
@@ -103,6 +92,14 @@ def compute_advantage(
     gamma, step_weight, gigpo_norm, anchor_scope, recipe
         gigpo, as ``--gamma``, ``--step-weight``, ``--gigpo-norm``, ``--anchor-scope`` and
         ``--recipe`` (a given argument wins over the recipe's; none: the level's default).
+    reward_mode, step_groups
+        As ``--reward-mode`` and ``--step-groups`` (``recipe="lightrft"`` implies per-turn).
+        ``"per-turn"``: each row's score (its rewards' sum, or its ``step_rewards``) is its own
+        turn's reward, and its reward-to-go (``gamma``, default 1; turn order as above) is
+        normalized by grpo, drgrpo or rloo within its step group: ``turn``, ``turn-padded``
+        (the default), ``pooled``, ``anchor`` (``anchor_index``, ``anchor_scope``) or
+        ``turn-rewards`` (each position's rewards normalized, then summed to the end), at turn
+        level (:mod:`advcli.torch.per_turn`).
 
     Returns
     -------
@@ -124,28 +121,8 @@ def compute_advantage(
     >>> compute_advantage(rewards, torch.ones(4, 1), uid, traj, level="turn")[0][:, 0]
     tensor([ 0.5000,  0.5000,  0.5000, -1.5000])
     """
-    result = compute_advantage_with_metrics(
-        token_level_rewards,
-        response_mask,
-        index,
-        traj_index,
-        estimator=estimator,
-        level=level,
-        scale=scale,
-        singleton=singleton,
-        traj_score=traj_score,
-        turn_index=turn_index,
-        epsilon=epsilon,
-        unit_tokens=unit_tokens,
-        anchor_index=anchor_index,
-        step_rewards=step_rewards,
-        step_returns=step_returns,
-        gamma=gamma,
-        step_weight=step_weight,
-        gigpo_norm=gigpo_norm,
-        anchor_scope=anchor_scope,
-        recipe=recipe,
-    )
+    # Every argument as given: the locals are the parameters, nothing else is bound yet.
+    result = compute_advantage_with_metrics(**locals())
     return result.advantages, result.advantages
 
 
@@ -210,7 +187,7 @@ def compute_advantage_with_metrics(
     index: Ids,
     traj_index: Ids | None = None,
     *,
-    estimator: str = "grpo",
+    estimator: str | None = None,
     level: str | None = None,
     scale: str | None = None,
     singleton: str | None = None,
@@ -226,15 +203,23 @@ def compute_advantage_with_metrics(
     gigpo_norm: str | None = None,
     anchor_scope: str | None = None,
     recipe: str | None = None,
+    reward_mode: str | None = None,
+    step_groups: str | None = None,
 ) -> AdvantageResult:
     """:func:`compute_advantage`'s tensor (once) and the batch's :class:`AdvantageMetrics`."""
     gigpo = GigpoArguments(gamma, step_weight, gigpo_norm, anchor_scope, recipe)
-    config = _config(estimator, level, scale, singleton, traj_score, epsilon, gigpo)
+    per_turn = PerTurnArguments(reward_mode, step_groups)
+    config = settings_of(estimator, level, scale, singleton, traj_score, epsilon, gigpo, per_turn)
     if unit_tokens not in ("sum", "first_row"):
         raise ValueError(f"unit_tokens is 'sum' or 'first_row', got {unit_tokens!r}")
     with torch.no_grad():
         scores = row_scores(token_level_rewards, response_mask)
         n = scores.shape[0]
+        if config.per_turn is not None:
+            inputs = (index, traj_index, turn_index, anchor_index, step_rewards, step_returns)
+            rewards, rows, advantage, counts = per_turn_rows(scores, config, *inputs)
+            out = broadcast(advantage, response_mask)
+            return AdvantageResult(out, config, rewards, n, rows.trajectories, counts)
         steps = _step_inputs(config, anchor_index, step_rewards, step_returns, n, scores.device)
         step = config.step
         if step is not None and step.episode_from_steps:
@@ -259,7 +244,7 @@ def compute_advantage_with_metrics(
                     steps.rewards, episode.trajectories, episode.turn, step.gamma
                 )
             assert anchor_index is not None
-            groups = step_groups(episode.group, anchor_index, step.scope, n)
+            groups = step_groups_of(episode.group, anchor_index, step.scope, n)
             step_term, step_metrics = step_advantages(returns, groups, step, config.epsilon)
             # In the step term's own buffer: a fresh large allocation costs page faults.
             if step.weight != 1:
@@ -337,22 +322,6 @@ def _episode(
 
 
 @dataclass(frozen=True)
-class GigpoArguments:
-    """The step term's arguments as given (None: not given)."""
-
-    gamma: float | None
-    step_weight: float | None
-    norm: str | None
-    scope: str | None
-    recipe: str | None
-
-    def given(self) -> list[str]:
-        names = ("gamma", "step_weight", "gigpo_norm", "anchor_scope", "recipe")
-        values = (self.gamma, self.step_weight, self.norm, self.scope, self.recipe)
-        return [name for name, value in zip(names, values, strict=True) if value is not None]
-
-
-@dataclass(frozen=True)
 class _StepInputs:
     rewards: torch.Tensor | None
     returns: torch.Tensor | None
@@ -391,57 +360,3 @@ def _step_inputs(
     if step_rewards is not None:
         return _StepInputs(step_values(step_rewards, n, device, "step_rewards"), None)
     return _StepInputs(None, step_values(step_returns, n, device, "step_returns"))
-
-
-def _config(
-    estimator: str,
-    level: str | None,
-    scale: str | None,
-    singleton: str | None,
-    traj_score: str | None,
-    epsilon: float | None,
-    gigpo: GigpoArguments,
-) -> AdvantageConfig:
-    """The settings checked by the command line's own :class:`AdvantageConfig` (a bad value is a
-    ``ValueError`` here, naming the argument and its valid values); gigpo's from its recipe
-    and the arguments given beside it, as ``--recipe`` and the options (each given one wins)."""
-    chosen = _choice(Estimator, "estimator", estimator)
-    level_of = _choice(Level, "level", level) if level is not None else None
-    singleton_of = _choice(Singleton, "singleton", singleton) if singleton is not None else None
-    step = None
-    try:
-        if chosen is Estimator.GIGPO:
-            level_of, step, epsilon, singleton_of = gigpo_settings(
-                _choice(Recipe, "recipe", gigpo.recipe) if gigpo.recipe is not None else None,
-                level=level_of,
-                epsilon=epsilon,
-                gamma=gigpo.gamma,
-                weight=gigpo.step_weight,
-                norm=_choice(GigpoNorm, "gigpo_norm", gigpo.norm) if gigpo.norm else None,
-                scope=_choice(AnchorScope, "anchor_scope", gigpo.scope) if gigpo.scope else None,
-                singleton=singleton_of,
-            )
-        elif gigpo.given():
-            raise ValueError(f"{', '.join(gigpo.given())} apply to gigpo, not to {estimator}")
-        return AdvantageConfig(
-            level=level_of or Level.TRAJECTORY,
-            estimator=chosen,
-            epsilon=DEFAULT_EPSILON if epsilon is None else epsilon,
-            traj_score=(
-                _choice(TrajScore, "traj_score", traj_score) if traj_score is not None else None
-            ),
-            scale=_choice(Scale, "scale", scale) if scale is not None else None,
-            singleton=singleton_of or Singleton.RAW,
-            step=step,
-        )
-    except UsageError as error:
-        raise ValueError(str(error)) from None
-
-
-def _choice(kind: type[SettingT], argument: str, value: object) -> SettingT:
-    """``value`` as a member of the setting ``kind`` (its value or the member itself)."""
-    try:
-        return kind(value)
-    except ValueError:
-        valid = ", ".join(repr(member.value) for member in kind)
-        raise ValueError(f"{argument}={value!r} is not one of {valid}") from None

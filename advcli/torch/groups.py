@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from advcli.rules import (
+    PADDED_RETURN,
     RULES,
     SINGLETON_MEAN,
     SINGLETON_STD,
@@ -73,14 +74,23 @@ def group_table(
     epsilon: float,
     tokens: torch.Tensor | None = None,
     order: torch.Tensor | None = None,
+    members: torch.Tensor | None = None,
+    variance_epsilon: float | None = None,
 ) -> GroupTable:
     """The table of the groups of the units ``x`` (``group``: codes in ``[0, bound)``) under
     ``rule``, as :func:`advcli.advantages.estimators.compute_advantages` computes it. ``tokens``:
     each unit's token count (opo's weights); ``order``: each unit's first row (pass@k's tie
-    break)."""
-    count, centre, centred, work = group_centred(x, group, bound)
+    break); ``members``: each group's size (float64) where it has virtual members besides its
+    units, each carrying PADDED_RETURN (per-turn rewards' padded step groups; mean-centred
+    rules only); ``variance_epsilon``: the std is sqrt(population variance + it) (LightRFT's
+    group_norm) where the units differ."""
+    count, centre, centred, work = group_centred(x, group, bound, members)
     alone = count == 1
     m2 = x.new_zeros(bound).scatter_add_(0, group, torch.mul(centred, centred, out=work))
+    if members is not None:
+        assert rule.baseline in (Baseline.MEAN, Baseline.LEAVE_ONE_OUT)
+        virtual = members - torch.bincount(group, minlength=bound)
+        m2.addcmul_(virtual, (centre - PADDED_RETURN).square_())
     all_equal = (m2 == 0).logical_or_(alone)
 
     top = None
@@ -110,7 +120,11 @@ def group_table(
     if scale is Scale.GROUP:
         # A lone unit is divided by the singleton std (its own is never read, so no 0 / 0 is
         # taken for it); equal units by the zero std.
-        std = m2.div_((count - STD_DDOF).clamp_(min=1)).sqrt_().masked_fill_(all_equal, ZERO_STD)
+        if variance_epsilon is None:
+            variance = m2.div_((count - STD_DDOF).clamp_(min=1))
+        else:
+            variance = m2.div_(count).add_(variance_epsilon)
+        std = variance.sqrt_().masked_fill_(all_equal, ZERO_STD)
         divisor = std.masked_fill_(alone, SINGLETON_STD).add_(epsilon)
     elif scale is Scale.BATCH:
         # Every unit divided by the batch std; one alone in its group by the singleton std
@@ -131,11 +145,13 @@ def group_table(
 
 
 def group_centred(
-    x: torch.Tensor, group: torch.Tensor, bound: int
+    x: torch.Tensor, group: torch.Tensor, bound: int, members: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each group's unit ``count`` (float64) and ``centre`` (its mean after the singleton rule),
-    each unit's score less its group's centre, and a spare per-unit buffer."""
-    count = torch.bincount(group, minlength=bound).to(torch.float64)
+    """Each group's unit ``count`` (float64; ``members`` where given, virtual members
+    included) and ``centre`` (its mean after the singleton rule), each unit's score less its
+    group's centre, and a spare per-unit buffer."""
+    real = torch.bincount(group, minlength=bound).to(torch.float64)
+    count = real if members is None else members
     # The mean from values shifted by one of the group's own (any one: a scatter, cheaper than
     # a group maximum): equal units give their score exactly, and Σ(x − mean)² exactly 0, which
     # tells them (a group whose units differ has a unit off its mean).
@@ -144,7 +160,12 @@ def group_centred(
     # large allocations cost page faults.
     work = representative.index_select(0, group)
     torch.sub(x, work, out=work)
-    mean = x.new_zeros(bound).scatter_add_(0, group, work).div_(count).add_(representative)
+    shifted = x.new_zeros(bound).scatter_add_(0, group, work)
+    if members is not None:
+        # Each virtual member is PADDED_RETURN − representative off it: a group of real zeros
+        # and virtual ones keeps the mean 0 exactly.
+        shifted.addcmul_(count - real, PADDED_RETURN - representative)
+    mean = shifted.div_(count).add_(representative)
     # Centred on the mean after the singleton rule: a lone unit's Σ(x − mean)² is never read, and
     # the centred scores are the advantages' numerators when the baseline is the mean.
     centre = mean.masked_fill_(count == 1, SINGLETON_MEAN)

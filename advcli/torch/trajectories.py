@@ -209,12 +209,12 @@ def check_consistent(
     row = int(rows[0])
     values = torch.unique(scores[trajectories.slot == trajectories.slot[row]]).tolist()
     raise ValueError(
-        f"row {row}: trajectory {_id_at(traj_index, row)!r} of group {_id_at(index, row)!r} "
+        f"row {row}: trajectory {id_at(traj_index, row)!r} of group {id_at(index, row)!r} "
         f"has rows with different scores {values}; pass traj_score "
         "('first', 'last', 'mean', 'max' or 'sum')"
     )
 
 
-def _id_at(ids: Ids, row: int) -> Any:
+def id_at(ids: Ids, row: int) -> Any:
     value = ids[row]
     return value.item() if hasattr(value, "item") else value
