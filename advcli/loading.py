@@ -37,6 +37,7 @@ from advcli.read.projection import (
     split_padding,
 )
 from advcli.read.roles import read_roles
+from advcli.read.turn_rewards import check_last_steps, check_turn_rewards
 from advcli.report.step_credit import not_measured, step_credit
 from advcli.settings import AdvantageConfig, ColumnNames, Engine, Level
 from advcli.write.outputs import check_not_written_into
@@ -117,15 +118,19 @@ class LoadedDump:
         }
         return step_credit(self.projection, self.trajectories, steps, config, sources, self.batch)
 
-    def with_turn_rewards(self) -> LoadedDump:
+    def with_turn_rewards(self, confirmed: bool = False) -> LoadedDump:
         """The dump read for per-turn rewards: its turn indices checked consecutive in each
-        trajectory, and its reading notes saying which order the rewards-to-go follow."""
+        trajectory, its last-step flags against that order, its rewards checked not to be an
+        outcome score repeated on every turn (unless ``confirmed``: an option named the reward
+        column), and its reading notes saying which order the rewards-to-go follow."""
         columns = self.columns
         if columns.turn is not None:
             check_consecutive_turns(self.projection, self.dataset, columns)
             order = f"the turn column '{columns.turn}'"
         else:
             order = "row order (no turn column)"
+        check_last_steps(self.projection, self.dataset, columns)
+        check_turn_rewards(self.projection, self.dataset, columns, confirmed)
         note = f"per-turn rewards: each trajectory's rewards-to-go follow {order}"
         return replace(self, columns=replace(columns, notes=(*columns.notes, note)))
 
@@ -166,6 +171,7 @@ def load_dump(
     mask_needed_for: str | None = None,
     by: str | None = None,
     step_roles: StepRoles = False,
+    turn_rewards: bool = False,
 ) -> LoadedDump:
     """Stage 1: pick the columns, read and check the key projection (on Ray Data with
     ``engine="ray"``, after :func:`start_engine`). ``mask_needed_for`` says what needs the
@@ -174,7 +180,8 @@ def load_dump(
     ``by`` (``"file"`` or a column) makes each part its own batch: its groups are keyed by
     ``(step, group)``, so ids that repeat across steps (dataset indices) stay apart. ``step_roles``:
     GiGPO's roles are read too (the anchor, the step reward or return; as
-    :func:`advcli.read.columns.resolve_columns` takes ``steps``)."""
+    :func:`advcli.read.columns.resolve_columns` takes ``steps``); ``turn_rewards``: the reward is
+    each turn's own (``--reward-mode per-turn``)."""
     columns = read_roles(
         dataset.schema,
         dataset.describe(),
@@ -183,6 +190,7 @@ def load_dump(
         mask_needed_for=mask_needed_for,
         not_turns=(by,) if by not in (None, "file") else (),
         steps=step_roles,
+        turn_rewards=turn_rewards,
     )
     if by not in (None, "file") and names.turn is None:
         _check_by_is_not_the_turn(by, columns, dataset.describe())
@@ -362,10 +370,13 @@ def counted_rows(
     row, as the trainer counted them, or with ``drop_duplicates`` only the first row of each
     identical set. ``turn_rewards``: the counted rows are read for per-turn rewards
     (:meth:`LoadedDump.with_turn_rewards`)."""
-    every_row = load_dump(dataset, names, unique_turns=not drop_duplicates, **options)
+    every_row = load_dump(
+        dataset, names, unique_turns=not drop_duplicates, turn_rewards=turn_rewards, **options
+    )
     duplicates = find_duplicates(dataset, every_row.columns, every_row.projection)
+    confirmed = names.reward is not None
     if not drop_duplicates:
-        every_row = every_row.with_turn_rewards() if turn_rewards else every_row
+        every_row = every_row.with_turn_rewards(confirmed) if turn_rewards else every_row
         return every_row, every_row, duplicates
     dump = every_row
     if duplicates.count and not duplicates.confirmed:
@@ -381,7 +392,7 @@ def counted_rows(
         # A copy repeats its turn: the turns are checked once the copies are gone (ROLL
         # pads its batch with copies of whole rows).
         check_unique_turns(dump.projection, dump.dataset, dump.columns)
-    return every_row, dump.with_turn_rewards() if turn_rewards else dump, duplicates
+    return every_row, dump.with_turn_rewards(confirmed) if turn_rewards else dump, duplicates
 
 
 def report_settings(dump: LoadedDump, drop_duplicates: bool) -> dict[str, Any]:
