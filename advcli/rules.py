@@ -107,11 +107,15 @@ class StepGrouping:
     member at every position, one with no row there counting G = 0 (a virtual member: the group
     size is the group's trajectory count, and only real rows get an advantage). ``anchors``: the
     rows of equal anchors (GiGPO's step groups, within the group or batch-wide).
+    ``normalizes_rewards``: the estimator's rule is applied to the step group's *rewards*, and a
+    row's advantage is the reward-to-go of those normalized rewards, Σ_{k≥t} γ^(k−t) z_k (the
+    per-index construction verl RFC #7244 finds biased, LightRFT's group_norm).
     """
 
     by_position: bool
     padded: bool = False
     anchors: bool = False
+    normalizes_rewards: bool = False
 
 
 # Keyed by the --step-groups name (``advcli.settings.StepGroups`` members are those strings).
@@ -120,12 +124,16 @@ STEP_GROUPINGS: dict[str, StepGrouping] = {
     "turn-padded": StepGrouping(by_position=True, padded=True),
     "pooled": StepGrouping(by_position=False),
     "anchor": StepGrouping(by_position=False, anchors=True),
+    "turn-rewards": StepGrouping(by_position=True, normalizes_rewards=True),
 }
 # The default grouping: verl RFC #7244's fix, whose baseline at every position has the group's
 # trajectory count of members, fixed before the turn whatever turn a trajectory stops at.
 DEFAULT_STEP_GROUPS = "turn-padded"
 # A padded member's reward-to-go.
 PADDED_RETURN = 0.0
+# LightRFT's per_step_reward_mode=group_norm (--recipe lightrft): each index's rewards divided by
+# sqrt(population variance + LIGHTRFT_VARIANCE_EPSILON), nothing added to that std.
+LIGHTRFT_VARIANCE_EPSILON = 1e-9
 
 # Rules every estimator shares.
 # The std is the unbiased sample std (Bessel's correction), as torch.std and verl.

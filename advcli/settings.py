@@ -7,7 +7,7 @@ count) before Polars is imported.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 
 from advcli.errors import UsageError
@@ -15,7 +15,6 @@ from advcli.rules import (
     DEFAULT_STEP_GROUPS,
     GAMMA_RANGE,
     PER_TURN_ESTIMATORS,
-    ROLL_MIN_STD,
     RULES,
     STEP_GROUPINGS,
     StepGrouping,
@@ -149,6 +148,7 @@ class StepGroups(str, Enum):
     TURN_PADDED = "turn-padded"
     POOLED = "pooled"
     ANCHOR = "anchor"
+    TURN_REWARDS = "turn-rewards"
 
 
 DEFAULT_GROUPS = StepGroups(DEFAULT_STEP_GROUPS)
@@ -163,6 +163,9 @@ class PerTurn:
     gamma: float = 1.0
     groups: StepGroups = DEFAULT_GROUPS
     scope: AnchorScope = AnchorScope.GROUP
+    # turn-rewards under grpo as LightRFT divides: by sqrt(population variance + this), nothing
+    # added to the std; None: the estimator's own divisor.
+    variance_epsilon: float | None = None
 
     def __post_init__(self) -> None:
         low, high = GAMMA_RANGE
@@ -172,6 +175,11 @@ class PerTurn:
             raise UsageError(
                 f"--anchor-scope applies to --step-groups anchor, not to {self.groups.value}"
             )
+        if self.variance_epsilon is not None and self.groups is not StepGroups.TURN_REWARDS:
+            raise UsageError(
+                f"--recipe lightrft normalizes per-index rewards (--step-groups turn-rewards), "
+                f"not {self.groups.value}"
+            )
 
     @property
     def grouping(self) -> StepGrouping:
@@ -179,79 +187,15 @@ class PerTurn:
 
     def describe(self) -> str:
         scope = f", anchor scope {self.scope.value}" if self.grouping.anchors else ""
-        return f"per-turn rewards, step groups {self.groups.value}, gamma {self.gamma:g}{scope}"
-
-
-class Recipe(str, Enum):
-    """A peer's GiGPO as one option (:data:`RECIPES` says what each sets)."""
-
-    VERL_AGENT = "verl-agent"
-    VERL_AGENT_TRAJECTORY = "verl-agent-trajectory"
-    TRINITY = "trinity"
-    ROLL = "roll"
-
-
-@dataclass(frozen=True)
-class RecipeSettings:
-    """What a recipe sets; an option given beside it wins. ``mean_epsilon``: the ε under
-    ``--gigpo-norm mean`` (verl-agent's mean_norm subtracts only), None for ``--epsilon``'s;
-    ``singleton``: what a lone episode group gets, None for ``--singleton``'s."""
-
-    level: Level
-    step: StepTerm
-    mean_epsilon: float | None = None
-    singleton: Singleton | None = None
-
-    def describe(self) -> str:
-        """What the recipe sets, as the options that would: ``--level turn --gamma 1 ...``."""
-        step = self.step
-        words = [
-            f"--level {self.level.value}",
-            f"--gigpo-norm {step.norm.value}",
-            f"--gamma {step.gamma:g}",
-            f"--anchor-scope {step.scope.value}",
-        ]
-        if self.mean_epsilon is not None:
-            words.append(f"--epsilon {self.mean_epsilon:g} under mean")
-        if step.own_row_scores:
-            words.append("each row centred on its own score")
-        if step.episode_from_steps:
-            words.append("episode score the sum of step rewards")
-        if step.min_std is not None:
-            words.append(f"groups of std <= {step.min_std:g} get 0 under mean_std")
-        if self.singleton is not None:
-            words.append(f"--singleton {self.singleton.value}")
-        return " ".join(words[:4]) + "".join(f", {word}" for word in words[4:])
-
-
-# Each peer's GiGPO as its released code computes it (the docs' estimators page names the
-# source files).
-RECIPES: dict[Recipe, RecipeSettings] = {
-    # Every row in its group's episode statistics; the yaml's mean_norm and γ 1.
-    Recipe.VERL_AGENT: RecipeSettings(Level.TURN, StepTerm(), mean_epsilon=0.0),
-    # compute_mean_std_cross_steps=False: one row per trajectory in the statistics.
-    Recipe.VERL_AGENT_TRAJECTORY: RecipeSettings(
-        Level.TRAJECTORY, StepTerm(own_row_scores=True), mean_epsilon=0.0
-    ),
-    # Each run once, R(τ) = Σ step rewards, anchors batch-wide, fnorm none.
-    Recipe.TRINITY: RecipeSettings(
-        Level.TRAJECTORY, StepTerm(scope=AnchorScope.BATCH, episode_from_steps=True)
-    ),
-    # Every row's episode score, step_reward_gamma 0.95, batch-wide step groups; one
-    # normalization (agentic_reward_norm) for both terms: under mean_std a group of one or of
-    # σ ≤ 1e-6 gets 0, under mean x − μ with no ε (a group of one 0 too).
-    Recipe.ROLL: RecipeSettings(
-        Level.TURN,
-        StepTerm(
-            gamma=0.95,
-            norm=GigpoNorm.MEAN_STD,
-            scope=AnchorScope.BATCH,
-            min_std=ROLL_MIN_STD,
-        ),
-        mean_epsilon=0.0,
-        singleton=Singleton.ZERO,
-    ),
-}
+        divisor = (
+            ""
+            if self.variance_epsilon is None
+            else f", std sqrt(population variance + {self.variance_epsilon:g})"
+        )
+        return (
+            f"per-turn rewards, step groups {self.groups.value}, gamma {self.gamma:g}"
+            f"{scope}{divisor}"
+        )
 
 
 class TrajScore(str, Enum):
@@ -301,37 +245,6 @@ class SampleTrainer(str, Enum):
 
     ADVCLI = "advcli"
     VERL_AGENT = "verl-agent"
-
-
-def gigpo_settings(
-    recipe: Recipe | None,
-    *,
-    level: Level | None = None,
-    epsilon: float | None = None,
-    gamma: float | None = None,
-    weight: float | None = None,
-    norm: GigpoNorm | None = None,
-    scope: AnchorScope | None = None,
-    singleton: Singleton | None = None,
-) -> tuple[Level | None, StepTerm, float | None, Singleton | None]:
-    """(level, step term, ε, singleton) from a recipe and the options given beside it (None:
-    not given), each given option winning over the recipe's; without a recipe, the step term's
-    defaults."""
-    base = RECIPES[recipe] if recipe is not None else None
-    step = base.step if base is not None else StepTerm()
-    step = replace(
-        step,
-        gamma=step.gamma if gamma is None else gamma,
-        weight=step.weight if weight is None else weight,
-        norm=norm or step.norm,
-        scope=scope or step.scope,
-    )
-    if base is not None:
-        level = level if level is not None else base.level
-        if epsilon is None and step.norm is GigpoNorm.MEAN and base.mean_epsilon is not None:
-            epsilon = base.mean_epsilon
-        singleton = singleton or base.singleton
-    return level, step, epsilon, singleton
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,10 @@ Per-index normalized rewards, summed (``per_index_sum_advantages``)
 -------------------------------------------------------------------
 The construction of verl RFC #7244 and LightRFT's ``per_step_reward_mode=group_norm``: each turn
 value's *rewards* ``r_t`` are normalized among the group's rows at that turn (the ``turn``
-grouping applied to ``r`` instead of ``G``, with the estimator rules above, not LightRFT's
-population std), then summed into a reward-to-go per trajectory:
-``A_t = sum_{k >= t} gamma ** (k - t) * norm(r_k)``. It is here to show its termination bias.
+grouping applied to ``r`` instead of ``G``, with the estimator rules above), then summed into a
+reward-to-go per trajectory: ``A_t = sum_{k >= t} gamma ** (k - t) * norm(r_k)``.
+``lightrft_group_norm`` is the same with LightRFT's own normalization: over the ``m`` rows at a
+turn value, ``(r - mean) / sqrt(population variance + 1e-9)`` (a lone row: 0).
 """
 
 from __future__ import annotations
@@ -187,5 +188,23 @@ def per_index_sum_advantages(
         found = normalize(scores, estimator, singleton, epsilon)
         for p, a in zip(positions, found, strict=True):
             normalized[p] = a
+    relabelled = [(g, t, k, a) for (g, t, k, _), a in zip(rows, normalized, strict=True)]
+    return reward_to_go(relabelled, gamma)
+
+
+LIGHTRFT_VARIANCE_EPSILON = 1e-9  # LightRFT's _apply_step_reward_group_norm: sqrt(var + 1e-9)
+
+
+def lightrft_group_norm(rows: Sequence[Row], gamma: float = 1.0) -> list[float]:
+    """LightRFT's per_step_reward_mode=group_norm: per group and turn value, the rewards of the
+    rows there centred on their mean and divided by sqrt(population variance + 1e-9), then
+    summed into a reward-to-go; one value per row, in input order."""
+    normalized = [math.nan] * len(rows)
+    for positions, scores in _by_turn(rows, [row[3] for row in rows], padded=False):
+        m = len(scores)
+        mean = math.fsum(scores) / m
+        variance = math.fsum((s - mean) ** 2 for s in scores) / m
+        for p, s in zip(positions, scores, strict=True):
+            normalized[p] = (s - mean) / math.sqrt(variance + LIGHTRFT_VARIANCE_EPSILON)
     relabelled = [(g, t, k, a) for (g, t, k, _), a in zip(rows, normalized, strict=True)]
     return reward_to_go(relabelled, gamma)

@@ -19,7 +19,7 @@ from advcli import AdvantageConfig, Estimator, compute
 from advcli.advantages.step_groups import step_returns
 from advcli.advantages.units import index_trajectories
 from advcli.keys import GROUP, ROW, STEP_REWARD, TRAJECTORY, TURN
-from advcli.settings import RECIPES, Recipe
+from advcli.recipes import RECIPES
 
 EPS = 1e-6
 
@@ -319,7 +319,7 @@ def test_every_output_format(run, tmp_path):
         (("--estimator", "gigpo", "--gamma", "-0.1"), "--gamma must be in [0, 1], got -0.1"),
         (("--estimator", "gigpo", "--step-weight", "-1"), "--step-weight must be a finite"),
         (("--gamma", "0.9",), "apply to gigpo, not to grpo"),
-        (("--recipe", "roll", "--estimator", "rloo"), "--recipe is a gigpo recipe"),
+        (("--recipe", "roll", "--estimator", "rloo"), "--recipe roll is a gigpo recipe"),
         (("--estimator", "gigpo", "--scale", "batch"), "its divisor is --gigpo-norm's"),
     ],
 )  # fmt: skip
@@ -347,7 +347,7 @@ def test_compare_reports_the_episode_terms_bias(run, tmp_path):
 def test_the_docs_recipe_table_is_the_code_table():
     text = (Path(__file__).resolve().parent.parent / "docs" / "estimators.md").read_text()
     rows = dict(re.findall(r"^\| `([a-z-]+)` \| (--level [^|]+?) \|", text, re.MULTILINE))
-    assert rows == {recipe.value: RECIPES[recipe].describe() for recipe in Recipe}
+    assert rows == {recipe.value: settings.describe() for recipe, settings in RECIPES.items()}
 
 
 def test_batch_scope_with_by_keeps_each_step_apart(run, tmp_path):

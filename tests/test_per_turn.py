@@ -64,6 +64,17 @@ GAMMA_ONE = {
     ("pooled", "grpo"): [-1 / (math.sqrt(2 / 3) + EPS), 1 / (math.sqrt(2 / 3) + EPS), 0.0, 0.0],
     ("pooled", "drgrpo"): [-1.0, 1.0, 0.0, 0.0],
     ("pooled", "rloo"): [-4 / 3, 4 / 3, 0.0, 0.0],
+    # turn-rewards: the rewards at position 0, {2, 1}, have mean 1.5 and std √0.5 (z = ±0.5 /
+    # (√0.5 + ε), drgrpo ±0.5, rloo ±1); B1 (0) and B2 (3) are alone (raw). Each advantage is
+    # the sum of its trajectory's z from its turn on: B0 = z_B0 + 0 + z_B2.
+    ("turn-rewards", "grpo"): [
+        0.5 / (math.sqrt(0.5) + EPS),
+        -0.5 / (math.sqrt(0.5) + EPS) + 3 / (1 + EPS),
+        3 / (1 + EPS),
+        3 / (1 + EPS),
+    ],
+    ("turn-rewards", "drgrpo"): [0.5, 2.5, 3.0, 3.0],
+    ("turn-rewards", "rloo"): [1.0, 2.0, 3.0, 3.0],
 }
 
 
@@ -100,6 +111,16 @@ GAMMA_HALF = {
     ("pooled", "grpo"): [(g - 2.0625) / (POOLED_STD + EPS) for g in (2.0, 1.75, 1.5, 3.0)],
     ("pooled", "drgrpo"): [g - 2.0625 for g in (2.0, 1.75, 1.5, 3.0)],
     ("pooled", "rloo"): [4 / 3 * (g - 2.0625) for g in (2.0, 1.75, 1.5, 3.0)],
+    # turn-rewards: z as at γ = 1, summed with 0.5^(k−t): B2 = z_B2, B1 = 0 + 0.5·z_B2,
+    # B0 = z_B0 + 0.5·B1.
+    ("turn-rewards", "grpo"): [
+        0.5 / (math.sqrt(0.5) + EPS),
+        -0.5 / (math.sqrt(0.5) + EPS) + 0.25 * 3 / (1 + EPS),
+        0.5 * 3 / (1 + EPS),
+        3 / (1 + EPS),
+    ],
+    ("turn-rewards", "drgrpo"): [0.5, -0.5 + 0.75, 1.5, 3.0],
+    ("turn-rewards", "rloo"): [1.0, -1.0 + 0.75, 1.5, 3.0],
 }
 
 
@@ -110,6 +131,49 @@ def test_every_grouping_and_estimator_gamma_half(groups, estimator, run, tmp_pat
     )
     assert got["score"].to_list() == [2.0, 1.75, 1.5, 3.0]
     assert got["advantage"].to_list() == pytest.approx(GAMMA_HALF[groups, estimator], abs=1e-6)
+
+
+# Two groups: a has x (rewards 1, 2), y (0) and z (3, 1); b has p (1) and q (2, 5).
+LIGHTRFT_DUMP = pl.DataFrame(
+    {
+        "data_id": ["a"] * 5 + ["b"] * 3,
+        "rollout_id": ["x", "x", "y", "z", "z", "p", "q", "q"],
+        "turn_index": [0, 1, 0, 0, 1, 0, 0, 1],
+        "score": [1.0, 2.0, 0.0, 3.0, 1.0, 1.0, 2.0, 5.0],
+    }
+)
+
+
+def test_lightrft_recipe(run, tmp_path):
+    """LightRFT's group_norm by hand: a's position 0 {1, 0, 3} has mean 4/3 and population
+    variance ((1/3)² + (4/3)² + (5/3)²) / 3 = 42/27; its position 1 {2, 1} mean 1.5, variance
+    0.25; b's position 0 {1, 2} mean 1.5, variance 0.25; q1 alone is its own mean (0). Each
+    z = (r − mean) / √(variance + 1e-9), summed from the row's turn on."""
+    a0 = math.sqrt(42 / 27 + 1e-9)
+    half = math.sqrt(0.25 + 1e-9)
+    z = {
+        "x0": (1 - 4 / 3) / a0, "y0": (0 - 4 / 3) / a0, "z0": (3 - 4 / 3) / a0,
+        "x1": 0.5 / half, "z1": -0.5 / half, "p0": -0.5 / half, "q0": 0.5 / half,
+    }  # fmt: skip
+    expected = [
+        z["x0"] + z["x1"], z["x1"], z["y0"], z["z0"] + z["z1"], z["z1"], z["p0"], z["q0"], 0.0,
+    ]  # fmt: skip
+    got = computed(run, tmp_path, LIGHTRFT_DUMP, "--recipe", "lightrft")
+    assert got["advantage"].to_list() == pytest.approx(expected, abs=1e-6)
+    assert got["score"].to_list() == [3.0, 2.0, 0.0, 4.0, 1.0, 1.0, 7.0, 5.0]
+
+
+def test_the_lightrft_recipe_is_the_reading(run, tmp_path):
+    """The recipe implies --reward-mode per-turn and says what it computed."""
+    source = tmp_path / "in.parquet"
+    LIGHTRFT_DUMP.write_parquet(source)
+    result = run(
+        "compute", source, "-o", tmp_path / "out.parquet", "--no-tokens", "--recipe", "lightrft"
+    )
+    assert result.exit_code == 0, result.stderr
+    text = " ".join(result.stderr.split())
+    assert "step groups turn-rewards" in text
+    assert "std sqrt(population variance + 1e-09)" in text
 
 
 def test_anchor_groups(run, tmp_path):
@@ -286,6 +350,12 @@ ESTIMATORS = "takes --estimator grpo, drgrpo, rloo, not"
         ((*PER_TURN, "--anchor-scope", "batch"), "--anchor-scope applies to --step-groups"),
         ((*PER_TURN, "--report", "r.json"), "--report does not apply"),
         (("--step-groups", "pooled"), "--step-groups applies to --reward-mode per-turn"),
+        (("--recipe", "lightrft", "--reward-mode", "outcome"), "implies --reward-mode per-turn"),
+        (("--recipe", "lightrft", "--step-groups", "pooled"), "not pooled"),
+        (("--recipe", "lightrft", "--estimator", "gigpo"), f"{ESTIMATORS} gigpo"),
+        ((*PER_TURN, "--recipe", "roll"), "the gigpo recipes apply to gigpo"),
+        (("--recipe", "lightrft", "--estimator", "gigpo", "--reward-mode", "outcome"),
+         "implies --reward-mode per-turn"),
     ],
 )  # fmt: skip
 def test_usage_errors(options, message, run, tmp_path):
@@ -358,11 +428,16 @@ def _random_dump(seed: int) -> pl.DataFrame:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("grouping", ["turn", "turn-padded", "pooled"])
+@pytest.mark.parametrize("grouping", ["turn", "turn-padded", "pooled", "turn-rewards"])
 def test_every_grouping_is_the_plain_python_reference(seed, grouping, run, tmp_path):
     """The engine against tests/per_turn_reference.py (written from the formulas, no advcli) for
     every estimator, γ and singleton rule, on shuffled dumps."""
-    from per_turn_reference import advantages as reference
+    import per_turn_reference
+
+    def reference(rows, grouping, estimator, gamma, singleton):
+        if grouping == "turn-rewards":
+            return per_turn_reference.per_index_sum_advantages(rows, estimator, gamma, singleton)
+        return per_turn_reference.advantages(rows, grouping, estimator, gamma, singleton)
 
     frame = _random_dump(seed)
     rows = list(frame.select("data_id", "rollout_id", "turn_index", "score").iter_rows())
@@ -375,3 +450,13 @@ def test_every_grouping_is_the_plain_python_reference(seed, grouping, run, tmp_p
                 )  # fmt: skip
                 expected = reference(rows, grouping, estimator, gamma, singleton)
                 assert got == pytest.approx(expected, abs=1e-5), (estimator, gamma, singleton)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_lightrft_recipe_is_its_plain_python_reference(seed, run, tmp_path):
+    from per_turn_reference import lightrft_group_norm
+
+    frame = _random_dump(seed)
+    rows = list(frame.select("data_id", "rollout_id", "turn_index", "score").iter_rows())
+    got = advantages(run, tmp_path, frame, "--recipe", "lightrft")
+    assert got == pytest.approx(lightrft_group_norm(rows), abs=1e-5)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import polars as pl
 import pytest
 from per_turn_reference import advantages, per_index_sum_advantages, reward_to_go
 
@@ -208,3 +209,27 @@ def test_pooling_lets_a_trajectory_see_its_own_stopping(rollouts):
     for turn in range(K - 1):
         measured, se = _contrast(rows, decisions, values, turn)
         assert measured > 4 * se, turn
+
+
+@pytest.mark.parametrize(
+    ("grouping", "biased"), [("turn-rewards", True), ("turn-padded", False), ("turn", False)]
+)
+def test_the_engine_shows_the_bias_as_derived(rollouts, grouping, biased, run, tmp_path):
+    """The same simulated rollouts through ``advcli compute --reward-mode per-turn``: the
+    per-index rewards summed (``turn-rewards``) give "continue" the closed form's bonus, the
+    groupings of the reward-to-go none."""
+    rows, decisions = rollouts
+    source, output = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    pl.DataFrame(
+        rows, schema=["data_id", "rollout_id", "turn_index", "score"], orient="row"
+    ).write_parquet(source)
+    result = run(
+        "compute", source, "-o", output, "--no-tokens", "-q", "--reward-mode", "per-turn",
+        "--step-groups", grouping, "--estimator", "rloo", "--gamma", str(GAMMA),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    values = pl.read_parquet(output)["advantage"].to_list()
+    for turn in range(K - 1):
+        measured, se = _contrast(rows, decisions, values, turn)
+        expected = _closed_form(turn) if biased else 0.0
+        assert measured == pytest.approx(expected, abs=4 * se), turn

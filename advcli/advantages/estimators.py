@@ -245,7 +245,7 @@ def compute_advantages(
             BATCH, "whiten_mean", "whiten_scale"
         )
     masked_rows = (projection, trajectories) if rule.whitens and trajectories is not None else None
-    _check_finite(units, naming, masked_rows)
+    check_finite(units, naming, masked_rows)
     groups = groups.rename({"divisor": "std"}).drop("top_row", *batch_columns)
     return Advantages(
         level=config.level,
@@ -256,7 +256,7 @@ def compute_advantages(
     )
 
 
-def _check_finite(
+def check_finite(
     units: pl.DataFrame,
     naming: Naming,
     masked_rows: tuple[pl.DataFrame, Trajectories] | None = None,

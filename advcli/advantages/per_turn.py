@@ -6,7 +6,9 @@ The reward-to-go is GiGPO's step return over the rows' own rewards
 position, the same padded with the group's trajectories that have no row there, every row of the
 group, or equal anchors (``advcli.rules.STEP_GROUPINGS``); the estimator's rule is applied by
 :func:`advcli.advantages.estimators.compute_advantages` at turn level, the padded groups'
-statistics made here from per-(group, position) sums.
+statistics made here from per-(group, position) sums. Under ``turn-rewards`` the rule is applied
+to the rewards at each turn position and the advantage is the reward-to-go of the normalized
+rewards (:func:`summed_reward_advantages`).
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ from dataclasses import replace
 import numpy as np
 import polars as pl
 
-from advcli.advantages.estimators import Advantages, compute_advantages
+from advcli.advantages.estimators import Advantages, check_finite, compute_advantages
+from advcli.advantages.statistics import group_statistics
 from advcli.advantages.step_groups import anchor_scope, step_returns
-from advcli.advantages.unit_scores import Naming
+from advcli.advantages.unit_scores import Naming, build_units
 from advcli.advantages.units import Trajectories
 from advcli.errors import AdvcliError
 from advcli.keys import ANCHOR, GROUP, ROW, SCORE, STEP_REWARD, TURN
 from advcli.rules import PADDED_RETURN, STD_DDOF, ZERO_STD
-from advcli.settings import AdvantageConfig, Level
+from advcli.settings import AdvantageConfig, Level, PerTurn
 
 # Each row's trajectory-group size while the padded statistics are made.
 MEMBERS = "__members"
@@ -62,6 +65,10 @@ def per_turn_advantages(
         key = pl.struct(anchor_scope(per_turn.scope, batch).alias("scope"), pl.col(ANCHOR))
     else:
         key = pl.col(GROUP)
+    at_turn = replace(config, per_turn=None, level=Level.TURN)
+    if grouping.normalizes_rewards:
+        rows = projection.with_columns(key.alias(GROUP))
+        return summed_reward_advantages(rows, at_turn, naming, trajectories, per_turn, returns)
     rows = projection.with_columns(key.alias(GROUP), returns)
     statistics = None
     if grouping.padded:
@@ -69,8 +76,40 @@ def per_turn_advantages(
         statistics = padded_statistics(
             rows.select(GROUP, SCORE, ROW, pl.Series(MEMBERS, members[trajectories.of_row]))
         )
-    at_turn = replace(config, per_turn=None, level=Level.TURN)
     return compute_advantages(rows, at_turn, naming, None, None, statistics=statistics)
+
+
+def summed_reward_advantages(
+    rows: pl.DataFrame,
+    config: AdvantageConfig,
+    naming: Naming,
+    trajectories: Trajectories,
+    per_turn: PerTurn,
+    returns: pl.Series,
+) -> Advantages:
+    """``--step-groups turn-rewards``: each row's reward normalized among its step group's
+    rewards by ``config``'s estimator (turn level), then each row's advantage the reward-to-go
+    of the normalized rewards, ``Σ_{k≥t} γ^(k−t) z_k``. Under ``per_turn.variance_epsilon``
+    (LightRFT) the divisor is ``sqrt(population variance + variance_epsilon)``. The units'
+    ``score`` is each row's reward-to-go ``returns``; the groups are the rewards' step groups."""
+    statistics = None
+    if per_turn.variance_epsilon is not None:
+        statistics = group_statistics(build_units(rows, config, naming))
+        count = pl.col("units").cast(pl.Float64)
+        population_variance = pl.col("std").pow(2) * (count - STD_DDOF) / count
+        statistics = statistics.with_columns(
+            pl.when(pl.col("zero_std"))
+            .then(pl.col("std"))
+            .otherwise((population_variance + per_turn.variance_epsilon).sqrt())
+            .alias("std")
+        )
+    normalized = compute_advantages(rows, config, naming, None, None, statistics=statistics)
+    turn = [rows[TURN]] if TURN in rows.columns else []
+    steps = pl.DataFrame([normalized.units["advantage"].alias(STEP_REWARD), *turn])
+    advantage = pl.Series("advantage", step_returns(steps, trajectories, per_turn.gamma))
+    units = normalized.units.with_columns(returns, advantage)
+    check_finite(units, naming)
+    return replace(normalized, units=units)
 
 
 def turn_positions(projection: pl.DataFrame, trajectories: Trajectories) -> np.ndarray:

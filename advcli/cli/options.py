@@ -11,8 +11,8 @@ import typer
 
 from advcli.cli.saved_options import read_config
 from advcli.errors import UsageError
+from advcli.recipes import PER_TURN_RECIPES, RECIPES, PerTurnRecipe, Recipe, gigpo_settings
 from advcli.settings import (
-    RECIPES,
     AdvantageConfig,
     AnchorScope,
     ColumnNames,
@@ -21,14 +21,12 @@ from advcli.settings import (
     GigpoNorm,
     Level,
     PerTurn,
-    Recipe,
     RewardMode,
     Scale,
     Singleton,
     StepGroups,
     StepTerm,
     TrajScore,
-    gigpo_settings,
 )
 
 # More threads than this only cost memory on any machine advcli runs on.
@@ -129,9 +127,16 @@ RecipeOpt = Annotated[
     Recipe | None,
     typer.Option(
         "--recipe",
-        help="gigpo as a peer computes it (implies --estimator gigpo; options given beside it "
-        "win): "
-        + "; ".join(f"{recipe.value}: {RECIPES[recipe].describe()}" for recipe in Recipe)
+        help="a peer's rule (options given beside it win); gigpo as a peer computes it "
+        "(implies --estimator gigpo): "
+        + "; ".join(
+            f"{recipe.value}: {settings.describe()}" for recipe, settings in RECIPES.items()
+        )
+        + "; per-turn rewards as a peer computes them: "
+        + "; ".join(
+            f"{recipe.value}: {settings.describe()}"
+            for recipe, settings in PER_TURN_RECIPES.items()
+        )
         + ".",
     ),
 ]
@@ -269,19 +274,28 @@ def dump_settings(ctx: typer.Context) -> DumpSettings:
     singleton = Singleton(given.get("singleton", DEFAULTS.singleton))
     step = None
     recipe = _chosen(Recipe, given.get("recipe"))
-    if recipe is not None:
+    per_turn_recipe = PER_TURN_RECIPES.get(recipe) if recipe is not None else None
+    if per_turn_recipe is not None:
+        estimator = estimator if _given(ctx, "estimator") else per_turn_recipe.estimator
+        epsilon = epsilon if _given(ctx, "epsilon") else per_turn_recipe.epsilon
+        singleton = singleton if _given(ctx, "singleton") else per_turn_recipe.singleton
+    elif recipe is not None:
         if _given(ctx, "estimator") and estimator is not Estimator.GIGPO:
-            raise UsageError(f"--recipe is a gigpo recipe, not one of {estimator.value}")
+            raise UsageError(
+                f"--recipe {recipe.value} is a gigpo recipe, not one of {estimator.value}"
+            )
         estimator = Estimator.GIGPO
     gamma, weight = given.get("gamma"), given.get("step_weight")
     norm = _chosen(GigpoNorm, given.get("gigpo_norm"))
     scope = _chosen(AnchorScope, given.get("anchor_scope"))
-    per_turn = _per_turn(ctx, gamma, scope)
+    per_turn = _per_turn(ctx, gamma, scope, per_turn_recipe)
     if per_turn is not None:
-        if any(value is not None for value in (weight, norm)) or recipe is not None:
+        if any(value is not None for value in (weight, norm)) or (
+            recipe is not None and per_turn_recipe is None
+        ):
             raise UsageError(
-                "--step-weight, --gigpo-norm and --recipe apply to gigpo, not to --reward-mode "
-                "per-turn"
+                "--step-weight, --gigpo-norm and the gigpo recipes apply to gigpo, not to "
+                "--reward-mode per-turn"
             )
         if not _given(ctx, "level"):
             level = Level.TURN
@@ -317,11 +331,25 @@ def dump_settings(ctx: typer.Context) -> DumpSettings:
     return DumpSettings(_column_names(ctx), config)
 
 
-def _per_turn(ctx: typer.Context, gamma: float | None, scope: AnchorScope | None) -> PerTurn | None:
-    """The per-turn settings under ``--reward-mode per-turn``, None under outcome rewards (where
-    ``--step-groups`` is refused)."""
+def _per_turn(
+    ctx: typer.Context,
+    gamma: float | None,
+    scope: AnchorScope | None,
+    recipe: PerTurnRecipe | None,
+) -> PerTurn | None:
+    """The per-turn settings under ``--reward-mode per-turn`` (which a per-turn recipe implies),
+    None under outcome rewards (where ``--step-groups`` is refused)."""
     mode = RewardMode(ctx.params.get("reward_mode", RewardMode.OUTCOME))
     groups = _chosen(StepGroups, ctx.params.get("step_groups"))
+    if recipe is not None:
+        if _given(ctx, "reward_mode") and mode is RewardMode.OUTCOME:
+            raise UsageError("a per-turn recipe implies --reward-mode per-turn, not outcome")
+        return PerTurn(
+            gamma=PerTurn().gamma if gamma is None else gamma,
+            groups=groups or recipe.groups,
+            scope=scope or PerTurn().scope,
+            variance_epsilon=recipe.variance_epsilon,
+        )
     if mode is RewardMode.OUTCOME:
         if groups is not None:
             raise UsageError("--step-groups applies to --reward-mode per-turn")

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import torch
 
 from advcli.errors import UsageError
+from advcli.recipes import Recipe, gigpo_settings
 from advcli.rules import RULES
 from advcli.settings import (
     AdvantageConfig,
@@ -18,11 +19,9 @@ from advcli.settings import (
     Estimator,
     GigpoNorm,
     Level,
-    Recipe,
     Scale,
     Singleton,
     TrajScore,
-    gigpo_settings,
 )
 from advcli.torch.groups import GroupCounts, unit_advantages, whiten
 from advcli.torch.ids import Codes, Ids, compact, raw_codes

@@ -1,0 +1,173 @@
+"""Peers' rules as one option (``--recipe``): each peer's GiGPO (:data:`RECIPES`) and its
+per-turn rewards (:data:`PER_TURN_RECIPES`), and the settings a recipe and the options given
+beside it make (:func:`gigpo_settings`).
+
+Kept free of Polars, as :mod:`advcli.settings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from advcli.errors import UsageError
+from advcli.rules import LIGHTRFT_VARIANCE_EPSILON, ROLL_MIN_STD
+from advcli.settings import (
+    AnchorScope,
+    Estimator,
+    GigpoNorm,
+    Level,
+    Singleton,
+    StepGroups,
+    StepTerm,
+)
+
+
+class Recipe(str, Enum):
+    """A peer's rule as one option: its GiGPO (:data:`RECIPES` says what each sets) or its
+    per-turn rewards (:data:`PER_TURN_RECIPES`)."""
+
+    VERL_AGENT = "verl-agent"
+    VERL_AGENT_TRAJECTORY = "verl-agent-trajectory"
+    TRINITY = "trinity"
+    ROLL = "roll"
+    LIGHTRFT = "lightrft"
+
+
+@dataclass(frozen=True)
+class RecipeSettings:
+    """What a recipe sets; an option given beside it wins. ``mean_epsilon``: the ε under
+    ``--gigpo-norm mean`` (verl-agent's mean_norm subtracts only), None for ``--epsilon``'s;
+    ``singleton``: what a lone episode group gets, None for ``--singleton``'s."""
+
+    level: Level
+    step: StepTerm
+    mean_epsilon: float | None = None
+    singleton: Singleton | None = None
+
+    def describe(self) -> str:
+        """What the recipe sets, as the options that would: ``--level turn --gamma 1 ...``."""
+        step = self.step
+        words = [
+            f"--level {self.level.value}",
+            f"--gigpo-norm {step.norm.value}",
+            f"--gamma {step.gamma:g}",
+            f"--anchor-scope {step.scope.value}",
+        ]
+        if self.mean_epsilon is not None:
+            words.append(f"--epsilon {self.mean_epsilon:g} under mean")
+        if step.own_row_scores:
+            words.append("each row centred on its own score")
+        if step.episode_from_steps:
+            words.append("episode score the sum of step rewards")
+        if step.min_std is not None:
+            words.append(f"groups of std <= {step.min_std:g} get 0 under mean_std")
+        if self.singleton is not None:
+            words.append(f"--singleton {self.singleton.value}")
+        return " ".join(words[:4]) + "".join(f", {word}" for word in words[4:])
+
+
+# Each peer's GiGPO as its released code computes it (the docs' estimators page names the
+# source files).
+RECIPES: dict[Recipe, RecipeSettings] = {
+    # Every row in its group's episode statistics; the yaml's mean_norm and γ 1.
+    Recipe.VERL_AGENT: RecipeSettings(Level.TURN, StepTerm(), mean_epsilon=0.0),
+    # compute_mean_std_cross_steps=False: one row per trajectory in the statistics.
+    Recipe.VERL_AGENT_TRAJECTORY: RecipeSettings(
+        Level.TRAJECTORY, StepTerm(own_row_scores=True), mean_epsilon=0.0
+    ),
+    # Each run once, R(τ) = Σ step rewards, anchors batch-wide, fnorm none.
+    Recipe.TRINITY: RecipeSettings(
+        Level.TRAJECTORY, StepTerm(scope=AnchorScope.BATCH, episode_from_steps=True)
+    ),
+    # Every row's episode score, step_reward_gamma 0.95, batch-wide step groups; one
+    # normalization (agentic_reward_norm) for both terms: under mean_std a group of one or of
+    # σ ≤ 1e-6 gets 0, under mean x − μ with no ε (a group of one 0 too).
+    Recipe.ROLL: RecipeSettings(
+        Level.TURN,
+        StepTerm(
+            gamma=0.95,
+            norm=GigpoNorm.MEAN_STD,
+            scope=AnchorScope.BATCH,
+            min_std=ROLL_MIN_STD,
+        ),
+        mean_epsilon=0.0,
+        singleton=Singleton.ZERO,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class PerTurnRecipe:
+    """What a per-turn recipe sets (it implies ``--reward-mode per-turn``); an option given
+    beside it wins."""
+
+    estimator: Estimator
+    groups: StepGroups
+    epsilon: float
+    singleton: Singleton
+    variance_epsilon: float | None = None
+
+    def describe(self) -> str:
+        words = [
+            "--reward-mode per-turn",
+            f"--step-groups {self.groups.value}",
+            f"--estimator {self.estimator.value}",
+            f"--epsilon {self.epsilon:g}",
+            f"--singleton {self.singleton.value}",
+        ]
+        if self.variance_epsilon is not None:
+            words.append(f"std sqrt(population variance + {self.variance_epsilon:g})")
+        return " ".join(words[:5]) + "".join(f", {word}" for word in words[5:])
+
+
+# Each peer's per-turn rewards as its released code computes them (docs/per-turn-rewards.md
+# names the source files).
+PER_TURN_RECIPES: dict[Recipe, PerTurnRecipe] = {
+    # per_step_reward_mode=group_norm: each index's rewards among the group's trajectories that
+    # reach it, (r − mean) / sqrt(population variance + 1e-9), then summed to the end; a lone
+    # member at an index is its own mean (0).
+    Recipe.LIGHTRFT: PerTurnRecipe(
+        Estimator.GRPO,
+        StepGroups.TURN_REWARDS,
+        epsilon=0.0,
+        singleton=Singleton.ZERO,
+        variance_epsilon=LIGHTRFT_VARIANCE_EPSILON,
+    ),
+}
+
+
+def gigpo_settings(
+    recipe: Recipe | None,
+    *,
+    level: Level | None = None,
+    epsilon: float | None = None,
+    gamma: float | None = None,
+    weight: float | None = None,
+    norm: GigpoNorm | None = None,
+    scope: AnchorScope | None = None,
+    singleton: Singleton | None = None,
+) -> tuple[Level | None, StepTerm, float | None, Singleton | None]:
+    """(level, step term, ε, singleton) from a recipe and the options given beside it (None:
+    not given), each given option winning over the recipe's; without a recipe, the step term's
+    defaults."""
+    if recipe is not None and recipe not in RECIPES:
+        raise UsageError(
+            f"--recipe {recipe.value} is a per-turn rewards recipe, not a gigpo one: it implies "
+            "--reward-mode per-turn"
+        )
+    base = RECIPES[recipe] if recipe is not None else None
+    step = base.step if base is not None else StepTerm()
+    step = replace(
+        step,
+        gamma=step.gamma if gamma is None else gamma,
+        weight=step.weight if weight is None else weight,
+        norm=norm or step.norm,
+        scope=scope or step.scope,
+    )
+    if base is not None:
+        level = level if level is not None else base.level
+        if epsilon is None and step.norm is GigpoNorm.MEAN and base.mean_epsilon is not None:
+            epsilon = base.mean_epsilon
+        singleton = singleton or base.singleton
+    return level, step, epsilon, singleton
