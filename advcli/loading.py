@@ -199,12 +199,21 @@ def load_dump(
             f"{dataset.describe()}: {dataset.num_rows:,} rows are not whole groups of "
             f"--group-size {columns.group_size}"
         )
-    if engine == Engine.RAY and (step_roles is True or columns.anchor is not None):
+    # Per-turn rewards' anchor step groups run on Ray: its stage 2 has the whole projection.
+    if engine == Engine.RAY and (
+        step_roles is True or (columns.anchor is not None and not turn_rewards)
+    ):
         raise AdvcliError("--estimator gigpo runs on the local engine only")
     if engine == Engine.RAY and (columns.group is None or columns.trajectory is None):
         raise AdvcliError(
             f"{dataset.describe()}: --engine ray needs group and trajectory id columns (its "
             "blocks do not know their rows' numbers); use the local engine"
+        )
+    if engine == Engine.RAY and turn_rewards and columns.turn is None:
+        raise AdvcliError(
+            f"{dataset.describe()}: --engine ray needs a turn column under --reward-mode "
+            "per-turn (its blocks do not know their rows' numbers, and a row's reward-to-go "
+            "depends on its place in its trajectory); pass --turn-col, or use the local engine"
         )
     project = load_ray_engine().key_projection if engine == Engine.RAY else key_projection
     # With --by the repeated turns are looked for once the groups are keyed by step.
@@ -297,7 +306,7 @@ def check_engine(
     run with (:func:`check_per_turn`, given ``per_turn``'s flags)."""
     if address is not None and engine != Engine.RAY:
         raise UsageError("--address goes with --engine ray")
-    check_per_turn(config, engine, **per_turn)
+    check_per_turn(config, **per_turn)
 
 
 def start_engine(engine: Engine, address: str | None) -> None:
@@ -335,12 +344,10 @@ def compute_step_roles(config: AdvantageConfig) -> StepRoles:
     return False
 
 
-def check_per_turn(
-    config: AdvantageConfig, engine: Engine, *, report: bool = False, compare: bool = False
-) -> None:
-    """Refuse what per-turn rewards do not run with yet, before any input is opened: the Ray
-    engine, and the bias report (``compute --report``, ``compare``), which compares outcome
-    rewards at turn and trajectory level."""
+def check_per_turn(config: AdvantageConfig, *, report: bool = False, compare: bool = False) -> None:
+    """Refuse what per-turn rewards do not run with yet, before any input is opened: the bias
+    report (``compute --report``, ``compare``), which compares outcome rewards at turn and
+    trajectory level."""
     if config.per_turn is None:
         return
     if compare:
@@ -349,8 +356,6 @@ def check_per_turn(
             "rewards at turn and trajectory level (compute --reward-mode per-turn writes the "
             "per-turn advantages)"
         )
-    if engine == Engine.RAY:
-        raise UsageError("--reward-mode per-turn runs on the local engine only")
     if report:
         raise UsageError(
             "--report does not apply under --reward-mode per-turn: its bias report compares "
