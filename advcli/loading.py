@@ -130,7 +130,7 @@ class LoadedDump:
         else:
             order = "row order (no turn column)"
         check_last_steps(self.projection, self.dataset, columns)
-        check_turn_rewards(self.projection, self.dataset, columns, confirmed)
+        check_turn_rewards(self.trajectories.table, self.dataset, columns, confirmed)
         note = f"per-turn rewards: each trajectory's rewards-to-go follow {order}"
         return replace(self, columns=replace(columns, notes=(*columns.notes, note)))
 

@@ -8,32 +8,30 @@ from __future__ import annotations
 import polars as pl
 
 from advcli.errors import AdvcliError
-from advcli.keys import GROUP, LAST_STEP, ROW, SCORE, TRAJECTORY, TURN
+from advcli.keys import GROUP, LAST_STEP, ROW, TRAJECTORY, TURN
 from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
 from advcli.read.dialects import DIALECTS
 
 
 def check_turn_rewards(
-    projection: pl.DataFrame, dataset: Dataset, columns: ColumnRoles, confirmed: bool
+    trajectories: pl.DataFrame, dataset: Dataset, columns: ColumnRoles, confirmed: bool
 ) -> None:
     """Refuse a reward that carries one value on every row of each trajectory, some trajectory
     having several rows: an outcome score repeated per turn (verl-agent's token rewards, ROLL's
     ``episode_scores``), whose reward-to-go would count it once per turn, multiplying it by the
-    trajectory's turn count. ``confirmed`` (an option named the reward column) reads it as each
-    turn's own reward all the same: a per-turn reward can be constant, a cost per turn say."""
-    if confirmed or TRAJECTORY not in projection.columns:
+    trajectory's turn count. ``trajectories``: one row per trajectory with its ``group``,
+    ``trajectory``, ``turns``, ``first_row``, ``score_min`` and ``score_max`` (the projection's
+    trajectory index). ``confirmed`` (an option named the reward column) reads it as each turn's
+    own reward all the same: a per-turn reward can be constant, a cost per turn say."""
+    if confirmed:
         return
-    trajectories = projection.group_by(GROUP, TRAJECTORY).agg(
-        pl.len().alias("__rows"),
-        pl.col(SCORE).n_unique().alias("__values"),
-        pl.col(SCORE).first(),
-        pl.col(ROW).min(),
-    )
-    several = trajectories.filter(pl.col("__rows") > 1)
-    if several.is_empty() or (trajectories["__values"] > 1).any():
+    constant = trajectories.select((pl.col("score_min") == pl.col("score_max")).all()).item()
+    several = trajectories.filter(pl.col("turns") > 1)
+    if not constant or several.is_empty():
         return
-    first = several.sort(ROW).row(0, named=True)
+    first = several.sort("first_row").row(0, named=True)
+    row, turns, value = first["first_row"], first["turns"], first["score_min"]
     dialect = next((d for d in DIALECTS if d.trainer == columns.dialect), None)
     own = dialect.turn_reward if dialect is not None else ()
     where = (
@@ -43,10 +41,10 @@ def check_turn_rewards(
         else "name"
     )
     raise AdvcliError(
-        f"{dataset.locate(first[ROW])}: column '{columns.reward}' (reward) has one value on all "
+        f"{dataset.locate(row)}: column '{columns.reward}' (reward) has one value on all "
         f"the rows of each trajectory (trajectory ({columns.group or 'group'}={first[GROUP]!r}, "
-        f"{columns.trajectory or 'trajectory'}={first[TRAJECTORY]!r}) has {first['__rows']:,} "
-        f"rows of {first[SCORE]:g}): it looks like an outcome score repeated on every turn, "
+        f"{columns.trajectory or 'trajectory'}={first[TRAJECTORY]!r}) has {turns:,} "
+        f"rows of {value:g}): it looks like an outcome score repeated on every turn, "
         "which --reward-mode per-turn would count once per turn (the reward-to-go multiplies "
         f"it by the turn count); {where} the per-turn reward column with --reward-col, or pass "
         f"--reward-col {columns.reward} to read this one as each turn's own reward"
