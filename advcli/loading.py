@@ -17,7 +17,9 @@ from typing import Any
 
 import polars as pl
 
+from advcli import __version__
 from advcli.advantages.estimators import Advantages, compute_advantages
+from advcli.advantages.groupings import every_grouping
 from advcli.advantages.per_turn import per_turn_advantages
 from advcli.advantages.step_groups import gigpo_advantages
 from advcli.advantages.unit_scores import Naming
@@ -39,6 +41,7 @@ from advcli.read.projection import (
 from advcli.read.roles import read_roles
 from advcli.read.turn_rewards import check_last_steps, check_turn_rewards
 from advcli.report.step_credit import not_measured, step_credit
+from advcli.report.termination import TerminationReport, termination_report
 from advcli.settings import AdvantageConfig, ColumnNames, Engine, Level
 from advcli.write.outputs import check_not_written_into
 
@@ -117,6 +120,17 @@ class LoadedDump:
             "returns_given": columns.step_return is not None,
         }
         return step_credit(self.projection, self.trajectories, steps, config, sources, self.batch)
+
+    def termination_report(
+        self, config: AdvantageConfig, settings: dict[str, Any], duplicates: DuplicateRows
+    ) -> TerminationReport:
+        """The termination report of the rows under ``config`` (per-turn rewards): every
+        grouping on them (``settings``: what the report says of the input; ``duplicates``: its
+        duplicated rows)."""
+        rows = every_grouping(self.projection, config, self.naming, self.trajectories, self.batch)
+        report = termination_report(rows, config=config, settings=settings, version=__version__)
+        report.summary["duplicate_rows"] = duplicates.report(self.dataset.locate)
+        return report
 
     def with_turn_rewards(self, confirmed: bool = False) -> LoadedDump:
         """The dump read for per-turn rewards: its turn indices checked consecutive in each
@@ -300,7 +314,7 @@ MAX_STEPS = 100_000
 
 
 def check_engine(
-    engine: Engine, address: str | None, config: AdvantageConfig, **per_turn: bool
+    engine: Engine, address: str | None, config: AdvantageConfig, **per_turn: Any
 ) -> None:
     """Refuse a cluster address without the engine that uses one, and what ``config`` does not
     run with (:func:`check_per_turn`, given ``per_turn``'s flags)."""
@@ -328,38 +342,37 @@ def load_ray_engine() -> Any:
 def compare_step_roles(config: AdvantageConfig) -> StepRoles:
     """What compare reads of GiGPO's roles: none for the other estimators; all of them where
     the episode term is made of the step rewards (Trinity-RFT's), else those of a dump with an
-    anchor (without one the episode term is still reported)."""
+    anchor (without one the episode term is still reported); the anchors of a dump with
+    them for per-turn rewards, whose report computes every grouping the dump has."""
+    if config.per_turn is not None:
+        return "anchor"
     if config.step is None:
         return False
     return True if config.step.episode_from_steps else "if_anchored"
 
 
-def compute_step_roles(config: AdvantageConfig) -> StepRoles:
+def compute_step_roles(config: AdvantageConfig, report: bool = False) -> StepRoles:
     """What compute reads of GiGPO's roles: its anchors and step rewards for gigpo, the anchors
-    for per-turn rewards' anchor step groups."""
+    for per-turn rewards' anchor step groups, and those of a dump with an anchor for the
+    termination report (``report``), which computes every grouping the dump has."""
     if config.step is not None:
         return True
-    if config.per_turn is not None and config.per_turn.grouping.anchors:
+    if config.per_turn is not None and (report or config.per_turn.grouping.anchors):
         return "anchor"
     return False
 
 
-def check_per_turn(config: AdvantageConfig, *, report: bool = False, compare: bool = False) -> None:
-    """Refuse what per-turn rewards do not run with yet, before any input is opened: the bias
-    report (``compute --report``, ``compare``), which compares outcome rewards at turn and
-    trajectory level."""
+def check_per_turn(
+    config: AdvantageConfig, *, by: str | None = None, compare: bool = False
+) -> None:
+    """Refuse what per-turn rewards do not run with yet, before any input is opened:
+    ``compare --by`` (the termination report is of one batch)."""
     if config.per_turn is None:
         return
-    if compare:
+    if compare and by is not None:
         raise UsageError(
-            "compare does not take --reward-mode per-turn yet: its report compares outcome "
-            "rewards at turn and trajectory level (compute --reward-mode per-turn writes the "
-            "per-turn advantages)"
-        )
-    if report:
-        raise UsageError(
-            "--report does not apply under --reward-mode per-turn: its bias report compares "
-            "outcome rewards at turn and trajectory level"
+            "compare --by does not take --reward-mode per-turn: the termination report is of "
+            "one batch"
         )
 
 

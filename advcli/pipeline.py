@@ -40,12 +40,13 @@ from advcli.read.columns import ColumnRoles
 from advcli.read.duplicates import DuplicateRows, find_duplicates
 from advcli.read.inputs import STDIN
 from advcli.read.scan import release_freed_memory
-from advcli.report.bias import BiasReport, bias_report
+from advcli.report.bias import bias_report
 from advcli.report.by_step import by_step
-from advcli.report.documents import render_html, render_json, render_markdown
-from advcli.report.figure import figure_png
+from advcli.report.documents import render_json
 from advcli.report.inspection import inspect_dump
 from advcli.report.step_credit import attach_step_credit
+from advcli.report.termination import Report
+from advcli.report.termination_documents import renderers
 from advcli.rules import RULES
 from advcli.settings import (
     AdvantageConfig,
@@ -82,7 +83,7 @@ class ComputeSummary:
     seconds: float
     threads: int
     replaced: list[str] = field(default_factory=list)
-    report: BiasReport | None = None
+    report: Report | None = None
     duplicate_rows: int = 0
     duplicates_dropped: bool = False
     duplicates_confirmed: bool = True
@@ -135,7 +136,7 @@ def compute(
     (1553, 512, 64)
     """
     started = time.perf_counter()
-    check_engine(engine, address, config, report=report_path is not None)
+    check_engine(engine, address, config)
     _check_compute_options(output, output_format, engine, loss_weight, loss_scale_factor, by)
     check_standard_output({"-o": output, "--report": report_path}, binary={"-o"})
     fmt = OutputFormat.PARQUET if engine == Engine.RAY else output_format_for(output, output_format)
@@ -154,7 +155,7 @@ def compute(
             engine=engine,
             mask_needed_for=_mask_needed_for(config, fmt, tokens, loss_weight),
             by=by,
-            step_roles=compute_step_roles(config),
+            step_roles=compute_step_roles(config, report=report_path is not None),
         )
         stage("computing statistics")
         advantages = dump.advantages(config)
@@ -192,10 +193,10 @@ def compute(
 
 
 def _write_compute_report(
-    report: BiasReport, path: Path, as_json: bool, output: Path, *, force: bool
+    report: Report, path: Path, as_json: bool, output: Path, *, force: bool
 ) -> None:
     """Write ``compute --report``'s report, once ``output`` is: an error says it was written."""
-    text = render_json(report) if as_json else render_markdown(report)
+    text = render_json(report) if as_json else renderers(report).markdown(report)
     try:
         write_text(path, text, force=force)
     except AdvcliError as error:
@@ -209,7 +210,7 @@ def _summary(
     config: AdvantageConfig,
     output: Path,
     fmt: OutputFormat,
-    report: BiasReport | None,
+    report: Report | None,
     drop_duplicates: bool,
 ) -> ComputeSummary:
     """What ``compute`` tells of its run (its time is set once the output is written)."""
@@ -264,9 +265,12 @@ def _compute_report(
     duplicates: DuplicateRows,
     config: AdvantageConfig,
     drop_duplicates: bool,
-) -> BiasReport:
-    """``compute --report``'s bias report: the other level from the same key projection, beside
-    ``advantages`` (``config.level``'s)."""
+) -> Report:
+    """``compute --report``'s report: the bias report, the other level from the same key
+    projection beside ``advantages`` (``config.level``'s); under per-turn rewards the termination
+    report, every grouping on the same rows."""
+    if config.per_turn is not None:
+        return dump.termination_report(config, report_settings(dump, drop_duplicates), duplicates)
     turn, trajectory = both_levels(
         dump.projection, config, dump.naming, dump.trajectories, dump.batch, computed=advantages
     )
@@ -369,9 +373,10 @@ def compare(
     address: str | None = None,
     by: str | None = None,
     drop_duplicates: bool = False,
-) -> BiasReport:
+) -> Report:
     """The bias report of ``config.estimator``: turn level against trajectory level, written to
-    ``files`` and returned.
+    ``files`` and returned. Under per-turn rewards (``config.per_turn``) the termination report:
+    every step grouping on the same rows against the zero-padded one (``by`` is refused).
 
     ``by="file"`` (or a column name, e.g. ``step``) also reports each input file (each value of
     the column) on its own, as a series over training steps in ``summary["by_step"]``.
@@ -388,7 +393,7 @@ def compare(
     >>> report.summary["counts"]["trajectories"], report.summary["trajectories"]["sign_flips"]
     (512, 0)
     """
-    check_engine(engine, address, config, compare=True)
+    check_engine(engine, address, config, compare=True, by=by)
     check_standard_output(files.options(), binary={"--plot"})
     if files.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise AdvcliError(f"{files.plot}: --plot needs matplotlib: pip install 'advcli[plot]'")
@@ -400,12 +405,18 @@ def compare(
             dataset,
             names,
             drop_duplicates,
+            config.per_turn is not None,
             engine=engine,
             mask_needed_for=_estimator_needs_mask(config),
             by=by,
             step_roles=compare_step_roles(config),
         )
         settings = report_settings(dump, drop_duplicates)
+        if config.per_turn is not None:
+            termination = dump.termination_report(config, settings, duplicates)
+            dataset.check_unchanged()
+            _write_report_files(termination, files, force=force)
+            return termination
         steps = step_order(dump, by) if by is not None else None
         # The index is made first: its sort runs before the turn level's advantages are held.
         turn, trajectory = both_levels(
@@ -435,14 +446,15 @@ def compare(
     return report
 
 
-def _write_report_files(report: BiasReport, files: ReportFiles, *, force: bool) -> None:
+def _write_report_files(report: Report, files: ReportFiles, *, force: bool) -> None:
     """Write ``report`` to each of ``files`` given, in order, the one on standard output last
     (a failure before it sends nothing down the pipe); an error names the ones written."""
+    render = renderers(report)
     writers: list[tuple[Path | None, Callable[[Path], None]]] = [
         (files.json, lambda path: write_text(path, render_json(report), force=force)),
-        (files.markdown, lambda path: write_text(path, render_markdown(report), force=force)),
-        (files.plot, lambda path: write_bytes(path, figure_png(report, path), force=force)),
-        (files.html, lambda path: write_text(path, render_html(report), force=force)),
+        (files.markdown, lambda path: write_text(path, render.markdown(report), force=force)),
+        (files.plot, lambda path: write_bytes(path, render.png(report, path), force=force)),
+        (files.html, lambda path: write_text(path, render.html(report), force=force)),
     ]
     writers.sort(key=lambda writer: goes_to_stdout(writer[0]))
     written: list[Path] = []

@@ -89,6 +89,7 @@ def sample_table(
     max_turns: int = 6,
     tokens: int = 48,
     seed: int = 0,
+    turn_reward: float | None = None,
 ) -> pa.Table:
     """A rollout dump of ``groups × rollouts`` trajectories, one row per turn.
 
@@ -102,6 +103,10 @@ def sample_table(
         Mean response tokens per turn row (generated plus tool observation).
     seed
         Seed of the random generator; the same seed gives the same table.
+    turn_reward
+        Per-turn rewards (``--reward-mode per-turn``): each turn before the last carries this
+        reward of its own (a tool call's, say) and the last turn the outcome; None: every turn
+        carries its trajectory's outcome.
     """
     rng = np.random.default_rng(seed)
     episodes = _episodes(rng, groups, rollouts, max_turns)
@@ -119,17 +124,16 @@ def sample_table(
 
     # Put the per-row scalars in completion order first, then lay the token lists out in that
     # order: far cheaper than reordering millions of list elements afterwards.
+    reward = episodes.success[traj_of_row].astype(np.float32)
+    if turn_reward is not None:
+        reward = np.where(episodes.is_last_turn, reward, np.float32(turn_reward))
     traj_of_row, turn_index = traj_of_row[order], turn_index[order]
     return pa.table(
         {
             "data_id": episodes.data_id[traj_of_row],
             "rollout_id": episodes.rollout_id[traj_of_row],
             "turn_index": turn_index.astype(np.int32),
-            **_token_columns(
-                generated[order],
-                observation[order],
-                episodes.success[traj_of_row].astype(np.float32),
-            ),
+            **_token_columns(generated[order], observation[order], reward[order]),
         }
     )
 
@@ -260,6 +264,7 @@ def write_sample(
     force: bool = False,
     trainer: SampleTrainer = SampleTrainer.ADVCLI,
     steps: StepOptions | None = None,
+    turn_reward: float | None = None,
     **options: int,
 ) -> int:
     """Write a sample dump of ``groups`` prompts to ``output`` (atomically); return its row count.
@@ -267,8 +272,8 @@ def write_sample(
     Groups are generated in chunks of :data:`GROUPS_PER_CHUNK`, each with its own seed derived from
     ``seed``, so millions of rows take seconds and bounded memory. A dump of at most one chunk is
     exactly :func:`sample_table` (``trainer`` verl-agent: :func:`verl_agent_table`, with
-    ``steps``) with the same arguments. ``-`` is standard output (not a terminal), which gets the
-    file once it is whole.
+    ``steps``; else with ``turn_reward``) with the same arguments. ``-`` is standard output
+    (not a terminal), which gets the file once it is whole.
     """
     check_standard_output({"the sample": output}, binary={"the sample"})
     if str(output) == STDIN:
@@ -301,7 +306,7 @@ def write_sample(
                 first_group=first_group,
                 **options,
             )
-        table = sample_table(groups=size, seed=chunk_seed, **options)
+        table = sample_table(groups=size, seed=chunk_seed, turn_reward=turn_reward, **options)
         return table.set_column(0, "data_id", pc.add(table["data_id"], first_group))
 
     if str(output) == STDIN:

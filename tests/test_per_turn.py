@@ -348,7 +348,6 @@ ESTIMATORS = "takes --estimator grpo, drgrpo, rloo, not"
         ((*PER_TURN, "--traj-score", "sum"), "--traj-score does not apply"),
         ((*PER_TURN, "--step-weight", "1"), "apply to gigpo, not to --reward-mode per-turn"),
         ((*PER_TURN, "--anchor-scope", "batch"), "--anchor-scope applies to --step-groups"),
-        ((*PER_TURN, "--report", "r.json"), "--report does not apply"),
         (("--step-groups", "pooled"), "--step-groups applies to --reward-mode per-turn"),
         (("--recipe", "lightrft", "--reward-mode", "outcome"), "implies --reward-mode per-turn"),
         (("--recipe", "lightrft", "--step-groups", "pooled"), "not pooled"),
@@ -367,12 +366,12 @@ def test_usage_errors(options, message, run, tmp_path):
     assert not (tmp_path / "out.parquet").exists()
 
 
-def test_compare_refuses_per_turn(run, tmp_path):
+def test_compare_by_refuses_per_turn(run, tmp_path):
     source = tmp_path / "in.parquet"
     TWO.write_parquet(source)
-    result = run("compare", source, "--reward-mode", "per-turn")
+    result = run("compare", source, "--reward-mode", "per-turn", "--by", "file")
     assert result.exit_code == 2
-    assert "compare does not take --reward-mode per-turn yet" in result.stderr.replace("\n", " ")
+    assert "compare --by does not take --reward-mode per-turn" in result.stderr.replace("\n", " ")
 
 
 def test_anchor_grouping_needs_an_anchor(run, tmp_path):

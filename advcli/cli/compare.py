@@ -46,12 +46,14 @@ from advcli.cli.options import (
     TurnCol,
     dump_settings,
 )
+from advcli.errors import UsageError
 from advcli.settings import Engine, RewardMode
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from advcli.report.bias import BiasReport
+    from advcli.report.termination import TerminationReport
 
 # A list longer than this is no report; Polars takes a count below 2**32.
 MAX_TOP = 1_000_000
@@ -158,11 +160,19 @@ def compare_command(
 ) -> None:
     """Report how much counting every turn changes baselines and advantages.
 
+    Under --reward-mode per-turn: each step grouping's termination bias (its hidden bonus on
+    taking another turn) against turn-padded.
+
     Example: advcli compare rollouts.parquet --json report.json --plot bias.png
     """
     settings = dump_settings(ctx)
     if fail_above is not None and not math.isfinite(fail_above):
         raise typer.BadParameter("must be a finite number", param_hint="'--fail-above'")
+    if fail_above is not None and settings.config.per_turn is not None:
+        raise UsageError(
+            "--fail-above reads the outcome report's largest advantage difference; under "
+            "--reward-mode per-turn pass --fail-on (the level of the grouping in use)"
+        )
     use_threads(threads)
     with held():  # Polars panics when a Ctrl-C lands inside its import
         from advcli.pipeline import compare
@@ -199,27 +209,36 @@ def compare_command(
         raise typer.Exit(3)
 
 
-def _show(report: BiasReport, console: Console, config_path: Path | None) -> None:
+def _show(
+    report: BiasReport | TerminationReport, console: Console, config_path: Path | None
+) -> None:
     """The terminal report, and the config file in force."""
-    from advcli.cli.terminal import render_terminal
+    from advcli.cli.terminal import render_terminal, render_termination
+    from advcli.report.bias import BiasReport
     from advcli.report.views import visible
 
-    render_terminal(report, console)
+    if isinstance(report, BiasReport):
+        render_terminal(report, console)
+    else:
+        render_termination(report, console)
     if config_path is not None:
         console.print(Text(f"config: {visible(config_path)}"))
 
 
-def _above(report: BiasReport, fail_above: float | None) -> str | None:
+def _above(report: BiasReport | TerminationReport, fail_above: float | None) -> str | None:
     """Why ``--fail-above`` trips: the largest per-trajectory advantage difference exceeds it
     (with ``--by`` that is the largest of every step's)."""
+    if fail_above is None:
+        return None
     diff_max = report.summary["trajectories"]["advantage_diff_max"] or 0.0
-    if fail_above is None or diff_max <= fail_above:
+    if diff_max <= fail_above:
         return None
     return f"the largest advantage difference {diff_max:.4g} exceeds --fail-above {fail_above:g}"
 
 
-def _reached(report: BiasReport, fail_on: FailOn | None) -> str | None:
-    """Why ``--fail-on`` trips: the assessment's level, or with ``--by`` a step's, reaches it."""
+def _reached(report: BiasReport | TerminationReport, fail_on: FailOn | None) -> str | None:
+    """Why ``--fail-on`` trips: the assessment's level (under per-turn rewards the grouping in
+    use's), or with ``--by`` a step's, reaches it."""
     if fail_on is None:
         return None
     from advcli.report.verdict import THRESHOLDS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -59,6 +60,14 @@ def sample_command(
             show_default=False,
         ),
     ] = None,
+    turn_reward: Annotated[
+        float | None,
+        typer.Option(
+            help="advcli's schema: each turn before the last carries this reward of its own, the "
+            "last turn the outcome (a dump for --reward-mode per-turn).",
+            show_default=False,
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")] = False,
 ) -> None:
@@ -74,6 +83,10 @@ def sample_command(
     knobs = {name: value for name, value in given.items() if value is not None}
     if knobs and trainer is not SampleTrainer.VERL_AGENT:
         raise UsageError("--anchor-share and --invalid-rate apply to --trainer verl-agent")
+    if turn_reward is not None and trainer is not SampleTrainer.ADVCLI:
+        raise UsageError("--turn-reward applies to --trainer advcli")
+    if turn_reward is not None and not math.isfinite(turn_reward):
+        raise typer.BadParameter("must be a finite number", param_hint="'--turn-reward'")
     rows = write_sample(
         output,
         groups=groups,
@@ -84,6 +97,7 @@ def sample_command(
         force=force,
         trainer=trainer,
         steps=StepOptions(**knobs),
+        turn_reward=turn_reward,
     )
     if not quiet:
         where = "standard output" if goes_to_stdout(output) else visible(output)

@@ -18,6 +18,7 @@ from advcli.report.views import (
     BY_TURNS_HEADERS,
     READING_HEADERS,
     REMEDY_HEADERS,
+    SETTINGS_HEADERS,
     SHORTENED_NOTE,
     STEP_HEADERS,
     STEP_SIZE_HEADERS,
@@ -31,6 +32,7 @@ from advcli.report.views import (
     loss_weight_table,
     reading_rows,
     remedy_rows,
+    settings_rows,
     shortened,
     shown,
     step_credit,
@@ -47,6 +49,7 @@ from advcli.report.views import (
 
 if TYPE_CHECKING:
     from advcli.report.bias import BiasReport
+    from advcli.report.termination import TerminationReport
 
 
 def _add_rows(table: Table, rows: Sequence[Sequence[str]]) -> None:
@@ -98,10 +101,14 @@ def _remedy_table(rows: Sequence[Sequence[str]]) -> Table:
 
 
 def _reading_table(report: BiasReport) -> Table:
+    return _reading_rows_table(report.summary["settings"]["reading"])
+
+
+def _reading_rows_table(reading: dict[str, Any]) -> Table:
     table = Table(title="How the dump was read", title_justify="left", show_edge=False)
     for header in READING_HEADERS:
         table.add_column(header, overflow="fold")
-    _add_rows(table, reading_rows(report.summary["settings"]["reading"]))
+    _add_rows(table, reading_rows(reading))
     return table
 
 
@@ -339,3 +346,24 @@ def _examples(examples: list[Any]) -> str:
         else:
             parts.append(shown(example))
     return "; ".join(parts)
+
+
+def render_termination(report: TerminationReport, console: Console) -> None:
+    """The termination report as rich tables (:mod:`advcli.report.termination_documents`'
+    rows), with the verdict last."""
+    from advcli.report.termination_documents import tables
+
+    settings = report.summary["settings"]
+    chosen = Table(title="Settings", title_justify="left", show_edge=False)
+    for header in SETTINGS_HEADERS:
+        chosen.add_column(header, overflow="fold")
+    _add_rows(chosen, settings_rows(settings))
+    parts: list[Any] = [chosen, "", _reading_rows_table(settings["reading"]), ""]
+    for title, about, headers, rows in tables(report):
+        table = _right_aligned(title, headers, rows, overflow="fold")
+        for column in table.columns:
+            if column.header == "why":  # a sentence reads from the left
+                column.justify = "left"
+        parts += [table, Text(about), ""]
+    parts.append(Panel(Text(report.summary["verdict"]), title="Verdict", title_align="left"))
+    console.print(Group(*parts))

@@ -46,9 +46,10 @@ from advcli.report.views import (
 
 if TYPE_CHECKING:
     from advcli.report.bias import BiasReport
+    from advcli.report.termination import TerminationReport
 
 
-def render_json(report: BiasReport) -> str:
+def render_json(report: BiasReport | TerminationReport) -> str:
     return json.dumps(report.summary, indent=2, ensure_ascii=False) + "\n"
 
 
@@ -56,7 +57,7 @@ def render_markdown(report: BiasReport) -> str:
     """The report as Markdown tables, to paste into a PR or an experiment log."""
     summary = report.summary
     histogram = summary["turns_per_trajectory"]["histogram"]
-    inputs = ", ".join(map(_code, summary["settings"]["inputs"]))
+    inputs = ", ".join(map(markdown_code, summary["settings"]["inputs"]))
     return (
         "\n\n".join(
             [
@@ -65,26 +66,26 @@ def render_markdown(report: BiasReport) -> str:
                 *_markdown_remedy(summary),
                 "## How the dump was read",
                 f"Inputs: {inputs}. advcli {summary['settings']['advcli_version']}.",
-                _markdown_table(SETTINGS_HEADERS, settings_rows(summary["settings"])),
-                _markdown_table(READING_HEADERS, reading_rows(summary["settings"]["reading"])),
+                markdown_table(SETTINGS_HEADERS, settings_rows(summary["settings"])),
+                markdown_table(READING_HEADERS, reading_rows(summary["settings"]["reading"])),
                 "## Figures",
-                _markdown_table(("metric", "value"), headline_rows(report)),
+                markdown_table(("metric", "value"), headline_rows(report)),
                 "## Turns per trajectory",
-                _markdown_table(
+                markdown_table(
                     ("turns", "trajectories"), [(t, f"{n:,}") for t, n in histogram.items()]
                 ),
                 "## By turn count",
                 "diff = trajectory-level advantage − turn-level advantage; token mass = "
                 "Σ advantage × response tokens.",
-                _markdown_table(BY_TURNS_HEADERS, by_turns_rows(report)),
+                markdown_table(BY_TURNS_HEADERS, by_turns_rows(report)),
                 "## Most affected groups",
-                _markdown_table(TOP_GROUP_HEADERS, top_group_rows(report)),
+                markdown_table(TOP_GROUP_HEADERS, top_group_rows(report)),
                 "## Most affected trajectories",
-                _markdown_table(TOP_TRAJECTORY_HEADERS, top_trajectory_rows(report)),
+                markdown_table(TOP_TRAJECTORY_HEADERS, top_trajectory_rows(report)),
                 *_markdown_loss_weights(report),
                 *_markdown_step_credit(report),
                 *(
-                    ["## By step", _markdown_table(STEP_HEADERS, step_rows(report))]
+                    ["## By step", markdown_table(STEP_HEADERS, step_rows(report))]
                     if step_rows(report)
                     else []
                 ),
@@ -101,7 +102,7 @@ def _markdown_remedy(summary: dict[str, Any]) -> list[str]:
     rows = remedy_rows(summary)
     if not rows:
         return []
-    return ["## What to change", _markdown_table(REMEDY_HEADERS, rows)]
+    return ["## What to change", markdown_table(REMEDY_HEADERS, rows)]
 
 
 def _markdown_loss_weights(report: BiasReport) -> list[str]:
@@ -112,7 +113,7 @@ def _markdown_loss_weights(report: BiasReport) -> list[str]:
         "## Loss weight by turn count",
         "A trajectory's weight in the loss under each aggregation mode, relative to equal weight "
         "per trajectory (1.00 = a fair share).",
-        _markdown_table(*loss),
+        markdown_table(*loss),
     ]
 
 
@@ -124,17 +125,17 @@ def _markdown_step_credit(report: BiasReport) -> list[str]:
     parts = [
         "## Step credit (gigpo)",
         credit["verdict"],
-        _markdown_table(("metric", "value"), step_credit_rows(credit)),
+        markdown_table(("metric", "value"), step_credit_rows(credit)),
     ]
     if credit["measured"]:
         parts += [
-            _markdown_table(STEP_SIZE_HEADERS, step_size_rows(credit["step_groups"])),
-            _markdown_table(STEP_TURN_HEADERS, step_turn_rows(credit)),
+            markdown_table(STEP_SIZE_HEADERS, step_size_rows(credit["step_groups"])),
+            markdown_table(STEP_TURN_HEADERS, step_turn_rows(credit)),
         ]
     return parts
 
 
-def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(map(_cell, headers)) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in rows]
     return "\n".join(lines)
@@ -153,7 +154,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _code(text: str) -> str:
+def markdown_code(text: str) -> str:
     """A Markdown code span holding ``text`` literally: its fence is longer than any run of
     backticks in it (CommonMark), and a space pads a backtick at either end."""
     text = visible(text)
@@ -170,17 +171,17 @@ def render_html(report: BiasReport) -> str:
         "<h1>advcli compare: turn level vs trajectory level</h1>",
         f'<p class="verdict"><strong>Verdict.</strong> {escape(summary["verdict"])}</p>',
         f"<p>{escape(assessment_line(report))}</p>",
-        _html_table(("metric", "value"), headline_rows(report)),
+        html_table(("metric", "value"), headline_rows(report)),
     ]
     remedies = remedy_rows(summary)
     if remedies:
-        sections += ["<h2>What to change</h2>", _html_table(REMEDY_HEADERS, remedies)]
+        sections += ["<h2>What to change</h2>", html_table(REMEDY_HEADERS, remedies)]
     sections += [
         "<h2>How the dump was read</h2>",
         f"<p>Inputs: {escape(visible(', '.join(summary['settings']['inputs'])))}. advcli "
         f"{escape(summary['settings']['advcli_version'])}.</p>",
-        _html_table(SETTINGS_HEADERS, settings_rows(summary["settings"])),
-        _html_table(READING_HEADERS, reading_rows(summary["settings"]["reading"])),
+        html_table(SETTINGS_HEADERS, settings_rows(summary["settings"])),
+        html_table(READING_HEADERS, reading_rows(summary["settings"]["reading"])),
     ]
     try:
         png = base64.b64encode(figure_png(report)).decode("ascii")
@@ -189,7 +190,7 @@ def render_html(report: BiasReport) -> str:
         sections.append("<p>(No figure: matplotlib is not installed.)</p>")
     sections += [
         "<h2>By turn count</h2>",
-        _html_table(BY_TURNS_HEADERS, by_turns_rows(report)),
+        html_table(BY_TURNS_HEADERS, by_turns_rows(report)),
     ]
     loss = loss_weight_table(report)
     if loss is not None:
@@ -197,29 +198,34 @@ def render_html(report: BiasReport) -> str:
             "<h2>Loss weight by turn count</h2>",
             "<p>A trajectory's weight in the loss under each aggregation mode, relative to equal "
             "weight per trajectory (1.00 = a fair share).</p>",
-            _html_table(*loss),
+            html_table(*loss),
         ]
     credit = step_credit(report)
     if credit is not None:
         sections += [
             "<h2>Step credit (gigpo)</h2>",
             f"<p>{escape(credit['verdict'])}</p>",
-            _html_table(("metric", "value"), step_credit_rows(credit)),
+            html_table(("metric", "value"), step_credit_rows(credit)),
         ]
         if credit["measured"]:
             sections += [
-                _html_table(STEP_SIZE_HEADERS, step_size_rows(credit["step_groups"])),
-                _html_table(STEP_TURN_HEADERS, step_turn_rows(credit)),
+                html_table(STEP_SIZE_HEADERS, step_size_rows(credit["step_groups"])),
+                html_table(STEP_TURN_HEADERS, step_turn_rows(credit)),
             ]
     steps = step_rows(report)
     if steps:
-        sections += ["<h2>By step</h2>", _html_table(STEP_HEADERS, steps)]
+        sections += ["<h2>By step</h2>", html_table(STEP_HEADERS, steps)]
     sections += [
         "<h2>Most affected trajectories</h2>",
-        _html_table(TOP_TRAJECTORY_HEADERS, top_trajectory_rows(report)),
+        html_table(TOP_TRAJECTORY_HEADERS, top_trajectory_rows(report)),
         "<h2>Most affected groups</h2>",
-        _html_table(TOP_GROUP_HEADERS, top_group_rows(report)),
+        html_table(TOP_GROUP_HEADERS, top_group_rows(report)),
     ]
+    return html_page(sections)
+
+
+def html_page(sections: Sequence[str]) -> str:
+    """The page around ``sections`` (HTML), with its one inline stylesheet."""
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         "<title>advcli compare</title><style>"
@@ -231,7 +237,7 @@ def render_html(report: BiasReport) -> str:
     )
 
 
-def _html_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def html_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     head = "".join(f"<th>{escape(str(h))}</th>" for h in headers)
     body = "".join(
         "<tr>" + "".join(f"<td>{escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from advcli.report.views import SHOWN_STEPS, shown
 
 if TYPE_CHECKING:
     from advcli.report.bias import BiasReport
+    from advcli.report.termination import TerminationReport
 
 # The most step names under panel (e).
 PLOT_STEP_LABELS = 20
@@ -28,6 +30,18 @@ def figure_png(report: BiasReport, where: Path | str = "the figure") -> bytes:
     held by its longest trajectory, (d) each loss mode's weight by turn count, with ``--by``
     (e) the headline figures over the steps, and for gigpo (f) mean |A_episode| and
     |ω·A_step| by turn index and (g) the step group sizes."""
+    return _drawn(lambda: _figure(report), where)
+
+
+def termination_figure_png(report: TerminationReport, where: Path | str = "the figure") -> bytes:
+    """The termination report's PNG, one line per grouping in each panel: (a) the baseline
+    less the zero-padded one by turn index, (b) the hidden bonus on continuing by turn index,
+    (c) the mean advantage by trajectory length, (d) the share of gradient mass by length."""
+    return _drawn(lambda: _termination_figure(report), where)
+
+
+def _drawn(draw: Callable[[], bytes], where: Path | str) -> bytes:
+    """``draw``'s PNG, matplotlib set to draw off screen and text as written."""
     # The figure is drawn off screen whatever backend the environment names: a bad name in
     # MPLBACKEND would fail matplotlib's import.
     os.environ["MPLBACKEND"] = "Agg"
@@ -40,7 +54,7 @@ def figure_png(report: BiasReport, where: Path | str = "the figure") -> bytes:
     # Text from the data ($^$, $\\frac{1}{2}$ as a step label) is drawn as written, never as
     # mathtext or TeX, which would fail on it or draw something else.
     with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
-        return _figure(report)
+        return draw()
 
 
 def _figure(report: BiasReport) -> bytes:
@@ -71,6 +85,13 @@ def _figure(report: BiasReport) -> bytes:
         f"({counts['trajectories']:,} trajectories, {counts['groups']:,} groups; bias "
         f"{summary['assessment']['level']})"
     )
+    return png_of(figure)
+
+
+def png_of(figure: Any) -> bytes:
+    """A matplotlib figure's PNG bytes; the figure is closed."""
+    import matplotlib.pyplot as plt
+
     buffer = io.BytesIO()
     try:
         figure.savefig(buffer, format="png", dpi=100)
@@ -225,3 +246,54 @@ def _step_sizes_panel(axes: Any, credit: dict[str, Any]) -> None:
     axes.set_xlabel("step group size (rows; grey: a group of one, A_step = 0)")
     axes.set_ylabel("rows")
     axes.set_title(f"(g) Step group sizes ({groups['anchor_scope']} scope)")
+
+
+def _termination_figure(report: TerminationReport) -> bytes:
+    import matplotlib.pyplot as plt
+
+    summary = report.summary
+    settings, counts = summary["settings"], summary["counts"]
+    figure, axes = plt.subplots(2, 2, figsize=(13, 9), constrained_layout=True)
+    (shift, bonus), (mean, mass) = axes
+    by_turn, by_length = summary["by_turn_index"], summary["by_length"]
+    panels = [
+        (shift, by_turn, "turn", "baseline_minus_padded", "(a) Baseline − zero-padded baseline"),
+        (bonus, by_turn, "turn", "implied_bonus", "(b) Hidden bonus on continuing"),
+        (mean, by_length, "turns", "mean_advantage", "(c) Mean advantage by trajectory length"),
+        (mass, by_length, "turns", "gradient_mass_share", "(d) Share of gradient mass Σ|A|"),
+    ]
+    for panel, entries, key, figure_name, title in panels:
+        _grouping_lines(panel, entries, key, figure_name, settings["groupings"])
+        panel.set_title(title)
+        panel.set_xlabel("turn index (from 0)" if key == "turn" else "turns in the trajectory")
+    shift.set_ylabel("mean over groups of the mean baseline at the turn")
+    bonus.set_ylabel("continue − stop, in the return's units")
+    mean.set_ylabel("mean advantage of the rows")
+    mass.set_ylabel("share of the grouping's Σ|A|")
+    figure.suptitle(
+        f"advcli compare — per-turn rewards, {settings['estimator']}, gamma "
+        f"{settings['gamma']:g} ({counts['trajectories']:,} trajectories, "
+        f"{counts['groups']:,} groups; in use {settings['in_use']}: "
+        f"{summary['assessment']['level']})"
+    )
+    return png_of(figure)
+
+
+def _grouping_lines(
+    axes: Any, entries: list[dict[str, Any]], key: str, figure_name: str, names: list[str]
+) -> None:
+    """One line per grouping of ``entries``' ``figure_name`` against ``key`` (a missing figure
+    leaves a gap)."""
+    positions = [entry[key] for entry in entries]
+    for name in names:
+        values = [entry[figure_name][name] for entry in entries]
+        axes.plot(
+            positions,
+            [math.nan if value is None else value for value in values],
+            marker="o",
+            label=name,
+        )
+    axes.axhline(0, color="black", linewidth=0.8)
+    if len(positions) <= PLOT_STEP_LABELS:
+        axes.set_xticks(positions)
+    axes.legend(fontsize="small")

@@ -377,3 +377,91 @@ def _more_or_less(mean_diff: Any, than: str = "") -> str:
         return f"about the same advantage{' as' + than.removeprefix('than') if than else ''}"
     words = f"{abs(value):.3f} {'less' if value > 0 else 'more'}"
     return f"{words} advantage on average {than}" if than else words
+
+
+# Per-turn rewards (compare --reward-mode per-turn, docs/compare.md "Per-turn rewards"). The
+# reference every grouping is measured against: zero-padded, whose baseline has the group's
+# trajectory count of members at every turn, so it cannot depend on the row's own stopping turn.
+REFERENCE_GROUPING = "turn-padded"
+# The groupings the derivation (docs/per-turn-rewards.md) shows give "take another turn" no
+# hidden bonus, and why; every other one is judged by the bonus measured on the dump.
+UNBIASED_BY_DERIVATION = {
+    "turn-padded": "unbiased: its baseline is the others' zero-padded returns, a fixed number of "
+    "members whatever turn the trajectory stops at (the reference)",
+    "trajectory": "unbiased up to the factor gamma^t: one return per trajectory, the others' "
+    "baseline",
+    "turn": "unbiased, differently centred: the others that reach the turn are settled before "
+    "it; its advantages at a turn sum to 0 where the padded ones do not",
+}
+# Where the measured hidden bonus on "continue" stops being negligible and becomes severe, as a
+# share of a typical centred return (implied_bonus_relative: |bonus| / mean |G_t − the
+# reference's leave-one-out baseline|): 5% of it tilts the stopping decision, a quarter is as
+# large as the signal. It counts only beyond BONUS_SIGNIFICANCE standard errors (a bonus that
+# sampling noise explains is not one).
+TERMINATION_THRESHOLDS = {"material": 0.05, "severe": 0.25}
+BONUS_SIGNIFICANCE = 3.0
+
+
+def judge_grouping(name: str, figures: dict[str, Any]) -> dict[str, Any]:
+    """One grouping's verdict: ``safe`` and why (``basis``: the derivation, or the bonus
+    measured here by :data:`TERMINATION_THRESHOLDS` and :data:`BONUS_SIGNIFICANCE`), and its
+    ``level`` (negligible, material, severe; negligible for a grouping safe by derivation)."""
+    if name in UNBIASED_BY_DERIVATION:
+        return {
+            "safe": True,
+            "level": "negligible",
+            "basis": "derivation",
+            "reason": UNBIASED_BY_DERIVATION[name],
+        }
+    bonus, se = figures["implied_bonus"], figures["implied_bonus_se"]
+    relative = figures["implied_bonus_relative"]
+    if bonus is None or relative is None:
+        reason = "no turn where some rows continue and some stop: nothing to measure"
+        return {"safe": True, "level": "negligible", "basis": "measured", "reason": reason}
+    significant = se is None or abs(bonus) >= BONUS_SIGNIFICANCE * se
+    level = "negligible"
+    for name_of_level in ("material", "severe"):
+        if significant and relative >= TERMINATION_THRESHOLDS[name_of_level]:
+            level = name_of_level
+    error = f" ± {se:.3g}" if se is not None else ""
+    reason = (
+        f"its baseline can depend on the row's own stopping turn; measured hidden bonus on "
+        f"continuing {bonus:+.4g}{error} per decision ({100 * relative:.0f}% of a typical "
+        f"centred return)"
+    )
+    return {"safe": level == "negligible", "level": level, "basis": "measured", "reason": reason}
+
+
+def termination_verdict(summary: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The termination report's ``assessment`` (which groupings this dump can use safely, the
+    thresholds, the grouping in use and its level, which ``--fail-on`` reads) and its verdict in
+    plain language."""
+    settings, groupings = summary["settings"], summary["groupings"]
+    safe = [name for name, entry in groupings.items() if entry["verdict"]["safe"]]
+    biased = [name for name in groupings if name not in safe]
+    in_use = settings["in_use"]
+    assessment = {
+        "reference": REFERENCE_GROUPING,
+        "safe": safe,
+        "biased": biased,
+        "in_use": in_use,
+        "level": groupings[in_use]["verdict"]["level"],
+        "thresholds": TERMINATION_THRESHOLDS,
+        "significance": BONUS_SIGNIFICANCE,
+    }
+    sentences = [
+        f"Per-turn rewards ({settings['estimator']}, gamma {settings['gamma']:g}): "
+        f"{', '.join(safe)} can be used safely on this dump."
+    ]
+    for name in biased:
+        entry = groupings[name]
+        error = entry["implied_bonus_se"]
+        shown = f" (± {error:.2g})" if error is not None else ""
+        sentences.append(
+            f"{name} is biased ({entry['verdict']['level']}): it gives taking another turn a "
+            f"hidden bonus of {entry['implied_bonus']:+.3f}{shown} per decision against "
+            f"{REFERENCE_GROUPING}."
+        )
+    state = "safe" if in_use in safe else "biased"
+    sentences.append(f"The grouping in use, {in_use}, is {state}.")
+    return assessment, " ".join(sentences)
