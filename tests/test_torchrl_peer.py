@@ -2,7 +2,7 @@
 (``torchrl/objectives/llm/grpo.py``), run on the same rows.
 
 TorchRL's pin on tensordict excludes verl's, so this file runs in an environment of its own:
-``bash bench/torchrl_env.sh`` builds it and runs this file there (elsewhere it is skipped).
+``bash .ci/torchrl`` (which CI runs) makes it and runs this file there (elsewhere it is skipped).
 
 How the rows are fed to ``MCAdvantage``, read from its code:
 
