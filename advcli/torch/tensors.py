@@ -86,7 +86,7 @@ def _sum_blocks(rewards: torch.Tensor, block: int) -> torch.Tensor:
     rows, length = rewards.shape
     # On CPU, sum(dtype=float64) materializes a float64 copy of the whole tensor, which is slow
     # (fresh pages) for a long response_length: convert and sum blocks of rows in one reused
-    # buffer instead (a loop over blocks of ~2**20 values, not over rows; same result).
+    # buffer instead (a loop over blocks of values, not over rows; same result).
     scores = torch.empty(rows, dtype=torch.float64)
     buffer = torch.empty(min(block, rows), length, dtype=torch.float64)
     for start in range(0, rows, block):
