@@ -11,9 +11,12 @@ compute_advantage at trajectory level, against verl's own GRPO and a per-row Pyt
    batch's key projection). Target: >= 50x.
 3. The same as 1 on CUDA, when a device is present.
 
-Each figure is the median of interleaved runs. Run from the repository root::
+Each figure is the median of interleaved runs, measured twice: with the machine as it is
+(``idle``), and with one core kept busy by a spinning process the script starts and stops
+itself (``loaded``: a trainer's data loader or another job, where torch's intra-op threads
+would wait for each other). Run from the repository root::
 
-    python bench/bench_trainer.py [--repeats N]
+    python bench/bench_trainer.py [--repeats N] [--load idle|loaded|both]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import subprocess
 import sys
 import uuid
 import warnings
@@ -116,28 +120,62 @@ def bench_loop(repeats: int) -> dict[str, float]:
     }
 
 
+class Spinner:
+    """One process spinning on a core while the block runs (started and stopped here)."""
+
+    def __enter__(self) -> Spinner:
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=11, help="runs per measurement (median)")
+    parser.add_argument(
+        "--load",
+        choices=("idle", "loaded", "both"),
+        default="both",
+        help="measure as the machine is, with one core kept busy, or both",
+    )
     args = parser.parse_args()
+    threads = torch.get_num_threads()
     print(
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch "
-        f"threads, python {platform.python_version()}; median of interleaved runs\n"
+        f"threads, python {platform.python_version()}; median of interleaved runs"
     )
+    for load in ("idle", "loaded"):
+        if args.load in (load, "both"):
+            print(
+                f"\n== {load}"
+                + (": one other process spinning on a core" if load == "loaded" else "")
+            )
+            if load == "loaded":
+                with Spinner():
+                    report(args.repeats)
+            else:
+                report(args.repeats)
+    print(f"\ntorch threads: {threads} before, {torch.get_num_threads()} after every call")
+
+
+def report(repeats: int) -> None:
     print(
         "(1) trajectory-level GRPO vs verl's compute_grpo_vectorized_outcome_advantage, "
         "bs=1,000,000, int64 ids, trajectory ids a global counter (target: <= 2x)"
     )
     print(f"{'response_length':>16}{'verl ms':>10}{'advcli ms':>11}{'ratio':>8}")
-    for row in bench_vectorized(args.repeats, "cpu"):
+    for row in bench_vectorized(repeats, "cpu"):
         print(
             f"{row['response_length']:>16}{row['verl_ms']:>10.1f}{row['ours_ms']:>11.1f}"
             f"{row['ratio']:>7.2f}x"
         )
 
-    loop = bench_loop(args.repeats)
+    loop = bench_loop(repeats)
     print(
-        "\n(2) trajectory-level GRPO vs a per-row Python loop, bs=20,000, uuid-string ids, "
+        "(2) trajectory-level GRPO vs a per-row Python loop, bs=20,000, uuid-string ids, "
         "response_length 32 (target: >= 50x)"
     )
     print(
@@ -151,14 +189,14 @@ def main() -> None:
     )
 
     if torch.cuda.is_available():
-        print("\n(3) as (1), on CUDA")
-        for row in bench_vectorized(args.repeats, "cuda"):
+        print("(3) as (1), on CUDA")
+        for row in bench_vectorized(repeats, "cuda"):
             print(
                 f"{row['response_length']:>16}{row['verl_ms']:>10.2f}{row['ours_ms']:>11.2f}"
                 f"{row['ratio']:>7.2f}x"
             )
     else:
-        print("\n(3) CUDA: no device on this machine, not measured")
+        print("(3) CUDA: no device on this machine, not measured")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from advcli.torch.step_groups import (
 )
 from advcli.torch.step_groups import step_groups as step_groups_of
 from advcli.torch.step_groups import step_returns as step_returns_of
-from advcli.torch.tensors import broadcast, check_fits, row_scores
+from advcli.torch.tensors import broadcast, check_fits, is_small, row_scores, sum_rows
 from advcli.torch.trajectories import (
     Trajectories,
     Units,
@@ -281,9 +281,10 @@ def _episode(
 ) -> _Episode:
     rule = RULES[config.estimator]
     # Token counts only where the rule weighs by them (opo, REINFORCE++).
-    tokens = response_mask.detach().to(torch.float64).sum(dim=-1) if rule.counts_tokens else None
     n = scores.shape[0]
     device = scores.device
+    small = device.type == "cpu" and is_small(*response_mask.shape)
+    tokens = sum_rows(response_mask.detach(), small) if rule.counts_tokens else None
     traj = raw_codes(traj_index, n, device, "traj_index") if traj_index is not None else None
     turn = turn_numbers(turn_index, n, device) if turn_index is not None else None
     trajectories: Trajectories | None = None

@@ -13,6 +13,26 @@ from advcli.rules import EXACT_INTEGER_LIMIT, FLOAT32_MAX
 
 # Rewards are summed in float64 by blocks of about this many values (see row_scores).
 _SUM_BLOCK = 1 << 20
+# torch runs an op of fewer values than this (at::internal::GRAIN_SIZE) on the calling thread;
+# larger ones are split across its intra-op threads, which then wait for each other: with the
+# machine's other cores busy, that wait is most of a small batch's time.
+_GRAIN = 1 << 15
+# A batch of fewer rows than _GRAIN and at most this many token values is a small one: its
+# per-token passes go by blocks of rows below _GRAIN (the same per-row arithmetic, no thread
+# handoff); larger batches are worth the threads.
+_SMALL_VALUES = 64 * _GRAIN
+
+
+def is_small(rows: int, length: int) -> bool:
+    """Whether a ``(rows, length)`` batch on CPU takes the path without intra-op threads: its
+    per-row ops are below the grain already, its per-token ones go by blocks
+    (:func:`row_blocks`)."""
+    return rows < _GRAIN and length < _GRAIN and rows * length <= _SMALL_VALUES
+
+
+def row_blocks(rows: int, length: int) -> range:
+    """The first row of each block of rows whose values stay below the grain (a small batch's)."""
+    return range(0, rows, max(1, (_GRAIN - 1) // max(length, 1)))
 
 
 class RewardError(AdvcliError, ValueError):
@@ -37,26 +57,38 @@ def row_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -
             f"{tuple(token_level_rewards.shape)}"
         )
     rewards = token_level_rewards.detach()
+    small = rewards.device.type == "cpu" and is_small(*rewards.shape)
     _check_integers(rewards)
-    scores = _sum_rows(rewards)
+    scores = sum_rows(rewards, small)
     _check_scores(rewards, scores)
-    _check_mask(response_mask.detach())
+    _check_mask(response_mask.detach(), small)
     return scores
 
 
-def _sum_rows(rewards: torch.Tensor) -> torch.Tensor:
-    """Each row's sum in float64 (exact for the integer rewards _check_integers lets through)."""
-    rows, length = rewards.shape
+def sum_rows(values: torch.Tensor, small: bool) -> torch.Tensor:
+    """Each row's sum in float64 (exact for the integer rewards _check_integers lets through);
+    ``small`` (:func:`is_small`): by blocks of rows below the grain."""
+    rows, length = values.shape
     if length == 1:  # the sum of one token; torch reduces a length-1 dim slowly
-        return rewards[:, 0].to(torch.float64)
+        return values[:, 0].to(torch.float64)
+    if small:
+        return _sum_blocks(values, row_blocks(rows, length).step)
     block = max(1, _SUM_BLOCK // max(length, 1))
-    if rewards.device.type != "cpu" or block >= rows:
-        return rewards.sum(dim=-1, dtype=torch.float64)
+    if values.device.type != "cpu" or block >= rows:
+        return values.sum(dim=-1, dtype=torch.float64)
+    return _sum_blocks(values, block)
+
+
+def _sum_blocks(rewards: torch.Tensor, block: int) -> torch.Tensor:
+    """Each row's float64 sum by blocks of ``block`` rows, each converted in one reused buffer
+    (the same result as one ``sum(dtype=float64)``: a row is reduced the same way whatever rows
+    share its block)."""
+    rows, length = rewards.shape
     # On CPU, sum(dtype=float64) materializes a float64 copy of the whole tensor, which is slow
     # (fresh pages) for a long response_length: convert and sum blocks of rows in one reused
-    # buffer instead (a loop over blocks of ~2**20 values, not over rows; same result).
+    # buffer instead (a loop over blocks of values, not over rows; same result).
     scores = torch.empty(rows, dtype=torch.float64)
-    buffer = torch.empty(block, length, dtype=torch.float64)
+    buffer = torch.empty(min(block, rows), length, dtype=torch.float64)
     for start in range(0, rows, block):
         stop = min(start + block, rows)
         piece = buffer[: stop - start]
@@ -132,7 +164,7 @@ def _check_scores(rewards: torch.Tensor, scores: torch.Tensor) -> None:
     )
 
 
-def _check_mask(mask: torch.Tensor) -> None:
+def _check_mask(mask: torch.Tensor, small: bool) -> None:
     """Refuse a NaN or infinite value in a floating mask, naming its row and token: the
     advantage times it would be NaN there (and the token counts NaN)."""
     if not mask.is_floating_point() or not mask.numel():
@@ -140,7 +172,12 @@ def _check_mask(mask: torch.Tensor) -> None:
     # Sums are a cheap screen (no per-value result): a non-finite value makes the total and its
     # row's sum non-finite. A sum that overflows with finite values only (a float16 mask of more
     # than 65504 ones) is let through.
-    if bool(torch.isfinite(mask.sum())):
+    if small:
+        starts = row_blocks(*mask.shape)
+        totals = torch.stack([mask[start : start + starts.step].sum() for start in starts])
+        if bool(torch.isfinite(totals).all()):
+            return
+    elif bool(torch.isfinite(mask.sum())):
         return
     suspect = torch.nonzero(~torch.isfinite(mask.sum(dim=-1))).squeeze(1)
     if not suspect.numel():
@@ -158,7 +195,17 @@ def _check_mask(mask: torch.Tensor) -> None:
 def broadcast(advantage: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """The float32 ``(bs, response_length)`` result: each row's advantage times its mask."""
     # Cast first: a float64 x float32 multiply into a float32 output is much slower on CPU.
-    out = advantage.to(torch.float32).unsqueeze(-1) * response_mask.detach()
+    per_row = advantage.to(torch.float32).unsqueeze(-1)
+    mask = response_mask.detach()
+    if mask.device.type == "cpu" and is_small(*mask.shape):
+        # The same products, by blocks of rows below the grain (a small batch's path).
+        out = torch.empty(mask.shape, dtype=torch.result_type(per_row, mask))
+        starts = row_blocks(*mask.shape)
+        for start in starts:
+            stop = start + starts.step
+            torch.mul(per_row[start:stop], mask[start:stop], out=out[start:stop])
+    else:
+        out = per_row * mask
     return out if out.dtype == torch.float32 else out.to(torch.float32)
 
 
