@@ -54,6 +54,7 @@ from advcli.settings import (
     ColumnNames,
     Engine,
     LossMode,
+    OutputColumns,
     OutputFormat,
     StepTerm,
 )
@@ -98,6 +99,7 @@ def compute(
     names: ColumnNames = ColumnNames(),
     output_format: OutputFormat | None = None,
     tokens: bool = True,
+    columns: OutputColumns = OutputColumns.ALL,
     force: bool = False,
     report_path: Path | None = None,
     on_stage: Callable[[str], None] | None = None,
@@ -122,6 +124,8 @@ def compute(
     statistics``, ``writing output``. ``engine="ray"`` runs stages 1 and 3 on Ray Data (at
     ``address``, else on a new local cluster) and writes ``output`` as a Parquet dataset folder.
     ``by`` (``"file"`` or a column such as ``step``) computes each part as its own batch.
+    ``columns`` says which input columns the output keeps beside the new ones (``all``, ``keys``:
+    the group, trajectory and turn columns, ``none``); its rows are the input's, in input order.
 
     Duplicated rows (:mod:`advcli.read.duplicates`) count as the trainer counted them; with
     ``drop_duplicates`` the statistics see only the first row of each identical set, and each
@@ -168,15 +172,7 @@ def compute(
         stage("writing output")
         if engine == Engine.RAY:
             load_ray_engine().write_advantages(
-                dataset,
-                dump.columns,
-                dump.projection,
-                advantages,
-                config,
-                output,
-                tokens=tokens,
-                force=force,
-                padding=dump.padding,
+                dataset, dump, advantages, config, output, tokens, force, columns
             )
         else:
             row_values = _row_values(
@@ -186,7 +182,7 @@ def compute(
             # memory is reused for the streaming write's buffers.
             del dump, every_row, duplicates, advantages
             release_freed_memory()
-            write_rows(dataset, summary.columns, row_values, output, fmt, tokens, force)
+            write_rows(dataset, summary.columns, row_values, output, fmt, tokens, force, columns)
     if report is not None and report_path is not None:
         _write_compute_report(report, report_path, report_kind == "json", output, force=force)
     return replace(summary, seconds=time.perf_counter() - started)

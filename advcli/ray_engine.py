@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import polars as pl
 import pyarrow as pa
@@ -38,9 +38,9 @@ from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
 from advcli.read.projection import KeyExpressions
 from advcli.rules import RULES
-from advcli.settings import AdvantageConfig, Estimator, Level
+from advcli.settings import AdvantageConfig, Estimator, Level, OutputColumns
 from advcli.write.atomic import atomic_output
-from advcli.write.rows import output_rows
+from advcli.write.rows import kept_columns, output_rows
 
 
 def start(address: str | None) -> None:
@@ -99,7 +99,7 @@ def _stop_local_cluster(folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _read(dataset: Dataset) -> Any:
+def _read(dataset: Dataset, names: list[str] | None = None) -> Any:
     if dataset.input_format != "parquet":
         raise AdvcliError(f"{dataset.describe()}: --engine ray reads Parquet inputs")
     for index, path in enumerate(dataset.files):
@@ -108,7 +108,7 @@ def _read(dataset: Dataset) -> Any:
                 f"{dataset.label(index)}: --engine ray reads only files whose names are UTF-8; "
                 "rename the file or use --engine local"
             )
-    return ray.data.read_parquet([str(path) for path in dataset.files])
+    return ray.data.read_parquet([str(path) for path in dataset.files], columns=names)
 
 
 def _project_block(block: pa.Table, schema: pl.Schema, columns: ColumnRoles) -> pa.Table:
@@ -190,6 +190,13 @@ def lookup_table(
     return table.unique(subset=keys, keep="first")
 
 
+def _lookup_expressions(schema: pl.Schema, columns: ColumnRoles, keys: list[str]) -> list[pl.Expr]:
+    """Stage 1's expressions of the lookup keys, over a block of input rows."""
+    plan = KeyExpressions.of(schema, columns)
+    needed = {TOKENS if key == HAS_TOKENS else key for key in keys}
+    return [expr for expr in plan.exprs if expr.meta.output_name() in needed]
+
+
 def _attach_block(
     block: pa.Table,
     schema: pl.Schema,
@@ -197,13 +204,12 @@ def _attach_block(
     keys: list[str],
     lookup: Any,
     tokens: bool,
+    kept: list[str] | None = None,
 ) -> pa.Table:
     table = ray.get(lookup) if isinstance(lookup, ray.ObjectRef) else lookup
     frame = pl.from_arrow(block)
     assert isinstance(frame, pl.DataFrame)
-    plan = KeyExpressions.of(schema, columns)
-    needed = {TOKENS if key == HAS_TOKENS else key for key in keys}
-    projected = [expr for expr in plan.exprs if expr.meta.output_name() in needed]
+    projected = _lookup_expressions(schema, columns, keys)
     # Blocks do not know their rows' global numbers, so a row finds its values by its keys, in a
     # frame of their own: a user column named like one of them ("group", "turn", ...) passes
     # through untouched.
@@ -224,27 +230,46 @@ def _attach_block(
         advantage=pl.lit(found["advantage"]),
         tokens=tokens,
     )
+    if kept is not None:
+        attached = attached.select(*kept, "score", "advantage", *(["advantages"] if tokens else []))
     return attached.to_arrow()
+
+
+class LoadedKeys(Protocol):
+    """What stage 3 needs of stage 1's loaded dump (:class:`advcli.loading.LoadedDump`)."""
+
+    columns: ColumnRoles
+    projection: pl.DataFrame
+    padding: pl.DataFrame
 
 
 def write_advantages(
     dataset: Dataset,
-    columns: ColumnRoles,
-    projection: pl.DataFrame,
+    dump: LoadedKeys,
     advantages: Advantages,
     config: AdvantageConfig,
     output: Path,
-    *,
     tokens: bool = True,
     force: bool = False,
-    padding: pl.DataFrame | None = None,
+    output_columns: OutputColumns = OutputColumns.ALL,
 ) -> None:
     """Stage 3 on Ray Data: attach each row's advantage by a broadcast lookup and write a Parquet
     dataset folder (``part-000000.parquet``, … in input order), renamed into place when complete
-    and the inputs are still the files stage 1 read."""
+    and the inputs are still the files stage 1 read. With ``output_columns`` other than ``all``
+    the blocks read only the columns the lookup and the output need."""
     dataset.check_unchanged()  # before the blocks read the inputs again
+    columns = dump.columns
     keys = lookup_keys(config, columns)
-    lookup = ray.put(lookup_table(projection, advantages, keys, padding).to_arrow())
+    kept = kept_columns(dataset.schema.names(), columns, output_columns)
+    read = None
+    if kept is not None:
+        needed = set(kept).union(
+            *(expr.meta.root_names() for expr in _lookup_expressions(dataset.schema, columns, keys))
+        )
+        if tokens and columns.mask is not None:
+            needed.add(columns.mask)
+        read = [name for name in dataset.schema.names() if name in needed]
+    lookup = ray.put(lookup_table(dump.projection, advantages, keys, dump.padding).to_arrow())
     with atomic_output(
         output,
         force=force,
@@ -253,7 +278,7 @@ def write_advantages(
         before_publish=dataset.check_unchanged,
     ) as partial:
         try:
-            _read(dataset).map_batches(
+            _read(dataset, read).map_batches(
                 _attach_block,
                 batch_format="pyarrow",
                 fn_kwargs={
@@ -262,6 +287,7 @@ def write_advantages(
                     "keys": keys,
                     "lookup": lookup,
                     "tokens": tokens,
+                    "kept": kept,
                 },
             ).write_parquet(
                 str(partial),

@@ -232,6 +232,16 @@ class OutputFormat(str, Enum):
     PT = "pt"
 
 
+class OutputColumns(str, Enum):
+    """Which columns ``compute`` writes: ``all`` (every input column, then the new ones), ``keys``
+    (the group, trajectory and turn columns, then the new ones) or ``none`` (the new ones only:
+    ``score``, ``advantage``, any ``loss_weight``, ``advantages``). Rows are in input order."""
+
+    ALL = "all"
+    KEYS = "keys"
+    NONE = "none"
+
+
 class Engine(str, Enum):
     """``local``: Polars on this machine; ``ray``: Ray Data."""
 

@@ -66,9 +66,7 @@ def stages(engine: str, source: str, output: str) -> dict[str, float]:
         if engine == "ray":
             from advcli import ray_engine
 
-            ray_engine.write_advantages(
-                dataset, dump.columns, dump.projection, advantages, config, Path(output)
-            )
+            ray_engine.write_advantages(dataset, dump, advantages, config, Path(output))
         else:
             import polars as pl
 

@@ -262,7 +262,7 @@ BAD_FILES = [
         "key 'group-colum': not an option of compute, compare or inspect; "
         "did you mean 'group-col'?",
     ),
-    ('colour = "red"\n', "key 'colour': not an option of compute, compare or inspect"),
+    ('palette = "red"\n', "key 'palette': not an option of compute, compare or inspect"),
     (
         "[compar]\ntop = 3\n",
         "key 'compar': not an option of compute, compare or inspect; did you mean 'compare'?",
@@ -436,7 +436,8 @@ def test_saved_keys_of_each_command():
         "compute": shared
         | math
         | gigpo
-        | {"level", "loss-weight", "loss-scale-factor", "no-tokens", "by", "drop-duplicates"},
+        | {"level", "loss-weight", "loss-scale-factor", "no-tokens", "columns", "by"}
+        | {"drop-duplicates"},
         "compare": shared
         | math
         | gigpo

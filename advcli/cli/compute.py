@@ -48,7 +48,7 @@ from advcli.cli.options import (
     TurnCol,
     dump_settings,
 )
-from advcli.settings import Engine, LossMode, OutputFormat, RewardMode
+from advcli.settings import Engine, LossMode, OutputColumns, OutputFormat, RewardMode
 
 if TYPE_CHECKING:
     from advcli.pipeline import ComputeSummary
@@ -85,6 +85,15 @@ LossScaleFactorOpt = Annotated[
 ]
 NoTokensOpt = Annotated[
     bool, typer.Option("--no-tokens", help="Leave out the per-token 'advantages' column.")
+]
+ColumnsOpt = Annotated[
+    OutputColumns,
+    typer.Option(
+        "--columns",
+        help="Which input columns to write beside the new ones (score, advantage, any "
+        "loss_weight, advantages): all, keys (the group, trajectory and turn columns) or none. "
+        "The rows are the input's, in its order.",
+    ),
 ]
 ReportOpt = Annotated[
     Path | None,
@@ -140,6 +149,7 @@ def compute_command(
     loss_weight: LossWeightOpt = None,
     loss_scale_factor: LossScaleFactorOpt = None,
     no_tokens: NoTokensOpt = False,
+    columns: ColumnsOpt = OutputColumns.ALL,
     report: ReportOpt = None,
     by: ByOpt = None,
     drop_duplicates: DropDuplicatesOpt = False,
@@ -167,6 +177,7 @@ def compute_command(
             names=settings.names,
             output_format=output_format,
             tokens=not no_tokens,
+            columns=columns,
             force=force,
             report_path=report,
             on_stage=on_stage,

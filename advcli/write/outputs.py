@@ -8,6 +8,7 @@ terminal, and a result only once it is whole.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import sys
@@ -23,7 +24,7 @@ from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
 from advcli.read.formats import FOLDER_SUFFIXES
 from advcli.read.inputs import STDIN
-from advcli.settings import Engine, OutputFormat
+from advcli.settings import Engine, OutputColumns, OutputFormat
 from advcli.write.atomic import check_output_path, writes_in_place
 from advcli.write.rows import write_advantages
 
@@ -211,13 +212,15 @@ def write_rows(
     fmt: OutputFormat,
     tokens: bool,
     force: bool,
+    output_columns: OutputColumns = OutputColumns.ALL,
 ) -> None:
     """Stage 3 to ``output``: :func:`advcli.write.rows.write_advantages`, or, for ``-``, the
     same written whole to a temporary file and then copied to standard output."""
+    write = functools.partial(
+        write_advantages, output_format=fmt, tokens=tokens, output_columns=output_columns
+    )
     if str(output) != STDIN:
-        write_advantages(
-            dataset, columns, row_values, output, output_format=fmt, tokens=tokens, force=force
-        )
+        write(dataset, columns, row_values, output, force=force)
         return
     with staged_for_stdout(f"out.{fmt.value}") as staged:
-        write_advantages(dataset, columns, row_values, staged, output_format=fmt, tokens=tokens)
+        write(dataset, columns, row_values, staged)

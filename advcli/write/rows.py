@@ -28,7 +28,7 @@ from advcli.names import native_name
 from advcli.read.columns import OUTPUT_COLUMNS, ColumnRoles, unused_name
 from advcli.read.dataset import Dataset
 from advcli.read.scan import closing_sources
-from advcli.settings import OutputFormat
+from advcli.settings import OutputColumns, OutputFormat
 from advcli.write.atomic import atomic_output
 
 
@@ -41,10 +41,13 @@ def write_advantages(
     output_format: OutputFormat,
     tokens: bool = True,
     force: bool = False,
+    output_columns: OutputColumns = OutputColumns.ALL,
 ) -> None:
     """Attach ``score`` and ``advantage`` (one per row, ordered by ``row``) to every input row and
     write the result (replacing input columns of those names). Without ``force`` an ``output``
-    that exists by the time the result is complete is an error.
+    that exists by the time the result is complete is an error. ``output_columns`` says which
+    input columns are written (:class:`~advcli.settings.OutputColumns`): only those and the mask
+    (for ``advantages``) are read again.
 
     ``row_values`` must hold the columns ``row`` (0, 1, 2, … in order), ``score`` and
     ``advantage``.
@@ -70,8 +73,11 @@ def write_advantages(
         for name in row_values.columns
         if name in EXTRA_COLUMNS
     }
+    kept = kept_columns(dataset.schema.names(), columns, output_columns, extra)
+    if kept and arrays:
+        _check_array_columns(dataset.schema, kept, output_format, output)
     frame = output_rows(
-        dataset.scan().with_row_index(row_number),
+        _input_rows(dataset, row_values, columns, kept, row_number, tokens or arrays),
         columns,
         score=score.gather(pl.col(row_number)),
         advantage=advantage.gather(pl.col(row_number)),
@@ -79,6 +85,9 @@ def write_advantages(
         tokens=tokens and not arrays,
         extra=extra,
     ).drop(row_number)
+    if kept is not None and not arrays:
+        written = ("score", "advantage", *extra, *(["advantages"] if tokens else []))
+        frame = frame.select(*kept, *written)
     with (
         atomic_output(
             output, force=force, keep=dataset.files, before_publish=dataset.check_unchanged
@@ -88,7 +97,7 @@ def write_advantages(
     ):
         try:
             if arrays:
-                _write_arrays(frame, columns, partial, output_format, tokens, output)
+                _write_arrays(frame, columns, partial, output_format, tokens, output, kept)
             elif output_format == "arrows":
                 _write_arrow_stream(frame, partial)
             else:
@@ -105,6 +114,43 @@ def write_advantages(
             if isinstance(error, pl.exceptions.PolarsError):
                 raise AdvcliError(f"{output}: cannot write ({first_line(error)})") from None
             raise
+
+
+def kept_columns(
+    names: Iterable[str],
+    columns: ColumnRoles,
+    output_columns: OutputColumns,
+    extra: Iterable[str] = (),
+) -> list[str] | None:
+    """The input columns ``output_columns`` writes, in input order: None for every one (``all``),
+    the group, trajectory and turn columns for ``keys`` (but one the output replaces), none for
+    ``none``."""
+    if output_columns is OutputColumns.ALL:
+        return None
+    if output_columns is OutputColumns.NONE:
+        return []
+    names = list(names)
+    roles = {columns.group, columns.trajectory, columns.turn} - set(replaced_columns(names, extra))
+    return [name for name in names if name in roles]
+
+
+def _input_rows(
+    dataset: Dataset,
+    row_values: pl.DataFrame,
+    columns: ColumnRoles,
+    kept: list[str] | None,
+    row_number: str,
+    mask: bool,
+) -> pl.LazyFrame:
+    """The input rows stage 3 reads, numbered in ``row_number``: every column, or the ``kept``
+    ones and (with ``mask``) the mask column. With no input column to read, the row numbers
+    come from ``row_values``: a scan of no columns has no rows."""
+    if kept is None:
+        return dataset.scan().with_row_index(row_number)
+    read = [*kept, *([columns.mask] if mask and columns.mask and columns.mask not in kept else [])]
+    if not read:
+        return row_values.lazy().select(pl.col(ROW).alias(row_number))
+    return dataset.scan().select(read).with_row_index(row_number)
 
 
 def with_padding(row_values: pl.DataFrame, padding: pl.DataFrame) -> pl.DataFrame:
@@ -215,9 +261,11 @@ def _write_arrays(
     output_format: OutputFormat,
     tokens: bool,
     output_name: Path,
+    kept: list[str] | None,
 ) -> None:
     """Padded arrays: ``advantage`` (N,), ``response_mask`` (N, Lmax) and, unless ``tokens`` is
-    off, ``advantages`` (N, Lmax)."""
+    off, ``advantages`` (N, Lmax); with ``kept`` (``--columns keys|none``) ``score`` (N,) and
+    each kept column (N,) as well."""
     if columns.mask is None:
         raise ValueError("padded arrays need a mask column")
     if columns.mask_kind == "mask":
@@ -229,18 +277,16 @@ def _write_arrays(
         _check_padding(rows, int(width or 0), tokens, output_name)
         mask = pl.lit(1.0, dtype=pl.Float32).repeat_by(pl.col(columns.mask))
     extra = [name for name in EXTRA_COLUMNS if name in frame.collect_schema().names()]
-    collected = frame.select(mask.alias("response_mask"), pl.col("advantage", *extra)).collect(
-        engine="streaming"
-    )
+    named = ["advantage", *extra] if kept is None else [*kept, "score", "advantage", *extra]
+    collected = frame.select(mask.alias("response_mask"), pl.col(named)).collect(engine="streaming")
     if columns.mask_kind == "mask":  # a length column was checked above
         width = collected["response_mask"].list.len().max()
         _check_padding(collected.height, int(width or 0), tokens, output_name)  # type: ignore[arg-type]
     response_mask = padded(collected["response_mask"])
-    # Writable: torch refuses (with a warning) to wrap memory it may not write.
-    advantage = collected["advantage"].to_numpy(writable=True)
-    arrays: dict[str, Any] = {"response_mask": response_mask, "advantage": advantage}
-    for name in extra:
-        arrays[name] = collected[name].to_numpy(writable=True)
+    arrays: dict[str, Any] = {"response_mask": response_mask}
+    for name in named:
+        arrays[name] = _column_array(collected[name])
+    advantage = arrays["advantage"]
     if tokens:
         arrays["advantages"] = response_mask * advantage[:, None]
     if output_format == "npz":
@@ -258,6 +304,32 @@ def _write_arrays(
                 torch.save(tensors, handle)
         except RuntimeError as error:  # torch's writer reports a failed write so
             raise AdvcliError(f"{output_name}: cannot write ({first_line(error)})") from None
+
+
+def _column_array(values: pl.Series) -> np.ndarray:
+    """One output column as a numpy array: numbers as they are (writable: torch refuses, with a
+    warning, to wrap memory it may not write), text as fixed-width strings (no pickled objects)."""
+    if values.dtype == pl.String:
+        return values.to_numpy().astype(np.str_)
+    return values.to_numpy(writable=True)
+
+
+def _check_array_columns(
+    schema: pl.Schema, kept: list[str], output_format: OutputFormat, output: Path
+) -> None:
+    """Refuse, before any row is read, a kept column that the padded arrays cannot hold: a
+    ``.npz`` holds numbers and text, a tensor numbers only."""
+    for name in kept:
+        dtype = schema[name]
+        if dtype.is_numeric() or dtype == pl.Boolean:
+            continue
+        if dtype == pl.String and output_format == "npz":
+            continue
+        holds = "numbers" if output_format == "pt" else "numbers and text"
+        raise AdvcliError(
+            f"{output}: the column '{name}' is {dtype}, and a .{output_format.value} file holds "
+            f"{holds} only; write .npz or .parquet, or pass --columns none"
+        )
 
 
 def _check_longest_row(dataset: Dataset, columns: ColumnRoles, output: Path) -> None:
