@@ -71,13 +71,9 @@ def _matches(spec: str) -> list[Path]:
 
 def _expand_path(path: Path, spec: str) -> list[Path]:
     if path.is_dir():
-        # A directory's Parquet files; failing those, its JSON-lines files (a stray config.json
-        # beside Parquet files is not data).
-        files = sorted(p for p in path.rglob("*") if p.is_file())
-        for suffixes in (PARQUET_SUFFIXES, DIRECTORY_JSON_SUFFIXES):
-            found = [p for p in files if p.suffix in suffixes]
-            if found:
-                return found
+        found = directory_files(path)
+        if found:
+            return found
         raise AdvcliError(
             f"{spec}: the directory holds no Parquet file (*.parquet, *.pq) "
             "or JSON-lines file (*.jsonl, *.ndjson)"
@@ -85,6 +81,18 @@ def _expand_path(path: Path, spec: str) -> list[Path]:
     if not path.exists():
         raise AdvcliError(f"{spec}: no such file or directory")
     return [path]
+
+
+def directory_files(path: Path) -> list[Path]:
+    """A directory's input files, sorted by path (recursively): its Parquet files, failing those
+    its JSON-lines files (a stray config.json beside Parquet files is not data); none if it
+    holds neither."""
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    for suffixes in (PARQUET_SUFFIXES, DIRECTORY_JSON_SUFFIXES):
+        found = [p for p in files if p.suffix in suffixes]
+        if found:
+            return found
+    return []
 
 
 def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
