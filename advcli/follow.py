@@ -19,8 +19,10 @@ from typing import Any
 
 from advcli.errors import AdvcliError
 from advcli.loading import check_engine
+from advcli.names import shown_path
 from advcli.pipeline import compare
-from advcli.read.inputs import directory_files
+from advcli.read.inputs import directory_files, open_dataset
+from advcli.report.by_step import empty_step
 from advcli.settings import AdvantageConfig, ColumnNames, Engine
 from advcli.write.atomic import PARTIAL_SUFFIX, published_whole
 
@@ -43,7 +45,7 @@ class _Watch:
         """The files of ``folder`` that are complete now and were not taken before, in the
         order ``compare --by file`` sorts them."""
         now = time.monotonic()
-        ready = []
+        ready, changing = [], {}
         for path in directory_files(folder):
             if path in self.taken or any(p.endswith(PARTIAL_SUFFIX) for p in path.parts):
                 continue
@@ -54,13 +56,25 @@ class _Watch:
             state = (info.st_size, info.st_mtime_ns)
             last = self.changing.get(path)
             since = last[1] if last is not None and last[0] == state else now
-            self.changing[path] = (state, since)
             if published_whole(path) or now - since >= self.settle:
                 ready.append(path)
-        for path in ready:
-            self.taken.add(path)
-            del self.changing[path]
+            else:
+                changing[path] = (state, since)
+        # A file removed before it settled is forgotten.
+        self.changing = changing
+        self.taken.update(ready)
         return ready
+
+
+def _step(path: Path, config: AdvantageConfig, names: ColumnNames, drop: bool) -> dict[str, Any]:
+    """The ``compare --by file`` entry of the step file ``path``, compared alone; a file
+    without rows keeps its place with no figures, as in a whole-folder run."""
+    dataset = open_dataset([str(path)], empty_ok=True)
+    if dataset.num_rows == 0:
+        return empty_step(dataset.label(0))
+    report = compare([str(path)], config, names=names, by="file", drop_duplicates=drop)
+    step: dict[str, Any] = report.summary["by_step"]["steps"][0]
+    return step
 
 
 def follow_steps(
@@ -77,12 +91,12 @@ def follow_steps(
     # What a step's compare would refuse is refused before the first step, not at it.
     check_engine(Engine.LOCAL, None, config, compare=True, by="file")
     if not folder.is_dir():
-        raise AdvcliError(f"{folder}: --follow watches a folder; this is not one")
+        shown = shown_path(folder)
+        if not folder.exists():
+            raise AdvcliError(f"{shown}: no such folder (--follow watches a folder)")
+        raise AdvcliError(f"{shown}: --follow watches a folder; this is not one")
     watch = _Watch(settle)
     while True:
         for path in watch.complete(folder):
-            report = compare(
-                [str(path)], config, names=names, by="file", drop_duplicates=drop_duplicates
-            )
-            yield report.summary["by_step"]["steps"][0]
+            yield _step(path, config, names, drop_duplicates)
         time.sleep(POLL_SECONDS)

@@ -20,9 +20,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from conftest import dump_frame
 from test_fail_on import MATERIAL, NEGLIGIBLE, SEVERE
 
 from advcli.dump import write_batch
+from advcli.write.atomic import published_whole
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60
@@ -237,19 +239,64 @@ def test_a_bad_step_file_ends_it_with_one_error_naming_the_file(follower, write_
         (("--by", "file", "--follow", "--engine", "ray"), "--follow does not take --engine ray"),
         (("--by", "file", "--follow", "EXTRA"), "--follow watches one folder"),
         (("--by", "file", "--follow", "--settle", "-1"), "greater than or equal to 0"),
+        (
+            ("--by", "file", "--follow", "--jsonl", "INSIDE"),
+            "is inside the folder --follow watches",
+        ),
     ],
 )
 def test_follow_misused_is_a_usage_error(options, message, run, tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
-    args = [tmp_path / "other" if option == "EXTRA" else option for option in options]
+    stand_ins = {"EXTRA": tmp_path / "other", "INSIDE": folder / "steps.jsonl"}
+    args = [stand_ins.get(option, option) for option in options]
     result = run("compare", folder, *args)
     assert result.exit_code == 2
     assert message in " ".join(result.stderr.replace("│", " ").split())
 
 
-def test_follow_of_a_file_is_an_error(write_dump, run):
+def test_follow_of_a_file_or_of_no_folder_is_an_error(write_dump, run, tmp_path):
     path = write_dump(NEGLIGIBLE)
     result = run("compare", path, "--by", "file", "--follow")
     assert result.exit_code == 1
     assert result.stderr == f"Error: {path}: --follow watches a folder; this is not one\n"
+    missing = tmp_path / "not-yet"
+    result = run("compare", missing, "--by", "file", "--follow")
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {missing}: no such folder (--follow watches a folder)\n"
+
+
+def test_a_step_file_without_rows_keeps_its_place(follower, run, write_dump, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_dump(SEVERE, "run/step-0.parquet")
+    write_dump(dump_frame(SEVERE).head(0), "run/step-1.parquet")
+    write_dump(MATERIAL, "run/step-2.parquet")
+    follow = follower(folder, "--jsonl", "-", "--settle", 0, "-q")
+    lines = [json.loads(follow.line()) for _ in range(3)]
+    assert lines[1] == {
+        "step": str(folder / "step-1.parquet"),
+        "rows": 0,
+        "trajectories": 0,
+        "baseline_shift_mean": None,
+        "advantage_diff_mean": None,
+        "advantage_diff_max": None,
+        "sign_flips": 0,
+        "token_mean_longest_vs_shortest": None,
+        "level": None,
+    }
+    assert lines == steps_of_whole_run(run, folder)
+
+
+def test_the_published_mark_vouches_only_for_the_file_as_published(tmp_path):
+    path = write_batch(batch(SEVERE), tmp_path, step=1).path
+    assert published_whole(path)
+    # The same bytes written again in place: the file may have been half-written meanwhile.
+    data = path.read_bytes()
+    time.sleep(0.01)
+    with open(path, "r+b") as handle:
+        handle.write(data)
+    assert not published_whole(path)
+    plain = tmp_path / "plain.parquet"
+    plain.write_bytes(data)
+    assert not published_whole(plain)

@@ -93,6 +93,10 @@ def run_follow(inputs: list[str], settings: DumpSettings, params: dict[str, Any]
     if len(inputs) != 1:
         raise UsageError("--follow watches one folder: give one input")
     jsonl, settle = params["jsonl"], params["settle"]
+    if jsonl is not None and str(jsonl) != "-" and _within(jsonl, Path(inputs[0])):
+        raise UsageError(
+            f"--jsonl {jsonl} is inside the folder --follow watches; write it elsewhere"
+        )
     fail_on = params["fail_on"].value if params["fail_on"] is not None else None
     lines_on_stdout = jsonl is not None and str(jsonl) == "-"
     show = None if params["quiet"] else stderr if lines_on_stdout else stdout()
@@ -115,6 +119,10 @@ def run_follow(inputs: list[str], settings: DumpSettings, params: dict[str, Any]
             if reason is not None:
                 typer.echo(f"advcli compare: {reason}", err=True)
                 raise typer.Exit(3)
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return Path(os.path.abspath(folder)) in Path(os.path.abspath(path)).parents
 
 
 class _lines:

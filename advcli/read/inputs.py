@@ -95,8 +95,11 @@ def directory_files(path: Path) -> list[Path]:
     return []
 
 
-def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
-    """Resolve the inputs, read each file's schema and row count, and check that they agree.
+def open_dataset(
+    specs: Sequence[str], *, spool: Path | None = None, empty_ok: bool = False
+) -> Dataset:
+    """Resolve the inputs, read each file's schema and row count, and check that they agree;
+    inputs without rows are an error unless ``empty_ok``.
 
     ``-`` reads standard input (Parquet, an Arrow IPC stream or JSON lines, told apart by their
     first bytes); it is copied to a file in ``spool`` (a temporary folder the caller removes),
@@ -145,7 +148,7 @@ def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
         native,
         tuple(identities),
     )
-    if dataset.num_rows == 0:
+    if dataset.num_rows == 0 and not empty_ok:
         raise AdvcliError(f"{dataset.describe()}: the input has no rows")
     return dataset
 
