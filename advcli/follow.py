@@ -29,7 +29,6 @@ from advcli.write.atomic import PARTIAL_SUFFIX, published_whole
 # How often the folder is listed: a step file is reported within this of being complete, and
 # a listing of a folder of thousands of files costs milliseconds.
 POLL_SECONDS = 0.25
-DEFAULT_SETTLE_SECONDS = 2.0
 
 
 @dataclass
@@ -81,12 +80,13 @@ def follow_steps(
     folder: Path,
     config: AdvantageConfig = AdvantageConfig(),
     *,
+    settle: float,
     names: ColumnNames = ColumnNames(),
-    settle: float = DEFAULT_SETTLE_SECONDS,
     drop_duplicates: bool = False,
 ) -> Iterator[dict[str, Any]]:
-    """Each step file of ``folder`` as it is complete, as its ``compare --by file`` entry (the
-    ones there already first); forever, sleeping :data:`POLL_SECONDS` between listings. A file
+    """Each step file of ``folder`` as it is complete (published by advcli, or unchanged for
+    ``settle`` seconds), as its ``compare --by file`` entry (the ones there already first);
+    forever, sleeping :data:`POLL_SECONDS` between listings. A file
     that cannot be compared raises :class:`~advcli.errors.AdvcliError` naming it."""
     # What a step's compare would refuse is refused before the first step, not at it.
     check_engine(Engine.LOCAL, None, config, compare=True, by="file")

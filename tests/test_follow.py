@@ -300,3 +300,18 @@ def test_the_published_mark_vouches_only_for_the_file_as_published(tmp_path):
     plain = tmp_path / "plain.parquet"
     plain.write_bytes(data)
     assert not published_whole(plain)
+
+
+def test_the_jsonl_file_is_not_replaced_without_force(follower, write_dump, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_dump(SEVERE, "run/step-0.parquet")
+    lines = tmp_path / "steps.jsonl"
+    lines.write_text("kept\n")
+    code, stderr, _ = follower(folder, "--jsonl", lines, "--settle", 0).end()
+    assert (code, stderr) == (1, f"Error: {lines}: the file exists; pass --force to replace it\n")
+    assert lines.read_text() == "kept\n"
+    follow = follower(folder, "--jsonl", lines, "--settle", 0, "--force", "--fail-on", "severe")
+    code, stderr, _ = follow.end()
+    assert code == 3, stderr
+    assert [json.loads(line)["level"] for line in lines.read_text().splitlines()] == ["severe"]

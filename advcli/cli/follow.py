@@ -22,6 +22,9 @@ from advcli.settings import Engine
 if TYPE_CHECKING:
     from advcli.cli.options import DumpSettings
 
+# Long enough for a writer's pauses between its buffered writes, short against a training step.
+SETTLE_SECONDS = 2.0
+
 FollowOpt = Annotated[
     bool,
     typer.Option(
@@ -36,7 +39,7 @@ SettleOpt = Annotated[
         "--settle",
         min=0,
         help="With --follow: seconds a file not published by advcli must stay unchanged "
-        "(size and modification time) before it is read [default: 2].",
+        f"(size and modification time) before it is read [default: {SETTLE_SECONDS:g}].",
     ),
 ]
 JsonlOpt = Annotated[
@@ -85,10 +88,8 @@ def run_follow(inputs: list[str], settings: DumpSettings, params: dict[str, Any]
     """Follow the one folder in ``inputs``: each step as a JSON line and/or a table row as it
     comes (the rows on standard error when standard output carries the lines), ending with
     exit 3 at the first step that trips ``--fail-on`` or ``--fail-above``."""
+    from advcli._runtime.process import require_stdout
     from advcli.cli.consoles import stderr, stdout
-
-    with held():  # Polars panics when a Ctrl-C lands inside its import
-        from advcli.follow import DEFAULT_SETTLE_SECONDS, follow_steps
 
     if len(inputs) != 1:
         raise UsageError("--follow watches one folder: give one input")
@@ -99,13 +100,17 @@ def run_follow(inputs: list[str], settings: DumpSettings, params: dict[str, Any]
         )
     fail_on = params["fail_on"].value if params["fail_on"] is not None else None
     lines_on_stdout = jsonl is not None and str(jsonl) == "-"
+    if lines_on_stdout or not params["quiet"]:
+        require_stdout("the steps" if lines_on_stdout else "the steps' rows (pass --quiet)")
     show = None if params["quiet"] else stderr if lines_on_stdout else stdout()
+    with held():  # Polars panics when a Ctrl-C lands inside its import
+        from advcli.follow import follow_steps
     with _lines(jsonl, params["force"]) as write:
         steps = follow_steps(
             Path(inputs[0]),
             settings.config,
             names=settings.names,
-            settle=DEFAULT_SETTLE_SECONDS if settle is None else settle,
+            settle=SETTLE_SECONDS if settle is None else settle,
             drop_duplicates=params["drop_duplicates"],
         )
         for index, step in enumerate(steps):
@@ -153,9 +158,15 @@ class _lines:
 
     def _write(self, line: str) -> None:
         assert self.handle is not None
-        with held():
-            self.handle.write(line)
-            self.handle.flush()
+        try:
+            with held():
+                self.handle.write(line)
+                self.handle.flush()
+        except BrokenPipeError:  # the reader went away: the command line ends quietly
+            raise
+        except OSError as error:  # a full disk, a file-size limit
+            where = "standard output" if self.handle is sys.stdout else self.path
+            raise AdvcliError(f"{where}: cannot write ({error.strerror})") from None
 
     def __exit__(self, *exc: object) -> None:
         if self.handle is not None and self.handle is not sys.stdout:
