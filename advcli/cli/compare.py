@@ -15,6 +15,7 @@ from advcli._runtime.process import require_stdout, use_threads
 from advcli._runtime.signals import held
 from advcli.cli.consoles import stderr, stdout
 from advcli.cli.exits import reports_errors
+from advcli.cli.follow import FollowOpt, JsonlOpt, SettleOpt, check_follow, run_follow
 from advcli.cli.options import (
     DEFAULTS,
     AddressOpt,
@@ -157,6 +158,9 @@ def compare_command(
     threads: ThreadsOpt = None,
     config_path: ConfigOpt = None,
     quiet: QuietOpt = False,
+    follow: FollowOpt = False,
+    settle: SettleOpt = None,
+    jsonl: JsonlOpt = None,
 ) -> None:
     """Report how much counting every turn changes baselines and advantages.
 
@@ -173,7 +177,11 @@ def compare_command(
             "--fail-above reads the outcome report's largest advantage difference; under "
             "--reward-mode per-turn pass --fail-on (the level of the grouping in use)"
         )
+    check_follow(ctx.params)
     use_threads(threads)
+    if follow:
+        run_follow(inputs or [], settings, ctx.params)
+        return
     with held():  # Polars panics when a Ctrl-C lands inside its import
         from advcli.pipeline import compare
         from advcli.write.documents import ReportFiles

@@ -14,10 +14,11 @@ import typer.core
 from advcli.cli.exits import reports_errors
 
 # Options never saved in a config file: where a run writes (a saved path would be replaced by
-# every later run, and --force would make that silent) and --quiet, which would hide the line
-# saying that a config file is in force.
+# every later run, and --force would make that silent), --quiet, which would hide the line
+# saying that a config file is in force, and --follow's, which make a run that never ends.
 UNSAVED = frozenset(
     {"config", "output", "format", "report", "json", "markdown", "plot", "html", "force", "quiet"}
+    | {"follow", "settle", "jsonl"}
 )
 
 

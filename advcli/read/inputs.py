@@ -71,13 +71,9 @@ def _matches(spec: str) -> list[Path]:
 
 def _expand_path(path: Path, spec: str) -> list[Path]:
     if path.is_dir():
-        # A directory's Parquet files; failing those, its JSON-lines files (a stray config.json
-        # beside Parquet files is not data).
-        files = sorted(p for p in path.rglob("*") if p.is_file())
-        for suffixes in (PARQUET_SUFFIXES, DIRECTORY_JSON_SUFFIXES):
-            found = [p for p in files if p.suffix in suffixes]
-            if found:
-                return found
+        found = directory_files(path)
+        if found:
+            return found
         raise AdvcliError(
             f"{spec}: the directory holds no Parquet file (*.parquet, *.pq) "
             "or JSON-lines file (*.jsonl, *.ndjson)"
@@ -87,8 +83,23 @@ def _expand_path(path: Path, spec: str) -> list[Path]:
     return [path]
 
 
-def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
-    """Resolve the inputs, read each file's schema and row count, and check that they agree.
+def directory_files(path: Path) -> list[Path]:
+    """A directory's input files, sorted by path (recursively): its Parquet files, failing those
+    its JSON-lines files (a stray config.json beside Parquet files is not data); none if it
+    holds neither."""
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    for suffixes in (PARQUET_SUFFIXES, DIRECTORY_JSON_SUFFIXES):
+        found = [p for p in files if p.suffix in suffixes]
+        if found:
+            return found
+    return []
+
+
+def open_dataset(
+    specs: Sequence[str], *, spool: Path | None = None, empty_ok: bool = False
+) -> Dataset:
+    """Resolve the inputs, read each file's schema and row count, and check that they agree;
+    inputs without rows are an error unless ``empty_ok``.
 
     ``-`` reads standard input (Parquet, an Arrow IPC stream or JSON lines, told apart by their
     first bytes); it is copied to a file in ``spool`` (a temporary folder the caller removes),
@@ -137,7 +148,7 @@ def open_dataset(specs: Sequence[str], *, spool: Path | None = None) -> Dataset:
         native,
         tuple(identities),
     )
-    if dataset.num_rows == 0:
+    if dataset.num_rows == 0 and not empty_ok:
         raise AdvcliError(f"{dataset.describe()}: the input has no rows")
     return dataset
 

@@ -64,7 +64,7 @@ def by_step(
     for index, label in enumerate(labels):
         row = found.get(index)
         if row is None:
-            series.append(_empty_step(label))
+            series.append(empty_step(label))
             continue
         diff = number(row["advantage_diff_mean"])
         series.append(
@@ -131,7 +131,7 @@ def _token_mean_longest_vs_shortest(
         return np.where(shortest != 0, longest / shortest, np.nan)
 
 
-def _empty_step(step: Any) -> dict[str, Any]:
+def empty_step(step: Any) -> dict[str, Any]:
     """A step (an input file) without rows: its place in the series, with no figures."""
     return {
         "step": step,

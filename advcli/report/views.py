@@ -301,18 +301,19 @@ def step_rows(report: BiasReport) -> list[list[str]]:
     are left out (the JSON's ``by_step`` holds every one)."""
     series = (report.summary.get("by_step") or {}).get("steps") or []
     if len(series) <= SHOWN_STEPS:
-        return [_step_row(entry) for entry in series]
+        return [step_row(entry) for entry in series]
     half = SHOWN_STEPS // 2
     left_out = len(series) - 2 * half
     note = [f"… {left_out:,} more (by_step in the JSON)", *[""] * (len(STEP_HEADERS) - 1)]
     return [
-        *(_step_row(entry) for entry in series[:half]),
+        *(step_row(entry) for entry in series[:half]),
         note,
-        *(_step_row(entry) for entry in series[-half:]),
+        *(step_row(entry) for entry in series[-half:]),
     ]
 
 
-def _step_row(entry: dict[str, Any]) -> list[str]:
+def step_row(entry: dict[str, Any]) -> list[str]:
+    """One step of the series as a row (``compare --follow`` prints them one at a time)."""
     return [
         shown(fmt(entry["step"])),
         fmt(entry["rows"]),

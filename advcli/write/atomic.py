@@ -46,6 +46,10 @@ class OutputAppeared(AdvcliError):
 
 # The extended attribute that marks a partial as advcli's: "PID INODE MACHINE" (see _machine).
 MARKER = "user.advcli.partial"
+# The extended attribute of a file advcli published whole: "SIZE MTIME_NS" of the file as it was
+# renamed into place. A rename keeps both, a later write in place changes the modification time,
+# so the mark vouches for the file only while both still match (:func:`published_whole`).
+PUBLISHED = "user.advcli.published"
 
 
 def check_output_path(output: Path, *, force: bool, folder_output: bool = False) -> None:
@@ -187,6 +191,8 @@ def atomic_output(
             yield partial
             if before_publish is not None:
                 before_publish()
+            if not folder:
+                _mark_published(partial)
             _publish(
                 partial, output, force=force, folder=folder, keep=keep, replace_hint=replace_hint
             )
@@ -213,6 +219,25 @@ def _create_container(output: Path) -> Path:
         marker = f"{os.getpid()} {os.stat(container).st_ino} {_machine()}"
         os.setxattr(container, MARKER, marker.encode())
     return container
+
+
+def _mark_published(partial: Path) -> None:
+    # Where the filesystem has no user extended attributes a watcher waits for the file to
+    # settle instead.
+    with contextlib.suppress(OSError):
+        info = os.stat(partial)
+        os.setxattr(partial, PUBLISHED, f"{info.st_size} {info.st_mtime_ns}".encode())
+
+
+def published_whole(path: Path) -> bool:
+    """Whether ``path`` is a file advcli published (renamed into place whole) and unchanged
+    since: its :data:`PUBLISHED` mark names its present size and modification time."""
+    try:
+        info = os.stat(path)
+        mark = os.getxattr(path, PUBLISHED).decode()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return mark == f"{info.st_size} {info.st_mtime_ns}"
 
 
 def _partial_prefix(output: Path) -> str:

@@ -1,0 +1,204 @@
+"""``advcli compare DIR --by file --follow``: each step file's figures as a JSON line or a
+terminal table row as the trainer writes it, until Ctrl-C, an error, or a step that trips
+``--fail-on``/``--fail-above``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from advcli._runtime.signals import held
+from advcli.errors import AdvcliError, UsageError
+from advcli.settings import Engine
+
+if TYPE_CHECKING:
+    from advcli.cli.options import DumpSettings
+
+# Long enough for a writer's pauses between its buffered writes, short against a training step.
+SETTLE_SECONDS = 2.0
+
+FollowOpt = Annotated[
+    bool,
+    typer.Option(
+        "--follow",
+        help="With --by file and one folder: report each step file as it appears (the ones "
+        "there first), until Ctrl-C.",
+    ),
+]
+SettleOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--settle",
+        min=0,
+        help="With --follow: seconds a file not published by advcli must stay unchanged "
+        f"(size and modification time) before it is read [default: {SETTLE_SECONDS:g}].",
+    ),
+]
+JsonlOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--jsonl",
+        help="With --follow: write each step as one JSON line ('-' for stdout), as it comes.",
+    ),
+]
+
+# The options of a whole run's report, which a watch that never ends does not write, by their
+# parameter names.
+_REPORT_FILES = {
+    "json_path": "--json",
+    "markdown": "--markdown",
+    "plot": "--plot",
+    "html": "--html",
+}
+
+
+def check_follow(params: dict[str, Any]) -> None:
+    """Refuse ``--settle`` and ``--jsonl`` without ``--follow``, and ``--follow`` without
+    ``--by file`` or with what it does not take. ``params``: the command's options by their
+    parameter names (typer's ``ctx.params``)."""
+    if not params["follow"]:
+        for name in ("settle", "jsonl"):
+            if params[name] is not None:
+                raise UsageError(f"--{name} goes with --follow")
+        return
+    if params["by"] != "file":
+        raise UsageError("--follow reports each step file as it appears: pass --by file")
+    for name, option in _REPORT_FILES.items():
+        if params[name] is not None:
+            raise UsageError(
+                f"--follow does not take {option}: a report of the whole run, which a watch "
+                "does not end with (pass --jsonl)"
+            )
+    if params["engine"] != Engine.LOCAL:
+        raise UsageError(
+            "--follow does not take --engine ray: each step file is compared on its own, "
+            "locally, as it comes"
+        )
+
+
+def run_follow(inputs: list[str], settings: DumpSettings, params: dict[str, Any]) -> None:
+    """Follow the one folder in ``inputs``: each step as a JSON line and/or a table row as it
+    comes (the rows on standard error when standard output carries the lines), ending with
+    exit 3 at the first step that trips ``--fail-on`` or ``--fail-above``."""
+    from advcli._runtime.process import require_stdout
+    from advcli.cli.consoles import stderr, stdout
+
+    if len(inputs) != 1:
+        raise UsageError("--follow watches one folder: give one input")
+    jsonl, settle = params["jsonl"], params["settle"]
+    if jsonl is not None and str(jsonl) != "-" and _within(jsonl, Path(inputs[0])):
+        raise UsageError(
+            f"--jsonl {jsonl} is inside the folder --follow watches; write it elsewhere"
+        )
+    fail_on = params["fail_on"].value if params["fail_on"] is not None else None
+    lines_on_stdout = jsonl is not None and str(jsonl) == "-"
+    if lines_on_stdout or not params["quiet"]:
+        require_stdout("the steps" if lines_on_stdout else "the steps' rows (pass --quiet)")
+    show = None if params["quiet"] else stderr if lines_on_stdout else stdout()
+    with held():  # Polars panics when a Ctrl-C lands inside its import
+        from advcli.follow import follow_steps
+    with _lines(jsonl, params["force"]) as write:
+        steps = follow_steps(
+            Path(inputs[0]),
+            settings.config,
+            names=settings.names,
+            settle=SETTLE_SECONDS if settle is None else settle,
+            drop_duplicates=params["drop_duplicates"],
+        )
+        for index, step in enumerate(steps):
+            if write is not None:
+                write(json.dumps(step, ensure_ascii=False) + "\n")
+            if show is not None:
+                # The folder is every step's: a row names the file within it.
+                shown = {**step, "step": os.path.relpath(step["step"], inputs[0])}
+                show.print(_row_table(shown, header=index == 0))
+            reason = step_trips(step, params["fail_above"], fail_on)
+            if reason is not None:
+                typer.echo(f"advcli compare: {reason}", err=True)
+                raise typer.Exit(3)
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return Path(os.path.abspath(folder)) in Path(os.path.abspath(path)).parents
+
+
+class _lines:
+    """Where the JSON lines go: standard output, a new file (replaced with ``--force``), or
+    nowhere. Each line is written whole (a signal waits for it) and flushed as it comes, so
+    that a reader of the file sees every step reported, and no half line."""
+
+    def __init__(self, path: Path | None, force: bool) -> None:
+        self.path, self.force = path, force
+        self.handle: IO[str] | None = None
+
+    def __enter__(self) -> Callable[[str], None] | None:
+        if self.path is None:
+            return None
+        if str(self.path) == "-":
+            self.handle = sys.stdout
+        else:
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if self.force else os.O_EXCL)
+            try:
+                self.handle = open(os.open(self.path, flags, 0o666), "w", encoding="utf-8")
+            except FileExistsError:
+                raise AdvcliError(
+                    f"{self.path}: the file exists; pass --force to replace it"
+                ) from None
+            except OSError as error:
+                raise AdvcliError(f"{self.path}: cannot write ({error.strerror})") from None
+        return self._write
+
+    def _write(self, line: str) -> None:
+        assert self.handle is not None
+        try:
+            with held():
+                self.handle.write(line)
+                self.handle.flush()
+        except BrokenPipeError:  # the reader went away: the command line ends quietly
+            raise
+        except OSError as error:  # a full disk, a file-size limit
+            where = "standard output" if self.handle is sys.stdout else self.path
+            raise AdvcliError(f"{where}: cannot write ({error.strerror})") from None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.handle is not None and self.handle is not sys.stdout:
+            self.handle.close()
+
+
+def _row_table(step: dict[str, Any], *, header: bool) -> Table:
+    """One step as a table row, of the columns ``compare --by``'s series shows (the header
+    above the first)."""
+    from advcli.report.views import STEP_HEADERS, step_row
+
+    table = Table(show_header=header, show_edge=False, box=None, pad_edge=False)
+    # Fixed widths, so that the rows printed one by one line up.
+    for name, width in zip(STEP_HEADERS, (24, *[11] * (len(STEP_HEADERS) - 1)), strict=True):
+        table.add_column(name, justify="right", width=width, overflow="fold")
+    table.add_row(*map(Text, step_row(step)))
+    return table
+
+
+def step_trips(step: dict[str, Any], fail_above: float | None, fail_on: str | None) -> str | None:
+    """Why one step ends the watch: its level reaches ``--fail-on`` (as ``compare --by``'s
+    steps do), or its largest advantage difference exceeds ``--fail-above``."""
+    from advcli.report.verdict import THRESHOLDS
+
+    order = ["negligible", *THRESHOLDS]
+    # A step without rows has no level.
+    if fail_on is not None and step["level"] and order.index(step["level"]) >= order.index(fail_on):
+        return f"step {step['step']} ({step['level']}) reaches --fail-on {fail_on}"
+    diff_max = step["advantage_diff_max"] or 0.0
+    if fail_above is not None and diff_max > fail_above:
+        return (
+            f"step {step['step']}: the largest advantage difference {diff_max:.4g} exceeds "
+            f"--fail-above {fail_above:g}"
+        )
+    return None

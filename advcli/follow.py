@@ -1,0 +1,102 @@
+"""``compare DIR --by file --follow``: each step file of a folder reported as it appears, while
+the trainer writes them.
+
+A file is taken once it is complete: at once when advcli published it whole (``write_batch``, or
+any advcli output, renamed into place with a mark of its size and modification time:
+:func:`advcli.write.atomic.published_whole`), else once its size and modification time have not
+changed for ``settle`` seconds. Each step's figures are its ``compare --by file`` entry, from
+comparing the file alone (bit for bit the entry of a whole-folder run,
+:func:`advcli.report.by_step.by_step`). Each path is reported once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from advcli.errors import AdvcliError
+from advcli.loading import check_engine
+from advcli.names import shown_path
+from advcli.pipeline import compare
+from advcli.read.inputs import directory_files, open_dataset
+from advcli.report.by_step import empty_step
+from advcli.settings import AdvantageConfig, ColumnNames, Engine
+from advcli.write.atomic import PARTIAL_SUFFIX, published_whole
+
+# How often the folder is listed: a step file is reported within this of being complete, and
+# a listing of a folder of thousands of files costs milliseconds.
+POLL_SECONDS = 0.25
+
+
+@dataclass
+class _Watch:
+    """The files not taken yet, each with its last (size, modification time) and since when
+    it has held them (monotonic seconds), and the files taken."""
+
+    settle: float
+    changing: dict[Path, tuple[tuple[int, int], float]] = field(default_factory=dict)
+    taken: set[Path] = field(default_factory=set)
+
+    def complete(self, folder: Path) -> list[Path]:
+        """The files of ``folder`` that are complete now and were not taken before, in the
+        order ``compare --by file`` sorts them."""
+        now = time.monotonic()
+        ready, changing = [], {}
+        for path in directory_files(folder):
+            if path in self.taken or any(p.endswith(PARTIAL_SUFFIX) for p in path.parts):
+                continue
+            try:
+                info = path.stat()
+            except FileNotFoundError:  # replaced or removed since the listing
+                continue
+            state = (info.st_size, info.st_mtime_ns)
+            last = self.changing.get(path)
+            since = last[1] if last is not None and last[0] == state else now
+            if published_whole(path) or now - since >= self.settle:
+                ready.append(path)
+            else:
+                changing[path] = (state, since)
+        # A file removed before it settled is forgotten.
+        self.changing = changing
+        self.taken.update(ready)
+        return ready
+
+
+def _step(path: Path, config: AdvantageConfig, names: ColumnNames, drop: bool) -> dict[str, Any]:
+    """The ``compare --by file`` entry of the step file ``path``, compared alone; a file
+    without rows keeps its place with no figures, as in a whole-folder run."""
+    dataset = open_dataset([str(path)], empty_ok=True)
+    if dataset.num_rows == 0:
+        return empty_step(dataset.label(0))
+    report = compare([str(path)], config, names=names, by="file", drop_duplicates=drop)
+    step: dict[str, Any] = report.summary["by_step"]["steps"][0]
+    return step
+
+
+def follow_steps(
+    folder: Path,
+    config: AdvantageConfig = AdvantageConfig(),
+    *,
+    settle: float,
+    names: ColumnNames = ColumnNames(),
+    drop_duplicates: bool = False,
+) -> Iterator[dict[str, Any]]:
+    """Each step file of ``folder`` as it is complete (published by advcli, or unchanged for
+    ``settle`` seconds), as its ``compare --by file`` entry (the ones there already first);
+    forever, sleeping :data:`POLL_SECONDS` between listings. A file
+    that cannot be compared raises :class:`~advcli.errors.AdvcliError` naming it."""
+    # What a step's compare would refuse is refused before the first step, not at it.
+    check_engine(Engine.LOCAL, None, config, compare=True, by="file")
+    if not folder.is_dir():
+        shown = shown_path(folder)
+        if not folder.exists():
+            raise AdvcliError(f"{shown}: no such folder (--follow watches a folder)")
+        raise AdvcliError(f"{shown}: --follow watches a folder; this is not one")
+    watch = _Watch(settle)
+    while True:
+        for path in watch.complete(folder):
+            yield _step(path, config, names, drop_duplicates)
+        time.sleep(POLL_SECONDS)

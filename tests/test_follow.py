@@ -1,0 +1,317 @@
+"""``compare DIR --by file --follow``: each step file reported as it appears, in a real process
+while files are written beside it (by ``write_batch``, and by a plain writer in place), its
+lines equal to ``compare --by file``'s steps; Ctrl-C, ``--fail-on`` and a bad file end it.
+
+The dumps' levels are computed by hand in tests/test_fail_on.py (drgrpo): NEGLIGIBLE, MATERIAL
+and SEVERE."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from conftest import dump_frame
+from test_fail_on import MATERIAL, NEGLIGIBLE, SEVERE
+
+from advcli.dump import write_batch
+from advcli.write.atomic import published_whole
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 60
+
+
+def batch(rows):
+    """A mapping batch for ``write_batch`` from (group, trajectory, turn, score, tokens) rows of
+    two tokens each, the score on the last."""
+    return {
+        "uid": np.array([r[0] for r in rows], dtype=object),
+        "traj_uid": np.array([r[1] for r in rows], dtype=object),
+        "turn_index": np.array([r[2] for r in rows]),
+        "token_level_rewards": np.array([[0.0, r[3]] for r in rows], dtype=np.float32),
+        "response_mask": np.ones((len(rows), 2), dtype=np.int64),
+    }
+
+
+class Follower:
+    """``advcli compare FOLDER --by file --follow`` in its own process, its standard output read
+    line by line as it comes."""
+
+    def __init__(self, folder: Path, *options: object) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+        self.process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "advcli", "compare", folder, "--by", "file", "--follow"),
+                *("--estimator", "drgrpo", *map(str, options)),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line)
+
+    def line(self) -> str:
+        return self.lines.get(timeout=TIMEOUT)
+
+    def end(self) -> tuple[int, str, list[str]]:
+        """Wait for the process to end: its exit code, standard error and the lines not read."""
+        code = self.process.wait(timeout=TIMEOUT)
+        self.reader.join(TIMEOUT)
+        assert self.process.stderr is not None
+        stderr = self.process.stderr.read()
+        self.close()
+        rest = []
+        while not self.lines.empty():
+            rest.append(self.lines.get())
+        return code, stderr, rest
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.reader.join(TIMEOUT)
+        for stream in (self.process.stdout, self.process.stderr):
+            assert stream is not None
+            stream.close()
+
+
+@pytest.fixture
+def follower():
+    started: list[Follower] = []
+
+    def start(folder: Path, *options: object) -> Follower:
+        started.append(Follower(folder, *options))
+        return started[-1]
+
+    yield start
+    for one in started:
+        one.close()
+
+
+def steps_of_whole_run(run, folder: Path) -> list[dict]:
+    """``compare FOLDER --by file``'s steps, the run not followed."""
+    result = run("compare", folder, "--by", "file", "--estimator", "drgrpo", "--json", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)["by_step"]["steps"]
+
+
+def test_published_files_are_reported_at_once_and_ctrl_c_ends_it(follower, run, tmp_path):
+    folder = tmp_path / "run"
+    write_batch(batch(MATERIAL), folder, step=2)
+    write_batch(batch(NEGLIGIBLE), folder, step=1)
+    # A settle time no test waits for: the new step arrives because write_batch published it.
+    follow = follower(folder, "--jsonl", "-", "--settle", 600, "-q")
+    first, second = json.loads(follow.line()), json.loads(follow.line())
+    # The ones there first, in --by file's order (by path).
+    assert [first["step"], second["step"]] == [
+        str(folder / "step-00000001.parquet"),
+        str(folder / "step-00000002.parquet"),
+    ]
+    write_batch(batch(SEVERE), folder, step=3)
+    third = json.loads(follow.line())
+    assert [first, second, third] == steps_of_whole_run(run, folder)
+    assert [step["level"] for step in (first, second, third)] == [
+        "negligible",
+        "material",
+        "severe",
+    ]
+    follow.process.send_signal(signal.SIGINT)
+    code, stderr, rest = follow.end()
+    assert (code, rest) == (130, [])
+    assert stderr == "Interrupted; no partial output was left behind.\n"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [
+        "run",
+        "step-00000001.parquet",
+        "step-00000002.parquet",
+        "step-00000003.parquet",
+    ]
+
+
+def test_a_file_written_in_place_is_read_once_it_settles(follower, run, tmp_path):
+    folder, lines = tmp_path / "run", tmp_path / "steps.jsonl"
+    folder.mkdir()
+    settle = 1.0
+    # The folder is empty when the watch starts: it waits for the run's first step.
+    follow = follower(folder, "--jsonl", lines, "--settle", settle)
+    source = tmp_path / "source.parquet"
+    pl.DataFrame(batch(SEVERE)).write_parquet(source)
+    data = source.read_bytes()
+    source.unlink()
+    step = folder / "step-1.parquet"
+    with open(step, "wb") as handle:
+        # Pauses shorter than the settle time: the half-written file is never read.
+        for start in range(0, len(data), len(data) // 4 + 1):
+            handle.write(data[start : start + len(data) // 4 + 1])
+            handle.flush()
+            time.sleep(0.3)
+    written = time.monotonic()
+    deadline = written + TIMEOUT
+    while not lines.exists() or not lines.read_text():
+        assert time.monotonic() < deadline, "the step was not reported"
+        time.sleep(0.02)
+    assert time.monotonic() - written >= settle - 0.3  # the last pause counts toward it
+    assert [json.loads(line) for line in lines.read_text().splitlines()] == steps_of_whole_run(
+        run, folder
+    )
+    follow.process.send_signal(signal.SIGINT)
+    code, _, _ = follow.end()
+    assert code == 130
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["run", "step-1.parquet", "steps.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("gate", "reason"),
+    [
+        (("--fail-on", "material"), " (severe) reaches --fail-on material"),
+        # SEVERE's largest |diff| is 1/6.
+        (
+            ("--fail-above", "0.1"),
+            ": the largest advantage difference 0.1667 exceeds --fail-above 0.1",
+        ),
+    ],
+)
+def test_the_first_step_that_trips_the_gate_ends_it_with_exit_3(
+    gate, reason, follower, write_dump, tmp_path
+):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for number, rows in enumerate([NEGLIGIBLE, SEVERE, SEVERE, NEGLIGIBLE]):
+        write_dump(rows, f"run/step-{number}.parquet")
+    code, stderr, lines = follower(folder, "--jsonl", "-", "--settle", 0, "-q", *gate).end()
+    assert code == 3, stderr
+    # The step that trips it is reported, and none after it.
+    assert [json.loads(line)["level"] for line in lines] == ["negligible", "severe"]
+    assert stderr == f"advcli compare: step {folder / 'step-1.parquet'}{reason}\n"
+
+
+def test_the_terminal_shows_a_row_per_step(follower, write_dump, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_dump(NEGLIGIBLE, "run/step-0.parquet")
+    write_dump(SEVERE, "run/step-1.parquet")
+    code, stderr, lines = follower(folder, "--settle", 0, "--fail-on", "severe").end()
+    assert code == 3, stderr
+    header, *rows = [line.split() for line in lines]
+    assert header[:3] == ["step", "rows", "trajs"]
+    assert [(row[0], row[1], row[2], row[-1]) for row in rows] == [
+        ("step-0.parquet", "2", "2", "negligible"),
+        ("step-1.parquet", "3", "2", "severe"),
+    ]
+
+
+def test_a_bad_step_file_ends_it_with_one_error_naming_the_file(follower, write_dump, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_dump(NEGLIGIBLE, "run/step-0.parquet")
+    (folder / "step-1.parquet").write_bytes(b"not a parquet file")
+    code, stderr, lines = follower(folder, "--jsonl", "-", "--settle", 0, "-q").end()
+    assert code == 1
+    assert [json.loads(line)["step"] for line in lines] == [str(folder / "step-0.parquet")]
+    assert stderr.startswith(f"Error: {folder / 'step-1.parquet'}")
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (("--follow",), "--follow reports each step file as it appears: pass --by file"),
+        (("--follow", "--by", "step"), "pass --by file"),
+        (("--by", "file", "--settle", "1"), "--settle goes with --follow"),
+        (("--by", "file", "--jsonl", "-"), "--jsonl goes with --follow"),
+        (("--by", "file", "--follow", "--json", "r.json"), "--follow does not take --json"),
+        (("--by", "file", "--follow", "--engine", "ray"), "--follow does not take --engine ray"),
+        (("--by", "file", "--follow", "EXTRA"), "--follow watches one folder"),
+        (("--by", "file", "--follow", "--settle", "-1"), "greater than or equal to 0"),
+        (
+            ("--by", "file", "--follow", "--jsonl", "INSIDE"),
+            "is inside the folder --follow watches",
+        ),
+    ],
+)
+def test_follow_misused_is_a_usage_error(options, message, run, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    stand_ins = {"EXTRA": tmp_path / "other", "INSIDE": folder / "steps.jsonl"}
+    args = [stand_ins.get(option, option) for option in options]
+    result = run("compare", folder, *args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.stderr.replace("│", " ").split())
+
+
+def test_follow_of_a_file_or_of_no_folder_is_an_error(write_dump, run, tmp_path):
+    path = write_dump(NEGLIGIBLE)
+    result = run("compare", path, "--by", "file", "--follow")
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {path}: --follow watches a folder; this is not one\n"
+    missing = tmp_path / "not-yet"
+    result = run("compare", missing, "--by", "file", "--follow")
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {missing}: no such folder (--follow watches a folder)\n"
+
+
+def test_a_step_file_without_rows_keeps_its_place(follower, run, write_dump, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_dump(SEVERE, "run/step-0.parquet")
+    write_dump(dump_frame(SEVERE).head(0), "run/step-1.parquet")
+    write_dump(MATERIAL, "run/step-2.parquet")
+    follow = follower(folder, "--jsonl", "-", "--settle", 0, "-q")
+    lines = [json.loads(follow.line()) for _ in range(3)]
+    assert lines[1] == {
+        "step": str(folder / "step-1.parquet"),
+        "rows": 0,
+        "trajectories": 0,
+        "baseline_shift_mean": None,
+        "advantage_diff_mean": None,
+        "advantage_diff_max": None,
+        "sign_flips": 0,
+        "token_mean_longest_vs_shortest": None,
+        "level": None,
+    }
+    assert lines == steps_of_whole_run(run, folder)
+
+
+def test_the_published_mark_vouches_only_for_the_file_as_published(tmp_path):
+    path = write_batch(batch(SEVERE), tmp_path, step=1).path
+    assert published_whole(path)
+    # The same bytes written again in place: the file may have been half-written meanwhile.
+    data = path.read_bytes()
+    time.sleep(0.01)
+    with open(path, "r+b") as handle:
+        handle.write(data)
+    assert not published_whole(path)
+    plain = tmp_path / "plain.parquet"
+    plain.write_bytes(data)
+    assert not published_whole(plain)
+
+
+def test_the_jsonl_file_is_not_replaced_without_force(follower, write_dump, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_dump(SEVERE, "run/step-0.parquet")
+    lines = tmp_path / "steps.jsonl"
+    lines.write_text("kept\n")
+    code, stderr, _ = follower(folder, "--jsonl", lines, "--settle", 0).end()
+    assert (code, stderr) == (1, f"Error: {lines}: the file exists; pass --force to replace it\n")
+    assert lines.read_text() == "kept\n"
+    follow = follower(folder, "--jsonl", lines, "--settle", 0, "--force", "--fail-on", "severe")
+    code, stderr, _ = follow.end()
+    assert code == 3, stderr
+    assert [json.loads(line)["level"] for line in lines.read_text().splitlines()] == ["severe"]
