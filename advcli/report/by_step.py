@@ -1,5 +1,6 @@
-"""``compare --by``: the headline figures of each training step (each input file, or each value
-of a column), from the report of the whole run in one grouped pass."""
+"""``compare --by``: the headline figures of each training step, from the report of the whole
+run in one grouped pass (each value of a column), or from each step's own report (each input
+file, :mod:`advcli.parts`)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def by_step(
     for index, label in enumerate(labels):
         row = found.get(index)
         if row is None:
-            series.append(_empty_step(label))
+            series.append(empty_step(label))
             continue
         diff = number(row["advantage_diff_mean"])
         series.append(
@@ -131,7 +132,28 @@ def _token_mean_longest_vs_shortest(
         return np.where(shortest != 0, longest / shortest, np.nan)
 
 
-def _empty_step(step: Any) -> dict[str, Any]:
+def step_entry(summary: dict[str, Any], step: Any) -> dict[str, Any]:
+    """The headline figures of a step compared alone (``summary``: its report), the step named
+    ``step``: those :func:`by_step` gives it."""
+    flips, trajectories = summary["trajectories"]["sign_flips"], summary["counts"]["trajectories"]
+    diff = summary["trajectories"]["advantage_diff_mean"]
+    weights = summary["loss_weights"]
+    return {
+        "step": step,
+        "rows": summary["counts"]["rows"],
+        "trajectories": trajectories,
+        "baseline_shift_mean": summary["groups"]["baseline_shift_mean"],
+        "advantage_diff_mean": diff,
+        "advantage_diff_max": summary["trajectories"]["advantage_diff_max"],
+        "sign_flips": flips,
+        "token_mean_longest_vs_shortest": (
+            weights["token-mean"]["longest_vs_shortest"] if weights is not None else None
+        ),
+        "level": bias_level(diff or 0.0, flips / max(trajectories, 1)),
+    }
+
+
+def empty_step(step: Any) -> dict[str, Any]:
     """A step (an input file) without rows: its place in the series, with no figures."""
     return {
         "step": step,
