@@ -39,6 +39,7 @@ from advcli.read.projection import (
     split_padding,
 )
 from advcli.read.roles import read_roles
+from advcli.read.turn_rewards import check_last_steps, check_turn_rewards
 from advcli.report.step_credit import not_measured, step_credit
 from advcli.report.termination import TerminationReport, termination_report
 from advcli.rules import RULES
@@ -132,15 +133,19 @@ class LoadedDump:
         report.summary["duplicate_rows"] = duplicates.report(self.dataset.locate)
         return report
 
-    def with_turn_rewards(self) -> LoadedDump:
+    def with_turn_rewards(self, confirmed: bool = False) -> LoadedDump:
         """The dump read for per-turn rewards: its turn indices checked consecutive in each
-        trajectory, and its reading notes saying which order the rewards-to-go follow."""
+        trajectory, its last-step flags against that order, its rewards checked not to be an
+        outcome score repeated on every turn (unless ``confirmed``: an option named the reward
+        column), and its reading notes saying which order the rewards-to-go follow."""
         columns = self.columns
         if columns.turn is not None:
             check_consecutive_turns(self.projection, self.dataset, columns)
             order = f"the turn column '{columns.turn}'"
         else:
             order = "row order (no turn column)"
+        check_last_steps(self.projection, self.dataset, columns)
+        check_turn_rewards(self.trajectories.table, self.dataset, columns, confirmed)
         note = f"per-turn rewards: each trajectory's rewards-to-go follow {order}"
         return replace(self, columns=replace(columns, notes=(*columns.notes, note)))
 
@@ -181,6 +186,7 @@ def load_dump(
     mask_needed_for: str | None = None,
     by: str | None = None,
     step_roles: StepRoles = False,
+    turn_rewards: bool = False,
 ) -> LoadedDump:
     """Stage 1: pick the columns, read and check the key projection (on Ray Data with
     ``engine="ray"``, after :func:`start_engine`). ``mask_needed_for`` says what needs the
@@ -189,7 +195,8 @@ def load_dump(
     ``by`` (``"file"`` or a column) makes each part its own batch: its groups are keyed by
     ``(step, group)``, so ids that repeat across steps (dataset indices) stay apart. ``step_roles``:
     GiGPO's roles are read too (the anchor, the step reward or return; as
-    :func:`advcli.read.columns.resolve_columns` takes ``steps``)."""
+    :func:`advcli.read.columns.resolve_columns` takes ``steps``); ``turn_rewards``: the reward is
+    each turn's own (``--reward-mode per-turn``)."""
     columns = read_roles(
         dataset.schema,
         dataset.describe(),
@@ -198,6 +205,7 @@ def load_dump(
         mask_needed_for=mask_needed_for,
         not_turns=(by,) if by not in (None, "file") else (),
         steps=step_roles,
+        turn_rewards=turn_rewards,
     )
     if by not in (None, "file") and names.turn is None:
         _check_by_is_not_the_turn(by, columns, dataset.describe())
@@ -206,12 +214,21 @@ def load_dump(
             f"{dataset.describe()}: {dataset.num_rows:,} rows are not whole groups of "
             f"--group-size {columns.group_size}"
         )
-    if engine == Engine.RAY and (step_roles is True or columns.anchor is not None):
+    # Per-turn rewards' anchor step groups run on Ray: its stage 2 has the whole projection.
+    if engine == Engine.RAY and (
+        step_roles is True or (columns.anchor is not None and not turn_rewards)
+    ):
         raise AdvcliError("--estimator gigpo runs on the local engine only")
     if engine == Engine.RAY and (columns.group is None or columns.trajectory is None):
         raise AdvcliError(
             f"{dataset.describe()}: --engine ray needs group and trajectory id columns (its "
             "blocks do not know their rows' numbers); use the local engine"
+        )
+    if engine == Engine.RAY and turn_rewards and columns.turn is None:
+        raise AdvcliError(
+            f"{dataset.describe()}: --engine ray needs a turn column under --reward-mode "
+            "per-turn (its blocks do not know their rows' numbers, and a row's reward-to-go "
+            "depends on its place in its trajectory); pass --turn-col, or use the local engine"
         )
     project = load_ray_engine().key_projection if engine == Engine.RAY else key_projection
     # With --by the repeated turns are looked for once the groups are keyed by step.
@@ -306,7 +323,7 @@ def check_engine(
     run with (:func:`check_per_turn`, given ``per_turn``'s flags)."""
     if address is not None and engine != Engine.RAY:
         raise UsageError("--address goes with --engine ray")
-    check_per_turn(config, engine, **per_turn)
+    check_per_turn(config, **per_turn)
 
 
 def start_engine(engine: Engine, address: str | None) -> None:
@@ -356,14 +373,12 @@ def compute_step_roles(config: AdvantageConfig, report: bool = False) -> StepRol
 
 
 def check_per_turn(
-    config: AdvantageConfig, engine: Engine, *, by: str | None = None, compare: bool = False
+    config: AdvantageConfig, *, by: str | None = None, compare: bool = False
 ) -> None:
-    """Refuse what per-turn rewards do not run with yet, before any input is opened: the Ray
-    engine, and ``compare --by`` (the termination report is of one batch)."""
+    """Refuse what per-turn rewards do not run with yet, before any input is opened:
+    ``compare --by`` (the termination report is of one batch)."""
     if config.per_turn is None:
         return
-    if engine == Engine.RAY:
-        raise UsageError("--reward-mode per-turn runs on the local engine only")
     if compare and by is not None:
         raise UsageError(
             "compare --by does not take --reward-mode per-turn: the termination report is of "
@@ -383,10 +398,13 @@ def counted_rows(
     row, as the trainer counted them, or with ``drop_duplicates`` only the first row of each
     identical set. ``turn_rewards``: the counted rows are read for per-turn rewards
     (:meth:`LoadedDump.with_turn_rewards`)."""
-    every_row = load_dump(dataset, names, unique_turns=not drop_duplicates, **options)
+    every_row = load_dump(
+        dataset, names, unique_turns=not drop_duplicates, turn_rewards=turn_rewards, **options
+    )
     duplicates = find_duplicates(dataset, every_row.columns, every_row.projection)
+    confirmed = names.reward is not None
     if not drop_duplicates:
-        every_row = every_row.with_turn_rewards() if turn_rewards else every_row
+        every_row = every_row.with_turn_rewards(confirmed) if turn_rewards else every_row
         return every_row, every_row, duplicates
     dump = every_row
     if duplicates.count and not duplicates.confirmed:
@@ -402,7 +420,7 @@ def counted_rows(
         # A copy repeats its turn: the turns are checked once the copies are gone (ROLL
         # pads its batch with copies of whole rows).
         check_unique_turns(dump.projection, dump.dataset, dump.columns)
-    return every_row, dump.with_turn_rewards() if turn_rewards else dump, duplicates
+    return every_row, dump.with_turn_rewards(confirmed) if turn_rewards else dump, duplicates
 
 
 def report_settings(dump: LoadedDump, drop_duplicates: bool) -> dict[str, Any]:

@@ -142,7 +142,8 @@ def lookup_keys(config: AdvantageConfig, columns: ColumnRoles) -> list[str]:
     """What identifies a row's advantage: its trajectory at trajectory level (and whether the row
     has response tokens, for REINFORCE++); at turn level its turn, or (without a turn column) its
     score, which fixes a row's advantage within its trajectory for every estimator but
-    grpo_passk."""
+    grpo_passk, and not under per-turn rewards, which stage 1 refuses on Ray without a turn
+    column (a row's reward-to-go is not its own reward)."""
     if config.level is Level.TRAJECTORY:
         if RULES[config.estimator].whitens:
             return [GROUP, TRAJECTORY, HAS_TOKENS]

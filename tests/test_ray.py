@@ -13,6 +13,7 @@ from test_skyrl import skyrl_batch
 from test_trainer_dumps import write_batch
 
 from advcli.sample import sample_table
+from advcli.settings import StepGroups
 
 ray = pytest.importorskip("ray")
 
@@ -204,3 +205,42 @@ def test_force_never_replaces_a_folder_holding_an_input(
     assert len(lines) == 1 and lines[0].startswith(f"Error: {Path(output)}: {problem}")
     assert "Traceback" not in result.stderr
     assert _hashes(tmp_path) == before
+
+
+def test_per_turn_rewards_on_ray_equal_the_local_engine(cluster, run, tmp_path):
+    """Every --step-groups choice (anchor at both scopes) on a three-file dump whose groups
+    span the files: stage 2 runs on the driver over the whole projection, so trajectories and
+    step groups are never split. Without a turn column the blocks cannot place a row in its
+    trajectory, and Ray is refused."""
+    frame = pl.from_arrow(sample_table(groups=20, rollouts=5, seed=8)).with_columns(
+        # Each turn's own reward (the sample's outcome scaled by the turn), and an anchor
+        # state that the group's rollouts share at even turns.
+        token_level_rewards=pl.col("token_level_rewards") * (pl.col("turn_index") - 1.5),
+        anchor=pl.col("data_id") * 10 + pl.col("turn_index") % 2,
+    )
+    paths = []
+    for index in range(3):
+        paths.append(tmp_path / f"part-{index}.parquet")
+        frame.gather_every(3, offset=index).write_parquet(paths[-1])
+    choices = [["--step-groups", groups.value] for groups in StepGroups]
+    choices.append(["--step-groups", "anchor", "--anchor-scope", "batch"])
+    for options in choices:
+        options = ["--reward-mode", "per-turn", "--gamma", "0.9", *options]
+        local, distributed = tmp_path / "local.parquet", tmp_path / "ray-out"
+        assert run("compute", *paths, "-o", local, "-q", "--force", *options).exit_code == 0
+        result = run(
+            "compute", *paths, "-o", distributed, "-q", "--force", "--engine", "ray", *options
+        )
+        assert result.exit_code == 0, (options, result.stderr)
+        expected = pl.read_parquet(local)
+        assert pl.read_parquet(sorted(distributed.glob("*.parquet"))).equals(expected), options
+    unordered = tmp_path / "no-turns.parquet"
+    frame.drop("turn_index").write_parquet(unordered)
+    result = run(
+        "compute", unordered, "-o", tmp_path / "out", "--engine", "ray",
+        "--reward-mode", "per-turn",
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert result.stderr.startswith(
+        f"Error: {unordered}: --engine ray needs a turn column under --reward-mode per-turn"
+    )

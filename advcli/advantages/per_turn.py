@@ -60,23 +60,64 @@ def per_turn_advantages(
     returns = pl.Series(SCORE, step_returns(rewards, trajectories, per_turn.gamma))
     if grouping.by_position:
         position = pl.Series("turn", turn_positions(projection, trajectories))
-        key = pl.struct(pl.col(GROUP).alias("group"), position)
+        fields = projection.select(pl.col(GROUP).alias("group"), position)
     elif grouping.anchors:
-        key = pl.struct(anchor_scope(per_turn.scope, batch).alias("scope"), pl.col(ANCHOR))
+        scope = anchor_scope(per_turn.scope, batch).alias("scope")
+        fields = projection.select(scope, pl.col(ANCHOR))
     else:
-        key = pl.col(GROUP)
+        fields = projection.select(GROUP)
+    key = fields.to_series() if fields.width == 1 else fields.select(pl.struct(pl.all()))[:, 0]
+    packed = packed_key(fields) if fields.width > 1 else None
     at_turn = replace(config, per_turn=None, level=Level.TURN)
+    rows = projection.with_columns((key if packed is None else packed).alias(GROUP))
     if grouping.normalizes_rewards:
-        rows = projection.with_columns(key.alias(GROUP))
-        return summed_reward_advantages(rows, at_turn, naming, trajectories, per_turn, returns)
-    rows = projection.with_columns(key.alias(GROUP), returns)
+        result = summed_reward_advantages(rows, at_turn, naming, trajectories, per_turn, returns)
+        return with_key(result, key, packed)
+    rows = rows.with_columns(returns)
     statistics = None
     if grouping.padded:
         members = trajectories.table.select(pl.len().over(GROUP)).to_series().to_numpy()
         statistics = padded_statistics(
             rows.select(GROUP, SCORE, ROW, pl.Series(MEMBERS, members[trajectories.of_row]))
         )
-    return compute_advantages(rows, at_turn, naming, None, None, statistics=statistics)
+    result = compute_advantages(rows, at_turn, naming, None, None, statistics=statistics)
+    return with_key(result, key, packed)
+
+
+def packed_key(fields: pl.DataFrame) -> pl.Series | None:
+    """The step-group key's fields (the task group and the turn position, or the anchor's scope
+    and the anchor) as one integer per row, equal where every field is equal: each field's dense
+    rank, packed. Sorting, grouping and joining on it is several times faster than on their
+    struct. None where a field is itself a struct (``--by``'s (step, group)) or the packed
+    ranks would not fit 64 bits."""
+    packed = np.zeros(fields.height, dtype=np.uint64)
+    room = 1
+    for field in fields.iter_columns():
+        if isinstance(field.dtype, pl.Struct):
+            return None
+        dense = field.rank("dense").cast(pl.UInt64).to_numpy() - 1
+        size = int(dense.max()) + 1 if len(dense) else 1
+        room *= size
+        if room >= 2**64:
+            return None
+        packed = packed * np.uint64(size) + dense
+    return pl.Series(GROUP, packed)
+
+
+def with_key(result: Advantages, key: pl.Series, packed: pl.Series | None) -> Advantages:
+    """``result`` computed on the ``packed`` key, with the step groups keyed by their struct
+    ``key`` again (one per row, in the projection's order, as the turn-level units are)."""
+    if packed is None:
+        return result
+    keys = pl.DataFrame([packed.alias("__packed"), key.alias(GROUP)]).filter(
+        pl.col("__packed").is_first_distinct()
+    )
+    groups = (
+        result.groups.rename({GROUP: "__packed"})
+        .join(keys, on="__packed", how="left", maintain_order="left")
+        .select(GROUP, pl.exclude(GROUP, "__packed"))
+    )
+    return replace(result, units=result.units.with_columns(key.alias(GROUP)), groups=groups)
 
 
 def summed_reward_advantages(

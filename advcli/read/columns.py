@@ -122,6 +122,7 @@ def resolve_columns(
     not_turns: Collection[str] = (),
     options: Options = COMMAND_LINE,
     steps: StepRoles = False,
+    turn_rewards: bool = False,
 ) -> ColumnRoles:
     """Pick the column for each role from the schema alone and check its type.
 
@@ -136,6 +137,7 @@ def resolve_columns(
     ``options``: how the errors name the options (the command line's flags by default).
     ``steps``: GiGPO's roles are read too (the anchor, and the step reward or step return);
     ``"if_anchored"``: only when the dump has an anchor; ``"anchor"``: the anchor alone, if any.
+    ``turn_rewards``: each row's reward is its own turn's (:func:`_reward_column`).
 
     The readings that assume something (each row a trajectory, groups as blocks of rows) are
     taken here from the schema; :func:`advcli.read.roles.read_roles` then checks them against the
@@ -158,7 +160,7 @@ def resolve_columns(
         taken=(group_col, trajectory_col, *not_turns),
         by_name=not rows_are_trajectories,
     )
-    reward_col = pick("reward", names.reward)
+    reward_col = _reward_column(pick, names.reward, turn_rewards)
     mask_col = pick("mask", names.mask, required=mask_needed_for)
     anchor_col, step_reward_col, step_return_col = (
         _step_columns(pick, names, steps) if steps else (None, None, None)
@@ -210,7 +212,28 @@ def resolve_columns(
         reasons["step_reward"] += (
             f"; the step returns R_t = r_t + γ R_t+1 run over each trajectory's rows in {order}"
         )
-    return with_steps(roles, schema, where, pick.dialect)
+    return with_steps(roles, schema, where, pick.dialect, turn_rewards=turn_rewards)
+
+
+def _reward_column(pick: RolePicker, chosen: str | None, turn_rewards: bool) -> str | None:
+    """The reward column. Under ``turn_rewards`` (``--reward-mode per-turn``, each row's reward
+    its own turn's) and without an option naming it, the dialect's per-turn reward column (ROLL's
+    ``step_scores``) where the dump has it, saying which outcome column is left unread; else the
+    reward as under outcome rewards (whose values
+    :func:`advcli.read.turn_rewards.check_turn_rewards` then looks at)."""
+    dialect = pick.dialect
+    name = None
+    if turn_rewards and chosen is None and dialect is not None:
+        name = next((name for name in dialect.turn_reward if name in pick.schema), None)
+    if dialect is None or name is None:
+        return pick("reward", chosen)
+    outcome = [other for other in dialect.reward if other in pick.schema and other != name]
+    unread = f"; its outcome column '{outcome[0]}' is not read" if outcome else ""
+    pick.reasons["reward"] = (
+        f"'{name}' is the per-turn reward column of {dialect.trainer}'s dumps, read under "
+        f"--reward-mode per-turn{unread}"
+    )
+    return name
 
 
 def _step_columns(
@@ -359,10 +382,17 @@ def _check_not_an_output_name(where: str, reward_col: str, options: Options) -> 
 
 
 def with_steps(
-    roles: ColumnRoles, schema: pl.Schema, where: str, dialect: Dialect | None
+    roles: ColumnRoles,
+    schema: pl.Schema,
+    where: str,
+    dialect: Dialect | None,
+    *,
+    turn_rewards: bool = False,
 ) -> ColumnRoles:
     """``roles`` with the step-wise columns of ``dialect`` (SkyRL's): the last-step flag, the
-    trajectories it delimits where no trajectory column is given, and the padding ids."""
+    trajectories it delimits where no trajectory column is given, and the padding ids.
+    ``turn_rewards``: each row's reward is its own turn's, so the flag confirms where each
+    trajectory ends rather than which row holds its score."""
     if dialect is None:
         return roles
     flag = next((name for name in dialect.last_step if name in schema), None)
@@ -374,8 +404,10 @@ def with_steps(
         )
     reasons = dict(roles.reasons)
     reasons["reward"] += (
-        f"; without --traj-score a trajectory's score is the reward of its row flagged '{flag}', "
-        f"as {dialect.trainer}'s step-wise advantage reads it"
+        f"; each trajectory's last row in turn order must be its one row flagged '{flag}'"
+        if turn_rewards
+        else f"; without --traj-score a trajectory's score is the reward of its row flagged "
+        f"'{flag}', as {dialect.trainer}'s step-wise advantage reads it"
     )
     runs = dialect.trajectory_from_last_step and roles.trajectory is None
     if runs:

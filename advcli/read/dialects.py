@@ -66,6 +66,9 @@ class Dialect:
     anchor: tuple[str, ...] = ()
     step_reward: tuple[str, ...] = ()
     step_return: tuple[str, ...] = ()
+    # The trainer's reward of each turn (step) on its own, read as the reward under
+    # --reward-mode per-turn in place of ``reward`` (an outcome score, where the two differ).
+    turn_reward: tuple[str, ...] = ()
 
     def names(self, role: Role) -> tuple[str, ...]:
         return tuple(getattr(self, role))
@@ -105,6 +108,8 @@ DIALECTS = (
         anchor=("anchor_obs",),
         step_reward=("rewards",),
         step_return=("step_rewards",),
+        # Its outcome, on every row's last token, is the episode's summed reward.
+        turn_reward=("rewards",),
     ),
     Dialect("verl (v1 multi-trajectory)", ("uid", "session_id"), ("uid",), ("session_id",)),
     Dialect("verl", ("uid",), group=("uid",), trajectory=()),
@@ -120,6 +125,8 @@ DIALECTS = (
         last_step=("is_last_step",),
         # pad_batch appends rows with uids and trajectory_ids "pad0", "pad1", ... and loss_mask 0.
         padding_ids=r"pad\d+",
+        # Step-wise, each step row's 'rewards' is that step's own environment reward.
+        turn_reward=("rewards",),
     ),
     Dialect(
         # skyrl 0.4.0 stores no trajectory_ids: its step-wise advantage recovers trajectories from
@@ -135,6 +142,7 @@ DIALECTS = (
         last_step=("is_last_step",),
         trajectory_from_last_step=True,
         padding_ids=r"pad\d+",
+        turn_reward=("rewards",),
     ),
     Dialect(
         "rLLM",
@@ -157,6 +165,7 @@ DIALECTS = (
         names_elsewhere=False,
         anchor=("state_hash",),
         step_reward=("step_scores",),
+        turn_reward=("step_scores",),
     ),
     Dialect(
         "OpenRLHF",

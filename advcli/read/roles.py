@@ -56,12 +56,14 @@ def read_roles(
     not_turns: Sequence[str] = (),
     options: Options = COMMAND_LINE,
     steps: StepRoles = False,
+    turn_rewards: bool = False,
 ) -> ColumnRoles:
     """The column of each role, checked against the values where the schema's reading assumes
     something (see the module's text). ``values`` reads columns of the dump; it is called only
     when a check or an error needs it. ``not_turns``: columns that are known not to be the turn
     (the ``--by`` step column). ``options``: how the errors name the options (the command
-    line's flags by default); ``steps``: GiGPO's roles too."""
+    line's flags by default); ``steps``: GiGPO's roles too; ``turn_rewards``: the reward is
+    each turn's own (``--reward-mode per-turn``)."""
     try:
         roles = resolve_columns(
             schema,
@@ -71,6 +73,7 @@ def read_roles(
             not_turns=not_turns,
             options=options,
             steps=steps,
+            turn_rewards=turn_rewards,
         )
     except MissingRoles as missing:
         raise _ranked(missing, schema, values, names, options) from None
@@ -86,6 +89,7 @@ def read_roles(
                 not_turns=not_turns,
                 options=options,
                 steps=steps,
+                turn_rewards=turn_rewards,
             )
             roles = replace(roles, reasons={**roles.reasons, "trajectory": why})
     if roles.turn is not None and "turn" in roles.by_name and _is_step(roles.turn):
