@@ -6,14 +6,14 @@ held is about one part's whatever their number."""
 from __future__ import annotations
 
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from advcli import __version__
 from advcli.advantages.levels import both_levels
-from advcli.errors import AdvcliError
+from advcli.errors import AdvcliError, UsageError
 from advcli.loading import (
     by_reason,
     compare_step_roles,
@@ -56,13 +56,25 @@ class PartResult:
     settings: dict[str, Any]
 
 
+def by_parts(by: str | None, config: AdvantageConfig, *, plot: bool, jobs: int) -> bool:
+    """Whether ``compare`` takes its inputs one file at a time: with ``--by file``, but for
+    what needs every trajectory of the run at once (the plot's panels, GiGPO's step credit).
+    ``jobs`` above 1 is refused (a usage error) where it would not be used."""
+    parts = by == "file" and not plot and config.step is None
+    if jobs > 1 and not parts:
+        raise UsageError(
+            "--jobs runs the files of --by file in parallel; it does not go with --by a column, "
+            "--plot or --estimator gigpo"
+        )
+    return parts
+
+
 def compare_parts(
     dataset: Dataset,
     config: AdvantageConfig,
     names: ColumnNames,
     top: int,
     drop_duplicates: bool,
-    *,
     jobs: int = 1,
     engine: Engine = Engine.LOCAL,
 ) -> BiasReport:
@@ -99,15 +111,20 @@ def run_part(task: PartTask) -> PartResult:
 
 
 def _in_workers(tasks: list[PartTask], jobs: int) -> list[PartResult]:
-    """``tasks`` in ``jobs`` spawned worker processes, results in part order; an error in one
-    ends the others (so does Ctrl-C, which reaches every process of the group)."""
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=context) as pool:
-        try:
-            return list(pool.map(run_part, tasks))
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+    """``tasks`` in ``jobs`` spawned worker processes, results in part order. The workers leave
+    Ctrl-C to this process, which ends them, as it does on an error in any part."""
+    pool = multiprocessing.get_context("spawn").Pool(
+        min(jobs, len(tasks)), initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+    )
+    try:
+        results = pool.map(run_part, tasks, chunksize=1)
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.close()
+        pool.join()
+    return results
 
 
 def _run(dataset: Dataset, task: PartTask) -> PartResult:

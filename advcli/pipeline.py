@@ -37,7 +37,7 @@ from advcli.loading import (
     start_engine,
     step_order,
 )
-from advcli.parts import compare_parts
+from advcli.parts import by_parts, compare_parts
 from advcli.read.columns import ColumnRoles
 from advcli.read.duplicates import DuplicateRows, find_duplicates
 from advcli.read.inputs import STDIN
@@ -375,8 +375,8 @@ def compare(
     every step grouping on the same rows against the zero-padded one (``by`` is refused).
 
     ``by="file"`` (or a column name, e.g. ``step``) also reports each input file (each value of
-    the column) on its own, as a series over training steps in ``summary["by_step"]``; by file
-    one file at a time (:mod:`advcli.parts`), in ``jobs`` worker processes.
+    the column) on its own, as a series over training steps in ``summary["by_step"]``
+    (:func:`advcli.parts.by_parts` says when one file at a time, in ``jobs`` processes).
 
     ``summary["duplicate_rows"]`` counts the duplicated rows (:mod:`advcli.read.duplicates`), which
     both levels count as the trainer did, or, with ``drop_duplicates``, once.
@@ -391,6 +391,7 @@ def compare(
     (512, 0)
     """
     check_engine(engine, address, config, compare=True, by=by)
+    parts = by_parts(by, config, plot=files.plot is not None, jobs=jobs)
     check_standard_output(files.options(), binary={"--plot"})
     if files.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise AdvcliError(f"{files.plot}: --plot needs matplotlib: pip install 'advcli[plot]'")
@@ -398,10 +399,8 @@ def compare(
         check_outputs([files.json, files.markdown, files.plot, files.html], dataset, force=force)
         check_by(dataset, by)
         start_engine(engine, address)
-        if by == "file" and files.plot is None and config.step is None:
-            report = compare_parts(
-                dataset, config, names, top, drop_duplicates, jobs=jobs, engine=engine
-            )
+        if parts:
+            report = compare_parts(dataset, config, names, top, drop_duplicates, jobs, engine)
             _write_report_files(report, files, force=force)
             return report
         _, dump, duplicates = counted_rows(
