@@ -35,10 +35,11 @@ from advcli.settings import AdvantageConfig, ColumnNames, Engine
 @dataclass(frozen=True)
 class PartTask:
     """One part's work, as a worker process or a Ray task receives it: the file (``path``,
-    opened again there), its number, the rows before it and the compare settings."""
+    opened again there), its number, its rows and those before it, and the compare settings."""
 
     path: Path
     part: int
+    rows: int
     first_row: int
     config: AdvantageConfig
     names: ColumnNames
@@ -69,6 +70,10 @@ def by_parts(by: str | None, config: AdvantageConfig, *, plot: bool, jobs: int) 
     return parts
 
 
+# A file without rows: its place in the series, with no figures.
+EMPTY = PartResult(None, {}, {})
+
+
 def compare_parts(
     dataset: Dataset,
     config: AdvantageConfig,
@@ -85,6 +90,7 @@ def compare_parts(
         PartTask(
             path,
             index,
+            dataset.row_counts[index],
             sum(dataset.row_counts[:index]),
             config,
             names,
@@ -107,6 +113,8 @@ def compare_parts(
 
 def run_part(task: PartTask) -> PartResult:
     """One part's work in a worker (a process or a Ray task): its file opened there."""
+    if not task.rows:
+        return EMPTY
     return _run(open_dataset([str(task.path)]), task)
 
 
@@ -128,8 +136,8 @@ def _in_workers(tasks: list[PartTask], jobs: int) -> list[PartResult]:
 
 
 def _run(dataset: Dataset, task: PartTask) -> PartResult:
-    if dataset.num_rows == 0:
-        return PartResult(None, {}, {})
+    if not task.rows:
+        return EMPTY
     _, dump, duplicates = counted_rows(
         dataset,
         task.names,
