@@ -203,7 +203,8 @@ CompareEngineOpt = Annotated[
     typer.Option(
         "--engine",
         help="local: Polars on this machine; ray: Ray Data reads the dump (needs advcli[ray], "
-        "Parquet inputs) and this machine makes the report.",
+        "Parquet inputs) and this machine makes the report; with --by file, one Ray task "
+        "compares each file.",
     ),
 ]
 AddressOpt = Annotated[
