@@ -5,8 +5,10 @@ held is about one part's whatever their number."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import signal
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from advcli.read.inputs import open_dataset
 from advcli.read.scan import release_freed_memory
 from advcli.report.bias import BiasReport, bias_report
 from advcli.report.by_step import empty_step, step_entry
-from advcli.report.parts import PartFigures, combined_summary, part_figures
+from advcli.report.parts import PartFigures, combined_summary, merged, part_figures
 from advcli.settings import AdvantageConfig, ColumnNames, Engine
 
 
@@ -49,12 +51,17 @@ class PartTask:
 
 @dataclass(frozen=True)
 class PartResult:
-    """A part's figures (None for a file without rows), its duplicates report and its input's
-    settings."""
+    """A part's figures and its ``by_step`` entry (None for a file without rows), its
+    duplicates report and its padding rows."""
 
     figures: PartFigures | None
+    entry: dict[str, Any] | None
     duplicates: dict[str, Any]
-    settings: dict[str, Any]
+    padding_rows: int
+
+
+# A file without rows: its place in the series, with no figures.
+EMPTY = PartResult(None, None, {}, 0)
 
 
 def by_parts(by: str | None, config: AdvantageConfig, *, plot: bool, jobs: int) -> bool:
@@ -68,10 +75,6 @@ def by_parts(by: str | None, config: AdvantageConfig, *, plot: bool, jobs: int) 
             "--plot or --estimator gigpo"
         )
     return parts
-
-
-# A file without rows: its place in the series, with no figures.
-EMPTY = PartResult(None, {}, {})
 
 
 def compare_parts(
@@ -104,8 +107,10 @@ def compare_parts(
     elif jobs > 1 and len(tasks) > 1:
         results = _in_workers(tasks, jobs)
     else:
-        results = [_run(dataset.part(task.part), task) for task in tasks]
-    report = _combined(dataset, results, config, top)
+        results = (_run(dataset.part(task.part), task) for task in tasks)
+    # Closed on an error or Ctrl-C here too, which ends the workers.
+    with contextlib.closing(results):
+        report = _combined(dataset, results, config, top)
     # The report is the inputs' if they are as they were opened.
     dataset.check_unchanged()
     return report
@@ -118,21 +123,20 @@ def run_part(task: PartTask) -> PartResult:
     return _run(open_dataset([str(task.path)]), task)
 
 
-def _in_workers(tasks: list[PartTask], jobs: int) -> list[PartResult]:
-    """``tasks`` in ``jobs`` spawned worker processes, results in part order. The workers leave
-    Ctrl-C to this process, which ends them, as it does on an error in any part."""
+def _in_workers(tasks: list[PartTask], jobs: int) -> Generator[PartResult, None, None]:
+    """``tasks`` in ``jobs`` spawned worker processes, results in part order as they come. The
+    workers leave Ctrl-C to this process, which ends them, as it does on an error in any part."""
     pool = multiprocessing.get_context("spawn").Pool(
         min(jobs, len(tasks)), initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
     )
     try:
-        results = pool.map(run_part, tasks, chunksize=1)
+        yield from pool.imap(run_part, tasks)
     except BaseException:
         pool.terminate()
         raise
     finally:
         pool.close()
         pool.join()
-    return results
 
 
 def _run(dataset: Dataset, task: PartTask) -> PartResult:
@@ -161,52 +165,58 @@ def _run(dataset: Dataset, task: PartTask) -> PartResult:
     )
     figures = part_figures(report, turn, part=task.part, first_row=task.first_row, top=task.top)
     dataset.check_unchanged()
-    return PartResult(figures, duplicates.report(dataset.locate), settings)
+    return PartResult(
+        figures,
+        step_entry(report.summary, None),
+        duplicates.report(dataset.locate),
+        settings["padding_rows"],
+    )
 
 
 def _combined(
-    dataset: Dataset, results: list[PartResult], config: AdvantageConfig, top: int
+    dataset: Dataset, results: Iterable[PartResult], config: AdvantageConfig, top: int
 ) -> BiasReport:
-    kept = [(index, result) for index, result in enumerate(results) if result.figures is not None]
-    if not kept:
+    """The run's report from its parts' results, each merged in as it comes, so that what is
+    held does not grow with their number but for the ``by_step`` entries."""
+    run: PartFigures | None = None
+    entries, padding_rows = [], 0
+    duplicates: dict[str, Any] = {}
+    for index, result in enumerate(results):
+        label = dataset.label(index)
+        if result.figures is None or result.entry is None:
+            entries.append(empty_step(label))
+            continue
+        entries.append({**result.entry, "step": label})
+        run = result.figures if run is None else merged(run, result.figures, top)
+        padding_rows += result.padding_rows
+        duplicates = _duplicates(duplicates, index, result.duplicates)
+    if run is None:
         raise AdvcliError(f"{dataset.describe()}: no rows in any input file")
-    parts = [result.figures for _, result in kept if result.figures is not None]
     # The run's settings are the first part's, but for what tells the parts apart.
-    own = parts[0].summary["settings"]
-    roles = own["reading"]["roles"]
+    roles = run.settings["reading"]["roles"]
     group = {**roles["group"], "why": by_reason(roles["group"]["why"], "file", "file")}
     settings = {
-        **own,
-        "reading": {**own["reading"], "roles": {**roles, "group": group}},
+        **run.settings,
+        "reading": {**run.settings["reading"], "roles": {**roles, "group": group}},
         "inputs": [dataset.label(index) for index in range(len(dataset.files))],
-        "padding_rows": sum(result.settings["padding_rows"] for _, result in kept),
+        "padding_rows": padding_rows,
     }
-    summary = combined_summary(parts, top=top, estimator=config.estimator.value, settings=settings)
-    summary["by_step"] = {
-        "by": "file",
-        "steps": [
-            empty_step(dataset.label(index))
-            if result.figures is None
-            else step_entry(result.figures.summary, dataset.label(index))
-            for index, result in enumerate(results)
-        ],
-    }
-    summary["duplicate_rows"] = _duplicates(kept)
-    return BiasReport(summary, parts[0].top_trajectories.clear(), parts[0].top_groups.clear())
+    summary = combined_summary(run, top=top, estimator=config.estimator.value, settings=settings)
+    summary["by_step"] = {"by": "file", "steps": entries}
+    summary["duplicate_rows"] = duplicates
+    return BiasReport(summary, run.top_trajectories.clear(), run.top_groups.clear())
 
 
-def _duplicates(kept: list[tuple[int, PartResult]]) -> dict[str, Any]:
-    """The parts' duplicated rows as one report: the run's first few copies, each group
-    keyed by its file as the run's are."""
-    reports = [(index, result.duplicates) for index, result in kept]
-    first = [
-        {**copy, "group": {"file": index, "group": copy["group"]}}
-        for index, report in reports
-        for copy in report["first"]
-    ]
+def _duplicates(run: dict[str, Any], part: int, report: dict[str, Any]) -> dict[str, Any]:
+    """The duplicated rows of the parts so far (``run``, empty before the first) and of part
+    number ``part`` as one report: the run's first few copies, each group keyed by its file
+    as the run's are."""
+    first = [{**copy, "group": {"file": part, "group": copy["group"]}} for copy in report["first"]]
+    if not run:
+        return {**report, "first": first}
     return {
-        "count": sum(report["count"] for _, report in reports),
-        "compared": reports[0][1]["compared"],
-        "token_ids_compared": all(report["token_ids_compared"] for _, report in reports),
-        "first": first[:EXAMPLES],
+        "count": run["count"] + report["count"],
+        "compared": run["compared"],
+        "token_ids_compared": run["token_ids_compared"] and report["token_ids_compared"],
+        "first": [*run["first"], *first][:EXAMPLES],
     }

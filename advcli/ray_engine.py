@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -286,13 +286,15 @@ class _PartNames(FilenameProvider):
         return f"part-{task_index:06d}-{block_index:06d}.parquet"
 
 
-def run_parts(work: Callable[[Any], Any], tasks: list[Any]) -> list[Any]:
+def run_parts(work: Callable[[Any], Any], tasks: list[Any]) -> Generator[Any, None, None]:
     """``work`` on each of ``tasks`` as one Ray task each on the cluster, the results in the
-    tasks' order; a task's error is raised as itself (it names its part), not as Ray's."""
+    tasks' order, each as it is taken; a task's error is raised as itself (it names its part),
+    not as Ray's."""
     remote = ray.remote(work)
-    try:
-        return list(ray.get([remote.remote(task) for task in tasks]))
-    except ray.exceptions.RayTaskError as error:
-        if isinstance(error.cause, AdvcliError):
-            raise error.cause from None
-        raise
+    for result in [remote.remote(task) for task in tasks]:
+        try:
+            yield ray.get(result)
+        except ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, AdvcliError):
+                raise error.cause from None
+            raise

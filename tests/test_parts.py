@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +141,35 @@ def test_one_ray_task_per_file_gives_the_local_report(cluster, run, steps):
     distributed = run("compare", steps, "--by", "file", "--json", "-", "-q", "--engine", "ray")
     assert distributed.exit_code == 0, distributed.stderr
     assert distributed.stdout == local.stdout
+
+
+def test_ctrl_c_ends_the_workers(steps):
+    """Ctrl-C while the workers compare: exit 130, one line, and no worker left running."""
+    for step in range(3, 40):
+        (steps / f"step_{step}.parquet").write_bytes((steps / "step_2.parquet").read_bytes())
+    command = [sys.executable, "-m", "advcli", "compare", str(steps), "--by", "file", "--jobs", "2"]
+    process = subprocess.Popen(
+        [*command, "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    workers: list[int] = []
+    while len(workers) < 2:
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr
+        workers = spawned_workers(process.pid)
+        time.sleep(0.01)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.splitlines() == ["Interrupted; no partial output was left behind."], stderr
+    assert not [worker for worker in workers if Path(f"/proc/{worker}").exists()]
+
+
+def spawned_workers(pid: int) -> list[int]:
+    """The worker processes ``pid`` has spawned (not multiprocessing's resource tracker)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [
+        int(child)
+        for child in children
+        if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()
+    ]

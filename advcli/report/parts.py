@@ -1,12 +1,14 @@
 """``compare --by file`` one part at a time: what each part's report keeps for the whole run
-(:class:`PartFigures`, a few numbers per turn count and the top candidates, never its rows), and
-the whole run's report combined from them (:func:`combined_summary`).
+(:class:`PartFigures`, a few numbers per turn count and the top candidates, never its rows),
+merged as the parts come (:func:`merged`), and the whole run's report from them
+(:func:`combined_summary`).
 
-How each figure combines (docs/compare.md, "Memory"): counts, histograms and sign flips add;
-maxima are the maxima of the parts'; means are sums over counts; the median turn count comes
-from the combined histogram; the top groups and trajectories are the top of each part's top;
-the correlation merges each part's means and co-moments. Exact but for the floating-point
-sums, which add in another order than one pass over the run (a few units in the last place).
+How each figure combines (docs/compare.md, "Runs of many step files"): counts, histograms and
+sign flips add; maxima are the maxima of the parts'; means are sums over counts; the median turn
+count comes from the combined histogram; the top groups and trajectories are the top of each
+part's top; the correlation merges the parts' means and co-moments. Exact but for the
+floating-point sums, which add in another order than one pass over the run (a few units in the
+last place).
 """
 
 from __future__ import annotations
@@ -65,13 +67,18 @@ _GROUP_SHIFTS = {
 
 @dataclass(frozen=True)
 class PartFigures:
-    """What the whole run keeps of one part's report: its own ``summary`` (its ``by_step``
-    entry is read from it), sums by turn count (``by_turns``), each group figure's sum, count
-    of values and maximum (``groups``), its trajectories' moments for the correlation, its
-    top candidates (``top_groups``, ``top_trajectories``: the rows of the report's frames, the
-    group keyed by the part), the turn level's counts and how many rows come before it."""
+    """What the whole run keeps of one part's report, or of several merged (:func:`merged`):
+    its counts, sign flips, largest |diff| and settings, sums by turn count (``by_turns``),
+    each group figure's sum, count of values and maximum (``groups``), the trajectories'
+    count, means and co-moments of turns and diff (``moments``) and the range of diff, the top
+    candidates (``top_groups``, ``top_trajectories``: rows of the reports' frames, each group
+    keyed by its part, each first row numbered in the run) and the turn level's non-empty
+    rows."""
 
-    summary: dict[str, Any]
+    counts: dict[str, int | None]
+    sign_flips: int
+    diff_max: float | None
+    settings: dict[str, Any]
     by_turns: pl.DataFrame
     groups: dict[str, tuple[float, int, float | None]]
     moments: tuple[int, float, float, float, float, float]
@@ -118,67 +125,119 @@ def part_figures(
             pl.col("first_row") + first_row,
         )
 
-    candidates = groups.sort(["baseline_shift", "first_row"], descending=[True, False]).head(top)
+    summary = report.summary
     return PartFigures(
-        summary=report.summary,
+        counts=summary["counts"],
+        sign_flips=summary["trajectories"]["sign_flips"],
+        diff_max=y.abs().max(),  # type: ignore[arg-type]
+        settings=summary["settings"],
         by_turns=by_turn_count(trajectories, sums),
         groups=shifts,
         moments=moments,
         diff_range=(y.min(), y.max()),  # type: ignore[arg-type]
-        top_groups=keyed(candidates),
+        top_groups=keyed(_top_group_rows(groups, top)),
         top_trajectories=keyed(largest_diffs(trajectories, y.abs(), top)),
         nonempty_rows=turn.nonempty_rows,
     )
 
 
+def merged(one: PartFigures, other: PartFigures, top: int) -> PartFigures:
+    """The figures of ``one`` and ``other`` (the parts after it) as one part's: what adds
+    added, maxima and ranges widened, moments merged, the top candidates of both cut to
+    ``top``; the settings are ``one``'s."""
+
+    def add(a: int | None, b: int | None) -> int | None:
+        return None if a is None or b is None else a + b
+
+    lows = [value for value in (one.diff_range[0], other.diff_range[0]) if value is not None]
+    highs = [value for value in (one.diff_range[1], other.diff_range[1]) if value is not None]
+    candidates = pl.concat([one.top_trajectories, other.top_trajectories])
+    return PartFigures(
+        counts={name: add(value, other.counts[name]) for name, value in one.counts.items()},
+        sign_flips=one.sign_flips + other.sign_flips,
+        diff_max=_maximum([one.diff_max, other.diff_max]),
+        settings=one.settings,
+        by_turns=pl.concat([one.by_turns, other.by_turns])
+        .group_by("turns")
+        .agg(pl.col("trajectories").sum(), pl.exclude("turns", "trajectories").sum())
+        .sort("turns"),
+        groups={
+            name: (
+                total + other.groups[name][0],
+                count + other.groups[name][1],
+                _maximum([most, other.groups[name][2]]),
+            )
+            for name, (total, count, most) in one.groups.items()
+        },
+        moments=_merged_moments(one.moments, other.moments),
+        diff_range=(min(lows, default=None), max(highs, default=None)),
+        top_groups=_top_group_rows(pl.concat([one.top_groups, other.top_groups]), top),
+        top_trajectories=largest_diffs(candidates, candidates["diff"].abs(), top),
+        nonempty_rows=add(one.nonempty_rows, other.nonempty_rows),
+    )
+
+
+def _top_group_rows(groups: pl.DataFrame, top: int) -> pl.DataFrame:
+    """The ``top`` groups as :func:`advcli.report.bias.top_groups` lists them."""
+    return groups.sort(["baseline_shift", "first_row"], descending=[True, False]).head(top)
+
+
+def _merged_moments(
+    one: tuple[int, float, float, float, float, float],
+    other: tuple[int, float, float, float, float, float],
+) -> tuple[int, float, float, float, float, float]:
+    """Two sets of trajectories' count, means and co-moments of turns and diff as one (Chan,
+    Golub and LeVeque's pairwise update)."""
+    n, mean_x, mean_y, sxx, syy, sxy = one
+    count, part_x, part_y, part_xx, part_yy, part_xy = other
+    if not count or not n:
+        return one if count == 0 else other
+    total = n + count
+    dx, dy = part_x - mean_x, part_y - mean_y
+    weight = n * count / total
+    return (
+        total,
+        mean_x + dx * count / total,
+        mean_y + dy * count / total,
+        sxx + part_xx + dx * dx * weight,
+        syy + part_yy + dy * dy * weight,
+        sxy + part_xy + dx * dy * weight,
+    )
+
+
 def combined_summary(
-    parts: list[PartFigures], *, top: int, estimator: str, settings: dict[str, Any]
+    run: PartFigures, *, top: int, estimator: str, settings: dict[str, Any]
 ) -> dict[str, Any]:
     """The whole run's report (as :func:`advcli.report.bias.bias_report` makes it over every
-    part's rows at once, each part its own batch) from the parts' figures; ``settings``: the
-    run's."""
-    by_turns = _combined_by_turns(parts)
-    trajectories = int(by_turns["trajectories"].sum())
-    counts = [part.summary["counts"] for part in parts]
-    tokens_known = counts[0]["tokens"] is not None
+    part's rows at once, each part its own batch) from its parts' figures merged (``run``);
+    ``settings``: the run's."""
+    by_turns = run.by_turns
+    tokens_known = run.counts["tokens"] is not None
     summary: dict[str, Any] = {
-        "counts": {
-            name: (
-                sum(count[name] for count in counts) if tokens_known or name != "tokens" else None
-            )
-            for name in counts[0]
-        },
+        "counts": run.counts,
         "turns_per_trajectory": _turns_per_trajectory(by_turns),
-        "groups": _group_figures(parts),
+        "groups": _group_figures(run),
         "trajectories": {
-            "sign_flips": sum(part.summary["trajectories"]["sign_flips"] for part in parts),
-            "advantage_diff_max": _maximum(
-                [part.summary["trajectories"]["advantage_diff_max"] for part in parts]
+            "sign_flips": run.sign_flips,
+            "advantage_diff_max": number(run.diff_max),
+            "advantage_diff_mean": number(
+                float(by_turns["abs_diff"].sum()) / int(by_turns["trajectories"].sum())
             ),
-            "advantage_diff_mean": number(float(by_turns["abs_diff"].sum()) / trajectories),
-            "corr_turns_diff": _correlation(parts, by_turns),
+            "corr_turns_diff": _correlation(run),
         },
         "by_turns": by_turns_entries(_by_turns_means(by_turns, tokens_known)),
-        "top_groups": top_groups(pl.concat([part.top_groups for part in parts]), top),
+        "top_groups": top_groups(run.top_groups, top),
         "settings": settings,
-        "top_trajectories": _top_trajectories(parts, top),
-        "loss_weights": _loss_weights(parts, by_turns) if tokens_known else None,
+        "top_trajectories": top_trajectories(
+            run.top_trajectories, run.top_trajectories["diff"].abs(), top
+        ),
+        "loss_weights": _loss_weights(run) if tokens_known else None,
     }
     summary["assessment"] = assess(summary, estimator)
     summary["verdict"] = verdict(
         summary, lambda threshold: _diff_means(by_turns, threshold), estimator
     )
     return summary
-
-
-def _combined_by_turns(parts: list[PartFigures]) -> pl.DataFrame:
-    """Every part's sums by turn count added, in ascending turn count."""
-    frame = pl.concat([part.by_turns for part in parts])
-    return (
-        frame.group_by("turns")
-        .agg(pl.col("trajectories").sum(), pl.exclude("turns", "trajectories").sum())
-        .sort("turns")
-    )
 
 
 def _turns_per_trajectory(by_turns: pl.DataFrame) -> dict[str, Any]:
@@ -200,48 +259,34 @@ def _turns_per_trajectory(by_turns: pl.DataFrame) -> dict[str, Any]:
     }
 
 
-def _group_figures(parts: list[PartFigures]) -> dict[str, Any]:
+def _group_figures(run: PartFigures) -> dict[str, Any]:
     def mean(name: str) -> float | None:
-        count = sum(part.groups[name][1] for part in parts)
-        return number(sum(part.groups[name][0] for part in parts) / count) if count else None
-
-    def maximum(name: str) -> float | None:
-        return _maximum([part.groups[name][2] for part in parts])
+        total, count, _ = run.groups[name]
+        return number(total / count) if count else None
 
     return {
-        "baseline_shift_max": maximum("baseline_shift"),
+        "baseline_shift_max": number(run.groups["baseline_shift"][2]),
         "baseline_shift_mean": mean("baseline_shift"),
-        "std_shift_max": maximum("std_shift"),
+        "std_shift_max": number(run.groups["std_shift"][2]),
         "std_shift_mean": mean("std_shift"),
         "baseline_drop_mean": mean("baseline_drop"),
     }
 
 
 def _maximum(values: list[float | None]) -> float | None:
-    """The largest of the parts' maxima, as Polars takes a maximum (nulls left out)."""
-    return number(pl.Series(values, dtype=pl.Float64).max())
+    """The largest of the parts' maxima, as Polars takes a maximum (nulls left out; NaN as
+    Polars orders it)."""
+    most: float | None = pl.Series(values, dtype=pl.Float64).max()  # type: ignore[assignment]
+    return most
 
 
-def _correlation(parts: list[PartFigures], by_turns: pl.DataFrame) -> float | None:
-    """Pearson's correlation of turns and diff, the parts' means and co-moments merged (Chan
-    et al.); None when either side is constant, as :func:`advcli.report.bias.pearson` says."""
-    lows = [part.diff_range[0] for part in parts if part.diff_range[0] is not None]
-    highs = [part.diff_range[1] for part in parts if part.diff_range[1] is not None]
-    constant_diff = not lows or min(lows) == max(highs)
-    if by_turns.height < 2 or constant_diff:
+def _correlation(run: PartFigures) -> float | None:
+    """Pearson's correlation of turns and diff from the merged moments; None when either side
+    is constant, as :func:`advcli.report.bias.pearson` says."""
+    low, high = run.diff_range
+    if run.by_turns.height < 2 or low is None or low == high:
         return None
-    n, mean_x, mean_y, sxx, syy, sxy = 0, 0.0, 0.0, 0.0, 0.0, 0.0
-    for count, part_x, part_y, part_xx, part_yy, part_xy in (part.moments for part in parts):
-        if not count:
-            continue
-        total = n + count
-        dx, dy = part_x - mean_x, part_y - mean_y
-        sxx += part_xx + dx * dx * n * count / total
-        syy += part_yy + dy * dy * n * count / total
-        sxy += part_xy + dx * dy * n * count / total
-        mean_x += dx * count / total
-        mean_y += dy * count / total
-        n = total
+    _, _, _, sxx, syy, sxy = run.moments
     return number(sxy / np.sqrt(sxx * syy))
 
 
@@ -262,11 +307,6 @@ def _by_turns_means(by_turns: pl.DataFrame, tokens_known: bool) -> pl.DataFrame:
     )
 
 
-def _top_trajectories(parts: list[PartFigures], top: int) -> list[dict[str, Any]]:
-    candidates = pl.concat([part.top_trajectories for part in parts])
-    return top_trajectories(candidates, candidates["diff"].abs(), top)
-
-
 def _diff_means(by_turns: pl.DataFrame, threshold: int) -> tuple[float | None, float | None]:
     """The mean diff of the trajectories of at least ``threshold`` turns and of fewer."""
 
@@ -278,12 +318,13 @@ def _diff_means(by_turns: pl.DataFrame, threshold: int) -> tuple[float | None, f
     return mean(long), mean(by_turns.filter(pl.col("turns") < threshold))
 
 
-def _loss_weights(parts: list[PartFigures], by_turns: pl.DataFrame) -> dict[str, Any]:
+def _loss_weights(run: PartFigures) -> dict[str, Any]:
     """:func:`advcli.report.bias.loss_weights` from the sums by turn count: every mode's
     weight is a sum of the trajectories' terms over a constant of the whole run."""
-    batch_tokens = float(sum(part.summary["counts"]["tokens"] for part in parts))
-    nonempty_rows = float(sum(part.nonempty_rows or 0 for part in parts))
-    rows = float(sum(part.summary["counts"]["rows"] for part in parts))
+    by_turns = run.by_turns
+    batch_tokens = float(run.counts["tokens"] or 0)
+    nonempty_rows = float(run.nonempty_rows or 0)
+    rows = float(run.counts["rows"] or 0)
     count = float(by_turns["trajectories"].sum())
     modes: dict[str, Any] = {}
     for mode in LOSS_MODES:
