@@ -241,7 +241,7 @@ ConfigOpt = Annotated[
         "traj-score, scale, singleton, recipe, reward-mode, step-groups, gamma, step-weight, "
         "gigpo-norm, anchor-scope, "
         "anchor-col, step-reward-col, step-return-col, loss-weight, loss-scale-factor, "
-        "no-tokens, top, by, drop-duplicates, "
+        "no-tokens, top, by, jobs, drop-duplicates, "
         "fail-above, fail-on, engine, address, threads; each command takes those it has, and a "
         "[compute], [compare] or [inspect] table overrides them for that command. Options on "
         "the command line win.",
