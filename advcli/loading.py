@@ -140,14 +140,19 @@ class LoadedDump:
         column), and its reading notes saying which order the rewards-to-go follow."""
         columns = self.columns
         if columns.turn is not None:
-            check_consecutive_turns(self.projection, self.dataset, columns)
+            check_consecutive_turns(
+                self.projection, self.dataset, columns, self.trajectories.of_row
+            )
             order = f"the turn column '{columns.turn}'"
         else:
             order = "row order (no turn column)"
         check_last_steps(self.projection, self.dataset, columns)
         check_turn_rewards(self.trajectories.table, self.dataset, columns, confirmed)
         note = f"per-turn rewards: each trajectory's rewards-to-go follow {order}"
-        return replace(self, columns=replace(columns, notes=(*columns.notes, note)))
+        dump = replace(self, columns=replace(columns, notes=(*columns.notes, note)))
+        # The same rows: their index, made for the checks above, serves the new dump too.
+        dump.__dict__["trajectories"] = self.trajectories
+        return dump
 
     def trajectory_count(self) -> int:
         """How many trajectories the dump holds: the index's count when it was made anyway (at

@@ -20,7 +20,7 @@ import polars as pl
 
 from advcli.advantages.estimators import Advantages, check_finite, compute_advantages
 from advcli.advantages.statistics import group_statistics
-from advcli.advantages.step_groups import anchor_scope, step_returns
+from advcli.advantages.step_groups import anchor_scope, step_returns, turn_order
 from advcli.advantages.unit_scores import Naming, build_units
 from advcli.advantages.units import Trajectories
 from advcli.errors import AdvcliError
@@ -57,9 +57,11 @@ def per_turn_advantages(
     rewards = projection.select(
         pl.col(SCORE).alias(STEP_REWARD), *([TURN] if TURN in projection.columns else [])
     )
-    returns = pl.Series(SCORE, step_returns(rewards, trajectories, per_turn.gamma))
+    # One sort by trajectory and turn serves the returns and the positions.
+    order = turn_order(projection, trajectories)
+    returns = pl.Series(SCORE, step_returns(rewards, trajectories, per_turn.gamma, order))
     if grouping.by_position:
-        position = pl.Series("turn", turn_positions(projection, trajectories))
+        position = pl.Series("turn", turn_positions(projection, trajectories, order))
         fields = projection.select(pl.col(GROUP).alias("group"), position)
     elif grouping.anchors:
         scope = anchor_scope(per_turn.scope, batch).alias("scope")
@@ -71,7 +73,9 @@ def per_turn_advantages(
     at_turn = replace(config, per_turn=None, level=Level.TURN)
     rows = projection.with_columns((key if packed is None else packed).alias(GROUP))
     if grouping.normalizes_rewards:
-        result = summed_reward_advantages(rows, at_turn, naming, trajectories, per_turn, returns)
+        result = summed_reward_advantages(
+            rows, at_turn, naming, trajectories, per_turn, returns, order
+        )
         return with_key(result, key, packed)
     rows = rows.with_columns(returns)
     statistics = None
@@ -127,6 +131,7 @@ def summed_reward_advantages(
     trajectories: Trajectories,
     per_turn: PerTurn,
     returns: pl.Series,
+    order: np.ndarray | None = None,
 ) -> Advantages:
     """``--step-groups turn-rewards``: each row's reward normalized among its step group's
     rewards by ``config``'s estimator (turn level), then each row's advantage the reward-to-go
@@ -147,18 +152,19 @@ def summed_reward_advantages(
     normalized = compute_advantages(rows, config, naming, None, None, statistics=statistics)
     turn = [rows[TURN]] if TURN in rows.columns else []
     steps = pl.DataFrame([normalized.units["advantage"].alias(STEP_REWARD), *turn])
-    advantage = pl.Series("advantage", step_returns(steps, trajectories, per_turn.gamma))
+    advantage = pl.Series("advantage", step_returns(steps, trajectories, per_turn.gamma, order))
     units = normalized.units.with_columns(returns, advantage)
     check_finite(units, naming)
     return replace(normalized, units=units)
 
 
-def turn_positions(projection: pl.DataFrame, trajectories: Trajectories) -> np.ndarray:
-    """Each row's position in its trajectory's turn order (the ``turn`` key, else row order),
-    from 0, in the projection's order."""
+def turn_positions(
+    projection: pl.DataFrame, trajectories: Trajectories, order: np.ndarray | None = None
+) -> np.ndarray:
+    """Each row's position in its trajectory's turn order (:func:`turn_order`, or ``order``
+    when the caller has it), from 0, in the projection's order."""
     n = projection.height
-    order_key = projection[TURN].to_numpy() if TURN in projection.columns else np.arange(n)
-    order = np.lexsort((order_key, trajectories.of_row))
+    order = turn_order(projection, trajectories) if order is None else order
     trajectory = trajectories.of_row[order]
     starts = np.ones(n, dtype=bool)
     starts[1:] = trajectory[1:] != trajectory[:-1]

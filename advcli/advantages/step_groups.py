@@ -100,33 +100,39 @@ def episode_advantages(
     return compute_advantages(projection, config, naming, trajectories, batch)
 
 
-def step_returns(projection: pl.DataFrame, trajectories: Trajectories, gamma: float) -> np.ndarray:
-    """Each row's ``R_t = r_t + γ R_{t+1}`` over its trajectory's rows in turn order (the
-    ``turn`` key, else row order), in the projection's order.
+def turn_order(projection: pl.DataFrame, trajectories: Trajectories) -> np.ndarray:
+    """The projection's rows sorted by trajectory, then turn (the ``turn`` key, else row
+    order): the order step returns are added in."""
+    n = projection.height
+    position = projection[TURN].to_numpy() if TURN in projection.columns else np.arange(n)
+    return np.lexsort((position, trajectories.of_row))
+
+
+def step_returns(
+    projection: pl.DataFrame,
+    trajectories: Trajectories,
+    gamma: float,
+    order: np.ndarray | None = None,
+) -> np.ndarray:
+    """Each row's ``R_t = r_t + γ R_{t+1}`` over its trajectory's rows in turn order
+    (:func:`turn_order`, or ``order`` when the caller has it), in the projection's order.
 
     γ = 0 is the step reward itself and γ = 1 the sum to the end, added from the last step as
-    the recurrence adds it (a reversed cumulative sum per trajectory), both exactly. Any other
-    γ is a doubling scan over the sorted rows: after k passes each row holds its next 2^k terms
-    and the factor γ^(2^k) (0 once its trajectory ends), so no power of γ is divided by and a
-    long trajectory never underflows."""
+    the recurrence adds it, both exactly. Any other γ is a doubling scan over the sorted rows:
+    after k passes each row holds its next 2^k terms and the factor γ^(2^k) (0 once its
+    trajectory ends), so no power of γ is divided by and a long trajectory never underflows."""
     rewards = projection[STEP_REWARD].cast(pl.Float64).to_numpy()
     if gamma == 0:
         return rewards.copy()
     n = len(rewards)
-    position = projection[TURN].to_numpy() if TURN in projection.columns else np.arange(n)
-    order = np.lexsort((position, trajectories.of_row))
+    order = turn_order(projection, trajectories) if order is None else order
     trajectory = trajectories.of_row[order]
     value = rewards[order]
+    last = np.ones(n, dtype=bool)
+    last[:-1] = trajectory[1:] != trajectory[:-1]
     if gamma == 1:
-        value = (
-            pl.DataFrame({"t": trajectory, "r": value})
-            .select(pl.col("r").cum_sum(reverse=True).over("t"))
-            .to_series()
-            .to_numpy()
-        )
+        value = _sums_to_the_end(value, last)
     else:
-        last = np.ones(n, dtype=bool)
-        last[:-1] = trajectory[1:] != trajectory[:-1]
         factor = np.where(last, 0.0, gamma)
         shift = 1
         while shift < n and factor.any():
@@ -138,6 +144,25 @@ def step_returns(projection: pl.DataFrame, trajectories: Trajectories, gamma: fl
     returns = np.empty(n)
     returns[order] = value
     return returns
+
+
+def _sums_to_the_end(value: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """``S_i = v_i + S_{i+1}`` within each run of rows that ``last`` ends, added from the run's
+    last row as the recurrence adds it: the rows one step from their run's end first, then two,
+    and so on, each pass vectorized (as many passes as the longest run has rows)."""
+    n = len(value)
+    rows = np.arange(n)
+    run_end = np.minimum.accumulate(np.where(last, rows, n)[::-1])[::-1]
+    from_end = run_end - rows
+    by_distance = np.argsort(from_end, kind="stable")
+    counts = np.bincount(from_end)
+    sums = value.copy()
+    start = int(counts[0])
+    for count in counts[1:]:
+        at = by_distance[start : start + count]
+        sums[at] = value[at] + sums[at + 1]
+        start += int(count)
+    return sums
 
 
 def step_advantages(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from advcli.errors import AdvcliError, first_line
@@ -458,17 +459,20 @@ def check_unique_turns(projection: pl.DataFrame, dataset: Dataset, columns: Colu
 
 
 def check_consecutive_turns(
-    projection: pl.DataFrame, dataset: Dataset, columns: ColumnRoles
+    projection: pl.DataFrame, dataset: Dataset, columns: ColumnRoles, trajectory_of_row: np.ndarray
 ) -> None:
     """Refuse a trajectory whose turn indices have a gap (per-turn rewards discount along them),
-    naming it and its turns; a repeated turn is :func:`check_unique_turns`' error."""
+    naming it and its turns; a repeated turn is :func:`check_unique_turns`' error.
+    ``trajectory_of_row``: each row's trajectory as a number (the trajectory index's), a key
+    cheaper to group by than the ids."""
     turn = pl.col(TURN)
+    trajectory = pl.Series("__trajectory", trajectory_of_row)
     gaps = (
-        projection.group_by(GROUP, TRAJECTORY)
+        projection.select(TURN, ROW)
+        .with_columns(trajectory)
+        .group_by("__trajectory")
         .agg(
             (turn.max() - turn.min() + 1 != pl.len()).alias("__gap"),
-            turn.sort().head(SHOWN_TURNS).alias("__turns"),
-            pl.len().alias("__rows"),
             pl.col(ROW).min().alias(ROW),
         )
         .filter(pl.col("__gap"))
@@ -476,12 +480,12 @@ def check_consecutive_turns(
     if gaps.is_empty():
         return
     first = gaps.sort(ROW).row(0, named=True)
-    turns = ", ".join(map(str, first["__turns"])) + (
-        ", ..." if first["__rows"] > SHOWN_TURNS else ""
-    )
+    rows = projection.filter(trajectory == first["__trajectory"])
+    shown = rows[TURN].sort().head(SHOWN_TURNS).to_list()
+    turns = ", ".join(map(str, shown)) + (", ..." if rows.height > SHOWN_TURNS else "")
     raise AdvcliError(
         f"{dataset.locate(first[ROW])}: trajectory ({columns.group or 'group'}="
-        f"{first[GROUP]!r}, {columns.trajectory or 'trajectory'}={first[TRAJECTORY]!r}) has "
+        f"{rows[GROUP][0]!r}, {columns.trajectory or 'trajectory'}={rows[TRAJECTORY][0]!r}) has "
         f"turns {turns} in '{columns.turn}': per-turn rewards need consecutive turn indices "
         "(a gap)"
     )
