@@ -42,6 +42,7 @@ from advcli.read.roles import read_roles
 from advcli.read.turn_rewards import check_last_steps, check_turn_rewards
 from advcli.report.step_credit import not_measured, step_credit
 from advcli.report.termination import TerminationReport, termination_report
+from advcli.rules import RULES
 from advcli.settings import AdvantageConfig, ColumnNames, Engine, Level
 from advcli.write.outputs import check_not_written_into
 
@@ -248,15 +249,17 @@ def load_dump(
     )
     if unique_turns and columns.turn is not None:
         check_unique_turns(projection, dataset, columns)
-    part = "file" if by == "file" else f"value of '{by}'"
-    reasons = {
-        **columns.reasons,
-        "group": f"{columns.reasons['group']}; each {part} is its own batch (--by {by}): "
-        f"a group is a ({steps.name}, group) pair",
-    }
+    reasons = {**columns.reasons, "group": by_reason(columns.reasons["group"], by, steps.name)}
     return LoadedDump(
         dataset, replace(columns, reasons=reasons), projection, steps=steps, padding=padding
     )
+
+
+def by_reason(reason: str, by: str, step: str) -> str:
+    """Why the groups are what they are under ``--by``: ``reason`` (the dump's), and the step
+    (named ``step``) that keys them too."""
+    part = "file" if by == "file" else f"value of '{by}'"
+    return f"{reason}; each {part} is its own batch (--by {by}): a group is a ({step}, group) pair"
 
 
 def _spanning_files(dataset: Dataset, projection: pl.DataFrame) -> tuple[str, ...]:
@@ -354,6 +357,13 @@ def compare_step_roles(config: AdvantageConfig) -> StepRoles:
     if config.step is None:
         return False
     return True if config.step.episode_from_steps else "if_anchored"
+
+
+def estimator_needs_mask(config: AdvantageConfig) -> str | None:
+    """Why the estimator of ``config`` needs each row's token count, if it does."""
+    if RULES[config.estimator].counts_tokens:
+        return f"{config.estimator.value} weighs rows by their tokens and needs one"
+    return None
 
 
 def compute_step_roles(config: AdvantageConfig, report: bool = False) -> StepRoles:

@@ -29,6 +29,7 @@ from advcli.loading import (
     compare_step_roles,
     compute_step_roles,
     counted_rows,
+    estimator_needs_mask,
     load_dump,
     load_ray_engine,
     opened,
@@ -36,6 +37,7 @@ from advcli.loading import (
     start_engine,
     step_order,
 )
+from advcli.parts import by_parts, compare_parts
 from advcli.read.columns import ColumnRoles
 from advcli.read.duplicates import DuplicateRows, find_duplicates
 from advcli.read.inputs import STDIN
@@ -47,7 +49,6 @@ from advcli.report.inspection import inspect_dump
 from advcli.report.step_credit import attach_step_credit
 from advcli.report.termination import Report
 from advcli.report.termination_documents import renderers
-from advcli.rules import RULES
 from advcli.settings import (
     AdvantageConfig,
     AnchorScope,
@@ -348,13 +349,7 @@ def _mask_needed_for(
         return f"the .{fmt.value} output's response_mask array needs one"
     if tokens:
         return "the per-token output needs one; pass --no-tokens for one advantage per row"
-    return _estimator_needs_mask(config)
-
-
-def _estimator_needs_mask(config: AdvantageConfig) -> str | None:
-    if RULES[config.estimator].counts_tokens:
-        return f"{config.estimator.value} weighs rows by their tokens and needs one"
-    return None
+    return estimator_needs_mask(config)
 
 
 def compare(
@@ -369,13 +364,15 @@ def compare(
     address: str | None = None,
     by: str | None = None,
     drop_duplicates: bool = False,
+    jobs: int = 1,
 ) -> Report:
     """The bias report of ``config.estimator``: turn level against trajectory level, written to
     ``files`` and returned. Under per-turn rewards (``config.per_turn``) the termination report:
     every step grouping on the same rows against the zero-padded one (``by`` is refused).
 
     ``by="file"`` (or a column name, e.g. ``step``) also reports each input file (each value of
-    the column) on its own, as a series over training steps in ``summary["by_step"]``.
+    the column) on its own, as a series over training steps in ``summary["by_step"]``
+    (:func:`advcli.parts.by_parts` says when one file at a time, in ``jobs`` processes).
 
     ``summary["duplicate_rows"]`` counts the duplicated rows (:mod:`advcli.read.duplicates`), which
     both levels count as the trainer did, or, with ``drop_duplicates``, once.
@@ -390,6 +387,7 @@ def compare(
     (512, 0)
     """
     check_engine(engine, address, config, compare=True, by=by)
+    parts = by_parts(by, config, plot=files.plot is not None, jobs=jobs)
     check_standard_output(files.options(), binary={"--plot"})
     if files.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise AdvcliError(f"{files.plot}: --plot needs matplotlib: pip install 'advcli[plot]'")
@@ -397,13 +395,17 @@ def compare(
         check_outputs([files.json, files.markdown, files.plot, files.html], dataset, force=force)
         check_by(dataset, by)
         start_engine(engine, address)
+        if parts:
+            report = compare_parts(dataset, config, names, top, drop_duplicates, jobs, engine)
+            _write_report_files(report, files, force=force)
+            return report
         _, dump, duplicates = counted_rows(
             dataset,
             names,
             drop_duplicates,
             config.per_turn is not None,
             engine=engine,
-            mask_needed_for=_estimator_needs_mask(config),
+            mask_needed_for=estimator_needs_mask(config),
             by=by,
             step_roles=compare_step_roles(config),
         )

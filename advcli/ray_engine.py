@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -309,3 +310,17 @@ class _PartNames(FilenameProvider):
         self, block: Any, write_uuid: str, task_index: int, block_index: int
     ) -> str:
         return f"part-{task_index:06d}-{block_index:06d}.parquet"
+
+
+def run_parts(work: Callable[[Any], Any], tasks: list[Any]) -> Generator[Any, None, None]:
+    """``work`` on each of ``tasks`` as one Ray task each on the cluster, the results in the
+    tasks' order, each as it is taken; a task's error is raised as itself (it names its part),
+    not as Ray's."""
+    remote = ray.remote(work)
+    for result in [remote.remote(task) for task in tasks]:
+        try:
+            yield ray.get(result)
+        except ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, AdvcliError):
+                raise error.cause from None
+            raise

@@ -441,7 +441,7 @@ def test_saved_keys_of_each_command():
         "compare": shared
         | math
         | gigpo
-        | {"top", "by", "fail-above", "fail-on", "drop-duplicates"},
+        | {"top", "by", "jobs", "fail-above", "fail-on", "drop-duplicates"},
         "inspect": shared | {"anchor-col", "anchor-scope"},
     }
     config_help = next(p.help for p in commands["compute"].params if p.name == "config_path")

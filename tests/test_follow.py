@@ -237,6 +237,10 @@ def test_a_bad_step_file_ends_it_with_one_error_naming_the_file(follower, write_
         (("--by", "file", "--jsonl", "-"), "--jsonl goes with --follow"),
         (("--by", "file", "--follow", "--json", "r.json"), "--follow does not take --json"),
         (("--by", "file", "--follow", "--engine", "ray"), "--follow does not take --engine ray"),
+        (
+            ("--by", "file", "--follow", "--jobs", "2"),
+            "--follow does not take --engine ray or --jobs",
+        ),
         (("--by", "file", "--follow", "EXTRA"), "--follow watches one folder"),
         (("--by", "file", "--follow", "--settle", "-1"), "greater than or equal to 0"),
         (

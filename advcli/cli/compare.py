@@ -91,6 +91,15 @@ ByOpt = Annotated[
         "batch, also reported on its own as a series over training steps.",
     ),
 ]
+JobsOpt = Annotated[
+    int,
+    typer.Option(
+        "--jobs",
+        min=1,
+        help="With --by file: how many files to compare at once, each in a worker process "
+        "(the report is the same).",
+    ),
+]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing report files.")]
 FailAboveOpt = Annotated[
     float | None,
@@ -149,6 +158,7 @@ def compare_command(
     plot: PlotOpt = None,
     html: HtmlOpt = None,
     by: ByOpt = None,
+    jobs: JobsOpt = 1,
     drop_duplicates: DropDuplicatesOpt = False,
     force: ForceOpt = False,
     engine: CompareEngineOpt = Engine.LOCAL,
@@ -203,6 +213,7 @@ def compare_command(
         address=address,
         by=by,
         drop_duplicates=drop_duplicates,
+        jobs=jobs,
     )
     if not quiet:
         _show(report, stderr if file_on_stdout else stdout(), config_path)

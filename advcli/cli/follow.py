@@ -77,10 +77,10 @@ def check_follow(params: dict[str, Any]) -> None:
                 f"--follow does not take {option}: a report of the whole run, which a watch "
                 "does not end with (pass --jsonl)"
             )
-    if params["engine"] != Engine.LOCAL:
+    if params["engine"] != Engine.LOCAL or params.get("jobs", 1) != 1:
         raise UsageError(
-            "--follow does not take --engine ray: each step file is compared on its own, "
-            "locally, as it comes"
+            "--follow does not take --engine ray or --jobs: each step file is compared on its "
+            "own, locally, as it comes"
         )
 
 

@@ -203,7 +203,8 @@ CompareEngineOpt = Annotated[
     typer.Option(
         "--engine",
         help="local: Polars on this machine; ray: Ray Data reads the dump (needs advcli[ray], "
-        "Parquet inputs) and this machine makes the report.",
+        "Parquet inputs) and this machine makes the report; with --by file, one Ray task "
+        "compares each file.",
     ),
 ]
 AddressOpt = Annotated[
@@ -240,7 +241,7 @@ ConfigOpt = Annotated[
         "traj-score, scale, singleton, recipe, reward-mode, step-groups, gamma, step-weight, "
         "gigpo-norm, anchor-scope, "
         "anchor-col, step-reward-col, step-return-col, loss-weight, loss-scale-factor, "
-        "no-tokens, columns, top, by, drop-duplicates, "
+        "no-tokens, columns, top, by, jobs, drop-duplicates, "
         "fail-above, fail-on, engine, address, threads; each command takes those it has, and a "
         "[compute], [compare] or [inspect] table overrides them for that command. Options on "
         "the command line win.",

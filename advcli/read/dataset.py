@@ -161,6 +161,21 @@ class Dataset:
                 raise
             raise changed from None
 
+    def part(self, index: int) -> Dataset:
+        """File ``index`` alone, as a dataset of its own (``compare --by file`` one part at a
+        time): its label, format and identity at open are the whole dataset's."""
+        labels = self.labels[index : index + 1]
+        files = self.files[index : index + 1]
+        return Dataset(
+            files,
+            self.schema,
+            self.row_counts[index : index + 1],
+            self.input_format,
+            labels,
+            identities=self.identities[index : index + 1],
+            native=NativeNames(files, labels or [shown_path(files[0])]),
+        )
+
     def label(self, index: int) -> str:
         return self.labels[index] if self.labels else shown_path(self.files[index])
 

@@ -21,7 +21,7 @@ from advcli.advantages.estimators import Advantages
 from advcli.advantages.levels import TurnLevel
 from advcli.advantages.loss import LOSS_MODES, MODE_SOURCES, trajectory_weight
 from advcli.keys import GROUP, SCORE, TOKENS, TRAJECTORY
-from advcli.report.verdict import assess, verdict
+from advcli.report.verdict import assess, diff_means, verdict
 from advcli.settings import AdvantageConfig
 
 
@@ -68,14 +68,14 @@ def bias_report(
         "turns_per_trajectory": _turns_per_trajectory(per_trajectory["turns"], by_turns),
         "groups": _group_figures(per_group),
         "trajectories": _trajectory_figures(per_trajectory, abs_diff),
-        "by_turns": _by_turns_entries(by_turns),
-        "top_groups": _top_groups(per_group, top),
+        "by_turns": by_turns_entries(by_turns),
+        "top_groups": top_groups(per_group, top),
         "settings": _settings(config, settings, version),
-        "top_trajectories": _top_trajectories(per_trajectory, abs_diff, top),
+        "top_trajectories": top_trajectories(per_trajectory, abs_diff, top),
         "loss_weights": loss_weights(turn, per_trajectory) if tokens_known else None,
     }
     summary["assessment"] = assess(summary, config.estimator.value)
-    summary["verdict"] = verdict(summary, per_trajectory, config.estimator.value)
+    summary["verdict"] = verdict(summary, diff_means(per_trajectory), config.estimator.value)
     return BiasReport(summary=summary, trajectories=per_trajectory, groups=per_group)
 
 
@@ -127,7 +127,7 @@ def _per_group(
 
 def _by_turns(per_trajectory: pl.DataFrame, tokens_known: bool) -> pl.DataFrame:
     """For each turn count: the trajectories' mean advantage and token mass at both levels."""
-    by_turns = _by_turn_count(
+    by_turns = by_turn_count(
         per_trajectory,
         {
             "mean_advantage_turn": pl.col("advantage_turn"),
@@ -193,13 +193,13 @@ def _trajectory_figures(per_trajectory: pl.DataFrame, abs_diff: pl.Series) -> di
         ),
         "advantage_diff_max": number(abs_diff.max()),
         "advantage_diff_mean": number(abs_diff.mean()),
-        "corr_turns_diff": _pearson(
+        "corr_turns_diff": pearson(
             per_trajectory["turns"].cast(pl.Float64), per_trajectory["diff"]
         ),
     }
 
 
-def _by_turns_entries(by_turns: pl.DataFrame) -> list[dict[str, Any]]:
+def by_turns_entries(by_turns: pl.DataFrame) -> list[dict[str, Any]]:
     return [
         {
             key: _plain(row[key])
@@ -216,7 +216,7 @@ def _by_turns_entries(by_turns: pl.DataFrame) -> list[dict[str, Any]]:
     ]
 
 
-def _top_groups(per_group: pl.DataFrame, top: int) -> list[dict[str, Any]]:
+def top_groups(per_group: pl.DataFrame, top: int) -> list[dict[str, Any]]:
     """The ``top`` groups of largest baseline shift, the first in input order on a tie."""
     top_groups = per_group.sort(["baseline_shift", "first_row"], descending=[True, False]).head(top)
     return [
@@ -246,7 +246,7 @@ def _settings(config: AdvantageConfig, settings: dict[str, Any], version: str) -
     }
 
 
-def _top_trajectories(
+def top_trajectories(
     per_trajectory: pl.DataFrame, abs_diff: pl.Series, top: int
 ) -> list[dict[str, Any]]:
     return [
@@ -259,11 +259,11 @@ def _top_trajectories(
             "advantage_trajectory": number(row["advantage_trajectory"]),
             "diff": number(row["diff"]),
         }
-        for row in _largest_diffs(per_trajectory, abs_diff, top).iter_rows(named=True)
+        for row in largest_diffs(per_trajectory, abs_diff, top).iter_rows(named=True)
     ]
 
 
-def _largest_diffs(per_trajectory: pl.DataFrame, abs_diff: pl.Series, top: int) -> pl.DataFrame:
+def largest_diffs(per_trajectory: pl.DataFrame, abs_diff: pl.Series, top: int) -> pl.DataFrame:
     """The ``top`` trajectories of largest ``|diff|``, the first in input order on a tie. Only
     the rows at or above the top-th largest value are sorted: a sort of every trajectory holds
     a copy of them all (80 MiB for 1.4M)."""
@@ -294,7 +294,7 @@ def loss_weights(turn: TurnLevel, per_trajectory: pl.DataFrame) -> dict[str, Any
         )
         total = per_trajectory.select(weight.sum()).item()
         count = per_trajectory.height
-        by_turns = _by_turn_count(
+        by_turns = by_turn_count(
             per_trajectory,
             {
                 "relative_weight": weight / total * count,
@@ -318,7 +318,7 @@ def loss_weights(turn: TurnLevel, per_trajectory: pl.DataFrame) -> dict[str, Any
     return modes
 
 
-def _by_turn_count(per_trajectory: pl.DataFrame, sums: dict[str, pl.Expr]) -> pl.DataFrame:
+def by_turn_count(per_trajectory: pl.DataFrame, sums: dict[str, pl.Expr]) -> pl.DataFrame:
     """For each turn count, in ascending order: ``turns``, ``trajectories`` (how many have it) and
     the sum of each of ``sums`` over them.
 
@@ -365,7 +365,7 @@ def _plain(value: Any) -> Any:
     return number(value) if isinstance(value, float) else value
 
 
-def _pearson(x: pl.Series, y: pl.Series) -> float | None:
+def pearson(x: pl.Series, y: pl.Series) -> float | None:
     """Pearson correlation, or None when either side is constant (or fewer than two points)."""
     if len(x) < 2 or x.std() in (0, None) or y.std() in (0, None):
         return None

@@ -1,5 +1,6 @@
-"""``compare --by``: the headline figures of each training step (each input file, or each value
-of a column), from the report of the whole run in one grouped pass."""
+"""``compare --by``: the headline figures of each training step, from the report of the whole
+run in one grouped pass (each value of a column), or from each step's own report (each input
+file, :mod:`advcli.parts`)."""
 
 from __future__ import annotations
 
@@ -129,6 +130,27 @@ def _token_mean_longest_vs_shortest(
     shortest, longest = mean_where("fewest"), mean_where("most")
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(shortest != 0, longest / shortest, np.nan)
+
+
+def step_entry(summary: dict[str, Any], step: Any) -> dict[str, Any]:
+    """The headline figures of a step compared alone (``summary``: its report), the step named
+    ``step``: those :func:`by_step` gives it."""
+    flips, trajectories = summary["trajectories"]["sign_flips"], summary["counts"]["trajectories"]
+    diff = summary["trajectories"]["advantage_diff_mean"]
+    weights = summary["loss_weights"]
+    return {
+        "step": step,
+        "rows": summary["counts"]["rows"],
+        "trajectories": trajectories,
+        "baseline_shift_mean": summary["groups"]["baseline_shift_mean"],
+        "advantage_diff_mean": diff,
+        "advantage_diff_max": summary["trajectories"]["advantage_diff_max"],
+        "sign_flips": flips,
+        "token_mean_longest_vs_shortest": (
+            weights["token-mean"]["longest_vs_shortest"] if weights is not None else None
+        ),
+        "level": bias_level(diff or 0.0, flips / max(trajectories, 1)),
+    }
 
 
 def empty_step(step: Any) -> dict[str, Any]:

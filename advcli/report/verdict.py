@@ -6,6 +6,7 @@ view's "What to change"), and the verdict in plain language.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,11 +308,26 @@ def remedy(trainer: str | None, estimator: str | None = None) -> dict[str, Any]:
     return {"trainer": trainer, "advice": [entry.entry() for entry in advice]}
 
 
-def verdict(
-    summary: dict[str, Any], per_trajectory: pl.DataFrame, estimator: str | None = None
-) -> str:
+# The mean diff of the trajectories of at least a turn count and of those of fewer turns.
+DiffMeans = Callable[[int], tuple[float | None, float | None]]
+
+
+def diff_means(per_trajectory: pl.DataFrame) -> DiffMeans:
+    """:data:`DiffMeans` over the report's trajectories."""
+
+    def means(threshold: int) -> tuple[float | None, float | None]:
+        long, short = per_trajectory.select(
+            pl.col("diff").filter(pl.col("turns") >= threshold).mean(),
+            pl.col("diff").filter(pl.col("turns") < threshold).mean().alias("short"),
+        ).row(0)
+        return long, short
+
+    return means
+
+
+def verdict(summary: dict[str, Any], means: DiffMeans, estimator: str | None = None) -> str:
     """A few plain-language sentences on the size and direction of the bias (the remedy
-    ``estimator``'s)."""
+    ``estimator``'s); ``means``: the trajectories' mean diff on either side of a turn count."""
     counts, spread, groups = summary["counts"], summary["turns_per_trajectory"], summary["groups"]
     drop = groups["baseline_drop_mean"] or 0.0
     if (groups["baseline_shift_max"] or 0.0) < 5e-4:
@@ -328,10 +344,7 @@ def verdict(
     else:
         # "Long" = at least the median turn count, and strictly more than the shortest.
         threshold = max(math.ceil(spread["median"]), spread["min"] + 1)
-        long, short = per_trajectory.select(
-            pl.col("diff").filter(pl.col("turns") >= threshold).mean(),
-            pl.col("diff").filter(pl.col("turns") < threshold).mean().alias("short"),
-        ).row(0)
+        long, short = means(threshold)
         # diff = trajectory − turn level, so counting every turn gives a trajectory −diff more.
         sentences.append(
             f"Counting every turn gives trajectories with ≥ {threshold} turns "

@@ -1,0 +1,98 @@
+"""Peak memory and time of `compare DIR --by file` over many step files, against one file's
+`compare`, and `--jobs 2` against `--jobs 1`; prints the ratios.
+
+Each step file holds ``--groups`` sample groups (about 48k rows at the default), written once
+and linked ``--parts`` times (each file is its own batch, so the copies are as many steps).
+Every run is a fresh `advcli compare` process, started from a fresh Python process that reads
+its peak RSS (``getrusage(RUSAGE_CHILDREN)``), so no run's memory is counted in another's.
+Runs are interleaved ``--runs`` times; the figures are medians.
+
+    python bench/bench_parts.py                     # 50 and 200 parts
+    python bench/bench_parts.py --parts 50 --runs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from advcli.sample import write_sample
+
+# Runs `advcli compare` as a child and prints its wall time, CPU time and peak RSS (KiB).
+MEASURE = """
+import resource, subprocess, sys, time
+started = time.perf_counter()
+done = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)
+seconds = time.perf_counter() - started
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(done.returncode, seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
+"""
+
+
+def measure(*args: str) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds and peak RSS (MiB) of one ``advcli compare`` process."""
+    command = [sys.executable, "-m", "advcli", "compare", *args, "-q", "--json", "-"]
+    line = subprocess.run(
+        [sys.executable, "-c", MEASURE, *command], capture_output=True, text=True, check=True
+    ).stdout.split()
+    if line[0] != "0":
+        raise SystemExit(f"compare {' '.join(args)} exited {line[0]}")
+    return float(line[1]), float(line[2]), int(line[3]) / 1024
+
+
+def run_folder(root: Path, one: Path, parts: int) -> Path:
+    """A folder of ``parts`` step files, each a link to (or copy of) ``one``."""
+    folder = root / f"run-{parts}"
+    folder.mkdir()
+    for step in range(parts):
+        target = folder / f"step_{step:05d}.parquet"
+        try:
+            os.link(one, target)
+        except OSError:
+            target.write_bytes(one.read_bytes())
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", type=int, nargs="+", default=[50, 200])
+    parser.add_argument("--groups", type=int, default=1830)
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as name:
+        root = Path(name)
+        one = root / "step.parquet"
+        rows = write_sample(one, groups=args.groups, seed=1)
+        folders = {parts: run_folder(root, one, parts) for parts in args.parts}
+        runs: dict[str, list[tuple[float, float, float]]] = {}
+        for _ in range(args.runs):
+            runs.setdefault("one part", []).append(measure(str(one)))
+            for parts, folder in folders.items():
+                for jobs in (1, 2):
+                    options = (str(folder), "--by", "file", "--jobs", str(jobs))
+                    runs.setdefault(f"{parts} parts, --jobs {jobs}", []).append(measure(*options))
+    figures = {
+        label: [statistics.median(run[i] for run in measured) for i in range(3)]
+        for label, measured in runs.items()
+    }
+    seconds, cpu, memory = figures["one part"]
+    print(f"one part: {rows:,} rows, {seconds:.2f} s, {memory:.0f} MiB")
+    for label, (wall, cpu, rss) in figures.items():
+        print(f"{label:>22}: {wall:6.2f} s, cpu {cpu:6.2f} s, {rss:5.0f} MiB ({rss / memory:.2f}x)")
+    for parts in args.parts:
+        one_job, two_jobs = figures[f"{parts} parts, --jobs 1"], figures[f"{parts} parts, --jobs 2"]
+        print(
+            f"{parts} parts: --jobs 2 is {one_job[0] / two_jobs[0]:.2f}x --jobs 1; "
+            f"{one_job[1] / parts:.3f} CPU s a part"
+        )
+    print(json.dumps({label: [round(x, 3) for x in value] for label, value in figures.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Issue 31: ``compare --by file`` one file at a time. The whole run's report combined from the
+files' own reports equals the one grouped pass over every row (``--by step`` on a column that
+holds each file's number), each file's entry is that file compared alone, ``--jobs 2`` and
+``--engine ray`` give the same report, and an error names its file."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from advcli.sample import write_sample
+
+# The figures the parts' report names by the file where the one pass names them by the column.
+RENAMED = {"by_step", "settings"}
+
+
+@pytest.fixture
+def steps(tmp_path: Path) -> Path:
+    """Three step files of sample rollouts (ids repeating across files, as a dataset index
+    does), each with its number in a ``step`` column, and a fourth without rows."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for step in range(3):
+        path = folder / f"step_{step}.parquet"
+        write_sample(path, groups=6 + 3 * step, seed=step)
+        frame = pl.read_parquet(path).with_columns(pl.lit(step, dtype=pl.Int64).alias("step"))
+        frame.write_parquet(path)
+    frame.clear().write_parquet(folder / "step_3.parquet")
+    return folder
+
+
+def assert_same(one: Any, other: Any, where: str = "") -> None:
+    """Equal, but for floats a few units in the last place apart (sums added in another order)."""
+    if isinstance(one, dict):
+        assert isinstance(other, dict) and list(one) == list(other), where
+        for key in one:
+            assert_same(one[key], other[key], f"{where}.{key}")
+    elif isinstance(one, list):
+        assert isinstance(other, list) and len(one) == len(other), where
+        for index, (a, b) in enumerate(zip(one, other, strict=True)):
+            assert_same(a, b, f"{where}[{index}]")
+    elif isinstance(one, float) and isinstance(other, float):
+        assert math.isclose(one, other, rel_tol=1e-12, abs_tol=1e-15), (where, one, other)
+    else:
+        assert one == other, (where, one, other)
+
+
+def compare_json(run, *args: object) -> dict[str, Any]:
+    result = run("compare", *args, "--json", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def by_column(summary: dict[str, Any]) -> dict[str, Any]:
+    """The one pass's group keys named as the parts' are (``file`` for the ``step`` column)."""
+    for entry in (*summary["top_groups"], *summary["top_trajectories"]):
+        entry["group"] = {"file": entry["group"]["step"], "group": entry["group"]["group"]}
+    return summary
+
+
+@pytest.mark.parametrize("options", [(), ("--estimator", "rloo", "--traj-score", "mean")])
+def test_combined_report_equals_one_pass_over_every_row(run, steps, options):
+    files = sorted(steps.glob("step_[0-2].parquet"))
+    parts = compare_json(run, *files, "--by", "file", *options)
+    one_pass = by_column(compare_json(run, *files, "--by", "step", *options))
+    assert_same(
+        {key: value for key, value in parts.items() if key not in RENAMED},
+        {key: value for key, value in one_pass.items() if key not in RENAMED},
+    )
+    for name in ("reading", "inputs"):
+        one_pass["settings"].pop(name), parts["settings"].pop(name)
+    assert parts["settings"] == one_pass["settings"]
+    steps_of_parts = [dict(entry, step=None) for entry in parts["by_step"]["steps"]]
+    assert steps_of_parts == [dict(entry, step=None) for entry in one_pass["by_step"]["steps"]]
+    # The merged figures are there to be compared, not absent on both sides.
+    assert parts["trajectories"]["corr_turns_diff"] is not None
+    assert len(parts["top_groups"]) == len(parts["top_trajectories"]) == 10
+
+
+def test_each_file_is_its_entry_compared_alone_and_keeps_its_place(run, steps):
+    summary = compare_json(run, steps, "--by", "file")
+    entries = summary["by_step"]["steps"]
+    assert [Path(entry["step"]).name for entry in entries] == [
+        f"step_{step}.parquet" for step in range(4)
+    ]
+    for step, entry in enumerate(entries[:3]):
+        alone = compare_json(run, steps / f"step_{step}.parquet")
+        assert entry["rows"] == alone["counts"]["rows"]
+        assert entry["sign_flips"] == alone["trajectories"]["sign_flips"]
+        assert entry["baseline_shift_mean"] == alone["groups"]["baseline_shift_mean"]
+        assert entry["advantage_diff_mean"] == alone["trajectories"]["advantage_diff_mean"]
+        assert entry["advantage_diff_max"] == alone["trajectories"]["advantage_diff_max"]
+        token_mean = alone["loss_weights"]["token-mean"]["longest_vs_shortest"]
+        assert entry["token_mean_longest_vs_shortest"] == token_mean
+    assert entries[3]["rows"] == 0 and entries[3]["level"] is None
+    assert summary["counts"]["rows"] == sum(entry["rows"] for entry in entries)
+
+
+def test_two_jobs_give_the_same_report_in_file_order(run, steps):
+    one = run("compare", steps, "--by", "file", "--json", "-", "-q")
+    two = run("compare", steps, "--by", "file", "--json", "-", "-q", "--jobs", "2")
+    assert two.exit_code == 0, two.stderr
+    assert two.stdout == one.stdout
+
+
+def test_an_error_in_a_worker_names_its_file(run, steps):
+    path = steps / "step_1.parquet"
+    frame = pl.read_parquet(path)
+    group = pl.when(pl.int_range(pl.len()) == 3).then(None).otherwise(pl.col("data_id"))
+    frame.with_columns(group.alias("data_id")).write_parquet(path)
+    result = run("compare", steps, "--by", "file", "-q", "--jobs", "2")
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"Error: {path} row 3: column 'data_id' (group id) is null"
+    ]
+
+
+def test_jobs_where_no_files_are_compared_apart_is_a_usage_error(run, steps):
+    result = run("compare", steps, "--by", "step", "-q", "--jobs", "2")
+    assert result.exit_code == 2
+    assert "--jobs runs the files of --by file in parallel" in " ".join(result.stderr.split())
+
+
+@pytest.mark.ray
+# Ray's own imports and workers raise deprecation and resource warnings we cannot fix.
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_one_ray_task_per_file_gives_the_local_report(cluster, run, steps):
+    local = run("compare", steps, "--by", "file", "--json", "-", "-q")
+    distributed = run("compare", steps, "--by", "file", "--json", "-", "-q", "--engine", "ray")
+    assert distributed.exit_code == 0, distributed.stderr
+    assert distributed.stdout == local.stdout
+
+
+def test_ctrl_c_ends_the_workers(steps):
+    """Ctrl-C while the workers compare: exit 130, one line, and no worker left running."""
+    for step in range(3, 40):
+        (steps / f"step_{step}.parquet").write_bytes((steps / "step_2.parquet").read_bytes())
+    command = [sys.executable, "-m", "advcli", "compare", str(steps), "--by", "file", "--jobs", "2"]
+    process = subprocess.Popen(
+        [*command, "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    workers: list[int] = []
+    while len(workers) < 2:
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr
+        workers = spawned_workers(process.pid)
+        time.sleep(0.01)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.splitlines() == ["Interrupted; no partial output was left behind."], stderr
+    assert not [worker for worker in workers if Path(f"/proc/{worker}").exists()]
+
+
+def spawned_workers(pid: int) -> list[int]:
+    """The worker processes ``pid`` has spawned (not multiprocessing's resource tracker)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [
+        int(child)
+        for child in children
+        if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()
+    ]
