@@ -13,14 +13,19 @@ from advcli.keys import GROUP, SCORE, TOKENS
 from advcli.rules import SINGLETON_STD, STD_DDOF, WHITEN_EPSILON, WHITEN_MIN_TOKENS, ZERO_STD
 
 
-def group_statistics(units: pl.DataFrame, units_per_part: int | None = None) -> pl.DataFrame:
+def group_statistics(
+    units: pl.DataFrame, units_per_part: int | None = None, second_best: bool = False
+) -> pl.DataFrame:
     """Every per-group quantity an estimator needs, in one group-by, before any singleton rule.
 
     ``std`` is the unbiased sample std (ddof=1, as torch.std and verl), null for a single unit.
     When every unit of a group has the same score, ``mean`` is set to that score exactly and ``std``
     to 0, so the advantages are exactly 0 rather than rounding noise divided by epsilon.
-    ``top_row`` is the first unit (in input order) with the group's highest score; ``score_second``
-    the second highest score (equal to the highest on a tie). ``units_per_part``: see below.
+    With ``second_best`` (grpo_passk's baseline), ``top_row`` is the first unit (in input order)
+    with the group's highest score and ``score_second`` the second highest score (equal to the
+    highest on a tie); without, ``top_row`` is the group's first unit and there is no
+    ``score_second`` — the two cost several times every other figure together where groups are
+    small (each row its own unit). ``units_per_part``: see below.
     """
     all_equal = pl.col("score_max") == pl.col("score_min")
     # Groups are independent: in parts of about a million units, split by a hash of the group,
@@ -29,10 +34,12 @@ def group_statistics(units: pl.DataFrame, units_per_part: int | None = None) -> 
     parts = min(255, max(1, -(-units.height // (units_per_part or UNITS_PER_PART))))
     columns = units.select(GROUP, SCORE, TOKENS, "first_row")
     if parts == 1:
-        pieces = [_group_figures(columns)]
+        pieces = [_group_figures(columns, second_best)]
     else:
         part = columns.select((pl.col(GROUP).hash() % parts).cast(pl.UInt8)).to_series()
-        pieces = [_group_figures(columns.filter(part == index)) for index in range(parts)]
+        pieces = [
+            _group_figures(columns.filter(part == index), second_best) for index in range(parts)
+        ]
     return (
         pl.concat(pieces)
         .with_columns(
@@ -52,7 +59,7 @@ def group_statistics(units: pl.DataFrame, units_per_part: int | None = None) -> 
 UNITS_PER_PART = 1_000_000
 
 
-def _group_figures(units: pl.DataFrame) -> pl.DataFrame:
+def _group_figures(units: pl.DataFrame, second_best: bool) -> pl.DataFrame:
     # Sorting by (group, score, tokens) first fixes the order in which each group's floats are
     # summed, so the statistics are bit-identical whatever the input files' order or the thread
     # count.
@@ -73,8 +80,17 @@ def _group_figures(units: pl.DataFrame) -> pl.DataFrame:
             pl.col(SCORE).std(ddof=STD_DDOF).alias("std"),
             pl.col(SCORE).max().alias("score_max"),
             pl.col(SCORE).min().alias("score_min"),
-            pl.col(SCORE).top_k(2).min().alias("score_second"),
-            pl.col("first_row").filter(pl.col(SCORE) == pl.col(SCORE).max()).min().alias("top_row"),
+            *(
+                [
+                    pl.col(SCORE).top_k(2).min().alias("score_second"),
+                    pl.col("first_row")
+                    .filter(pl.col(SCORE) == pl.col(SCORE).max())
+                    .min()
+                    .alias("top_row"),
+                ]
+                if second_best
+                else [pl.col("first_row").min().alias("top_row")]
+            ),
             pl.col(TOKENS).sum().alias("tokens_sum"),
             (pl.col(TOKENS) * pl.col(SCORE)).sum().alias("tokens_score_sum"),
             pl.col("first_row").min().alias("first_row"),
