@@ -104,19 +104,24 @@ def stage_times(estimator: str, gamma: str, source: Path, output: str) -> dict[s
     return times
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def anchored_dump(description: str) -> tuple[argparse.Namespace, Path]:
+    """The command line of this script and of bench_per_turn.py (the dump's size, the runs,
+    where the data goes, a JSON file for the results), and the anchored dump it asks for."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--tokens", type=int, default=128, help="mean tokens per turn row")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--data", type=Path, default=Path("bench/data"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-
     args.data.mkdir(parents=True, exist_ok=True)
     base = args.data / f"rollouts-{args.rows}-{args.tokens}.parquet"
     make_dump(base, args.rows, args.tokens, DEFAULT_MAX_TURNS)
-    source = anchor_copy(base)
+    return args, anchor_copy(base)
+
+
+def main() -> None:
+    args, source = anchored_dump(__doc__.splitlines()[0])
     steps = (
         pl.scan_parquet(source)
         .group_by("data_id", "anchor")

@@ -18,7 +18,6 @@ from `advcli.pipeline.compute`'s `on_stage` callback, in fresh processes too.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -31,8 +30,8 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_compute import DEFAULT_MAX_TURNS, advcli, make_dump, run
-from bench_gigpo import anchor_copy
+from bench_compute import advcli, run
+from bench_gigpo import anchored_dump
 
 from advcli.settings import StepGroups
 
@@ -86,18 +85,7 @@ def stage_times(choice: str, source: Path, output: str) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--tokens", type=int, default=128, help="mean tokens per turn row")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--data", type=Path, default=Path("bench/data"))
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-
-    args.data.mkdir(parents=True, exist_ok=True)
-    base = args.data / f"rollouts-{args.rows}-{args.tokens}.parquet"
-    make_dump(base, args.rows, args.tokens, DEFAULT_MAX_TURNS)
-    source = anchor_copy(base)
+    args, source = anchored_dump(__doc__.splitlines()[0])
     dump = (
         pl.scan_parquet(source)
         .select(
