@@ -159,9 +159,14 @@ def test_group_statistics_in_parts_are_the_figures_of_each_group():
         },
         schema_overrides={"first_row": pl.UInt32, "turns": pl.UInt32},
     )
-    whole = group_statistics(units)
-    parts = group_statistics(units, units_per_part=3)
+    whole = group_statistics(units, second_best=True)
+    parts = group_statistics(units, units_per_part=3, second_best=True)
     assert parts.equals(whole)
+    # Without grpo_passk's figures: the same figures but those two, top_row the first unit.
+    lean = group_statistics(units, units_per_part=3)
+    assert "score_second" not in lean.columns
+    assert lean["top_row"].equals(lean["first_row"].alias("top_row"))
+    assert lean.drop("top_row").equals(parts.drop("top_row", "score_second"))
     for row in parts.iter_rows(named=True):
         mine = [i for i, g in enumerate(groups) if g == row["group"]]
         values = [scores[i] for i in mine]
