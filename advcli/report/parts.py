@@ -112,9 +112,9 @@ def part_figures(
         trajectories.height,
         mean_x,
         mean_y,
-        float(dx @ dx),
-        float(dy @ dy),
-        float(dx @ dy),
+        float((dx * dx).sum()),
+        float((dy * dy).sum()),
+        float((dx * dy).sum()),
     )
 
     def keyed(frame: pl.DataFrame) -> pl.DataFrame:
