@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.pool
 import signal
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass
+from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +107,7 @@ def compare_parts(
     if engine == Engine.RAY:
         results = load_ray_engine().run_parts(run_part, tasks)
     elif jobs > 1 and len(tasks) > 1:
-        results = _in_workers(tasks, jobs)
+        results = _in_workers(dataset, tasks, jobs)
     else:
         results = (_run(dataset.part(task.part), task) for task in tasks)
     # Closed on an error or Ctrl-C here too, which ends the workers.
@@ -123,20 +125,65 @@ def run_part(task: PartTask) -> PartResult:
     return _run(open_dataset([str(task.path)]), task)
 
 
-def _in_workers(tasks: list[PartTask], jobs: int) -> Generator[PartResult, None, None]:
-    """``tasks`` in ``jobs`` spawned worker processes, results in part order as they come. The
-    workers leave Ctrl-C to this process, which ends them, as it does on an error in any part."""
+def _in_workers(
+    dataset: Dataset, tasks: list[PartTask], jobs: int
+) -> Generator[PartResult, None, None]:
+    """``tasks`` shared by this process and ``jobs - 1`` spawned workers, results in part order
+    as they come. This process takes the next part whenever the one due is still running in a
+    worker, so that it works while the workers start (each imports advcli anew) and ``jobs``
+    processes compare at once. A part that fails here is raised when its turn comes, as with one
+    job: the first failing part in order is the one named. The workers leave Ctrl-C to this
+    process, which ends them, as it does on an error in any part."""
+    workers = min(jobs, len(tasks)) - 1
     pool = multiprocessing.get_context("spawn").Pool(
-        min(jobs, len(tasks)), initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+        workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
     )
+    results: dict[int, AsyncResult[PartResult] | PartResult | AdvcliError] = {}
+    handed, failed_here = 0, False
     try:
-        yield from pool.imap(run_part, tasks)
+        for due in range(len(tasks)):
+            while True:
+                handed = _hand_to_workers(pool, tasks, results, handed, limit=2 * workers)
+                waiting = results[due]
+                if (
+                    not isinstance(waiting, AsyncResult)
+                    or waiting.ready()
+                    or handed == len(tasks)
+                    or failed_here
+                ):
+                    break
+                try:
+                    results[handed] = _run(dataset.part(handed), tasks[handed])
+                except AdvcliError as error:
+                    results[handed], failed_here = error, True
+                handed += 1
+            result = results.pop(due)
+            if isinstance(result, AdvcliError):
+                raise result
+            yield result.get() if isinstance(result, AsyncResult) else result
     except BaseException:
         pool.terminate()
         raise
     finally:
         pool.close()
         pool.join()
+
+
+def _hand_to_workers(
+    pool: multiprocessing.pool.Pool,
+    tasks: list[PartTask],
+    results: dict[int, AsyncResult[PartResult] | PartResult | AdvcliError],
+    handed: int,
+    limit: int,
+) -> int:
+    """The parts from number ``handed`` on to the workers, in order, until ``limit`` of theirs
+    are unfinished (one waiting behind each running one, so that a worker never waits for this
+    process); returns the number of parts handed out so far."""
+    running = sum(1 for r in results.values() if isinstance(r, AsyncResult) and not r.ready())
+    while running < limit and handed < len(tasks):
+        results[handed] = pool.apply_async(run_part, (tasks[handed],))
+        handed, running = handed + 1, running + 1
+    return handed
 
 
 def _run(dataset: Dataset, task: PartTask) -> PartResult:

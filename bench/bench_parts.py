@@ -1,5 +1,6 @@
 """Peak memory and time of `compare DIR --by file` over many step files, against one file's
-`compare`, and `--jobs 2` against `--jobs 1`; prints the ratios.
+`compare`, and `--jobs 2` against `--jobs 1`; prints the ratios, and the best two jobs could do
+with the start-up that runs once whatever their number.
 
 Each step file holds ``--groups`` sample groups (about 48k rows at the default), written once
 and linked ``--parts`` times (each file is its own batch, so the copies are as many steps).
@@ -87,8 +88,14 @@ def main() -> None:
         print(f"{label:>22}: {wall:6.2f} s, cpu {cpu:6.2f} s, {rss:5.0f} MiB ({rss / memory:.2f}x)")
     for parts in args.parts:
         one_job, two_jobs = figures[f"{parts} parts, --jobs 1"], figures[f"{parts} parts, --jobs 2"]
+        # One file's run is the start-up and a part; the rest of --jobs 1 is parts alone. The
+        # start-up runs once whatever the jobs: two could at best halve the parts' time.
+        part = (one_job[0] - seconds) / (parts - 1)
+        start_up = seconds - part
+        bound = one_job[0] / (start_up + parts * part / 2)
         print(
-            f"{parts} parts: --jobs 2 is {one_job[0] / two_jobs[0]:.2f}x --jobs 1; "
+            f"{parts} parts: --jobs 2 is {one_job[0] / two_jobs[0]:.2f}x --jobs 1 "
+            f"(at best {bound:.2f}x: start-up {start_up:.2f} s, {part:.3f} s a part); "
             f"{one_job[1] / parts:.3f} CPU s a part"
         )
     print(json.dumps({label: [round(x, 3) for x in value] for label, value in figures.items()}))

@@ -112,16 +112,28 @@ def test_two_jobs_give_the_same_report_in_file_order(run, steps):
     assert two.stdout == one.stdout
 
 
-def test_an_error_in_a_worker_names_its_file(run, steps):
-    path = steps / "step_1.parquet"
-    frame = pl.read_parquet(path)
-    group = pl.when(pl.int_range(pl.len()) == 3).then(None).otherwise(pl.col("data_id"))
-    frame.with_columns(group.alias("data_id")).write_parquet(path)
-    result = run("compare", steps, "--by", "file", "-q", "--jobs", "2")
-    assert result.exit_code == 1
-    assert result.stderr.splitlines() == [
-        f"Error: {path} row 3: column 'data_id' (group id) is null"
+@pytest.mark.parametrize(
+    ("broken", "named"),
+    [({1}, 1), ({2}, 2), ({1, 2}, 1)],
+    ids=["in the worker", "in this process", "the first of two"],
+)
+def test_an_error_names_the_first_failing_file_in_order(run, steps, broken, named):
+    """With two jobs the worker takes the first two files and this process the third while it
+    waits: wherever a part fails, the error is the first failing file's, as with one job."""
+    for step in range(4, 6):
+        (steps / f"step_{step}.parquet").write_bytes((steps / "step_2.parquet").read_bytes())
+    for step in broken:
+        path = steps / f"step_{step}.parquet"
+        frame = pl.read_parquet(path)
+        group = pl.when(pl.int_range(pl.len()) == step).then(None).otherwise(pl.col("data_id"))
+        frame.with_columns(group.alias("data_id")).write_parquet(path)
+    expected = [
+        f"Error: {steps / f'step_{named}.parquet'} row {named}: column 'data_id' (group id) is null"
     ]
+    for jobs in ("1", "2"):
+        result = run("compare", steps, "--by", "file", "-q", "--jobs", jobs)
+        assert result.exit_code == 1
+        assert result.stderr.splitlines() == expected, jobs
 
 
 def test_jobs_where_no_files_are_compared_apart_is_a_usage_error(run, steps):
@@ -144,7 +156,8 @@ def test_one_ray_task_per_file_gives_the_local_report(cluster, run, steps):
 
 
 def test_ctrl_c_ends_the_workers(steps):
-    """Ctrl-C while the workers compare: exit 130, one line, and no worker left running."""
+    """Ctrl-C while this process and its worker compare: exit 130, one line, and no worker left
+    running."""
     for step in range(3, 40):
         (steps / f"step_{step}.parquet").write_bytes((steps / "step_2.parquet").read_bytes())
     command = [sys.executable, "-m", "advcli", "compare", str(steps), "--by", "file", "--jobs", "2"]
@@ -153,7 +166,7 @@ def test_ctrl_c_ends_the_workers(steps):
     )
     deadline = time.monotonic() + 60
     workers: list[int] = []
-    while len(workers) < 2:
+    while not workers:
         assert process.poll() is None and time.monotonic() < deadline, process.stderr
         workers = spawned_workers(process.pid)
         time.sleep(0.01)
