@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import subprocess
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import polars as pl
@@ -74,6 +77,29 @@ def run():
         return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
 
     return invoke
+
+
+@contextlib.contextmanager
+def fifo_reader(path: Path) -> Iterator[list[bytes]]:
+    """A named pipe made at ``path`` and read to its end by a thread: what it read is in the
+    list once the block ends. The reader never outlives the block, even when nothing opened the
+    pipe to write (a reader left waiting in open() would keep the test session from exiting): a
+    write end opened and closed here ends its read."""
+    os.mkfifo(path)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(path.read_bytes()), daemon=True)
+    reader.start()
+    try:
+        yield received
+    finally:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError as error:
+            # No reader has the pipe open: it has read to the end already.
+            if error.errno != errno.ENXIO:
+                raise
+        reader.join(timeout=60)
+        assert not reader.is_alive(), f"the reader of {path} did not end"
 
 
 def partials(output: Path) -> list[Path]:

@@ -17,14 +17,13 @@ import hashlib
 import os
 import re
 import struct
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
-from conftest import dump_frame
+from conftest import dump_frame, fifo_reader
 
 from advcli.cli import compute as cli_compute
 from advcli.cli.app import app
@@ -251,14 +250,10 @@ def test_a_named_pipe_output_is_disowned(folders, monkeypatch, run):
     data, spare = folders
     source = write_input(data / "rollouts.parquet")
     fifo = data / "advantages.parquet"
-    os.mkfifo(fifo)
-    received: list[bytes] = []
-    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
-    reader.start()
     words = changed_during(monkeypatch, in_stage_3, rename_over, source, spare)
 
-    result = run("compute", source, "-o", fifo, "-q")
-    reader.join(timeout=60)
+    with fifo_reader(fifo) as received:
+        result = run("compute", source, "-o", fifo, "-q")
 
     assert result.exit_code == 1
     assert result.stderr == (

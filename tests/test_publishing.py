@@ -12,12 +12,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import dump_frame
+from conftest import dump_frame, fifo_reader
 
 from advcli.errors import AdvcliError
 from advcli.write import atomic
@@ -140,12 +139,8 @@ def test_a_named_pipe_gets_the_output_as_it_is_written(run, write_dump, tmp_path
     regular = tmp_path / "regular.parquet"
     assert run("compute", source, "-o", regular, "-q").exit_code == 0
     fifo = tmp_path / "out.parquet"
-    os.mkfifo(fifo)
-    received: list[bytes] = []
-    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
-    reader.start()
-    result = run("compute", source, "-o", fifo, "--format", "parquet", "-q")
-    reader.join(timeout=60)
+    with fifo_reader(fifo) as received:
+        result = run("compute", source, "-o", fifo, "--format", "parquet", "-q")
     assert result.exit_code == 0, result.stderr
     assert fifo.is_fifo()
     assert pl.read_parquet(io.BytesIO(received[0])).equals(pl.read_parquet(regular))
