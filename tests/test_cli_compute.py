@@ -458,8 +458,11 @@ def test_more_usage_errors_exit_2(args, write_dump, run, tmp_path):
     assert not (tmp_path / "out.parquet").exists()
 
 
-def test_fail_above_must_be_finite(write_dump, run):
-    assert run("compare", write_dump(BASE), "--fail-above", "nan", "-q").exit_code == 2
+@pytest.mark.parametrize("bound", ["nan", "inf", "-1", "-0.001"])
+def test_fail_above_must_be_finite_and_not_negative(bound, write_dump, run):
+    result = run("compare", write_dump(BASE), "--fail-above", bound, "-q")
+    assert result.exit_code == 2
+    assert "must be a finite number, 0 or more" in result.stderr
 
 
 def test_rerun_keeps_the_original_reward_column(write_dump, run, tmp_path):

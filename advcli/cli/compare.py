@@ -180,8 +180,9 @@ def compare_command(
     Example: advcli compare rollouts.parquet --json report.json --plot bias.png
     """
     settings = dump_settings(ctx)
-    if fail_above is not None and not math.isfinite(fail_above):
-        raise typer.BadParameter("must be a finite number", param_hint="'--fail-above'")
+    if fail_above is not None and not (math.isfinite(fail_above) and fail_above >= 0):
+        # A difference in absolute value is never below 0: a negative bound would trip always.
+        raise typer.BadParameter("must be a finite number, 0 or more", param_hint="'--fail-above'")
     if fail_above is not None and settings.config.per_turn is not None:
         raise UsageError(
             "--fail-above reads the outcome report's largest advantage difference; under "
