@@ -86,6 +86,16 @@ def run(command: list[str], env: dict[str, str] | None = None) -> tuple[float, i
     return seconds, usage.ru_maxrss * 1024
 
 
+def machine() -> dict[str, object]:
+    """What the figures were measured on, for a bench's JSON."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "polars": pl.__version__,
+        "platform": platform.platform(),
+    }
+
+
 def advcli(*args: str) -> list[str]:
     return [sys.executable, "-m", "advcli", *args]
 
@@ -254,12 +264,7 @@ def main() -> None:
     output = str(args.data / "out.parquet")
 
     results: dict = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "polars": pl.__version__,
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "dump": {
             "rows": n_rows,
             "bytes": n_bytes,

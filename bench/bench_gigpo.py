@@ -17,19 +17,19 @@ stage times come from `advcli.pipeline.compute`'s `on_stage` callback, in fresh 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_compute import DEFAULT_MAX_TURNS, advcli, make_dump, run
+from bench_compute import DEFAULT_MAX_TURNS, advcli, machine, make_dump, run
 
 # One in SHARED_ONE_IN rows of a (group, turn) takes the state those rows share.
 SHARED_ONE_IN = 4
@@ -85,6 +85,56 @@ print(json.dumps({name: after - at for (name, at), (_, after) in zip(marks, mark
 STAGED = [("grpo", "grpo", "1"), ("gigpo", "gigpo", "1"), ("gigpo --gamma 0.95", "gigpo", "0.95")]
 
 
+def timed_commands(
+    configs: list[tuple[str, list[str]]], source: Path, output: str, runs: int, width: int
+) -> dict[str, dict[str, object]]:
+    """Each ``compute`` of ``configs`` (a label and its options) over ``source``, interleaved
+    ``runs`` times: a table of the medians (time, ratio to the first, peak RSS) and its JSON."""
+    seconds: dict[str, list[float]] = {label: [] for label, _ in configs}
+    peaks: dict[str, list[int]] = {label: [] for label, _ in configs}
+    for _ in range(runs):
+        for label, options in configs:
+            took, peak = run(
+                advcli("compute", str(source), "-o", output, "--force", "-q", *options)
+            )
+            seconds[label].append(took)
+            peaks[label].append(peak)
+    baseline = statistics.median(seconds[configs[0][0]])
+    print(f"\n{'command':<{width}}{'compute s':>10}{'ratio':>7}{'peak RSS MiB':>14}")
+    figures: dict[str, dict[str, object]] = {}
+    for label, _ in configs:
+        median = statistics.median(seconds[label])
+        peak = statistics.median(peaks[label])
+        figures[label] = {
+            "seconds": median,
+            "ratio": median / baseline,
+            "peak_rss": peak,
+            "runs": seconds[label],
+            "peak_rss_runs": peaks[label],
+        }
+        print(f"{label:<{width}}{median:>10.2f}{median / baseline:>7.2f}{peak / 2**20:>14.0f}")
+    return figures
+
+
+def timed_stages(
+    cases: dict[str, Callable[[], dict[str, float]]], runs: int, width: int
+) -> dict[str, dict[str, object]]:
+    """Each case's stage times (a fresh process each), interleaved ``runs`` times: a table of
+    the medians and its JSON."""
+    times: dict[str, list[dict[str, float]]] = {label: [] for label in cases}
+    for _ in range(runs):
+        for label, stages in cases.items():
+            times[label].append(stages())
+    names = list(next(iter(times.values()))[0])
+    print(f"\n{'stage s':<{width}}" + "".join(f"{name:>22}" for name in names))
+    figures: dict[str, dict[str, object]] = {}
+    for label, measured in times.items():
+        medians = {name: statistics.median(run[name] for run in measured) for name in names}
+        figures[label] = {"seconds": medians, "runs": measured}
+        print(f"{label:<{width}}" + "".join(f"{medians[n]:>22.2f}" for n in names), flush=True)
+    return figures
+
+
 def anchor_copy(path: Path) -> Path:
     """The dump with `anchor` and `step_reward` columns: made once, next to it."""
     copy = path.with_name(f"{path.stem}-anchors.parquet")
@@ -136,15 +186,8 @@ def main() -> None:
     )
     output = str(args.data / "out-gigpo.parquet")
     results: dict = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "polars": pl.__version__,
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "dump": {**steps, "bytes": source.stat().st_size, "tokens_per_row": args.tokens},
-        "commands": {},
-        "stages": {},
     }
     print(
         f"{source}: {steps['rows']:,} rows, {steps['step_groups']:,} step groups, "
@@ -152,39 +195,12 @@ def main() -> None:
         flush=True,
     )
 
-    seconds: dict[str, list[float]] = {label: [] for label, _ in CONFIGS}
-    peaks: dict[str, list[int]] = {label: [] for label, _ in CONFIGS}
-    for _ in range(args.runs):
-        for label, options in CONFIGS:
-            took, peak = run(
-                advcli("compute", str(source), "-o", output, "--force", "-q", *options)
-            )
-            seconds[label].append(took)
-            peaks[label].append(peak)
-    baseline = statistics.median(seconds[CONFIGS[0][0]])
-    print(f"\n{'command':<24}{'compute s':>10}{'ratio':>7}{'peak RSS MiB':>14}")
-    for label, _ in CONFIGS:
-        median = statistics.median(seconds[label])
-        peak = statistics.median(peaks[label])
-        results["commands"][label] = {
-            "seconds": median,
-            "ratio": median / baseline,
-            "peak_rss": peak,
-            "runs": seconds[label],
-            "peak_rss_runs": peaks[label],
-        }
-        print(f"{label:<24}{median:>10.2f}{median / baseline:>7.2f}{peak / 2**20:>14.0f}")
-
-    runs: dict[str, list[dict[str, float]]] = {label: [] for label, *_ in STAGED}
-    for _ in range(args.runs):
-        for label, estimator, gamma in STAGED:
-            runs[label].append(stage_times(estimator, gamma, source, output))
-    names = list(runs[STAGED[0][0]][0])
-    print(f"\n{'stage s':<24}" + "".join(f"{name:>22}" for name in names))
-    for label, times in runs.items():
-        medians = {name: statistics.median(run[name] for run in times) for name in names}
-        results["stages"][label] = {"seconds": medians, "runs": times}
-        print(f"{label:<24}" + "".join(f"{medians[name]:>22.2f}" for name in names), flush=True)
+    results["commands"] = timed_commands(CONFIGS, source, output, args.runs, width=24)
+    cases = {
+        label: functools.partial(stage_times, estimator, gamma, source, output)
+        for label, estimator, gamma in STAGED
+    }
+    results["stages"] = timed_stages(cases, args.runs, width=24)
 
     Path(output).unlink(missing_ok=True)
     if args.json:

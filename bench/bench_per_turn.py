@@ -18,10 +18,8 @@ from `advcli.pipeline.compute`'s `on_stage` callback, in fresh processes too.
 
 from __future__ import annotations
 
+import functools
 import json
-import os
-import platform
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +28,8 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_compute import advcli, run
-from bench_gigpo import anchored_dump
+from bench_compute import machine
+from bench_gigpo import anchored_dump, timed_commands, timed_stages
 
 from advcli.settings import StepGroups
 
@@ -98,51 +96,14 @@ def main() -> None:
     )
     output = str(args.data / "out-per-turn.parquet")
     results: dict = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "polars": pl.__version__,
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "dump": {**dump, "bytes": source.stat().st_size, "tokens_per_row": args.tokens},
-        "commands": {},
-        "stages": {},
     }
     print(f"{source}: {dump['rows']:,} rows, {dump['trajectories']:,} trajectories", flush=True)
 
-    seconds: dict[str, list[float]] = {label: [] for label, _ in CONFIGS}
-    peaks: dict[str, list[int]] = {label: [] for label, _ in CONFIGS}
-    for _ in range(args.runs):
-        for label, options in CONFIGS:
-            took, peak = run(
-                advcli("compute", str(source), "-o", output, "--force", "-q", *options)
-            )
-            seconds[label].append(took)
-            peaks[label].append(peak)
-    baseline = statistics.median(seconds[CONFIGS[0][0]])
-    print(f"\n{'command':<30}{'compute s':>10}{'ratio':>7}{'peak RSS MiB':>14}")
-    for label, _ in CONFIGS:
-        median = statistics.median(seconds[label])
-        peak = statistics.median(peaks[label])
-        results["commands"][label] = {
-            "seconds": median,
-            "ratio": median / baseline,
-            "peak_rss": peak,
-            "runs": seconds[label],
-            "peak_rss_runs": peaks[label],
-        }
-        print(f"{label:<30}{median:>10.2f}{median / baseline:>7.2f}{peak / 2**20:>14.0f}")
-
-    runs: dict[str, list[dict[str, float]]] = {choice: [] for choice in STAGED}
-    for _ in range(args.runs):
-        for choice in STAGED:
-            runs[choice].append(stage_times(choice, source, output))
-    names = list(runs[STAGED[0]][0])
-    print(f"\n{'stage s':<30}" + "".join(f"{name:>22}" for name in names))
-    for choice, times in runs.items():
-        medians = {name: statistics.median(run[name] for run in times) for name in names}
-        results["stages"][choice] = {"seconds": medians, "runs": times}
-        print(f"{choice:<30}" + "".join(f"{medians[name]:>22.2f}" for name in names), flush=True)
+    results["commands"] = timed_commands(CONFIGS, source, output, args.runs, width=30)
+    cases = {choice: functools.partial(stage_times, choice, source, output) for choice in STAGED}
+    results["stages"] = timed_stages(cases, args.runs, width=30)
 
     Path(output).unlink(missing_ok=True)
     if args.json:
