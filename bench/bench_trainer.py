@@ -8,7 +8,10 @@ compute_advantage at trajectory level, against verl's own GRPO and a per-row Pyt
 2. bs = 20,000 rows with uuid-string ids: against the per-row Python loop of the same semantics
    (bench_torch.loop_grpo), and advcli.verl.compute_advantage on the same rows as a verl
    DataProto, without and with its bias metrics (the other level and compare's figures on the
-   batch's key projection). Target: >= 50x.
+   batch's key projection). Target: >= 50x. Beside them, the floor the string ids set: the
+   fastest of three factorizations of the two id columns (advcli.torch's dict pass, Arrow's
+   dictionary_encode, Polars' string column then Arrow's), and advcli.torch on the same rows
+   with int64 ids.
 3. The same as 1 on CUDA, when a device is present.
 
 Each figure is the median of interleaved runs, measured twice: with the machine as it is
@@ -22,15 +25,21 @@ would wait for each other). Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import subprocess
 import sys
+import time
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import polars as pl
+import pyarrow as pa
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -38,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_torch import loop_grpo, make_batch, median_times
 
 from advcli.torch import compute_advantage
+from advcli.torch.ids import raw_codes
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # verl's imports warn (Ray's state API, no megatron)
@@ -76,7 +86,7 @@ def bench_vectorized(repeats: int, device: str) -> list[dict[str, float]]:
     return rows
 
 
-def bench_loop(repeats: int) -> dict[str, float]:
+def bench_loop(repeats: int) -> dict[str, Any]:
     bs, response_length = 20_000, 32
     rewards, mask, group, rollout = make_batch(bs, response_length, seed=0)
     uid = np.array([str(uuid.UUID(int=int(g) + 1)) for g in group], dtype=object)
@@ -104,11 +114,28 @@ def bench_loop(repeats: int) -> dict[str, float]:
     def with_bias() -> object:
         return verl_batch_advantage(batch)
 
+    group_ids, traj_ids = torch.from_numpy(group), torch.from_numpy(group * 8 + rollout)
+
+    def integer_ids() -> object:
+        return compute_advantage(rewards, mask, group_ids, traj_ids)
+
     expected = loop()[0]  # type: ignore[index]
     difference = float((ours()[0] - expected).abs().max())
+    factorizations = {
+        f"factorize: {name}": functools.partial(_both, codes, uid, traj_uid)
+        for name, codes in FACTORIZATIONS.items()
+    }
     times = median_times(
         {"loop": loop, "ours": ours, "batch": on_batch, "bias": with_bias}, repeats
     )
+    # The calling thread's CPU time, which leaves out what other processes take of its core (a
+    # 5 ms call loses a whole time slice when it is preempted, a 200 ms loop its share).
+    cpu = median_times(
+        {"loop": loop, "ours": ours, "integer_ids": integer_ids} | factorizations,
+        repeats,
+        clock=time.thread_time,
+    )
+    fastest = min(factorizations, key=cpu.__getitem__)
     return {
         "loop_ms": times["loop"] * 1e3,
         "ours_ms": times["ours"] * 1e3,
@@ -117,7 +144,40 @@ def bench_loop(repeats: int) -> dict[str, float]:
         "speedup": times["loop"] / times["ours"],
         "batch_speedup": times["loop"] / times["batch"],
         "max_abs_diff": difference,
+        "cpu_loop_ms": cpu["loop"] * 1e3,
+        "cpu_ours_ms": cpu["ours"] * 1e3,
+        "cpu_speedup": cpu["loop"] / cpu["ours"],
+        "cpu_integer_ids_ms": cpu["integer_ids"] * 1e3,
+        "cpu_factorize_ms": {
+            name.removeprefix("factorize: "): cpu[name] * 1e3 for name in factorizations
+        },
+        "cpu_floor_ms": (cpu[fastest] + cpu["integer_ids"]) * 1e3,
+        "cpu_floor_speedup": cpu["loop"] / (cpu[fastest] + cpu["integer_ids"]),
     }
+
+
+def _both(codes: Callable[[np.ndarray], object], uid: np.ndarray, traj_uid: np.ndarray) -> object:
+    return codes(uid), codes(traj_uid)
+
+
+def _dict_pass(ids: np.ndarray) -> object:
+    return raw_codes(ids, len(ids), torch.device("cpu"), "ids").values
+
+
+def _arrow(ids: np.ndarray) -> object:
+    return pa.array(ids, type=pa.string()).dictionary_encode().indices
+
+
+def _polars_arrow(ids: np.ndarray) -> object:
+    return pl.Series(ids, dtype=pl.String).to_arrow().dictionary_encode().indices
+
+
+# Three ways to give each id a code (equal ids, equal codes) without a Python loop.
+FACTORIZATIONS: dict[str, Callable[[np.ndarray], object]] = {
+    "advcli.torch's dict pass": _dict_pass,
+    "Arrow": _arrow,
+    "Polars, then Arrow": _polars_arrow,
+}
 
 
 class Spinner:
@@ -186,6 +246,14 @@ def report(repeats: int) -> None:
     print(
         f"advcli.verl with its bias metrics (both levels, compare's figures) "
         f"{loop['bias_ms']:.2f} ms: +{loop['bias_ms'] - loop['batch_ms']:.2f} ms"
+    )
+    factorized = ", ".join(f"{name} {ms:.2f}" for name, ms in loop["cpu_factorize_ms"].items())
+    print(
+        f"the calling thread's CPU time: loop {loop['cpu_loop_ms']:.1f} ms; advcli.torch "
+        f"{loop['cpu_ours_ms']:.2f} ms ({loop['cpu_speedup']:.0f}x). The floor of string ids: "
+        f"factorizing the two id columns takes {factorized} ms; advcli.torch on int64 ids of "
+        f"the same rows {loop['cpu_integer_ids_ms']:.2f} ms; the fastest factorization and "
+        f"that {loop['cpu_floor_ms']:.2f} ms ({loop['cpu_floor_speedup']:.0f}x)"
     )
 
     if torch.cuda.is_available():

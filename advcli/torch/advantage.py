@@ -234,9 +234,10 @@ def compute_advantage_with_metrics(
         episode = _episode(
             scores, response_mask, index, traj_index, turn_index, config, unit_tokens
         )
-        advantage = episode.advantage
         step_metrics = None
-        if step is not None:
+        if step is None:
+            out = broadcast(episode.rows(torch.float32), response_mask)
+        else:
             returns = steps.returns
             if returns is None:
                 assert steps.rewards is not None
@@ -249,9 +250,9 @@ def compute_advantage_with_metrics(
             # In the step term's own buffer: a fresh large allocation costs page faults.
             if step.weight != 1:
                 step_term.mul_(step.weight)
-            advantage = step_term.add_(advantage)
+            advantage = step_term.add_(episode.rows())
             check_fits(scores, advantage, None)
-        out = broadcast(advantage, response_mask)
+            out = broadcast(advantage, response_mask)
     return AdvantageResult(
         out, config, scores, n, episode.trajectories, episode.counts, step_metrics
     )
@@ -259,15 +260,26 @@ def compute_advantage_with_metrics(
 
 @dataclass(frozen=True)
 class _Episode:
-    """Each row's advantage at the config's level (GiGPO: its episode term), the batch's
-    trajectories (None where it has no trajectory ids), each row's group and turn, and the
-    groups' counts."""
+    """The advantages at the config's level (GiGPO: its episode term): ``advantage`` each
+    row's, or each trajectory's where ``per_trajectory`` (:meth:`rows` gives each row its
+    trajectory's); the batch's trajectories (None where it has no trajectory ids), each row's
+    group and turn, and the groups' counts."""
 
     advantage: torch.Tensor
+    per_trajectory: bool
     trajectories: Trajectories | None
     group: Codes
     turn: torch.Tensor | None
     counts: GroupCounts
+
+    def rows(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """Each row's advantage as ``dtype``, converted before the gather to the rows: for the
+        float32 result that gather moves half the bytes of a float64 one."""
+        advantage = self.advantage.to(dtype)
+        if not self.per_trajectory:
+            return advantage
+        assert self.trajectories is not None
+        return self.trajectories.to_rows(advantage)
 
 
 def _episode(
@@ -295,8 +307,8 @@ def _episode(
         trajectories = Trajectories.of(group, traj, n)
         if own_rows:
             advantage, counts = own_row_episode(scores, group, trajectories, config)
-            return _Episode(advantage, trajectories, group, turn, counts)
-        unit_group = Codes(group.values.index_select(0, trajectories.first_rows()), group.bound)
+            return _Episode(advantage, False, trajectories, group, turn, counts)
+        unit_group = Codes(group.values.index_select(0, trajectories.first_rows), group.bound)
         units = trajectory_units(
             scores, tokens, unit_group, trajectories, turn, config, unit_tokens
         )
@@ -312,14 +324,13 @@ def _episode(
         assert units.tokens is not None
         unit_advantage = whiten(unit_advantage, units.tokens)
     check_fits(scores, unit_advantage, units.first_row)
-    advantage = unit_advantage
-    if units.first_row is not None:  # trajectories: each row takes its trajectory's
-        assert trajectories is not None
-        advantage = trajectories.to_rows(unit_advantage)
+    episode = _Episode(
+        unit_advantage, units.first_row is not None, trajectories, group, turn, counts
+    )
     if rule.whitens and unit_tokens == "sum":
         assert tokens is not None
-        advantage = whiten(advantage, tokens)
-    return _Episode(advantage, trajectories, group, turn, counts)
+        episode = replace(episode, advantage=whiten(episode.rows(), tokens), per_trajectory=False)
+    return episode
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ def _members(rows: TurnRows, cells: Codes) -> torch.Tensor:
     if rows.trajectories is None:  # each row is a trajectory
         of_group = torch.bincount(group.values, minlength=group.bound)
     else:
-        first = group.values.index_select(0, rows.trajectories.first_rows())
+        first = group.values.index_select(0, rows.trajectories.first_rows)
         of_group = torch.bincount(first, minlength=group.bound)
     at_row = of_group.index_select(0, group.values).to(torch.float64)
     return at_row.new_zeros(cells.bound).scatter_(0, cells.values, at_row)

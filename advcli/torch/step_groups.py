@@ -238,7 +238,7 @@ def own_row_episode(
     """The episode term with each trajectory's first row (in batch order) in its group's
     statistics and every row centred on its own score (verl-agent's rule for rows that
     disagree by the invalid-action penalty)."""
-    first = trajectories.first_rows()
+    first = trajectories.first_rows
     unit_group = group.values.index_select(0, first)
     table = group_table(
         scores.index_select(0, first),

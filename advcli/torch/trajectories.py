@@ -3,6 +3,7 @@ the ``traj_score`` rule and the check that its rows agree."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,8 @@ from advcli.torch.ids import (
 class Trajectories:
     """The trajectories of a batch, by *slot*: each row's ``slot`` in ``[0, bound)`` (slots may be
     left unused), each slot's ``first`` row (``n`` where unused), and ``used``, the used slots in
-    increasing order: trajectory k of the units is slot ``used[k]``.
+    increasing order: trajectory k of the units is slot ``used[k]`` (None: every slot is used,
+    and trajectory k is slot k, with no per-unit pass to pick them).
 
     Working in slot space keeps the per-row passes to gathers and scatters by ``slot``: no
     per-row numbering of the trajectories is ever made.
@@ -37,7 +39,7 @@ class Trajectories:
     slot: torch.Tensor
     bound: int
     first: torch.Tensor
-    used: torch.Tensor
+    used: torch.Tensor | None
 
     @classmethod
     def of(cls, group: Codes, traj: Codes, n: int) -> Trajectories:
@@ -48,7 +50,10 @@ class Trajectories:
             # fact: every row's group is its trajectory's first row's.
             slot = traj.values if traj.first_rows else traj.codes
             trajectories = cls.from_slots(slot, n if traj.first_rows else traj.bound, n)
-            first_group = group.values.index_select(0, trajectories.first.clamp(max=n - 1))
+            first = trajectories.first
+            if trajectories.used is not None:
+                first = first.clamp(max=n - 1)  # an unused slot's n, never gathered by a row
+            first_group = group.values.index_select(0, first)
             if torch.equal(first_group.index_select(0, slot), group.values):
                 return trajectories
         if group.bound * traj.bound >= KEY_LIMIT:
@@ -65,20 +70,29 @@ class Trajectories:
         positions = torch.arange(n, device=slot.device)
         first = torch.full((bound,), n, dtype=torch.int64, device=slot.device)
         first.scatter_reduce_(0, slot, positions, reduce="amin")
-        used = torch.nonzero(first < n).squeeze(1)
+        # Ids numbered densely (a rollout counter, the codes of strings) use every slot, which
+        # one reduction tells.
+        every_slot = bound == 0 or int(first.max()) < n
+        used = None if every_slot else torch.nonzero(first < n).squeeze(1)
         return cls(slot, bound, first, used)
 
     @property
     def count(self) -> int:
-        return self.used.numel()
+        return self.bound if self.used is None else self.used.numel()
+
+    def units(self, by_slot: torch.Tensor) -> torch.Tensor:
+        """A per-slot value in unit order."""
+        return by_slot if self.used is None else by_slot.index_select(0, self.used)
 
     def rows(self) -> torch.Tensor:
         """Each trajectory's number of rows, in unit order."""
-        return torch.bincount(self.slot, minlength=self.bound).index_select(0, self.used)
+        return self.units(torch.bincount(self.slot, minlength=self.bound))
 
+    @functools.cached_property
     def first_rows(self) -> torch.Tensor:
-        """Each trajectory's first row, in unit order."""
-        return self.first.index_select(0, self.used)
+        """Each trajectory's first row, in unit order (made once: the units' groups and
+        scores both read it)."""
+        return self.units(self.first)
 
     def per_slot(self, per_row: torch.Tensor, reduce: str, fill: float) -> torch.Tensor:
         """A per-row value reduced per trajectory (``sum``, ``amin``, ``amax``), in unit order."""
@@ -87,11 +101,13 @@ class Trajectories:
             out.scatter_add_(0, self.slot, per_row)
         else:
             out.scatter_reduce_(0, self.slot, per_row, reduce)
-        return out.index_select(0, self.used)
+        return self.units(out)
 
     def to_rows(self, per_unit: torch.Tensor) -> torch.Tensor:
         """A per-trajectory value (unit order) at each of its rows."""
-        by_slot = per_unit.new_zeros(self.bound).index_copy_(0, self.used, per_unit)
+        by_slot = per_unit
+        if self.used is not None:
+            by_slot = per_unit.new_zeros(self.bound).index_copy_(0, self.used, per_unit)
         return by_slot.index_select(0, self.slot)
 
 
@@ -117,7 +133,7 @@ def trajectory_units(
     config: AdvantageConfig,
     unit_tokens: str,
 ) -> Units:
-    first_row = trajectories.first_rows()
+    first_row = trajectories.first_rows
     score = _trajectory_scores(scores, trajectories, first_row, turn, config.traj_score)
     if tokens is None:
         unit_tokens_of = None
@@ -187,7 +203,7 @@ def _trajectory_scores(
         (trajectories.bound,), -1 if last else scores.shape[0], device=scores.device
     )
     chosen.scatter_reduce_(0, slot[candidates], positions[candidates], "amax" if last else "amin")
-    return scores.index_select(0, chosen.index_select(0, trajectories.used))
+    return scores.index_select(0, trajectories.units(chosen))
 
 
 def check_consistent(
