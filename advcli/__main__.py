@@ -12,6 +12,7 @@ from advcli._runtime.process import (
     flush_stdout,
     guard_standard_streams,
     silence_stdout,
+    single_blas_thread,
     tune_allocator,
 )
 from advcli._runtime.signals import (
@@ -32,6 +33,7 @@ def main() -> None:
         # this sets up, ends like any other.
         handle_signals()
         tune_allocator()
+        single_blas_thread()
         from advcli.cli.app import app
 
         app(prog_name="advcli")
