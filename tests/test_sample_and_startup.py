@@ -324,6 +324,23 @@ def test_the_cli_loads_numpy_with_no_blas_thread_pool_unless_the_user_set_one():
     assert theirs[1] - ours[1] == min(2, len(os.sched_getaffinity(0))) - 1
 
 
+def test_the_cli_leaves_what_is_alive_at_its_end_out_of_the_exits_collections(tmp_path):
+    # Frozen objects are out of every collection; counted as the process exits, after a run
+    # that wrote its output.
+    output = tmp_path / "out.parquet"
+    code = (
+        "import atexit, gc, sys\n"
+        f"sys.argv = ['advcli', 'sample', {str(output)!r}, '--groups', '2', '-q']\n"
+        "atexit.register(lambda: print(gc.get_freeze_count()))\n"
+        "from advcli.__main__ import main\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.splitlines()[-1]) > 10_000
+    assert pl.read_parquet(output).height > 0
+
+
 @pytest.mark.parametrize(
     ("command", "option"),
     [
