@@ -86,28 +86,42 @@ print(
 """
 
 
-# `--columns keys` through the library in a fresh process: prints the seconds of its imports
-# and of each stage, as "imports A, opening B, reading keys C, ...".
+# `compute --columns keys` through the command line in a fresh process, timed inside: prints
+# the seconds of the library's imports, of the command line up to its call of the library, and
+# of each stage, as "imports A, command line B, opening C, reading keys D, ...".
 PHASES = """
 import sys
 import time
 
 started = time.perf_counter()
-from pathlib import Path
-from advcli.pipeline import compute
-from advcli.settings import OutputColumns
+from advcli._runtime.process import single_blas_thread, tune_allocator
 
-marks = [("import", time.perf_counter())]
-compute(
-    [sys.argv[1]],
-    Path(sys.argv[2]),
-    force=True,
-    columns=OutputColumns.KEYS,
-    on_stage=lambda name: marks.append((name, time.perf_counter())),
-)
-marks.append(("end", time.perf_counter()))
+tune_allocator()  # as the entry point does, before Polars and numpy load
+single_blas_thread()
+import advcli.pipeline as pipeline
+
+marks = [("imports", time.perf_counter())]
+library = pipeline.compute
+
+
+def timed(*args, **kwargs):
+    marks.append(("command line", time.perf_counter()))
+    kwargs["on_stage"] = lambda name: marks.append((name, time.perf_counter()))
+    summary = library(*args, **kwargs)
+    marks.append(("end", time.perf_counter()))
+    return summary
+
+
+pipeline.compute = timed
+sys.argv = ["advcli", "compute", *sys.argv[1:]]
+from advcli.__main__ import main
+
+try:
+    main()
+except SystemExit:
+    pass
 times = [marks[0][1] - started] + [b[1] - a[1] for a, b in zip(marks, marks[1:])]
-names = ["imports", "opening", *(name for name, _ in marks[1:-1])]
+names = ["imports", "command line", "opening", *(name for name, _ in marks[2:-1])]
 print(", ".join(f"{name} {seconds}" for name, seconds in zip(names, times)))
 """
 
@@ -177,8 +191,8 @@ def parts(printed: str) -> dict[str, float]:
 
 def breakdown(times: dict[str, list[float]], printed: dict[str, list[str]]) -> list[str]:
     """Each program's median time split into its parts: the medians of the parts its runs
-    printed, and what the wall time leaves besides them (Python's start and exit). The command
-    line's part is `--columns keys` less the same run through the library."""
+    printed (`--columns keys`: the same command timed inside, ``PHASES``), and what the wall
+    time leaves besides them (Python's start and exit)."""
 
     def wall(name: str) -> float:
         return statistics.median(times[name])
@@ -189,7 +203,8 @@ def breakdown(times: dict[str, list[float]], printed: dict[str, list[str]]) -> l
     def rest(name: str, keys: tuple[str, ...]) -> float:
         return wall(name) - sum(part(name, key) for key in keys)
 
-    library = ("imports", "opening", "reading keys", "computing statistics", "writing output")
+    stages = ("opening", "reading keys", "computing statistics", "writing output")
+    library = ("imports", "command line", *stages)
     polars = ("import", "key read", "pass")
     two = "polars, two passes"
     rows = {
@@ -198,8 +213,12 @@ def breakdown(times: dict[str, list[float]], printed: dict[str, list[str]]) -> l
             rest("polars", polars),
             rest(two, polars),
         ),
-        "the command line (Typer, its modules)": (wall("keys") - wall("phases"), 0.0, 0.0),
-        "imports": (part("phases", "imports"), part("polars", "import"), part(two, "import")),
+        "imports (the library's)": (
+            part("phases", "imports"),
+            part("polars", "import"),
+            part(two, "import"),
+        ),
+        "the command line (Typer, its modules)": (part("phases", "command line"), 0.0, 0.0),
         "reading keys (stage 1)": (
             part("phases", "opening") + part("phases", "reading keys"),
             part("polars", "key read"),
@@ -211,7 +230,7 @@ def breakdown(times: dict[str, list[float]], printed: dict[str, list[str]]) -> l
             part("polars", "pass"),
             part(two, "pass"),
         ),
-        "total (median wall time)": (wall("keys"), wall("polars"), wall(two)),
+        "total (median wall time)": (wall("phases"), wall("polars"), wall(two)),
     }
     lines = [f"{'':38} {'keys':>8} {'Polars':>8} {'2 passes':>8}"]
     for name, values in rows.items():
@@ -244,7 +263,15 @@ def main() -> None:
             "keys": [*advcli, str(folder / "keys.parquet"), "--columns", "keys"],
             "polars": [*polars_pass, str(folder / "polars.parquet"), "1"],
             "polars, two passes": [*polars_pass, str(folder / "polars2.parquet"), "2"],
-            "phases": [sys.executable, "-c", PHASES, str(dump), str(folder / "phases.parquet")],
+            "phases": [
+                sys.executable,
+                "-c",
+                PHASES,
+                *advcli[4:],
+                str(folder / "phases.parquet"),
+                "--columns",
+                "keys",
+            ],
             **{name: [sys.executable, "-c", code] for name, code in IMPORTS.items()},
         }
         for command in commands.values():  # warm-up: the page cache and the byte-code caches
