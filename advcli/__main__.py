@@ -5,6 +5,7 @@ handler before anything heavy is imported, and a signal ends the run with one li
 128 + its number, whatever was running when it came.
 """
 
+import gc
 import signal
 import sys
 
@@ -12,6 +13,7 @@ from advcli._runtime.process import (
     flush_stdout,
     guard_standard_streams,
     silence_stdout,
+    single_blas_thread,
     tune_allocator,
 )
 from advcli._runtime.signals import (
@@ -32,6 +34,7 @@ def main() -> None:
         # this sets up, ends like any other.
         handle_signals()
         tune_allocator()
+        single_blas_thread()
         from advcli.cli.app import app
 
         app(prog_name="advcli")
@@ -54,6 +57,10 @@ def main() -> None:
     # From here on no signal interrupts: the last flush and the interpreter's shutdown run
     # Python code that a handler would cut short.
     signum = hold_signals_until_exit()
+    # What is alive now is freed with the process: the collections of the interpreter's exit
+    # would walk the tens of thousands of objects the imports made, for no file or resource
+    # (every output is closed and published by now, and atexit's handlers run regardless).
+    gc.freeze()
     failed_write = failed_write or flush_stdout()
     if signum is None and code == exit_status(signal.SIGINT):
         # A KeyboardInterrupt raised by a library (Polars has its own SIGINT handler).

@@ -63,6 +63,33 @@ def test_scan_applies_pushed_down_selection_filter_and_limit(two_files):
     assert scan.slice(58, 5).collect()["a"].to_list() == [58, 59, 60, 61, 62]
 
 
+def test_batches_hold_about_batch_values_of_the_columns_read(tmp_path, monkeypatch):
+    """A batch's rows are counted from the values of the columns read, not of every column: a
+    small column read beside a wide list column it leaves comes in batches as large as the
+    budget allows. A struct counts each of its fields' values (found by position: the name holds
+    a dot)."""
+    path = tmp_path / "wide.parquet"
+    rows = 1000
+    table = pa.table(
+        {
+            "a": range(rows),
+            "pair.of": [{"x": i, "y": [i, i]} for i in range(rows)],
+            "tokens": [[0] * 50] * rows,
+        }
+    )
+    pq.write_table(table, path)
+    monkeypatch.setattr(scan_module, "BATCH_VALUES", 200)
+    file = scan_module.ScannedFile(str(path), path.name, rows)
+
+    def batch_rows(columns: list[str] | None) -> list[int]:
+        frames = scan_module._parquet_frames([file], columns, None, None)
+        return [frame.height for frame in frames]
+
+    assert batch_rows(["a"]) == [200] * 5
+    assert batch_rows(["a", "pair.of"]) == [50] * 20  # 1 + 1 + 2 values a row
+    assert set(batch_rows(None)[:-1]) == {3}  # 54 values a row
+
+
 def test_key_projection_lets_go_of_the_token_data(tmp_path):
     """The projection keeps the id columns; the batches' token lists must not stay alive with them.
 

@@ -299,6 +299,48 @@ def test_the_cli_tunes_polars_allocator_unless_the_user_did():
     assert theirs.stdout.splitlines()[-1] == "dirty_decay_ms:0", theirs.stderr
 
 
+def test_the_cli_loads_numpy_with_no_blas_thread_pool_unless_the_user_set_one():
+    # OpenBLAS starts its pool as numpy loads: the threads are counted once numpy is loaded.
+    code = (
+        "import atexit, os, sys\n"
+        "sys.argv = ['advcli', '--version']\n"
+        "def threads():\n"
+        "    import numpy\n"
+        "    print(os.environ['OPENBLAS_NUM_THREADS'], len(os.listdir('/proc/self/task')))\n"
+        "atexit.register(threads)\n"
+        "from advcli.__main__ import main\n"
+        "main()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+
+    def started(env: dict[str, str]) -> list[int]:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        setting, threads = done.stdout.splitlines()[-1].split()
+        return [int(setting), int(threads)]
+
+    ours, theirs = started(env), started({**env, "OPENBLAS_NUM_THREADS": "2"})
+    assert ours[0] == 1 and theirs[0] == 2
+    # The user's pool: a thread beside the calling one (OpenBLAS starts no more than the cores).
+    assert theirs[1] - ours[1] == min(2, len(os.sched_getaffinity(0))) - 1
+
+
+def test_the_cli_leaves_what_is_alive_at_its_end_out_of_the_exits_collections(tmp_path):
+    # Frozen objects are out of every collection; counted as the process exits, after a run
+    # that wrote its output.
+    output = tmp_path / "out.parquet"
+    code = (
+        "import atexit, gc, sys\n"
+        f"sys.argv = ['advcli', 'sample', {str(output)!r}, '--groups', '2', '-q']\n"
+        "atexit.register(lambda: print(gc.get_freeze_count()))\n"
+        "from advcli.__main__ import main\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.splitlines()[-1]) > 10_000
+    assert pl.read_parquet(output).height > 0
+
+
 @pytest.mark.parametrize(
     ("command", "option"),
     [

@@ -211,6 +211,14 @@ def use_threads(threads: int | None) -> None:
         pyarrow.set_cpu_count(threads)
 
 
+def single_blas_thread() -> None:
+    """Have numpy's OpenBLAS start no thread pool (a value the user set wins). Must run before
+    numpy loads. advcli makes no BLAS call (a matrix product's worker threads would spin a core
+    on after it), and the pool OpenBLAS starts as numpy loads, one thread per core, spins while
+    the rest of the program imports."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def tune_allocator() -> None:
     """Have both allocators give freed memory back soon (a value the user set wins). Must run
     before Polars loads.

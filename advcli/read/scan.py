@@ -16,8 +16,8 @@ from polars.io.plugins import register_io_source
 
 from advcli.errors import AdvcliError, first_line
 
-# Parquet is read in Arrow record batches of about this many values (list elements count one
-# each), whatever the width of the rows: some 50 MB of token data a batch.
+# Parquet is read in Arrow record batches of about this many values of the columns read (list
+# elements count one each), whatever the width of the rows: some 50 MB of token data a batch.
 BATCH_VALUES = 8_000_000
 
 
@@ -143,7 +143,7 @@ def _parquet_frames(
     @contextlib.contextmanager
     def batches(file: ScannedFile) -> Iterator[Iterator[pa.RecordBatch]]:
         with open_parquet(file.source) as parquet_file:
-            rows = _batch_rows(parquet_file.metadata)
+            rows = _batch_rows(parquet_file.metadata, columns)
             yield parquet_file.iter_batches(batch_size=rows, columns=columns)
 
     def damaged(file: ScannedFile, read: int) -> str:
@@ -267,12 +267,34 @@ def _separate_pool() -> pa.MemoryPool:
 _KEPT_POOL = _separate_pool()
 
 
-def _batch_rows(metadata: pq.FileMetaData) -> int:
-    """Rows per record batch so that a batch holds about ``BATCH_VALUES`` values (counted over all
-    the file's columns, read or not: an upper bound)."""
-    values = 0
-    for group in range(metadata.num_row_groups):
-        chunks = metadata.row_group(group)
-        values += sum(chunks.column(column).num_values for column in range(chunks.num_columns))
+def _batch_rows(metadata: pq.FileMetaData, columns: list[str] | None) -> int:
+    """Rows per record batch so that a batch holds about ``BATCH_VALUES`` values of the
+    ``columns`` read (None: every one): a read of the small columns and the mask gets batches
+    as large in memory as a read of every column, and so fewer of them, each of which costs a
+    round of the source's Python code."""
+    leaf = 0
+    read: list[int] = []
+    for field in metadata.schema.to_arrow_schema():
+        # Found by position, not by the dotted leaf path: a column's name may hold a dot.
+        leaves = _leaf_count(field.type)
+        if columns is None or field.name in columns:
+            read.extend(range(leaf, leaf + leaves))
+        leaf += leaves
+    values = sum(
+        metadata.row_group(group).column(column).num_values
+        for group in range(metadata.num_row_groups)
+        for column in read
+    )
     values_per_row = max(1.0, values / max(1, metadata.num_rows))
     return max(1, int(BATCH_VALUES / values_per_row))
+
+
+def _leaf_count(kind: pa.DataType) -> int:
+    """How many Parquet leaf columns hold a field of type ``kind``: one per primitive inside it."""
+    if pa.types.is_struct(kind):
+        return sum(_leaf_count(kind.field(index).type) for index in range(kind.num_fields))
+    if pa.types.is_map(kind):
+        return _leaf_count(kind.key_type) + _leaf_count(kind.item_type)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _leaf_count(kind.value_type)
+    return 1
