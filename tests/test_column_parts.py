@@ -17,6 +17,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_parts import assert_same
 
 from advcli.errors import AdvcliError
 from advcli.parts import column_steps
@@ -73,6 +74,8 @@ def named_by_step(summary: dict[str, Any], steps: list[int]) -> dict[str, Any]:
 
 
 def without_part_names(summary: dict[str, Any]) -> dict[str, Any]:
+    """A report without what names its parts: the series' labels, its inputs, why its groups
+    are keyed by them."""
     for entry in summary["by_step"]["steps"]:
         entry["step"] = None
     summary["by_step"]["by"] = None
@@ -103,6 +106,17 @@ def test_by_column_equals_by_file_over_the_values_as_files(run, tmp_path, order)
     # Top lists of trajectories from every step: the parts' candidates are merged.
     tops = {entry["group"]["step"] for entry in by_column["top_trajectories"]}
     assert len(by_column["top_trajectories"]) == 10 and len(tops) > 1
+
+
+def test_the_one_pass_kept_for_the_plot_gives_the_same_report(run, tmp_path):
+    """``--plot`` reads every row in one pass: its series is the parts' to the bit, its
+    whole-run figures the parts' but for the last places of the float sums."""
+    dump = tmp_path / "run.parquet"
+    run_of_steps("interleaved").write_parquet(dump)
+    parts = report(run, dump, "--by", "step")
+    one_pass = report(run, dump, "--by", "step", "--plot", tmp_path / "run.png")
+    assert parts["by_step"] == one_pass["by_step"]
+    assert_same(parts, one_pass)
 
 
 def test_a_value_that_spans_two_files_is_one_part(run, tmp_path):

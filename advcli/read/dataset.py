@@ -119,10 +119,10 @@ class Dataset:
     def scan(self) -> pl.LazyFrame:
         """The files as one LazyFrame (Parquet decoded by Arrow: see :func:`scan_parquet`; an
         Arrow IPC stream, which Polars cannot scan: :func:`scan_arrow_stream`); with ``step``,
-        only the rows from its start to its stop (the files and Parquet row groups around them
-        are not read; :meth:`rows` keeps the value's alone). It may read a file through a
-        descriptor the dataset holds (:class:`~advcli.names.NativeNames`): keep the dataset
-        until the query has run."""
+        only the rows from its start to its stop (files outside them, and Parquet row groups
+        around them, are not read; :meth:`rows` keeps the value's alone). It may read a file
+        through a descriptor the dataset holds (:class:`~advcli.names.NativeNames`): keep the
+        dataset until the query has run."""
         files = [self.source(index) for index in range(len(self.files))]
         if self.input_format in ("json", "arrow"):
             frame = (
