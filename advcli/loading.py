@@ -58,7 +58,8 @@ class LoadedDump:
     dataset: Dataset
     columns: ColumnRoles
     projection: pl.DataFrame
-    # With --by, each row's step (its file's number, or its value of the --by column).
+    # With --by, each row's step (its file's number, or its value of the --by column); a part
+    # of one value's (compare --by, one part at a time), that value alone.
     steps: pl.Series | None = None
     padding: pl.DataFrame = field(default_factory=pl.DataFrame)
 
@@ -244,9 +245,13 @@ def load_dump(
         notes = _spanning_files(dataset, projection)
         return LoadedDump(dataset, replace(columns, notes=notes), projection, padding=padding)
     steps = _step_labels(dataset, by)
-    projection = projection.with_columns(
-        pl.struct(steps.gather(projection[ROW]), pl.col(GROUP).alias("group")).alias(GROUP)
+    # A part of one value (compare --by one part at a time): that value is every row's step.
+    step = (
+        steps.new_from_index(0, projection.height)
+        if dataset.step
+        else steps.gather(projection[ROW])
     )
+    projection = projection.with_columns(pl.struct(step, pl.col(GROUP).alias("group")).alias(GROUP))
     if unique_turns and columns.turn is not None:
         check_unique_turns(projection, dataset, columns)
     reasons = {**columns.reasons, "group": by_reason(columns.reasons["group"], by, steps.name)}
@@ -285,40 +290,28 @@ def _spanning_files(dataset: Dataset, projection: pl.DataFrame) -> tuple[str, ..
 
 
 def _step_labels(dataset: Dataset, by: str) -> pl.Series:
-    """Each input row's step: its file's number (``by="file"``) or its value of column ``by``."""
+    """Each input row's step: its file's number (``by="file"``) or its value of column ``by``
+    (of a part of one value, that value alone)."""
     if by == "file":
         return dataset.file_numbers()
+    if dataset.step is not None:
+        return pl.Series("step", [dataset.step.value], dtype=step_type(dataset.schema[by]))
     labels = dataset.read_columns([by]).to_series().alias("step")
-    if labels.dtype == pl.Categorical or is_enum(labels.dtype):
-        labels = labels.cast(pl.String)  # steps in the order of their text
+    labels = labels.cast(step_type(labels.dtype))
     if labels.null_count():
-        row = int(labels.is_null().arg_max() or 0)
-        raise AdvcliError(f"{dataset.locate(row)}: column '{by}' (--by) is null")
+        raise null_step(dataset, by, int(labels.is_null().arg_max() or 0))
     return labels
 
 
-def step_order(dump: LoadedDump, by: str) -> tuple[pl.Series, list[Any]]:
-    """The steps of ``compare --by``'s series in order, and how the report names each: every
-    input file as given (one without rows too), by its label, or the column's values sorted."""
-    steps = dump.steps
-    assert steps is not None
-    if by == "file":
-        files = range(len(dump.dataset.files))
-        labels = [dump.dataset.label(i) for i in files]
-        return pl.Series(steps.name, files, dtype=steps.dtype), labels
-    values = steps.unique().sort()
-    if values.len() > MAX_STEPS:
-        raise AdvcliError(
-            f"{dump.dataset.describe()}: column '{by}' (--by) has {values.len():,} distinct "
-            f"values; compare --by reports at most {MAX_STEPS:,} steps (is '{by}' the training "
-            "step?)"
-        )
-    return values, values.to_list()
+def null_step(dataset: Dataset, by: str, row: int) -> AdvcliError:
+    """The error for row number ``row``, whose value of the ``--by`` column is null."""
+    return AdvcliError(f"{dataset.locate(row)}: column '{by}' (--by) is null")
 
 
-# The most steps compare --by reports (README, "Step files"): a column of more distinct values
-# is not a training step (a row or trajectory id, say).
-MAX_STEPS = 100_000
+def step_type(dtype: Any) -> Any:
+    """The type ``--by``'s steps are held in: a Categorical or Enum column's values as text (the
+    steps in the order of their text), another's as they are."""
+    return pl.String if dtype == pl.Categorical or is_enum(dtype) else dtype
 
 
 def check_engine(

@@ -1,7 +1,8 @@
-"""``compare --by file`` one part (one input file) at a time: each part through stage 1, stage 2
-and its own report, in this process, in ``--jobs`` worker processes or as Ray tasks; the whole
-run's report combined from the parts' figures (:mod:`advcli.report.parts`), so that the memory
-held is about one part's whatever their number."""
+"""``compare --by`` one part at a time: the parts (each input file, or each value of a column,
+whose rows one streaming pass over that column finds) in the series' order, each through stage
+1, stage 2 and its own report, in this process, in ``--jobs`` worker processes or as Ray tasks;
+the whole run's report combined from the parts' figures (:mod:`advcli.report.parts`), so that
+the memory held is about one part's whatever their number."""
 
 from __future__ import annotations
 
@@ -10,26 +11,32 @@ import multiprocessing
 import multiprocessing.pool
 import signal
 from collections.abc import Generator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from advcli import __version__
 from advcli.advantages.levels import both_levels
-from advcli.errors import AdvcliError, UsageError
+from advcli.errors import AdvcliError, UsageError, first_line
 from advcli.loading import (
+    LoadedDump,
     by_reason,
     compare_step_roles,
     counted_rows,
     estimator_needs_mask,
     load_ray_engine,
+    null_step,
     report_settings,
+    step_type,
 )
-from advcli.read.dataset import Dataset
+from advcli.read.columns import unused_name
+from advcli.read.dataset import Dataset, StepRows
 from advcli.read.duplicates import EXAMPLES
 from advcli.read.inputs import open_dataset
-from advcli.read.scan import release_freed_memory
+from advcli.read.scan import closing_sources, release_freed_memory
 from advcli.report.bias import BiasReport, bias_report
 from advcli.report.by_step import empty_step, step_entry
 from advcli.report.parts import PartFigures, combined_summary, merged, part_figures
@@ -38,13 +45,17 @@ from advcli.settings import AdvantageConfig, ColumnNames, Engine
 
 @dataclass(frozen=True)
 class PartTask:
-    """One part's work, as a worker process or a Ray task receives it: the file (``path``,
-    opened again there), its number, its rows and those before it, and the compare settings."""
+    """One part's work, as a worker process or a Ray task receives it: its input files
+    (``paths``, opened again there, named by ``labels``), its number, its rows and those
+    before it, ``step`` (a column's value: its rows among every input's; None: the one file of
+    ``paths``, whole), and the compare settings."""
 
-    path: Path
+    paths: tuple[Path, ...]
+    labels: tuple[str, ...]
     part: int
     rows: int
     first_row: int
+    step: StepRows | None
     config: AdvantageConfig
     names: ColumnNames
     top: int
@@ -67,20 +78,22 @@ EMPTY = PartResult(None, None, {}, 0)
 
 
 def by_parts(by: str | None, config: AdvantageConfig, *, plot: bool, jobs: int) -> bool:
-    """Whether ``compare`` takes its inputs one file at a time: with ``--by file``, but for
-    what needs every trajectory of the run at once (the plot's panels, GiGPO's step credit).
-    ``jobs`` above 1 is refused (a usage error) where it would not be used."""
-    parts = by == "file" and not plot and config.step is None
+    """Whether ``compare`` takes its inputs one part at a time: with ``--by`` (each file, or
+    each value of a column), but for what needs every trajectory of the run at once (the
+    plot's panels, GiGPO's step credit). ``jobs`` above 1 is refused (a usage error) where it
+    would not be used."""
+    parts = by is not None and not plot and config.step is None
     if jobs > 1 and not parts:
         raise UsageError(
-            "--jobs runs the files of --by file in parallel; it does not go with --by a column, "
-            "--plot or --estimator gigpo"
+            "--jobs runs the parts of --by (its files, or its column's values) in parallel; it "
+            "does not go without --by, nor with --plot or --estimator gigpo"
         )
     return parts
 
 
 def compare_parts(
     dataset: Dataset,
+    by: str,
     config: AdvantageConfig,
     names: ColumnNames,
     top: int,
@@ -88,41 +101,114 @@ def compare_parts(
     jobs: int = 1,
     engine: Engine = Engine.LOCAL,
 ) -> BiasReport:
-    """The bias report of ``dataset`` with each file its own batch (``compare --by file``),
-    each file compared alone and the whole run's figures combined; its ``trajectories`` and
-    ``groups`` frames are empty (the run's are never held at once)."""
-    tasks = [
-        PartTask(
-            path,
-            index,
-            dataset.row_counts[index],
-            sum(dataset.row_counts[:index]),
-            config,
-            names,
-            top,
-            drop_duplicates,
-        )
-        for index, path in enumerate(dataset.files)
-    ]
+    """The bias report of ``dataset`` with each part (each file with ``by="file"``, else each
+    value of column ``by``) its own batch, each part compared alone and the whole run's
+    figures combined; its ``trajectories`` and ``groups`` frames are empty (the run's are
+    never held at once)."""
+    settings = (config, names, top, drop_duplicates)
+    if by == "file":
+        labels: list[Any] = [dataset.label(index) for index in range(len(dataset.files))]
+        tasks = [
+            PartTask(
+                (path,),
+                dataset.labels[index : index + 1],
+                index,
+                dataset.row_counts[index],
+                sum(dataset.row_counts[:index]),
+                None,
+                *settings,
+            )
+            for index, path in enumerate(dataset.files)
+        ]
+    else:
+        steps = column_steps(dataset, by)
+        labels = [step.value for step in steps]
+        tasks = [
+            PartTask(dataset.files, dataset.labels, index, step.rows, 0, step, *settings)
+            for index, step in enumerate(steps)
+        ]
     if engine == Engine.RAY:
         results = load_ray_engine().run_parts(run_part, tasks)
     elif jobs > 1 and len(tasks) > 1:
         results = _in_workers(dataset, tasks, jobs)
     else:
-        results = (_run(dataset.part(task.part), task) for task in tasks)
+        results = (_run(_part_of(dataset, task), task) for task in tasks)
     # Closed on an error or Ctrl-C here too, which ends the workers.
     with contextlib.closing(results):
-        report = _combined(dataset, results, config, top)
+        report = _combined(dataset, by, labels, results, config, top)
     # The report is the inputs' if they are as they were opened.
     dataset.check_unchanged()
     return report
 
 
+def column_steps(dataset: Dataset, by: str) -> list[StepRows]:
+    """Each value of column ``by`` and its rows, the values sorted (the series' order), from
+    one streaming pass over that column alone: each value's count and first and last row, so
+    that what is held grows with the values, not the rows. A null value is an error naming
+    its first row, as is a column of more values than a run has steps."""
+    row = unused_name(dataset.schema)
+    try:
+        with closing_sources():
+            found = (
+                dataset.scan()
+                .select(pl.col(by).cast(step_type(dataset.schema[by])).alias("value"))
+                .with_row_index(row)
+                .group_by("value")
+                .agg(
+                    pl.len().alias("rows"),
+                    pl.col(row).min().alias("start"),
+                    pl.col(row).max().alias("last"),
+                )
+                .collect(engine="streaming")
+            )
+    except pl.exceptions.PolarsError as error:
+        raise AdvcliError(
+            f"{dataset.describe()}: cannot read the column '{by}' (--by) ({first_line(error)})"
+        ) from None
+    nulls = found.filter(pl.col("value").is_null())
+    if not nulls.is_empty():
+        raise null_step(dataset, by, nulls["start"].item())
+    if found.height > MAX_STEPS:
+        raise AdvcliError(
+            f"{dataset.describe()}: column '{by}' (--by) has {found.height:,} distinct values; "
+            f"compare --by reports at most {MAX_STEPS:,} steps (is '{by}' the training step?)"
+        )
+    return [
+        StepRows(by, value, start, last + 1, rows)
+        for value, rows, start, last in found.sort("value").iter_rows()
+    ]
+
+
+# The most steps compare --by reports (docs, "Step files"): a column of more distinct values
+# is not a training step (a row or trajectory id, say).
+MAX_STEPS = 100_000
+
+
+def step_order(dump: LoadedDump, by: str) -> tuple[pl.Series, list[Any]]:
+    """The steps of ``compare --by``'s series in order, as ``dump.steps`` holds them, and how
+    the report names each: every input file as given (one without rows too), by its label, or
+    the column's values sorted."""
+    steps = dump.steps
+    assert steps is not None
+    if by == "file":
+        files = range(len(dump.dataset.files))
+        labels = [dump.dataset.label(i) for i in files]
+        return pl.Series(steps.name, files, dtype=steps.dtype), labels
+    values = [step.value for step in column_steps(dump.dataset, by)]
+    return pl.Series(steps.name, values, dtype=steps.dtype), values
+
+
 def run_part(task: PartTask) -> PartResult:
-    """One part's work in a worker (a process or a Ray task): its file opened there."""
+    """One part's work in a worker (a process or a Ray task): its files opened there."""
     if not task.rows:
         return EMPTY
-    return _run(open_dataset([str(task.path)]), task)
+    opened = open_dataset([str(path) for path in task.paths])
+    return _run(replace(opened, labels=task.labels or opened.labels, step=task.step), task)
+
+
+def _part_of(dataset: Dataset, task: PartTask) -> Dataset:
+    """The part of ``task`` in this process: its file, or its rows of every input."""
+    return dataset.part(task.part) if task.step is None else replace(dataset, step=task.step)
 
 
 def _in_workers(
@@ -153,7 +239,7 @@ def _in_workers(
                 ):
                     break
                 try:
-                    results[handed] = _run(dataset.part(handed), tasks[handed])
+                    results[handed] = _run(_part_of(dataset, tasks[handed]), tasks[handed])
                 except AdvcliError as error:
                     results[handed], failed_here = error, True
                 handed += 1
@@ -195,6 +281,8 @@ def _run(dataset: Dataset, task: PartTask) -> PartResult:
         task.drop_duplicates,
         mask_needed_for=estimator_needs_mask(task.config),
         step_roles=compare_step_roles(task.config),
+        # A value's rows are loaded as --by loads them: its groups keyed by (step, group).
+        by=None if task.step is None else task.step.column,
     )
     settings = report_settings(dump, task.drop_duplicates)
     turn, trajectory = both_levels(
@@ -210,55 +298,73 @@ def _run(dataset: Dataset, task: PartTask) -> PartResult:
         version=__version__,
         top=task.top,
     )
-    figures = part_figures(report, turn, part=task.part, first_row=task.first_row, top=task.top)
+    figures = part_figures(
+        report,
+        turn,
+        part=task.part if task.step is None else None,
+        first_row=task.first_row,
+        top=task.top,
+    )
     dataset.check_unchanged()
     return PartResult(
         figures,
         step_entry(report.summary, None),
-        duplicates.report(dataset.locate),
+        # Its rows named as the run's report names them, without the part's value.
+        duplicates.report(replace(dataset, step=None).locate),
         settings["padding_rows"],
     )
 
 
 def _combined(
-    dataset: Dataset, results: Iterable[PartResult], config: AdvantageConfig, top: int
+    dataset: Dataset,
+    by: str,
+    labels: list[Any],
+    results: Iterable[PartResult],
+    config: AdvantageConfig,
+    top: int,
 ) -> BiasReport:
-    """The run's report from its parts' results, each merged in as it comes, so that what is
-    held does not grow with their number but for the ``by_step`` entries."""
+    """The run's report from its parts' results (the parts named by ``labels``), each merged
+    in as it comes, so that what is held does not grow with their number but for the
+    ``by_step`` entries."""
     run: PartFigures | None = None
     entries, padding_rows = [], 0
     duplicates: dict[str, Any] = {}
     for index, result in enumerate(results):
-        label = dataset.label(index)
         if result.figures is None or result.entry is None:
-            entries.append(empty_step(label))
+            entries.append(empty_step(labels[index]))
             continue
-        entries.append({**result.entry, "step": label})
+        entries.append({**result.entry, "step": labels[index]})
         run = result.figures if run is None else merged(run, result.figures, top)
         padding_rows += result.padding_rows
-        duplicates = _duplicates(duplicates, index, result.duplicates)
+        file = index if by == "file" else None
+        duplicates = _duplicates(duplicates, file, result.duplicates)
     if run is None:
         raise AdvcliError(f"{dataset.describe()}: no rows in any input file")
-    # The run's settings are the first part's, but for what tells the parts apart.
-    roles = run.settings["reading"]["roles"]
-    group = {**roles["group"], "why": by_reason(roles["group"]["why"], "file", "file")}
+    # The run's settings are the first part's, but for its inputs and padding rows, and for a
+    # file's groups, which the run keys by the file too (a value's are keyed by it already).
     settings = {
         **run.settings,
-        "reading": {**run.settings["reading"], "roles": {**roles, "group": group}},
         "inputs": [dataset.label(index) for index in range(len(dataset.files))],
         "padding_rows": padding_rows,
     }
+    if by == "file":
+        roles = run.settings["reading"]["roles"]
+        group = {**roles["group"], "why": by_reason(roles["group"]["why"], "file", "file")}
+        settings["reading"] = {**run.settings["reading"], "roles": {**roles, "group": group}}
     summary = combined_summary(run, top=top, estimator=config.estimator.value, settings=settings)
-    summary["by_step"] = {"by": "file", "steps": entries}
+    summary["by_step"] = {"by": by, "steps": entries}
     summary["duplicate_rows"] = duplicates
     return BiasReport(summary, run.top_trajectories.clear(), run.top_groups.clear())
 
 
-def _duplicates(run: dict[str, Any], part: int, report: dict[str, Any]) -> dict[str, Any]:
-    """The duplicated rows of the parts so far (``run``, empty before the first) and of part
-    number ``part`` as one report: the run's first few copies, each group keyed by its file
-    as the run's are."""
-    first = [{**copy, "group": {"file": part, "group": copy["group"]}} for copy in report["first"]]
+def _duplicates(run: dict[str, Any], file: int | None, report: dict[str, Any]) -> dict[str, Any]:
+    """The duplicated rows of the parts so far (``run``, empty before the first) and of the
+    next part's ``report`` as one report: the run's first few copies, each group keyed by its
+    file as the run's are (``file``: the part's number; None: a value's groups, keyed by it
+    already)."""
+    first = report["first"]
+    if file is not None:
+        first = [{**copy, "group": {"file": file, "group": copy["group"]}} for copy in first]
     if not run:
         return {**report, "first": first}
     return {

@@ -35,9 +35,8 @@ from advcli.loading import (
     opened,
     report_settings,
     start_engine,
-    step_order,
 )
-from advcli.parts import by_parts, compare_parts
+from advcli.parts import by_parts, compare_parts, step_order
 from advcli.read.columns import ColumnRoles
 from advcli.read.duplicates import DuplicateRows, find_duplicates
 from advcli.read.inputs import STDIN
@@ -372,7 +371,7 @@ def compare(
 
     ``by="file"`` (or a column name, e.g. ``step``) also reports each input file (each value of
     the column) on its own, as a series over training steps in ``summary["by_step"]``
-    (:func:`advcli.parts.by_parts` says when one file at a time, in ``jobs`` processes).
+    (:func:`advcli.parts.by_parts` says when one part at a time, in ``jobs`` processes).
 
     ``summary["duplicate_rows"]`` counts the duplicated rows (:mod:`advcli.read.duplicates`), which
     both levels count as the trainer did, or, with ``drop_duplicates``, once.
@@ -396,7 +395,8 @@ def compare(
         check_by(dataset, by)
         start_engine(engine, address)
         if parts:
-            report = compare_parts(dataset, config, names, top, drop_duplicates, jobs, engine)
+            assert by is not None
+            report = compare_parts(dataset, by, config, names, top, drop_duplicates, jobs, engine)
             _write_report_files(report, files, force=force)
             return report
         _, dump, duplicates = counted_rows(

@@ -1,9 +1,12 @@
-"""Peak memory and time of `compare DIR --by file` over many step files, against one file's
-`compare`, and `--jobs 2` against `--jobs 1`; prints the ratios, and the best two jobs could do
-with the start-up that runs once whatever their number.
+"""Peak memory and time of `compare DIR --by file` over many step files and of `compare DUMP
+--by step` over one dump of as many steps, against one part's `compare`, and `--jobs 2` against
+`--jobs 1`; prints the ratios, and the best two jobs could do with the start-up that runs once
+whatever their number.
 
-Each step file holds ``--groups`` sample groups (about 48k rows at the default), written once
-and linked ``--parts`` times (each file is its own batch, so the copies are as many steps).
+Each step file holds ``--groups`` sample groups (about 43k rows at the default), written once
+and linked ``--parts`` times (each file is its own batch, so the copies are as many steps); the
+dump of ``--parts`` steps holds those rows once a step, with the step's number in a ``step``
+column, appended step after step as a trainer writes them (a Parquet row group a step).
 Every run is a fresh `advcli compare` process, started from a fresh Python process that reads
 its peak RSS (``getrusage(RUSAGE_CHILDREN)``), so no run's memory is counted in another's.
 Runs are interleaved ``--runs`` times; the figures are medians.
@@ -22,6 +25,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from advcli.sample import write_sample
 
@@ -60,6 +67,16 @@ def run_folder(root: Path, one: Path, parts: int) -> Path:
     return folder
 
 
+def step_dump(root: Path, one: Path, parts: int) -> Path:
+    """One dump of ``parts`` steps, each ``one``'s rows with the step's number in ``step``."""
+    table = pq.read_table(one)
+    path = root / f"steps-{parts}.parquet"
+    with pq.ParquetWriter(path, table.schema.append(pa.field("step", pa.int64()))) as writer:
+        for step in range(parts):
+            writer.write_table(table.append_column("step", pa.array(np.full(len(table), step))))
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", type=int, nargs="+", default=[50, 200])
@@ -71,6 +88,7 @@ def main() -> None:
         one = root / "step.parquet"
         rows = write_sample(one, groups=args.groups, seed=1)
         folders = {parts: run_folder(root, one, parts) for parts in args.parts}
+        dumps = {parts: step_dump(root, one, parts) for parts in args.parts}
         runs: dict[str, list[tuple[float, float, float]]] = {}
         for _ in range(args.runs):
             runs.setdefault("one part", []).append(measure(str(one)))
@@ -78,6 +96,11 @@ def main() -> None:
                 for jobs in (1, 2):
                     options = (str(folder), "--by", "file", "--jobs", str(jobs))
                     runs.setdefault(f"{parts} parts, --jobs {jobs}", []).append(measure(*options))
+            for parts, dump in dumps.items():
+                for jobs in (1, 2):
+                    options = (str(dump), "--by", "step", "--jobs", str(jobs))
+                    label = f"{parts} steps of one dump, --jobs {jobs}"
+                    runs.setdefault(label, []).append(measure(*options))
     figures = {
         label: [statistics.median(run[i] for run in measured) for i in range(3)]
         for label, measured in runs.items()
@@ -85,7 +108,7 @@ def main() -> None:
     seconds, cpu, memory = figures["one part"]
     print(f"one part: {rows:,} rows, {seconds:.2f} s, {memory:.0f} MiB")
     for label, (wall, cpu, rss) in figures.items():
-        print(f"{label:>22}: {wall:6.2f} s, cpu {cpu:6.2f} s, {rss:5.0f} MiB ({rss / memory:.2f}x)")
+        print(f"{label:>32}: {wall:6.2f} s, cpu {cpu:6.2f} s, {rss:5.0f} MiB ({rss / memory:.2f}x)")
     for parts in args.parts:
         one_job, two_jobs = figures[f"{parts} parts, --jobs 1"], figures[f"{parts} parts, --jobs 2"]
         # One file's run is the start-up and a part; the rest of --jobs 1 is parts alone. The
@@ -97,6 +120,13 @@ def main() -> None:
             f"{parts} parts: --jobs 2 is {one_job[0] / two_jobs[0]:.2f}x --jobs 1 "
             f"(at best {bound:.2f}x: start-up {start_up:.2f} s, {part:.3f} s a part); "
             f"{one_job[1] / parts:.3f} CPU s a part"
+        )
+    for parts in args.parts:
+        one_job = figures[f"{parts} steps of one dump, --jobs 1"]
+        two_jobs = figures[f"{parts} steps of one dump, --jobs 2"]
+        print(
+            f"{parts} steps of one dump: --jobs 2 is {one_job[0] / two_jobs[0]:.2f}x --jobs 1; "
+            f"{one_job[1] / parts:.3f} CPU s a step"
         )
     print(json.dumps({label: [round(x, 3) for x in value] for label, value in figures.items()}))
 

@@ -1,7 +1,7 @@
 """Issue 31: ``compare --by file`` one file at a time. The whole run's report combined from the
-files' own reports equals the one grouped pass over every row (``--by step`` on a column that
-holds each file's number), each file's entry is that file compared alone, ``--jobs 2`` and
-``--engine ray`` give the same report, and an error names its file."""
+files' own reports equals one pass over every row (the files' group ids made apart), each file's
+entry is that file compared alone, ``--jobs 2`` and ``--engine ray`` give the same report, and an
+error names its file."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 
 from advcli.sample import write_sample
 
-# The figures the parts' report names by the file where the one pass names them by the column.
+# What the parts' report names by the file, and the one pass has not (by_step) or names otherwise.
 RENAMED = {"by_step", "settings"}
 
 
@@ -60,10 +60,19 @@ def compare_json(run, *args: object) -> dict[str, Any]:
     return json.loads(result.stdout)
 
 
-def by_column(summary: dict[str, Any]) -> dict[str, Any]:
-    """The one pass's group keys named as the parts' are (``file`` for the ``step`` column)."""
+def one_pass(run, files: list[Path], *options: object) -> dict[str, Any]:
+    """``compare`` without ``--by`` over every file's rows at once, each file's group ids made
+    its own (the file's number × 1000 + the id): one pass over every row whose groups are the
+    parts' (file, group) pairs, named as the parts' report names them."""
+    frame = pl.concat(
+        pl.read_parquet(path).with_columns(pl.col("data_id") + 1000 * number)
+        for number, path in enumerate(files)
+    )
+    path = files[0].parent.parent / "one_pass.parquet"
+    frame.write_parquet(path)
+    summary = compare_json(run, path, *options)
     for entry in (*summary["top_groups"], *summary["top_trajectories"]):
-        entry["group"] = {"file": entry["group"]["step"], "group": entry["group"]["group"]}
+        entry["group"] = {"file": entry["group"] // 1000, "group": entry["group"] % 1000}
     return summary
 
 
@@ -71,16 +80,14 @@ def by_column(summary: dict[str, Any]) -> dict[str, Any]:
 def test_combined_report_equals_one_pass_over_every_row(run, steps, options):
     files = sorted(steps.glob("step_[0-2].parquet"))
     parts = compare_json(run, *files, "--by", "file", *options)
-    one_pass = by_column(compare_json(run, *files, "--by", "step", *options))
+    every_row = one_pass(run, files, *options)
     assert_same(
         {key: value for key, value in parts.items() if key not in RENAMED},
-        {key: value for key, value in one_pass.items() if key not in RENAMED},
+        {key: value for key, value in every_row.items() if key not in RENAMED},
     )
     for name in ("reading", "inputs"):
-        one_pass["settings"].pop(name), parts["settings"].pop(name)
-    assert parts["settings"] == one_pass["settings"]
-    steps_of_parts = [dict(entry, step=None) for entry in parts["by_step"]["steps"]]
-    assert steps_of_parts == [dict(entry, step=None) for entry in one_pass["by_step"]["steps"]]
+        every_row["settings"].pop(name), parts["settings"].pop(name)
+    assert parts["settings"] == every_row["settings"]
     # The merged figures are there to be compared, not absent on both sides.
     assert parts["trajectories"]["corr_turns_diff"] is not None
     assert len(parts["top_groups"]) == len(parts["top_trajectories"]) == 10
@@ -136,10 +143,17 @@ def test_an_error_names_the_first_failing_file_in_order(run, steps, broken, name
         assert result.stderr.splitlines() == expected, jobs
 
 
-def test_jobs_where_no_files_are_compared_apart_is_a_usage_error(run, steps):
-    result = run("compare", steps, "--by", "step", "-q", "--jobs", "2")
+@pytest.mark.parametrize(
+    "options",
+    [(), ("--by", "file", "--plot", "plot.png"), ("--by", "step", "--estimator", "gigpo")],
+)
+def test_jobs_where_no_parts_are_compared_apart_is_a_usage_error(run, steps, options):
+    result = run("compare", steps, *options, "-q", "--jobs", "2")
     assert result.exit_code == 2
-    assert "--jobs runs the files of --by file in parallel" in " ".join(result.stderr.split())
+    assert (
+        "--jobs runs the parts of --by (its files, or its column's values) in parallel; it does "
+        "not go without --by, nor with --plot or --estimator gigpo"
+    ) in " ".join(result.stderr.split())
 
 
 @pytest.mark.ray

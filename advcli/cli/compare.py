@@ -96,8 +96,8 @@ JobsOpt = Annotated[
     typer.Option(
         "--jobs",
         min=1,
-        help="With --by file: how many files to compare at once, this process and N-1 "
-        "worker processes (the report is the same).",
+        help="With --by: how many parts (files, or values of the column) to compare at once, "
+        "this process and N-1 worker processes (the report is the same).",
     ),
 ]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing report files.")]

@@ -203,8 +203,8 @@ CompareEngineOpt = Annotated[
     typer.Option(
         "--engine",
         help="local: Polars on this machine; ray: Ray Data reads the dump (needs advcli[ray], "
-        "Parquet inputs) and this machine makes the report; with --by file, one Ray task "
-        "compares each file.",
+        "Parquet inputs) and this machine makes the report; with --by, one Ray task "
+        "compares each part (a file, or a value of the column).",
     ),
 ]
 AddressOpt = Annotated[

@@ -9,8 +9,9 @@ import glob
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -65,11 +66,39 @@ def _clock(ns: int) -> str:
 
 
 @dataclass(frozen=True)
+class StepRows:
+    """The ``rows`` of one value of a column (a part of ``compare --by COLUMN``): those
+    numbered ``start`` to ``stop`` (row numbers across the inputs, ``stop`` excluded), or,
+    where rows of other values lie between (:attr:`interleaved`), those of them that hold
+    ``value``."""
+
+    column: str
+    value: Any
+    start: int
+    stop: int
+    rows: int
+
+    @property
+    def interleaved(self) -> bool:
+        return self.rows < self.stop - self.start
+
+    def holds(self) -> pl.Expr:
+        """Whether a row holds the value (a Categorical or Enum column's values as text)."""
+        column = pl.col(self.column)
+        if isinstance(self.value, str):
+            column = column.cast(pl.String)
+        holds: pl.Expr = column == self.value
+        return holds
+
+
+@dataclass(frozen=True)
 class Dataset:
     """Input files of one format read as one table, rows numbered across files in the order
     given. ``labels`` name the files in messages (``<stdin>`` for standard input); ``folders``
     are the directories among the inputs (:func:`input_folders`); ``identities`` are the
-    files' identities when they were opened (:meth:`check_unchanged`)."""
+    files' identities when they were opened (:meth:`check_unchanged`). With ``step`` the
+    dataset is those rows only (:meth:`rows`), still numbered as among every input's, and
+    its messages name the value."""
 
     files: tuple[Path, ...]
     schema: pl.Schema
@@ -80,28 +109,49 @@ class Dataset:
     # What Polars and Arrow open each file by (see NativeNames); the paths themselves if None.
     native: NativeNames | None = field(default=None, compare=False, repr=False)
     identities: tuple[FileIdentity, ...] = ()
+    step: StepRows | None = None
 
     @property
     def num_rows(self) -> int:
+        """The rows of every input (a ``step``'s dataset's too)."""
         return sum(self.row_counts)
 
     def scan(self) -> pl.LazyFrame:
         """The files as one LazyFrame (Parquet decoded by Arrow: see :func:`scan_parquet`; an
-        Arrow IPC stream, which Polars cannot scan: :func:`scan_arrow_stream`). It may read a
-        file through a descriptor the dataset holds (:class:`~advcli.names.NativeNames`): keep
-        the dataset until the query has run."""
+        Arrow IPC stream, which Polars cannot scan: :func:`scan_arrow_stream`); with ``step``,
+        only the rows from its start to its stop (files outside them, and Parquet row groups
+        around them, are not read; :meth:`rows` keeps the value's alone). It may read a file
+        through a descriptor the dataset holds (:class:`~advcli.names.NativeNames`): keep the
+        dataset until the query has run."""
         files = [self.source(index) for index in range(len(self.files))]
-        if self.input_format == "json":
-            return pl.scan_ndjson([as_pattern(name) for name in files], schema=self.schema)
-        if self.input_format == "arrow":
-            return pl.scan_ipc(files, glob=False)
+        if self.input_format in ("json", "arrow"):
+            frame = (
+                pl.scan_ndjson([as_pattern(name) for name in files], schema=self.schema)
+                if self.input_format == "json"
+                else pl.scan_ipc(files, glob=False)
+            )
+            step = self.step
+            return frame if step is None else frame.slice(step.start, step.stop - step.start)
         scanned = [
             ScannedFile(self.source(index), self.label(index), rows)
             for index, rows in enumerate(self.row_counts)
         ]
+        if self.step is not None:
+            scanned = _windows(scanned, self.step.start, self.step.stop)
         if self.input_format == "arrow_stream":
             return scan_arrow_stream(scanned, self.schema)
         return scan_parquet(scanned, self.schema)
+
+    def rows(self, row_number: str | None = None) -> pl.LazyFrame:
+        """The dataset's rows (``step``'s alone, if it is set), with each row's number among
+        every input's in a column ``row_number`` if one is named."""
+        rows = self.scan()
+        if row_number is not None:
+            rows = rows.with_row_index(row_number, offset=self.step.start if self.step else 0)
+        if self.step is not None and self.step.interleaved:
+            # After the numbering: the rows between keep their numbers.
+            rows = rows.filter(self.step.holds())
+        return rows
 
     def source(self, index: int) -> str:
         """The name Polars and Arrow open file ``index`` by."""
@@ -110,7 +160,7 @@ class Dataset:
     def read_columns(self, names: Sequence[str], limit: int | None = None) -> pl.DataFrame:
         """The named columns in input order, every row or the first ``limit`` (small columns
         only: ids, flags)."""
-        scan = self.scan().select(list(names))
+        scan = self.rows().select(list(names))
         try:
             with closing_sources():
                 return (scan if limit is None else scan.head(limit)).collect(engine="streaming")
@@ -180,15 +230,32 @@ class Dataset:
         return self.labels[index] if self.labels else shown_path(self.files[index])
 
     def describe(self) -> str:
-        """The inputs in one phrase, for messages."""
+        """The inputs in one phrase, for messages (and a ``step``'s value)."""
         first = self.label(0)
-        return first if len(self.files) == 1 else f"{first} (and {len(self.files) - 1} more)"
+        inputs = first if len(self.files) == 1 else f"{first} (and {len(self.files) - 1} more)"
+        return inputs + self._value()
 
     def locate(self, row: int) -> str:
-        """Name a global row number as ``file row k`` (k counted from 0 within that file)."""
+        """Name a global row number as ``file row k`` (k counted from 0 within that file; a
+        ``step``'s value after it)."""
         file_number = self.file_of(row)
         start = sum(self.row_counts[:file_number])
-        return f"{self.label(file_number)} row {row - start}"
+        return f"{self.label(file_number)} row {row - start}{self._value()}"
+
+    def _value(self) -> str:
+        return "" if self.step is None else f" ({self.step.column}={self.step.value!r})"
+
+
+def _windows(files: list[ScannedFile], start: int, stop: int) -> list[ScannedFile]:
+    """The files that hold rows ``start`` to ``stop`` (numbered across them), each to be read
+    from its first such row to its last."""
+    windows, first = [], 0
+    for file in files:
+        if first < stop and start < first + file.rows:
+            end = stop - first if stop - first < file.rows else None
+            windows.append(replace(file, start=max(start - first, 0), stop=end))
+        first += file.rows
+    return windows
 
 
 def as_pattern(name: str) -> str:

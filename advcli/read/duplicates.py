@@ -178,8 +178,7 @@ def _read_rows(dataset: Dataset, rows: pl.Series, values: list[pl.Expr]) -> pl.D
     try:
         with closing_sources():
             return (
-                dataset.scan()
-                .with_row_index(row_number)
+                dataset.rows(row_number)
                 .filter(pl.col(row_number).is_in(rows.implode()))
                 .select(pl.col(row_number).alias(ROW), *values)
                 .collect(engine="streaming")

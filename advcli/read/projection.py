@@ -157,8 +157,7 @@ def key_projection(
     try:
         with closing_sources():
             projection = (
-                dataset.scan()
-                .with_row_index(row_number)
+                dataset.rows(row_number)
                 .select(pl.col(row_number).alias(ROW), *plan.exprs)
                 .collect(engine="streaming")
             )

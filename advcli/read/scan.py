@@ -24,11 +24,14 @@ BATCH_VALUES = 8_000_000
 @dataclass(frozen=True)
 class ScannedFile:
     """What a scan needs of one input file: the name Polars and Arrow open it by, its name in
-    messages, and the rows it held when it was opened (a scan that reads another count fails)."""
+    messages, and the rows it held when it was opened (a scan that reads another count fails);
+    the rows read are ``start`` to ``stop`` (excluded; None: to the end) of them."""
 
     source: str
     label: str
     rows: int
+    start: int = 0
+    stop: int | None = None
 
 
 def scan_parquet(files: Sequence[ScannedFile], schema: pl.Schema) -> pl.LazyFrame:
@@ -141,10 +144,14 @@ def _parquet_frames(
     """
 
     @contextlib.contextmanager
-    def batches(file: ScannedFile) -> Iterator[Iterator[pa.RecordBatch]]:
+    def batches(file: ScannedFile) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
         with open_parquet(file.source) as parquet_file:
             rows = _batch_rows(parquet_file.metadata, columns)
-            yield parquet_file.iter_batches(batch_size=rows, columns=columns)
+            first, groups = _row_groups(parquet_file.metadata, file)
+            yield (
+                first,
+                parquet_file.iter_batches(batch_size=rows, row_groups=groups, columns=columns),
+            )
 
     def damaged(file: ScannedFile, read: int) -> str:
         # Row numbers, and so every row's advantage, rest on the counts read from the footers.
@@ -175,10 +182,10 @@ def _stream_frames(
     (:func:`_parquet_frames`)."""
 
     @contextlib.contextmanager
-    def batches(file: ScannedFile) -> Iterator[Iterator[pa.RecordBatch]]:
+    def batches(file: ScannedFile) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
         with pa.memory_map(file.source) as mapped:
             stream = pa.ipc.open_stream(mapped)
-            yield (batch if columns is None else batch.select(columns) for batch in stream)
+            yield 0, (batch if columns is None else batch.select(columns) for batch in stream)
 
     def changed(file: ScannedFile, read: int) -> str:
         return (
@@ -191,24 +198,33 @@ def _stream_frames(
 
 def _frames(
     files: Sequence[ScannedFile],
-    batches: Callable[[ScannedFile], contextlib.AbstractContextManager[Iterator[pa.RecordBatch]]],
+    batches: Callable[
+        [ScannedFile], contextlib.AbstractContextManager[tuple[int, Iterator[pa.RecordBatch]]]
+    ],
     predicate: pl.Expr | None,
     n_rows: int | None,
     miscounted: Callable[[ScannedFile, int], str],
 ) -> Generator[pl.DataFrame, None, None]:
-    """Each file's ``batches`` (the selected columns), validated in full, filtered and cut to
-    ``n_rows`` in all; a file that gives other rows than it held when it was opened is refused
-    with ``miscounted``'s message."""
+    """Each file's ``batches`` (the selected columns, from the row number they give on), cut
+    to the file's rows from ``start`` to ``stop``, validated in full, filtered and cut to
+    ``n_rows`` in all; a file that gives other rows than it held when it was opened (fewer
+    than ``stop``, when it is not read to the end) is refused with ``miscounted``'s message."""
     remaining = n_rows
     for file in files:
         if remaining == 0:
             return
-        read = 0
         try:
-            with batches(file) as file_batches:
+            with batches(file) as (read, file_batches):
                 for batch in file_batches:
+                    first, read = read, read + batch.num_rows
+                    if read <= file.start:
+                        continue
+                    end = read if file.stop is None else min(read, file.stop)
+                    if file.start > first or end < read:
+                        batch = batch.slice(
+                            max(file.start - first, 0), end - max(file.start, first)
+                        )
                     batch.validate(full=True)
-                    read += batch.num_rows
                     frame = _frame_of(batch)
                     if predicate is not None:
                         frame = frame.filter(predicate)
@@ -216,11 +232,11 @@ def _frames(
                         frame = frame.head(remaining)
                         remaining -= frame.height
                     yield frame
-                    if remaining == 0:
-                        return
+                    if remaining == 0 or end < read or end == file.stop:
+                        break
         except (pa.ArrowException, OSError) as error:
             raise AdvcliError(f"{file.label}: cannot read the file ({first_line(error)})") from None
-        if read != file.rows:
+        if remaining != 0 and read != file.rows and (file.stop is None or read < file.stop):
             raise AdvcliError(miscounted(file, read))
 
 
@@ -265,6 +281,22 @@ def _separate_pool() -> pa.MemoryPool:
 
 
 _KEPT_POOL = _separate_pool()
+
+
+def _row_groups(metadata: pq.FileMetaData, file: ScannedFile) -> tuple[int, list[int] | None]:
+    """The row groups that hold ``file``'s rows from ``start`` to ``stop`` (None: every one),
+    and the number of the first one's first row."""
+    if file.start == 0 and file.stop is None:
+        return 0, None
+    stop = metadata.num_rows if file.stop is None else file.stop
+    first, groups, row = None, [], 0
+    for group in range(metadata.num_row_groups):
+        rows = metadata.row_group(group).num_rows
+        if row < stop and file.start < row + rows:
+            first = row if first is None else first
+            groups.append(group)
+        row += rows
+    return first or 0, groups
 
 
 def _batch_rows(metadata: pq.FileMetaData, columns: list[str] | None) -> int:

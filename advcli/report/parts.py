@@ -1,4 +1,4 @@
-"""``compare --by file`` one part at a time: what each part's report keeps for the whole run
+"""``compare --by`` one part at a time: what each part's report keeps for the whole run
 (:class:`PartFigures`, a few numbers per turn count and the top candidates, never its rows),
 merged as the parts come (:func:`merged`), and the whole run's report from them
 (:func:`combined_summary`).
@@ -89,11 +89,12 @@ class PartFigures:
 
 
 def part_figures(
-    report: BiasReport, turn: TurnLevel, *, part: int, first_row: int, top: int
+    report: BiasReport, turn: TurnLevel, *, part: int | None, first_row: int, top: int
 ) -> PartFigures:
-    """The figures of part number ``part`` (its report and turn level) the whole run's report
-    combines; ``first_row``: the rows before the part's, so that its rows keep their place in
-    the run."""
+    """The figures of a part (its report and turn level) the whole run's report combines:
+    part number ``part`` of ``--by file``, whose groups the run keys by the file too, or a
+    column's value (None), whose groups are keyed by it already; ``first_row``: the rows
+    before the part's, so that its rows keep their place in the run."""
     trajectories, groups = report.trajectories, report.groups
     sums = {**_SUMS, **(_LOSS_SUMS if turn.tokens is not None else {})}
     shifts = {
@@ -118,6 +119,8 @@ def part_figures(
     )
 
     def keyed(frame: pl.DataFrame) -> pl.DataFrame:
+        if part is None:
+            return frame.with_columns(pl.col("first_row") + first_row)
         return frame.with_columns(
             pl.struct(
                 pl.lit(part, dtype=pl.Int64).alias("file"), pl.col(GROUP).alias("group")
