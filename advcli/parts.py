@@ -150,7 +150,7 @@ def column_steps(dataset: Dataset, by: str) -> list[StepRows]:
     try:
         with closing_sources():
             found = (
-                dataset.scan()
+                dataset.column(by)
                 .select(pl.col(by).cast(step_type(dataset.schema[by])).alias("value"))
                 .with_row_index(row)
                 .group_by("value")
