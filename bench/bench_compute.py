@@ -96,6 +96,13 @@ def machine() -> dict[str, object]:
     }
 
 
+def write_results(path: Path | None, results: dict) -> None:
+    """A bench's figures as JSON at ``path``, if one was asked for."""
+    if path is not None:
+        path.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {path}")
+
+
 def advcli(*args: str) -> list[str]:
     return [sys.executable, "-m", "advcli", *args]
 
@@ -382,9 +389,7 @@ def main() -> None:
     memory["compare_over_compute_2N"] = ratio
     print(f"compare's peak over compute's at 2N rows: {ratio:.2f}")
     Path(output).unlink(missing_ok=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_results(args.json, results)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_compute import DEFAULT_MAX_TURNS, advcli, machine, make_dump, run
+from bench_compute import DEFAULT_MAX_TURNS, advcli, machine, make_dump, run, write_results
 
 # One in SHARED_ONE_IN rows of a (group, turn) takes the state those rows share.
 SHARED_ONE_IN = 4
@@ -203,9 +203,7 @@ def main() -> None:
     results["stages"] = timed_stages(cases, args.runs, width=24)
 
     Path(output).unlink(missing_ok=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_results(args.json, results)
 
 
 if __name__ == "__main__":

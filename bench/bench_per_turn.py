@@ -28,7 +28,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_compute import machine
+from bench_compute import machine, write_results
 from bench_gigpo import anchored_dump, timed_commands, timed_stages
 
 from advcli.settings import StepGroups
@@ -106,9 +106,7 @@ def main() -> None:
     results["stages"] = timed_stages(cases, args.runs, width=30)
 
     Path(output).unlink(missing_ok=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_results(args.json, results)
 
 
 if __name__ == "__main__":
