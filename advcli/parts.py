@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.pool
+import pickle
 import signal
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, replace
@@ -19,6 +20,7 @@ from typing import Any
 import polars as pl
 
 from advcli import __version__
+from advcli._runtime.signals import held
 from advcli.advantages.levels import both_levels
 from advcli.errors import AdvcliError, UsageError, first_line
 from advcli.loading import (
@@ -206,6 +208,15 @@ def run_part(task: PartTask) -> PartResult:
     return _run(replace(opened, labels=task.labels or opened.labels, step=task.step), task)
 
 
+def _pickled_part(task: PartTask) -> bytes:
+    """:func:`run_part` in a worker process, its result pickled there, to be unpickled by this
+    process's main thread: unpickled by the pool's result thread, its frames would run Polars
+    there, which raises a Ctrl-C as KeyboardInterrupt in whatever thread runs it. That ended
+    the result thread and left the run waiting for ever for the results it would have passed
+    on."""
+    return pickle.dumps(run_part(task))
+
+
 def _part_of(dataset: Dataset, task: PartTask) -> Dataset:
     """The part of ``task`` in this process: its file, or its rows of every input."""
     return dataset.part(task.part) if task.step is None else replace(dataset, step=task.step)
@@ -224,7 +235,7 @@ def _in_workers(
     pool = multiprocessing.get_context("spawn").Pool(
         workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
     )
-    results: dict[int, AsyncResult[PartResult] | PartResult | AdvcliError] = {}
+    results: dict[int, AsyncResult[bytes] | PartResult | AdvcliError] = {}
     handed, failed_here = 0, False
     try:
         for due in range(len(tasks)):
@@ -246,19 +257,23 @@ def _in_workers(
             result = results.pop(due)
             if isinstance(result, AdvcliError):
                 raise result
-            yield result.get() if isinstance(result, AsyncResult) else result
+            yield pickle.loads(result.get()) if isinstance(result, AsyncResult) else result
     except BaseException:
-        pool.terminate()
+        # Held: an interrupt raised again inside terminate() (as one raised where nothing could
+        # catch it is) would leave a worker alive for the join below to wait on for ever.
+        with held():
+            pool.terminate()
         raise
     finally:
-        pool.close()
-        pool.join()
+        with held():
+            pool.close()
+            pool.join()
 
 
 def _hand_to_workers(
     pool: multiprocessing.pool.Pool,
     tasks: list[PartTask],
-    results: dict[int, AsyncResult[PartResult] | PartResult | AdvcliError],
+    results: dict[int, AsyncResult[bytes] | PartResult | AdvcliError],
     handed: int,
     limit: int,
 ) -> int:
@@ -267,7 +282,7 @@ def _hand_to_workers(
     process); returns the number of parts handed out so far."""
     running = sum(1 for r in results.values() if isinstance(r, AsyncResult) and not r.ready())
     while running < limit and handed < len(tasks):
-        results[handed] = pool.apply_async(run_part, (tasks[handed],))
+        results[handed] = pool.apply_async(_pickled_part, (tasks[handed],))
         handed, running = handed + 1, running + 1
     return handed
 

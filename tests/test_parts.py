@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -174,8 +175,10 @@ def test_one_ray_task_per_file_gives_the_local_report(cluster, run, steps, tmp_p
 def test_ctrl_c_ends_the_workers(steps):
     """Ctrl-C while this process and its worker compare: exit 130, one line, and no worker left
     running."""
-    for step in range(3, 40):
-        (steps / f"step_{step}.parquet").write_bytes((steps / "step_2.parquet").read_bytes())
+    # Enough files that the run is still going half a second after the worker starts, however
+    # fast a part is compared.
+    for step in range(4, 400):
+        os.link(steps / "step_2.parquet", steps / f"step_{step}.parquet")
     command = [sys.executable, "-m", "advcli", "compare", str(steps), "--by", "file", "--jobs", "2"]
     process = subprocess.Popen(
         [*command, "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
