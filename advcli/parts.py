@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import multiprocessing.pool
 import pickle
 import signal
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, replace
-from multiprocessing.pool import AsyncResult
+from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 from typing import Any
 
@@ -271,7 +270,7 @@ def _in_workers(
 
 
 def _hand_to_workers(
-    pool: multiprocessing.pool.Pool,
+    pool: Pool,
     tasks: list[PartTask],
     results: dict[int, AsyncResult[bytes] | PartResult | AdvcliError],
     handed: int,
