@@ -18,9 +18,8 @@ import polars as pl
 from advcli import __version__
 from advcli.advantages.estimators import Advantages
 from advcli.advantages.levels import both_levels
-from advcli.advantages.loss import token_weight, unwritable_weight
+from advcli.compute_parts import PartSettings, RunCounts, file_parts, run_columns
 from advcli.errors import AdvcliError, UsageError
-from advcli.keys import ROW, SCORE, TOKENS
 from advcli.loading import (
     Inputs,
     LoadedDump,
@@ -38,6 +37,7 @@ from advcli.loading import (
 )
 from advcli.parts import by_parts, compare_parts, step_order
 from advcli.read.columns import ColumnRoles
+from advcli.read.dataset import Dataset
 from advcli.read.duplicates import DuplicateRows, find_duplicates
 from advcli.read.inputs import STDIN
 from advcli.read.scan import release_freed_memory
@@ -48,6 +48,7 @@ from advcli.report.inspection import inspect_dump
 from advcli.report.step_credit import attach_step_credit
 from advcli.report.termination import Report
 from advcli.report.termination_documents import renderers
+from advcli.row_values import row_values
 from advcli.settings import (
     AdvantageConfig,
     AnchorScope,
@@ -65,9 +66,10 @@ from advcli.write.outputs import (
     goes_to_stdout,
     output_format_for,
     report_format_for,
+    write_row_parts,
     write_rows,
 )
-from advcli.write.rows import replaced_columns, with_padding
+from advcli.write.rows import replaced_columns
 
 
 @dataclass(frozen=True)
@@ -123,10 +125,9 @@ def compute(
     standard output. ``on_stage`` is told when each stage starts: ``reading keys``, ``computing
     statistics``, ``writing output``. ``engine="ray"`` runs stages 1 and 3 on Ray Data (at
     ``address``, else on a new local cluster) and writes ``output`` as a Parquet dataset folder.
-    ``by`` (``"file"`` or a column such as ``step``) computes each part as its own batch.
-    ``columns`` says which input columns the output keeps beside the new ones (``all``, ``keys``:
-    the group, trajectory and turn columns, ``none``); its rows are the input's, in input order.
-
+    ``by`` (``"file"`` or a column such as ``step``): each part its own batch, with ``"file"``
+    one file at a time (:mod:`advcli.compute_parts`) but for ``report_path`` and arrays.
+    ``columns``: the input columns kept beside the new ones (``all``, ``keys``, ``none``).
     Duplicated rows (:mod:`advcli.read.duplicates`) count as the trainer counted them; with
     ``drop_duplicates`` the statistics see only the first row of each identical set, and each
     copy is written with the advantage of the row it copies.
@@ -149,6 +150,12 @@ def compute(
     with opened(inputs) as dataset:
         check_outputs([output, report_path], dataset, force=force, engine=engine)
         check_by(dataset, by)
+        mask_needed_for = _mask_needed_for(config, fmt, tokens, loss_weight)
+        if by == "file" and report_path is None and fmt not in ("npz", "pt"):
+            stage("writing output")  # each file is read, computed and written in turn
+            loss = (mask_needed_for, loss_weight, loss_scale_factor)
+            part = PartSettings(names, config, drop_duplicates, *loss)
+            return _compute_files(dataset, part, output, fmt, tokens, columns, force, started)
         start_engine(engine, address)
         stage("reading keys")
         every_row, dump, duplicates = counted_rows(
@@ -157,7 +164,7 @@ def compute(
             drop_duplicates,
             config.per_turn is not None,
             engine=engine,
-            mask_needed_for=_mask_needed_for(config, fmt, tokens, loss_weight),
+            mask_needed_for=mask_needed_for,
             by=by,
             step_roles=compute_step_roles(config, report=report_path is not None),
         )
@@ -175,14 +182,14 @@ def compute(
                 dataset, dump, advantages, config, output, tokens, force, columns
             )
         else:
-            row_values = _row_values(
+            values = row_values(
                 every_row, dump, duplicates, advantages, loss_weight, loss_scale_factor
             )
             # Only the per-row values go on to the write: the rest goes first, so that its
             # memory is reused for the streaming write's buffers.
             del dump, every_row, duplicates, advantages
             release_freed_memory()
-            write_rows(dataset, summary.columns, row_values, output, fmt, tokens, force, columns)
+            write_rows(dataset, summary.columns, values, output, fmt, tokens, force, columns)
     if report is not None and report_path is not None:
         _write_compute_report(report, report_path, report_kind == "json", output, force=force)
     return replace(summary, seconds=time.perf_counter() - started)
@@ -197,6 +204,41 @@ def _write_compute_report(
         write_text(path, text, force=force)
     except AdvcliError as error:
         raise AdvcliError(f"{error}; the output {output} was written") from None
+
+
+def _compute_files(
+    dataset: Dataset,
+    settings: PartSettings,
+    output: Path,
+    fmt: OutputFormat,
+    tokens: bool,
+    columns: OutputColumns,
+    force: bool,
+    started: float,
+) -> ComputeSummary:
+    """``compute --by file`` one file at a time (:mod:`advcli.compute_parts`), and its summary
+    (its time counted from ``started``)."""
+    counts = RunCounts()
+    parts = file_parts(dataset, settings, counts)
+    write_row_parts(dataset, parts, output, fmt, tokens, force, columns)
+    return ComputeSummary(
+        rows=dataset.num_rows,
+        groups=counts.groups,
+        trajectories=counts.trajectories,
+        singleton_groups=counts.singleton_groups,
+        zero_std_groups=counts.zero_std_groups,
+        config=settings.config,
+        columns=run_columns(counts),
+        output=output,
+        output_format=fmt,
+        seconds=time.perf_counter() - started,
+        threads=pl.thread_pool_size(),
+        replaced=replaced_columns(dataset.schema.names()),
+        duplicate_rows=counts.duplicate_rows,
+        duplicates_dropped=settings.drop_duplicates,
+        duplicates_confirmed=counts.duplicates_confirmed,
+        padding_rows=counts.padding_rows,
+    )
 
 
 def _summary(
@@ -281,61 +323,6 @@ def _compute_report(
         attach_step_credit(report.summary, dump.step_credit(config, advantages))
     report.summary["duplicate_rows"] = duplicates.report(dump.dataset.locate)
     return report
-
-
-def _row_values(
-    every_row: LoadedDump,
-    dump: LoadedDump,
-    duplicates: DuplicateRows,
-    advantages: Advantages,
-    loss_weight: LossMode | None,
-    loss_scale_factor: float | None,
-) -> pl.DataFrame:
-    """What stage 3 attaches to each input row (``dump``: the rows stage 2 counted, of
-    ``every_row``): its score and advantage, as the float32 they are written as, its
-    ``loss_weight`` if asked for, and the padding rows' own."""
-    row_values = advantages.rows(dump.projection).select(
-        ROW, pl.col(SCORE, "advantage").cast(pl.Float32)
-    )
-    if dump is not every_row:
-        row_values = duplicates.spread_to_copies(row_values)
-    if loss_weight is not None:
-        # Over every row: the weights are of the batch as written, copies included.
-        row_values = row_values.join(
-            _loss_weights(every_row, loss_weight, loss_scale_factor),
-            on=ROW,
-            how="left",
-            maintain_order="left",
-        )
-    return with_padding(row_values, dump.padding)
-
-
-def _loss_weights(dump: LoadedDump, mode: LossMode, scale_factor: float | None) -> pl.DataFrame:
-    """Each row's ``loss_weight`` under ``mode``."""
-    if mode is LossMode.SEQ_MEAN_TOKEN_SUM_NORM and scale_factor is None:
-        scale_factor = dump.columns.mask_width
-        if scale_factor is None:
-            raise UsageError(
-                "--loss-weight seq-mean-token-sum-norm divides by verl's loss_scale_factor (by "
-                "default the padded response length, which a list mask does not state): pass "
-                "--loss-scale-factor N"
-            )
-    # With --by each step is its own batch, as for the advantages.
-    batch = dump.steps.name if dump.steps is not None else None
-    weight = token_weight(mode.value, scale_factor or 1.0, batch)
-    weights = dump.projection.select(ROW, TOKENS, weight.alias("loss_weight"))
-    bad = unwritable_weight(weights)
-    if bad is not None:
-        kind = "overflows to infinity" if abs(bad) > 1 else "underflows float64's range"
-        message = f"--loss-weight {mode.value}: the rows' loss_weight ({bad:g}) {kind}"
-        if mode is LossMode.SEQ_MEAN_TOKEN_SUM_NORM:
-            message = (
-                f"--loss-scale-factor {scale_factor:g}: the rows' loss_weight 1 / (rows × "
-                f"{scale_factor:g}) = {bad:g} {kind}; pass a factor near the padded response "
-                "length"
-            )
-        raise UsageError(message)
-    return weights.drop(TOKENS)
 
 
 def _mask_needed_for(

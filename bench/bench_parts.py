@@ -1,7 +1,7 @@
 """Peak memory and time of `compare DIR --by file` over many step files and of `compare DUMP
 --by step` over one dump of as many steps, against one part's `compare`, and `--jobs 2` against
 `--jobs 1`; prints the ratios, and the best two jobs could do with the start-up that runs once
-whatever their number.
+whatever their number. Also `compute DIR --by file` (to Parquet) against one part's `compute`.
 
 Each step file holds ``--groups`` sample groups (about 43k rows at the default), written once
 and linked ``--parts`` times (each file is its own batch, so the copies are as many steps); the
@@ -43,14 +43,19 @@ print(done.returncode, seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
 """
 
 
-def measure(*args: str) -> tuple[float, float, float]:
-    """Wall seconds, CPU seconds and peak RSS (MiB) of one ``advcli compare`` process."""
-    command = [sys.executable, "-m", "advcli", "compare", *args, "-q", "--json", "-"]
+def measure(*args: str, compute: Path | None = None) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds and peak RSS (MiB) of one ``advcli compare`` process, or with
+    ``compute`` (its output) one ``advcli compute``."""
+    if compute is None:
+        command = [sys.executable, "-m", "advcli", "compare", *args, "-q", "--json", "-"]
+    else:
+        options = ("-o", str(compute), "--force", "-q")
+        command = [sys.executable, "-m", "advcli", "compute", *args, *options]
     line = subprocess.run(
         [sys.executable, "-c", MEASURE, *command], capture_output=True, text=True, check=True
     ).stdout.split()
     if line[0] != "0":
-        raise SystemExit(f"compare {' '.join(args)} exited {line[0]}")
+        raise SystemExit(f"{' '.join(command[3:])} exited {line[0]}")
     return float(line[1]), float(line[2]), int(line[3]) / 1024
 
 
@@ -90,8 +95,14 @@ def main() -> None:
         folders = {parts: run_folder(root, one, parts) for parts in args.parts}
         dumps = {parts: step_dump(root, one, parts) for parts in args.parts}
         runs: dict[str, list[tuple[float, float, float]]] = {}
+        output = root / "advantages.parquet"
         for _ in range(args.runs):
             runs.setdefault("one part", []).append(measure(str(one)))
+            runs.setdefault("compute, one part", []).append(measure(str(one), compute=output))
+            for parts, folder in folders.items():
+                options = (str(folder), "--by", "file")
+                label = f"compute, {parts} parts"
+                runs.setdefault(label, []).append(measure(*options, compute=output))
             for parts, folder in folders.items():
                 for jobs in (1, 2):
                     options = (str(folder), "--by", "file", "--jobs", str(jobs))
@@ -106,9 +117,18 @@ def main() -> None:
         for label, measured in runs.items()
     }
     seconds, cpu, memory = figures["one part"]
+    compute_memory = figures["compute, one part"][2]
     print(f"one part: {rows:,} rows, {seconds:.2f} s, {memory:.0f} MiB")
     for label, (wall, cpu, rss) in figures.items():
-        print(f"{label:>32}: {wall:6.2f} s, cpu {cpu:6.2f} s, {rss:5.0f} MiB ({rss / memory:.2f}x)")
+        # compute's runs against one part's compute, compare's against one part's compare.
+        base = compute_memory if label.startswith("compute") else memory
+        print(f"{label:>32}: {wall:6.2f} s, cpu {cpu:6.2f} s, {rss:5.0f} MiB ({rss / base:.2f}x)")
+    for parts in args.parts:
+        rss = figures[f"compute, {parts} parts"][2]
+        print(
+            f"compute, {parts} parts: peak RSS {rss / compute_memory:.2f}x one part's compute, "
+            f"{rss / memory:.2f}x one part's compare"
+        )
     for parts in args.parts:
         one_job, two_jobs = figures[f"{parts} parts, --jobs 1"], figures[f"{parts} parts, --jobs 2"]
         # One file's run is the start-up and a part; the rest of --jobs 1 is parts alone. The

@@ -13,7 +13,7 @@ import importlib.util
 import os
 import sys
 import tempfile
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import polars as pl
@@ -26,7 +26,7 @@ from advcli.read.formats import FOLDER_SUFFIXES
 from advcli.read.inputs import STDIN
 from advcli.settings import Engine, OutputColumns, OutputFormat
 from advcli.write.atomic import check_output_path, writes_in_place
-from advcli.write.rows import write_advantages
+from advcli.write.rows import write_advantage_parts, write_advantages
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
     ".parquet": OutputFormat.PARQUET,
@@ -217,10 +217,44 @@ def write_rows(
     """Stage 3 to ``output``: :func:`advcli.write.rows.write_advantages`, or, for ``-``, the
     same written whole to a temporary file and then copied to standard output."""
     write = functools.partial(
-        write_advantages, output_format=fmt, tokens=tokens, output_columns=output_columns
+        write_advantages,
+        dataset,
+        columns,
+        row_values,
+        output_format=fmt,
+        tokens=tokens,
+        output_columns=output_columns,
     )
+    _written_to(output, fmt, write, force)
+
+
+def write_row_parts(
+    dataset: Dataset,
+    parts: Iterable[tuple[Dataset, ColumnRoles, pl.DataFrame]],
+    output: Path,
+    fmt: OutputFormat,
+    tokens: bool,
+    force: bool,
+    output_columns: OutputColumns = OutputColumns.ALL,
+) -> None:
+    """:func:`write_rows` of ``dataset``'s parts, one after another
+    (:func:`advcli.write.rows.write_advantage_parts`)."""
+    write = functools.partial(
+        write_advantage_parts,
+        dataset,
+        parts,
+        output_format=fmt,
+        tokens=tokens,
+        output_columns=output_columns,
+    )
+    _written_to(output, fmt, write, force)
+
+
+def _written_to(output: Path, fmt: OutputFormat, write: Callable[..., None], force: bool) -> None:
+    """``write(path, force=...)`` to ``output``, or, for ``-``, to a temporary file then copied
+    to standard output."""
     if str(output) != STDIN:
-        write(dataset, columns, row_values, output, force=force)
+        write(output, force=force)
         return
     with staged_for_stdout(f"out.{fmt.value}") as staged:
-        write(dataset, columns, row_values, staged)
+        write(staged, force=False)

@@ -8,16 +8,18 @@ attaches each row's score and advantage by row number and writes the result thro
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import select
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
+from polars.io.plugins import register_io_source
 
 from advcli._runtime.native_stderr import cancelled_tasks_unreported
 from advcli._runtime.process import available_memory
@@ -55,6 +57,63 @@ def write_advantages(
     The inputs must still be the files stage 1 read: checked before they are read again (a
     change fails here, not after the long write) and before the result is published.
     """
+    frame, kept = output_frame(
+        dataset, columns, row_values, output, output_format, tokens, output_columns
+    )
+    _write(frame, dataset, columns, kept, output, output_format, tokens, force)
+
+
+def write_advantage_parts(
+    dataset: Dataset,
+    parts: Iterable[tuple[Dataset, ColumnRoles, pl.DataFrame]],
+    output: Path,
+    *,
+    output_format: OutputFormat,
+    tokens: bool = True,
+    force: bool = False,
+    output_columns: OutputColumns = OutputColumns.ALL,
+) -> None:
+    """:func:`write_advantages` of each of ``parts`` (a part of ``dataset``, its roles and its
+    row values, made only once the rows before them are written) into one output, their rows
+    one part after another: one stream through Polars, whose source makes each part's rows as
+    the write asks for them, so that what is held is about one part's. Not for padded arrays
+    (``npz``, ``pt``), which are made whole."""
+    if output_format in ("npz", "pt"):
+        raise ValueError("padded arrays are written whole, not part by part")
+    frames = (
+        output_frame(part, columns, values, output, output_format, tokens, output_columns)[0]
+        for part, columns, values in parts
+    )
+    first = next(frames)
+
+    def rows(
+        with_columns: list[str] | None,
+        predicate: pl.Expr | None,
+        n_rows: int | None,
+        batch_size: int | None,
+    ) -> Iterator[pl.DataFrame]:
+        for frame in itertools.chain([first], frames):
+            if with_columns is not None:
+                frame = frame.select(with_columns)
+            if predicate is not None:
+                frame = frame.filter(predicate)
+            yield from frame.collect_batches()
+
+    frame = register_io_source(rows, schema=first.collect_schema(), validate_schema=True)
+    _write(frame, dataset, None, None, output, output_format, tokens, force)
+
+
+def output_frame(
+    dataset: Dataset,
+    columns: ColumnRoles,
+    row_values: pl.DataFrame,
+    output: Path,
+    output_format: OutputFormat,
+    tokens: bool,
+    output_columns: OutputColumns,
+) -> tuple[pl.LazyFrame, list[str] | None]:
+    """The output rows of :func:`write_advantages`, as a frame to stream, and the input columns
+    it keeps (None: every one), once the inputs and ``row_values`` are checked."""
     dataset.check_unchanged()
     if not row_values[ROW].equals(
         pl.Series(ROW, range(dataset.num_rows), dtype=row_values[ROW].dtype)
@@ -88,6 +147,21 @@ def write_advantages(
     if kept is not None and not arrays:
         written = ("score", "advantage", *extra, *(["advantages"] if tokens else []))
         frame = frame.select(*kept, *written)
+    return frame, kept
+
+
+def _write(
+    frame: pl.LazyFrame,
+    dataset: Dataset,
+    columns: ColumnRoles | None,
+    kept: list[str] | None,
+    output: Path,
+    output_format: OutputFormat,
+    tokens: bool,
+    force: bool,
+) -> None:
+    """``frame`` written to ``output`` (``columns``: the roles, for padded arrays), published once
+    whole and the inputs are as they were opened."""
     with (
         atomic_output(
             output, force=force, keep=dataset.files, before_publish=dataset.check_unchanged
@@ -96,7 +170,8 @@ def write_advantages(
         cancelled_tasks_unreported(),
     ):
         try:
-            if arrays:
+            if output_format in ("npz", "pt"):
+                assert columns is not None
                 _write_arrays(frame, columns, partial, output_format, tokens, output, kept)
             elif output_format == "arrows":
                 _write_arrow_stream(frame, partial)

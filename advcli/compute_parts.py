@@ -1,0 +1,129 @@
+"""``compute --by file`` one file at a time: each file through stage 1 and stage 2 as a batch
+of its own, then its rows streamed to the output after the files before it, so that what is
+held is about one file's whatever their number. The run's figures are the files' summed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import polars as pl
+
+from advcli.errors import AdvcliError
+from advcli.loading import by_reason, compute_step_roles, counted_rows
+from advcli.read.columns import ColumnRoles
+from advcli.read.dataset import Dataset
+from advcli.read.scan import release_freed_memory
+from advcli.row_values import row_values
+from advcli.settings import AdvantageConfig, ColumnNames, LossMode
+
+
+@dataclass
+class RunCounts:
+    """What ``compute`` tells of the files done so far: their figures summed, and the roles
+    every file was read with (the first file's; a file read otherwise is an error)."""
+
+    groups: int = 0
+    trajectories: int = 0
+    singleton_groups: int = 0
+    zero_std_groups: int = 0
+    duplicate_rows: int = 0
+    duplicates_confirmed: bool = True
+    padding_rows: int = 0
+    columns: ColumnRoles | None = None
+    first_file: str = ""
+
+
+@dataclass(frozen=True)
+class PartSettings:
+    """How each file is computed: compute's own settings."""
+
+    names: ColumnNames
+    config: AdvantageConfig
+    drop_duplicates: bool
+    mask_needed_for: str | None
+    loss_weight: LossMode | None
+    loss_scale_factor: float | None
+
+
+def file_parts(
+    dataset: Dataset, settings: PartSettings, counts: RunCounts
+) -> Iterator[tuple[Dataset, ColumnRoles, pl.DataFrame]]:
+    """Each file of ``dataset`` with rows, as it is asked for: the file as a dataset of its own,
+    the roles it was read with and its rows' values (:func:`advcli.row_values.row_values`),
+    its figures added to ``counts``."""
+    config = settings.config
+    for index in range(len(dataset.files)):
+        part = dataset.part(index)
+        if not part.num_rows:
+            continue
+        # A file changed since the run began is named as such, not as a file that cannot be read.
+        part.check_unchanged()
+        every_row, dump, duplicates = counted_rows(
+            part,
+            settings.names,
+            settings.drop_duplicates,
+            config.per_turn is not None,
+            mask_needed_for=settings.mask_needed_for,
+            step_roles=compute_step_roles(config, report=False),
+        )
+        advantages = dump.advantages(config)
+        _check_read_alike(counts, dump.columns, part)
+        counts.groups += advantages.groups.height
+        counts.trajectories += dump.trajectory_count()
+        counts.singleton_groups += advantages.singleton_groups
+        counts.zero_std_groups += advantages.zero_std_groups
+        counts.duplicate_rows += duplicates.count
+        counts.duplicates_confirmed &= duplicates.confirmed
+        counts.padding_rows += dump.padding.height
+        values = row_values(
+            every_row,
+            dump,
+            duplicates,
+            advantages,
+            settings.loss_weight,
+            settings.loss_scale_factor,
+        )
+        columns = dump.columns
+        # Only the rows' values go on to the write, as in a run of one batch.
+        del every_row, dump, duplicates, advantages
+        release_freed_memory()
+        yield part, columns, values
+
+
+def run_columns(counts: RunCounts) -> ColumnRoles:
+    """The roles the run was read with, as a run of every file at once names them: its groups
+    keyed by the file too."""
+    assert counts.columns is not None
+    columns = counts.columns
+    reasons = {**columns.reasons, "group": by_reason(columns.reasons["group"], "file", "file")}
+    return replace(columns, reasons=reasons)
+
+
+def _check_read_alike(counts: RunCounts, columns: ColumnRoles, part: Dataset) -> None:
+    """Take the first file's roles for the run, and refuse a later file read with others: its
+    rows would be written under another reading than the one the run reports."""
+    if counts.columns is None:
+        counts.columns = columns
+        counts.first_file = part.describe()
+        return
+    first = counts.columns
+    if replace(columns, notes=()) == replace(first, notes=()):
+        return
+    here, there = columns.describe(), first.describe()
+    differing = [role for role in here if here[role] != there[role]] or ["how the columns are read"]
+    shown = "; ".join(
+        f"{role}: {_column(here.get(role))} here, {_column(there.get(role))} there"
+        if role in here
+        else role
+        for role in differing
+    )
+    raise AdvcliError(
+        f"{part.describe()}: read otherwise than {counts.first_file} ({shown}); name the "
+        "columns (--group-col, --traj-col, --turn-col, --reward-col, --mask-col) so that every "
+        "file is read alike"
+    )
+
+
+def _column(name: str | None) -> str:
+    return "none" if name is None else repr(name)

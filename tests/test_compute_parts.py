@@ -1,0 +1,160 @@
+"""Issue 31: ``compute DIR --by file`` one file at a time. Each file is its own batch, so the
+output is, row for row, each file computed alone, one after another (a file without rows adds
+none); the summary's figures are the files' summed; a bad or changed file is one error naming
+it, and nothing is written."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import polars as pl
+import pyarrow.ipc
+import pytest
+from conftest import fifo_reader
+
+from advcli.sample import write_sample
+
+
+@pytest.fixture
+def steps(tmp_path: Path) -> Path:
+    """Three step files of sample rollouts, their ids repeating across files (a dataset index),
+    and a file without rows between them."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for step in range(3):
+        write_sample(folder / f"step_{step}.parquet", groups=5 + 2 * step, seed=step)
+    pl.read_parquet(folder / "step_0.parquet").clear().write_parquet(folder / "step_1b.parquet")
+    return folder
+
+
+def read(path: Path) -> pl.DataFrame:
+    if path.suffix == ".arrows":
+        with path.open("rb") as handle:
+            return pl.from_arrow(pyarrow.ipc.open_stream(handle).read_all())  # type: ignore[return-value]
+    return pl.read_ipc(path) if path.suffix == ".arrow" else pl.read_parquet(path)
+
+
+def each_file_alone(run, folder: Path, out: Path, *options: str) -> pl.DataFrame:
+    """The files computed one by one, as runs of one batch each, their rows one after another."""
+    frames = []
+    for index, path in enumerate(sorted(folder.glob("*.parquet"))):
+        if pl.read_parquet(path).is_empty():
+            continue
+        alone = out.with_name(f"alone-{index}{out.suffix}")
+        result = run("compute", path, "-o", alone, *options, "-q")
+        assert result.exit_code == 0, result.stderr
+        frames.append(read(alone))
+    return pl.concat(frames)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        (),
+        ("--level", "turn"),
+        ("--estimator", "rloo"),
+        ("--scale", "batch"),
+        ("--loss-weight", "seq-mean-token-mean"),
+        ("--columns", "keys"),
+        ("--columns", "none", "--no-tokens"),
+        ("--estimator", "reinforce_pp_baseline"),
+        ("--reward-mode", "per-turn", "--reward-col", "token_level_rewards"),
+    ],
+)
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow", ".arrows"])
+def test_the_run_is_each_file_computed_alone(run, steps, tmp_path, options, suffix):
+    out = tmp_path / f"run{suffix}"
+    result = run("compute", steps, "-o", out, "--by", "file", *options, "-q")
+    assert result.exit_code == 0, result.stderr
+    expected = each_file_alone(run, steps, out, *options)
+    assert read(out).equals(expected)
+
+
+def test_the_summary_sums_the_files(run, steps, tmp_path):
+    result = run("compute", steps, "-o", tmp_path / "out.parquet", "--by", "file")
+    assert result.exit_code == 0, result.stderr
+    rows = groups = 0
+    for path in sorted(steps.glob("*.parquet")):
+        frame = pl.read_parquet(path)
+        rows += frame.height
+        groups += frame["data_id"].n_unique()
+    lines = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in result.stderr.splitlines()
+        if line.count("│") == 3
+    }
+    assert lines["rows"] == f"{rows:,}" and lines["groups"] == f"{groups:,}"
+    assert "each file is its own batch (--by file)" in result.stderr
+
+
+def test_a_bad_row_in_a_later_file_is_named_and_nothing_is_written(run, steps, tmp_path):
+    bad = steps / "step_2.parquet"
+    frame = pl.read_parquet(bad)
+    frame.with_columns(
+        pl.when(pl.int_range(pl.len()) == 7)
+        .then(pl.lit(None))
+        .otherwise(pl.col("data_id"))
+        .alias("data_id")
+    ).write_parquet(bad)
+    out = tmp_path / "out.parquet"
+    result = run("compute", steps, "-o", out, "--by", "file")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
+    assert f"{bad} row 7" in result.stderr, result.stderr
+    assert not out.exists() and list(tmp_path.glob(".*advcli-partial*")) == []
+
+
+def test_files_read_alike_or_the_run_is_refused(run, tmp_path):
+    """A column named like a trajectory id that varies and repeats within a group says the rows
+    are turns; one unique per row says nothing. Files read the two ways are refused: the run
+    would be written under two readings. Named, the column is read alike in both."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    rewards = [[1.0], [1.0], [0.0], [1.0], [1.0], [0.5]]
+    common = {"uid": ["a", "a", "a", "b", "b", "b"], "token_level_rewards": rewards}
+    first, second = folder / "step_0.parquet", folder / "step_1.parquet"
+    pl.DataFrame({**common, "traj_id": [0, 1, 2, 3, 4, 5]}).write_parquet(first)
+    pl.DataFrame({**common, "traj_id": [0, 0, 1, 2, 2, 3]}).write_parquet(second)
+    out = tmp_path / "out.parquet"
+    result = run("compute", folder, "-o", out, "--by", "file", "--no-tokens")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(
+        f"Error: {second}: read otherwise than {first} (trajectory: 'traj_id' here, none there);"
+    ), result.stderr
+    assert not out.exists()
+    options = ("--by", "file", "--no-tokens", "--traj-col", "traj_id", "-q")
+    assert run("compute", folder, "-o", out, *options).exit_code == 0
+    # Group a of the first file: scores 1, 1, 0, each row its own trajectory; mean 2/3, sample
+    # std sqrt(1/3), epsilon 1e-6.
+    std = math.sqrt(1 / 3) + 1e-6
+    expected = [(1 - 2 / 3) / std, (1 - 2 / 3) / std, (0 - 2 / 3) / std]
+    got = pl.read_parquet(out)["advantage"].head(3).to_list()
+    assert got == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_run_of_empty_files_is_refused(run, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    path = folder / "step_0.parquet"
+    write_sample(path, groups=2, seed=0)
+    pl.read_parquet(path).clear().write_parquet(path)
+    out = tmp_path / "out.parquet"
+    result = run("compute", folder, "-o", out, "--by", "file")
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {path}: the input has no rows\n"
+    assert not out.exists()
+
+
+def test_to_a_named_pipe(run, steps, tmp_path):
+    expected_path = tmp_path / "file.parquet"
+    assert run("compute", steps, "-o", expected_path, "--by", "file", "-q").exit_code == 0
+    expected = pl.read_parquet(expected_path)
+    pipe = tmp_path / "pipe"
+    with fifo_reader(pipe) as received:
+        result = run("compute", steps, "-o", pipe, "--by", "file", "--format", "arrows", "-q")
+    assert result.exit_code == 0, result.stderr
+    streamed = pl.from_arrow(pyarrow.ipc.open_stream(b"".join(received)).read_all())
+    assert streamed.equals(expected)
+    assert os.path.exists(pipe)
