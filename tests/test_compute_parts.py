@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import polars as pl
 import pyarrow.ipc
 import pytest
-from conftest import fifo_reader
+from conftest import fifo_reader, wait_for_partial
 
 from advcli.sample import write_sample
 
@@ -158,3 +162,35 @@ def test_to_a_named_pipe(run, steps, tmp_path):
     streamed = pl.from_arrow(pyarrow.ipc.open_stream(b"".join(received)).read_all())
     assert streamed.equals(expected)
     assert os.path.exists(pipe)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signum", "code", "word"),
+    [(signal.SIGINT, 130, "Interrupted"), (signal.SIGTERM, 143, "Terminated")],
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_a_signal_while_the_files_stream_leaves_nothing(tmp_path, signum, code, word):
+    """The signal comes once the output is being written, while later files are still to be
+    read (in the sink's own thread): the run ends with the signal's code, one line, and nothing
+    behind it."""
+    one = tmp_path / "step.parquet"
+    write_sample(one, groups=400, seed=0)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for step in range(300):
+        os.link(one, folder / f"step_{step:03d}.parquet")
+    out = tmp_path / "out" / "advantages.parquet"
+    out.parent.mkdir()
+    command = [sys.executable, "-m", "advcli", "compute", str(folder), "-o", str(out), "--by"]
+    with subprocess.Popen(
+        [*command, "file", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        wait_for_partial(process, out)
+        time.sleep(0.5)
+        assert process.poll() is None, "the run ended before the signal"
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=120)
+    assert process.returncode == code, stderr
+    assert stderr == f"{word}; no partial output was left behind.\n"
+    assert list(out.parent.iterdir()) == []
