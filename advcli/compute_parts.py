@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import polars as pl
 
-from advcli.errors import AdvcliError
+from advcli.errors import AdvcliError, first_line
 from advcli.loading import by_reason, compute_step_roles, counted_rows
 from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
@@ -52,43 +52,56 @@ def file_parts(
     """Each file of ``dataset`` with rows, as it is asked for: the file as a dataset of its own,
     the roles it was read with and its rows' values (:func:`advcli.row_values.row_values`),
     its figures added to ``counts``."""
-    config = settings.config
     for index in range(len(dataset.files)):
         part = dataset.part(index)
         if not part.num_rows:
             continue
         # A file changed since the run began is named as such, not as a file that cannot be read.
         part.check_unchanged()
-        every_row, dump, duplicates = counted_rows(
-            part,
-            settings.names,
-            settings.drop_duplicates,
-            config.per_turn is not None,
-            mask_needed_for=settings.mask_needed_for,
-            step_roles=compute_step_roles(config, report=False),
-        )
-        advantages = dump.advantages(config)
-        _check_read_alike(counts, dump.columns, part)
-        counts.groups += advantages.groups.height
-        counts.trajectories += dump.trajectory_count()
-        counts.singleton_groups += advantages.singleton_groups
-        counts.zero_std_groups += advantages.zero_std_groups
-        counts.duplicate_rows += duplicates.count
-        counts.duplicates_confirmed &= duplicates.confirmed
-        counts.padding_rows += dump.padding.height
-        values = row_values(
-            every_row,
-            dump,
-            duplicates,
-            advantages,
-            settings.loss_weight,
-            settings.loss_scale_factor,
-        )
-        columns = dump.columns
-        # Only the rows' values go on to the write, as in a run of one batch.
-        del every_row, dump, duplicates, advantages
+        try:
+            columns, values = _computed(part, settings, counts)
+        except pl.exceptions.PolarsError as error:
+            # Stage 1's reads name their file already; what Polars raises past them is named here,
+            # not after the output the sink was writing.
+            raise AdvcliError(f"{part.describe()}: cannot compute ({first_line(error)})") from None
+        # Only the rows' values go on to the write, as in a run of one batch: what the file's
+        # stages held is let go first.
         release_freed_memory()
         yield part, columns, values
+
+
+def _computed(
+    part: Dataset, settings: PartSettings, counts: RunCounts
+) -> tuple[ColumnRoles, pl.DataFrame]:
+    """One file's stage 1 and 2: the roles it was read with and its rows' values, its figures
+    added to ``counts``."""
+    config = settings.config
+    every_row, dump, duplicates = counted_rows(
+        part,
+        settings.names,
+        settings.drop_duplicates,
+        config.per_turn is not None,
+        mask_needed_for=settings.mask_needed_for,
+        step_roles=compute_step_roles(config, report=False),
+    )
+    advantages = dump.advantages(config)
+    _check_read_alike(counts, dump.columns, part)
+    counts.groups += advantages.groups.height
+    counts.trajectories += dump.trajectory_count()
+    counts.singleton_groups += advantages.singleton_groups
+    counts.zero_std_groups += advantages.zero_std_groups
+    counts.duplicate_rows += duplicates.count
+    counts.duplicates_confirmed &= duplicates.confirmed
+    counts.padding_rows += dump.padding.height
+    values = row_values(
+        every_row,
+        dump,
+        duplicates,
+        advantages,
+        settings.loss_weight,
+        settings.loss_scale_factor,
+    )
+    return dump.columns, values
 
 
 def run_columns(counts: RunCounts) -> ColumnRoles:

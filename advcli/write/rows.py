@@ -92,11 +92,11 @@ def write_advantage_parts(
         n_rows: int | None,
         batch_size: int | None,
     ) -> Iterator[pl.DataFrame]:
+        # The sinks take every column and row of this source, which makes each part once:
+        # anything asked of it less than that would be a silently shorter output.
+        if (with_columns, predicate, n_rows) != (None, None, None):
+            raise ValueError("the parts' rows are streamed whole, once")
         for frame in itertools.chain([first], frames):
-            if with_columns is not None:
-                frame = frame.select(with_columns)
-            if predicate is not None:
-                frame = frame.filter(predicate)
             yield from frame.collect_batches()
 
     frame = register_io_source(rows, schema=first.collect_schema(), validate_schema=True)
