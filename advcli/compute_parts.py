@@ -5,13 +5,13 @@ held is about one file's whatever their number. The run's figures are the files'
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import polars as pl
 
 from advcli.errors import AdvcliError, first_line
 from advcli.loading import by_reason, compute_step_roles, counted_rows
-from advcli.read.columns import ColumnRoles
+from advcli.read.columns import ColumnRoles, ReadAlike
 from advcli.read.dataset import Dataset
 from advcli.read.scan import release_freed_memory
 from advcli.row_values import row_values
@@ -30,8 +30,7 @@ class RunCounts:
     duplicate_rows: int = 0
     duplicates_confirmed: bool = True
     padding_rows: int = 0
-    columns: ColumnRoles | None = None
-    first_file: str = ""
+    reading: ReadAlike = field(default_factory=ReadAlike)
 
 
 @dataclass(frozen=True)
@@ -85,7 +84,7 @@ def _computed(
         step_roles=compute_step_roles(config, report=False),
     )
     advantages = dump.advantages(config)
-    _check_read_alike(counts, dump.columns, part)
+    counts.reading.check(dump.columns, part.describe())
     counts.groups += advantages.groups.height
     counts.trajectories += dump.trajectory_count()
     counts.singleton_groups += advantages.singleton_groups
@@ -107,36 +106,7 @@ def _computed(
 def run_columns(counts: RunCounts) -> ColumnRoles:
     """The roles the run was read with, as a run of every file at once names them: its groups
     keyed by the file too."""
-    assert counts.columns is not None
-    columns = counts.columns
+    columns = counts.reading.columns
+    assert columns is not None
     reasons = {**columns.reasons, "group": by_reason(columns.reasons["group"], "file", "file")}
     return replace(columns, reasons=reasons)
-
-
-def _check_read_alike(counts: RunCounts, columns: ColumnRoles, part: Dataset) -> None:
-    """Take the first file's roles for the run, and refuse a later file read with others: its
-    rows would be written under another reading than the one the run reports."""
-    if counts.columns is None:
-        counts.columns = columns
-        counts.first_file = part.describe()
-        return
-    first = counts.columns
-    if replace(columns, notes=()) == replace(first, notes=()):
-        return
-    here, there = columns.describe(), first.describe()
-    differing = [role for role in here if here[role] != there[role]] or ["how the columns are read"]
-    shown = "; ".join(
-        f"{role}: {_column(here.get(role))} here, {_column(there.get(role))} there"
-        if role in here
-        else role
-        for role in differing
-    )
-    raise AdvcliError(
-        f"{part.describe()}: read otherwise than {counts.first_file} ({shown}); name the "
-        "columns (--group-col, --traj-col, --turn-col, --reward-col, --mask-col) so that every "
-        "file is read alike"
-    )
-
-
-def _column(name: str | None) -> str:
-    return "none" if name is None else repr(name)

@@ -6,7 +6,8 @@ any advcli output, renamed into place with a mark of its size and modification t
 :func:`advcli.write.atomic.published_whole`), else once its size and modification time have not
 changed for ``settle`` seconds. Each step's figures are its ``compare --by file`` entry, from
 comparing the file alone (bit for bit the entry of a whole-folder run,
-:func:`advcli.report.by_step.by_step`). Each path is reported once.
+:func:`advcli.report.by_step.by_step`), with how the file was read: every step is read as the
+first was, or the watch ends with an error naming both. Each path is reported once.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from advcli.errors import AdvcliError
-from advcli.loading import check_engine
+from advcli.loading import check_engine, opened
 from advcli.names import shown_path
-from advcli.pipeline import compare
-from advcli.read.inputs import directory_files, open_dataset
+from advcli.parts import compare_parts
+from advcli.read.columns import ReadAlike
+from advcli.read.inputs import directory_files
 from advcli.report.by_step import empty_step
 from advcli.settings import AdvantageConfig, ColumnNames, Engine
 from advcli.write.atomic import PARTIAL_SUFFIX, published_whole
@@ -65,15 +67,19 @@ class _Watch:
         return ready
 
 
-def _step(path: Path, config: AdvantageConfig, names: ColumnNames, drop: bool) -> dict[str, Any]:
-    """The ``compare --by file`` entry of the step file ``path``, compared alone; a file
-    without rows keeps its place with no figures, as in a whole-folder run."""
-    dataset = open_dataset([str(path)], empty_ok=True)
-    if dataset.num_rows == 0:
-        return empty_step(dataset.label(0))
-    report = compare([str(path)], config, names=names, by="file", drop_duplicates=drop)
+def _step(
+    path: Path, config: AdvantageConfig, names: ColumnNames, drop: bool, reading: ReadAlike
+) -> dict[str, Any]:
+    """The ``compare --by file`` entry of the step file ``path``, compared alone, with how it
+    was read (``reading``: the watch's roles, which every step must be read with); a file
+    without rows keeps its place with no figures and no reading, as in a whole-folder run."""
+    with opened([str(path)], empty_ok=True) as dataset:
+        if dataset.num_rows == 0:
+            return {**empty_step(dataset.label(0)), "reading": None}
+        # A step's entry lists no groups or trajectories: the top kept is one of each.
+        report = compare_parts(dataset, "file", config, names, 1, drop, reading=reading)
     step: dict[str, Any] = report.summary["by_step"]["steps"][0]
-    return step
+    return {**step, "reading": report.summary["settings"]["reading"]}
 
 
 def follow_steps(
@@ -95,8 +101,8 @@ def follow_steps(
         if not folder.exists():
             raise AdvcliError(f"{shown}: no such folder (--follow watches a folder)")
         raise AdvcliError(f"{shown}: --follow watches a folder; this is not one")
-    watch = _Watch(settle)
+    watch, reading = _Watch(settle), ReadAlike()
     while True:
         for path in watch.complete(folder):
-            yield _step(path, config, names, drop_duplicates)
+            yield _step(path, config, names, drop_duplicates, reading)
         time.sleep(POLL_SECONDS)

@@ -464,9 +464,10 @@ def input_names(inputs: Inputs) -> list[str]:
 
 
 @contextlib.contextmanager
-def opened(inputs: Inputs) -> Iterator[Dataset]:
-    """Open the inputs (one path, or a sequence of them) as one dataset; standard input (``-``)
-    is spooled to a temporary folder that is removed afterwards. Without ``-`` no folder is
+def opened(inputs: Inputs, *, empty_ok: bool = False) -> Iterator[Dataset]:
+    """Open the inputs (one path, or a sequence of them) as one dataset (without rows an error
+    unless ``empty_ok``); standard input (``-``) is spooled to a temporary folder that is
+    removed afterwards. Without ``-`` no folder is
     made (a run killed by SIGKILL, which no cleanup outlives, would leave it behind). An error
     in the block is reported as an input's change when one changed
     (:meth:`Dataset.changes_reported`). Standard output that is an input file (``advcli compare
@@ -474,13 +475,13 @@ def opened(inputs: Inputs) -> Iterator[Dataset]:
     command prints would go into the input."""
     names = input_names(inputs)
     if STDIN not in names:
-        dataset = open_dataset(names)
+        dataset = open_dataset(names, empty_ok=empty_ok)
         check_not_written_into(Path(STDIN), dataset)
         with dataset.changes_reported():
             yield dataset
         return
     with tempfile.TemporaryDirectory(prefix="advcli-stdin-") as spool:
-        dataset = open_dataset(names, spool=Path(spool))
+        dataset = open_dataset(names, spool=Path(spool), empty_ok=empty_ok)
         check_not_written_into(Path(STDIN), dataset)
         with dataset.changes_reported():
             yield dataset

@@ -33,7 +33,7 @@ from advcli.loading import (
     report_settings,
     step_type,
 )
-from advcli.read.columns import unused_name
+from advcli.read.columns import ColumnRoles, ReadAlike, unused_name
 from advcli.read.dataset import Dataset, StepRows
 from advcli.read.duplicates import EXAMPLES
 from advcli.read.inputs import open_dataset
@@ -66,12 +66,14 @@ class PartTask:
 @dataclass(frozen=True)
 class PartResult:
     """A part's figures and its ``by_step`` entry (None for a file without rows), its
-    duplicates report and its padding rows."""
+    duplicates report and its padding rows, the roles it was read with and its name."""
 
     figures: PartFigures | None
     entry: dict[str, Any] | None
     duplicates: dict[str, Any]
     padding_rows: int
+    columns: ColumnRoles | None = None
+    name: str = ""
 
 
 # A file without rows: its place in the series, with no figures.
@@ -101,11 +103,13 @@ def compare_parts(
     drop_duplicates: bool,
     jobs: int = 1,
     engine: Engine = Engine.LOCAL,
+    reading: ReadAlike | None = None,
 ) -> BiasReport:
     """The bias report of ``dataset`` with each part (each file with ``by="file"``, else each
     value of column ``by``) its own batch, each part compared alone and the whole run's
     figures combined; its ``trajectories`` and ``groups`` frames are empty (the run's are
-    never held at once)."""
+    never held at once). Every part must be read as the first is (``reading``: the run's
+    roles so far, for a run compared a part at a time, as ``--follow`` does)."""
     settings = (config, names, top, drop_duplicates)
     if by == "file":
         labels: list[Any] = [dataset.label(index) for index in range(len(dataset.files))]
@@ -136,7 +140,9 @@ def compare_parts(
         results = (_run(_part_of(dataset, task), task) for task in tasks)
     # Closed on an error or Ctrl-C here too, which ends the workers.
     with contextlib.closing(results):
-        report = _combined(dataset, by, labels, results, config, top)
+        every = "every file" if by == "file" else f"each {by} value"
+        alike = ReadAlike(every) if reading is None else reading
+        report = _combined(dataset, by, labels, results, config, top, alike)
     # The report is the inputs' if they are as they were opened.
     dataset.check_unchanged()
     return report
@@ -298,7 +304,7 @@ def _run(dataset: Dataset, task: PartTask) -> PartResult:
         # A value's rows are loaded as --by loads them: its groups keyed by (step, group).
         by=None if task.step is None else task.step.column,
     )
-    settings = report_settings(dump, task.drop_duplicates)
+    settings, columns = report_settings(dump, task.drop_duplicates), dump.columns
     turn, trajectory = both_levels(
         dump.projection, task.config, dump.naming, dump.trajectories, dump.batch
     )
@@ -326,6 +332,8 @@ def _run(dataset: Dataset, task: PartTask) -> PartResult:
         # Its rows named as the run's report names them, without the part's value.
         duplicates.report(replace(dataset, step=None).locate),
         settings["padding_rows"],
+        columns,
+        dataset.describe(),
     )
 
 
@@ -336,10 +344,11 @@ def _combined(
     results: Iterable[PartResult],
     config: AdvantageConfig,
     top: int,
+    reading: ReadAlike,
 ) -> BiasReport:
     """The run's report from its parts' results (the parts named by ``labels``), each merged
     in as it comes, so that what is held does not grow with their number but for the
-    ``by_step`` entries."""
+    ``by_step`` entries; each part's roles checked against the first's (``reading``)."""
     run: PartFigures | None = None
     entries, padding_rows = [], 0
     duplicates: dict[str, Any] = {}
@@ -347,6 +356,8 @@ def _combined(
         if result.figures is None or result.entry is None:
             entries.append(empty_step(labels[index]))
             continue
+        assert result.columns is not None
+        reading.check(result.columns, result.name)
         entries.append({**result.entry, "step": labels[index]})
         run = result.figures if run is None else merged(run, result.figures, top)
         padding_rows += result.padding_rows

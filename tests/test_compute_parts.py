@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.ipc
 import pytest
-from conftest import fifo_reader, wait_for_partial
+from conftest import fifo_reader, wait_for_partial, write_read_otherwise
 
 from advcli.sample import write_sample
 
@@ -114,13 +114,8 @@ def test_files_read_alike_or_the_run_is_refused(run, tmp_path):
     """A column named like a trajectory id that varies and repeats within a group says the rows
     are turns; one unique per row says nothing. Files read the two ways are refused: the run
     would be written under two readings. Named, the column is read alike in both."""
-    folder = tmp_path / "run"
-    folder.mkdir()
-    rewards = [[1.0], [1.0], [0.0], [1.0], [1.0], [0.5]]
-    common = {"uid": ["a", "a", "a", "b", "b", "b"], "token_level_rewards": rewards}
-    first, second = folder / "step_0.parquet", folder / "step_1.parquet"
-    pl.DataFrame({**common, "traj_id": [0, 1, 2, 3, 4, 5]}).write_parquet(first)
-    pl.DataFrame({**common, "traj_id": [0, 0, 1, 2, 2, 3]}).write_parquet(second)
+    first, second = write_read_otherwise(tmp_path / "run")
+    folder = first.parent
     out = tmp_path / "out.parquet"
     result = run("compute", folder, "-o", out, "--by", "file", "--no-tokens")
     assert result.exit_code == 1

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from conftest import dump_frame
+from conftest import dump_frame, write_read_otherwise
 from test_fail_on import MATERIAL, NEGLIGIBLE, SEVERE
 
 from advcli.dump import write_batch
@@ -106,10 +106,14 @@ def follower():
 
 
 def steps_of_whole_run(run, folder: Path) -> list[dict]:
-    """``compare FOLDER --by file``'s steps, the run not followed."""
+    """``compare FOLDER --by file``'s steps, the run not followed, each with the run's reading
+    (a file without rows with none): a line of --follow names how its step was read."""
     result = run("compare", folder, "--by", "file", "--estimator", "drgrpo", "--json", "-", "-q")
     assert result.exit_code == 0, result.stderr
-    return json.loads(result.stdout)["by_step"]["steps"]
+    report = json.loads(result.stdout)
+    reading = report["settings"]["reading"]
+    steps = report["by_step"]["steps"]
+    return [{**step, "reading": reading if step["rows"] else None} for step in steps]
 
 
 def test_published_files_are_reported_at_once_and_ctrl_c_ends_it(follower, run, tmp_path):
@@ -208,8 +212,13 @@ def test_the_terminal_shows_a_row_per_step(follower, write_dump, tmp_path):
     write_dump(SEVERE, "run/step-1.parquet")
     code, stderr, lines = follower(folder, "--settle", 0, "--fail-on", "severe").end()
     assert code == 3, stderr
-    header, *rows = [line.split() for line in lines]
-    assert header[:3] == ["step", "rows", "trajs"]
+    # How the steps are read, once, above the first row.
+    split = [line.split() for line in lines]
+    starts = [index for index, words in enumerate(split) if words[:3] == ["step", "rows", "trajs"]]
+    assert len(starts) == 1, lines
+    reading, (_, *rows) = lines[: starts[0]], split[starts[0] :]
+    assert reading[0].strip() == "How the dump was read"
+    assert any(line.split()[::2][:2] == ["group", "data_id"] for line in reading), reading
     assert [(row[0], row[1], row[2], row[-1]) for row in rows] == [
         ("step-0.parquet", "2", "2", "negligible"),
         ("step-1.parquet", "3", "2", "severe"),
@@ -226,6 +235,23 @@ def test_a_bad_step_file_ends_it_with_one_error_naming_the_file(follower, write_
     assert [json.loads(line)["step"] for line in lines] == [str(folder / "step-0.parquet")]
     assert stderr.startswith(f"Error: {folder / 'step-1.parquet'}")
     assert stderr.count("\n") == 1 and "Traceback" not in stderr
+
+
+def test_a_step_read_otherwise_than_the_first_ends_it(follower, tmp_path):
+    """Each line says how its step was read, and every step is read as the first was: a step
+    whose values read its columns otherwise ends the watch, naming both files."""
+    first, second = write_read_otherwise(tmp_path / "run")
+    code, stderr, lines = follower(first.parent, "--jsonl", "-", "--settle", 0, "-q").end()
+    assert code == 1
+    (line,) = lines
+    step = json.loads(line)
+    assert step["step"] == str(first)
+    assert step["reading"]["roles"]["trajectory"]["column"] is None
+    assert stderr == (
+        f"Error: {second}: read otherwise than {first} (trajectory: 'traj_id' here, none there); "
+        "name the columns (--group-col, --traj-col, --turn-col, --reward-col, --mask-col) so "
+        "that every file is read alike\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -288,6 +314,7 @@ def test_a_step_file_without_rows_keeps_its_place(follower, run, write_dump, tmp
         "sign_flips": 0,
         "token_mean_longest_vs_shortest": None,
         "level": None,
+        "reading": None,
     }
     assert lines == steps_of_whole_run(run, folder)
 

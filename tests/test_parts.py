@@ -17,6 +17,7 @@ from typing import Any
 
 import polars as pl
 import pytest
+from conftest import write_read_otherwise
 
 from advcli.sample import write_sample
 
@@ -142,6 +143,36 @@ def test_an_error_names_the_first_failing_file_in_order(run, steps, broken, name
         result = run("compare", steps, "--by", "file", "-q", "--jobs", jobs)
         assert result.exit_code == 1
         assert result.stderr.splitlines() == expected, jobs
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+@pytest.mark.parametrize("by", ["file", "step"])
+def test_a_part_read_otherwise_than_the_first_is_refused(run, tmp_path, by, jobs):
+    """The report says how the run was read: a part whose roles read otherwise (its values
+    decide them) is refused by name, not merged under the first part's reading. Named, the
+    column is read alike in both parts."""
+    files = write_read_otherwise(tmp_path / "run")
+    first, second = files
+    if by == "file":
+        inputs, here, there, every = [first.parent], second, first, "every file"
+    else:
+        inputs = [tmp_path / "run.parquet"]
+        frames = [pl.read_parquet(path).with_columns(step=step) for step, path in enumerate(files)]
+        pl.concat(frames).write_parquet(inputs[0])
+        here, there = f"{inputs[0]} (step=1)", f"{inputs[0]} (step=0)"
+        every = "each step value"
+    result = run("compare", *inputs, "--by", by, "-q", "--jobs", jobs)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {here}: read otherwise than {there} (trajectory: 'traj_id' here, none there); "
+        "name the columns (--group-col, --traj-col, --turn-col, --reward-col, --mask-col) so "
+        f"that {every} is read alike\n"
+    )
+    summary = compare_json(run, *inputs, "--by", by, "--traj-col", "traj_id", "--jobs", jobs)
+    assert summary["settings"]["reading"]["roles"]["trajectory"]["column"] == "traj_id"
+    # 6 trajectories of one row in the first part, 4 of one or two rows in the second.
+    assert [step["trajectories"] for step in summary["by_step"]["steps"]] == [6, 4]
+    assert summary["counts"]["trajectories"] == 10
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,7 @@ def run_follow(inputs: list[str], settings: DumpSettings, params: dict[str, Any]
     exit 3 at the first step that trips ``--fail-on`` or ``--fail-above``."""
     from advcli._runtime.process import require_stdout
     from advcli.cli.consoles import stderr, stdout
+    from advcli.cli.terminal import reading_table
 
     if len(inputs) != 1:
         raise UsageError("--follow watches one folder: give one input")
@@ -113,13 +114,20 @@ def run_follow(inputs: list[str], settings: DumpSettings, params: dict[str, Any]
             settle=SETTLE_SECONDS if settle is None else settle,
             drop_duplicates=params["drop_duplicates"],
         )
+        reading_due = True
         for index, step in enumerate(steps):
             if write is not None:
                 write(json.dumps(step, ensure_ascii=False) + "\n")
             if show is not None:
+                # How the steps are read, once (every step is read alike), above the first
+                # step read: a file without rows is not.
+                first_read = reading_due and step["reading"] is not None
+                if first_read:
+                    show.print(reading_table(step["reading"]))
+                    reading_due = False
                 # The folder is every step's: a row names the file within it.
                 shown = {**step, "step": os.path.relpath(step["step"], inputs[0])}
-                show.print(_row_table(shown, header=index == 0))
+                show.print(_row_table(shown, header=index == 0 or first_read))
             reason = step_trips(step, params["fail_above"], fail_on)
             if reason is not None:
                 typer.echo(f"advcli compare: {reason}", err=True)

@@ -101,10 +101,11 @@ def _remedy_table(rows: Sequence[Sequence[str]]) -> Table:
 
 
 def _reading_table(report: BiasReport) -> Table:
-    return _reading_rows_table(report.summary["settings"]["reading"])
+    return reading_table(report.summary["settings"]["reading"])
 
 
-def _reading_rows_table(reading: dict[str, Any]) -> Table:
+def reading_table(reading: dict[str, Any]) -> Table:
+    """How the dump was read (``reading``: a report's ``settings.reading``), a row a role."""
     table = Table(title="How the dump was read", title_justify="left", show_edge=False)
     for header in READING_HEADERS:
         table.add_column(header, overflow="fold")
@@ -358,7 +359,7 @@ def render_termination(report: TerminationReport, console: Console) -> None:
     for header in SETTINGS_HEADERS:
         chosen.add_column(header, overflow="fold")
     _add_rows(chosen, settings_rows(settings))
-    parts: list[Any] = [chosen, "", _reading_rows_table(settings["reading"]), ""]
+    parts: list[Any] = [chosen, "", reading_table(settings["reading"]), ""]
     for title, about, headers, rows in tables(report):
         table = _right_aligned(title, headers, rows, overflow="fold")
         for column in table.columns:
