@@ -47,6 +47,7 @@ from advcli.write.rows import kept_columns, output_rows
 def start(address: str | None) -> None:
     """Connect to the cluster at ``address``, or start a local one; quietly, and in an order
     the output rows can rely on."""
+    _cluster_messages_to_stderr()
     if not ray.is_initialized():
         # A cluster advcli starts keeps its session folder in a folder of advcli's own, removed
         # with the cluster; one it joins (an address, RAY_ADDRESS) keeps the cluster's.
@@ -75,6 +76,24 @@ def start(address: str | None) -> None:
     context.enable_progress_bars = False
     # Ray Data narrates every execution at INFO on stderr; advcli prints its own summary.
     logging.getLogger("ray.data").setLevel(logging.ERROR)
+
+
+def _cluster_messages_to_stderr() -> None:
+    """Send what the cluster tells this driver to standard error: Ray's driver prints its
+    messages (the raylet's warnings, such as "N worker processes have been started") on
+    standard output, whatever ``log_to_driver``, from a thread of its own at any moment, and
+    standard output may carry advcli's report (``--json -``). The thread looks the printer up
+    at each message, so the one put here serves a cluster started or joined before."""
+    worker = ray._private.worker
+    printer = worker.print_to_stdstream
+    if getattr(printer, "to_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        printer({**data, "is_err": True}, *args, **kwargs)
+
+    to_stderr.to_stderr = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr
 
 
 # What Ray adds under its temporary folder for its longest Unix socket path

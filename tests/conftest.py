@@ -4,6 +4,7 @@ import contextlib
 import errno
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -47,8 +48,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def cluster():
     """A local Ray cluster (2 CPUs) in this process, which ``--engine ray`` joins: one for every
-    test that needs one, since starting one, and its first job, are slow."""
+    test that needs one, since starting one, and its first job, are slow.
+
+    What the cluster tells this driver (the raylet's warnings, as its workers add up over the
+    session) goes to the process's own streams, not to the ones a test captures at that moment:
+    it is the session's cluster speaking, not the command under test."""
     ray = pytest.importorskip("ray")
+    worker = ray._private.worker
+
+    def to_process_streams(data: dict, ignore_prefix: bool = False) -> None:
+        stream = sys.__stderr__ if data["is_err"] else sys.__stdout__
+        worker.print_worker_logs(data, stream, ignore_prefix)
+
+    worker.print_to_stdstream = to_process_streams
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

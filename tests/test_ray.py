@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import polars as pl
@@ -246,3 +247,25 @@ def test_per_turn_rewards_on_ray_equal_the_local_engine(cluster, run, tmp_path):
     assert result.stderr.startswith(
         f"Error: {unordered}: --engine ray needs a turn column under --reward-mode per-turn"
     )
+
+
+@pytest.mark.ray
+def test_what_the_cluster_tells_the_driver_goes_to_stderr(cluster, capfd):
+    """Ray's driver prints the cluster's messages (the raylet's warnings) from a thread of its
+    own, at any moment, on standard output, which may carry advcli's report: once advcli's Ray
+    engine has started they go to standard error. The message travels the real way, through
+    the cluster's error channel to the driver's listening thread."""
+    import ray
+
+    from advcli.ray_engine import start
+
+    start(None)
+    message = f"a message from the cluster at {time.time()}"
+    ray._private.utils.push_error_to_driver(ray._private.worker.global_worker, "test", message)
+    deadline, stderr = time.monotonic() + 60, ""
+    while message not in stderr:
+        assert time.monotonic() < deadline, "the message did not arrive"
+        time.sleep(0.05)
+        out, err = capfd.readouterr()
+        assert message not in out
+        stderr += err
