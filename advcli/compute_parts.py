@@ -9,10 +9,12 @@ from dataclasses import dataclass, field, replace
 
 import polars as pl
 
+from advcli.advantages.estimators import Advantages
 from advcli.errors import AdvcliError, first_line
-from advcli.loading import by_reason, compute_step_roles, counted_rows
+from advcli.loading import LoadedDump, by_reason, compute_step_roles, counted_rows
 from advcli.read.columns import ColumnRoles, ReadAlike
 from advcli.read.dataset import Dataset
+from advcli.read.duplicates import DuplicateRows
 from advcli.read.scan import release_freed_memory
 from advcli.row_values import row_values
 from advcli.settings import AdvantageConfig, ColumnNames, LossMode
@@ -20,8 +22,9 @@ from advcli.settings import AdvantageConfig, ColumnNames, LossMode
 
 @dataclass
 class RunCounts:
-    """What ``compute`` tells of the files done so far: their figures summed, and the roles
-    every file was read with (the first file's; a file read otherwise is an error)."""
+    """What ``compute`` tells of the batches done so far (one, or the files so far): their
+    figures summed, and the roles every file was read with (the first file's; a file read
+    otherwise is an error)."""
 
     groups: int = 0
     trajectories: int = 0
@@ -31,6 +34,23 @@ class RunCounts:
     duplicates_confirmed: bool = True
     padding_rows: int = 0
     reading: ReadAlike = field(default_factory=ReadAlike)
+
+    @classmethod
+    def of(cls, dump: LoadedDump, advantages: Advantages, duplicates: DuplicateRows) -> RunCounts:
+        """The counts of one batch: ``dump``'s, its advantages' and its duplicated rows'."""
+        counts = cls()
+        counts.add(dump, advantages, duplicates)
+        return counts
+
+    def add(self, dump: LoadedDump, advantages: Advantages, duplicates: DuplicateRows) -> None:
+        """Count in one batch's figures: ``dump``'s, its advantages' and its duplicated rows'."""
+        self.groups += advantages.groups.height
+        self.trajectories += dump.trajectory_count()
+        self.singleton_groups += advantages.singleton_groups
+        self.zero_std_groups += advantages.zero_std_groups
+        self.duplicate_rows += duplicates.count
+        self.duplicates_confirmed &= duplicates.confirmed
+        self.padding_rows += dump.padding.height
 
 
 @dataclass(frozen=True)
@@ -85,13 +105,7 @@ def _computed(
     )
     advantages = dump.advantages(config)
     counts.reading.check(dump.columns, part.describe())
-    counts.groups += advantages.groups.height
-    counts.trajectories += dump.trajectory_count()
-    counts.singleton_groups += advantages.singleton_groups
-    counts.zero_std_groups += advantages.zero_std_groups
-    counts.duplicate_rows += duplicates.count
-    counts.duplicates_confirmed &= duplicates.confirmed
-    counts.padding_rows += dump.padding.height
+    counts.add(dump, advantages, duplicates)
     values = row_values(
         every_row,
         dump,

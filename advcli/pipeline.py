@@ -119,18 +119,16 @@ def compute(
     loss`` over the masked tokens of the batch is that mode's loss. ``loss_scale_factor`` is
     verl's H for ``seq-mean-token-sum-norm`` (by default the width of a fixed-size mask column).
 
-    With ``report_path`` (``.json`` or ``.md``; ``-``: JSON on standard output) the other level
-    is computed from the same key projection and the bias report is written there too, so the
-    input is read once for the statistics. ``output`` and ``report_path`` may not both be
-    standard output. ``on_stage`` is told when each stage starts: ``reading keys``, ``computing
-    statistics``, ``writing output``. ``engine="ray"`` runs stages 1 and 3 on Ray Data (at
-    ``address``, else on a new local cluster) and writes ``output`` as a Parquet dataset folder.
-    ``by`` (``"file"`` or a column such as ``step``): each part its own batch, with ``"file"``
-    one file at a time (:mod:`advcli.compute_parts`) but for ``report_path`` and arrays.
-    ``columns``: the input columns kept beside the new ones (``all``, ``keys``, ``none``).
+    ``report_path`` (``.json``, ``.md``; ``-``: JSON on standard output, if ``output`` is not):
+    the bias report too, the other level from the same key projection. ``on_stage`` is told as
+    each stage starts: ``reading keys``, ``computing statistics``, ``writing output``.
+    ``engine="ray"``: stages 1 and 3 on Ray Data (at ``address``, else a new local cluster),
+    ``output`` a Parquet dataset folder. ``by`` (``"file"`` or a column such as ``step``): each
+    part its own batch, with ``"file"`` one file at a time (:mod:`advcli.compute_parts`) but for
+    ``report_path`` and arrays. ``columns``: the input columns kept beside the new ones.
     Duplicated rows (:mod:`advcli.read.duplicates`) count as the trainer counted them; with
-    ``drop_duplicates`` the statistics see only the first row of each identical set, and each
-    copy is written with the advantage of the row it copies.
+    ``drop_duplicates`` the statistics see the first row of each identical set only, each copy
+    written with the advantage of the row it copies.
 
     Examples
     --------
@@ -153,8 +151,9 @@ def compute(
         mask_needed_for = _mask_needed_for(config, fmt, tokens, loss_weight)
         if by == "file" and report_path is None and fmt not in ("npz", "pt"):
             stage("writing output")  # each file is read, computed and written in turn
-            loss = (mask_needed_for, loss_weight, loss_scale_factor)
-            part = PartSettings(names, config, drop_duplicates, *loss)
+            part = PartSettings(
+                names, config, drop_duplicates, mask_needed_for, loss_weight, loss_scale_factor
+            )
             return _compute_files(dataset, part, output, fmt, tokens, columns, force, started)
         start_engine(engine, address)
         stage("reading keys")
@@ -173,8 +172,9 @@ def compute(
         report = None
         if report_path is not None:
             report = _compute_report(dump, advantages, duplicates, config, drop_duplicates)
+        counts = RunCounts.of(dump, advantages, duplicates)
         summary = _summary(
-            dump, advantages, duplicates, config, output, fmt, report, drop_duplicates
+            dump.dataset, counts, dump.columns, config, output, fmt, report, drop_duplicates
         )
         stage("writing output")
         if engine == Engine.RAY:
@@ -221,55 +221,41 @@ def _compute_files(
     counts = RunCounts()
     parts = file_parts(dataset, settings, counts)
     write_row_parts(dataset, parts, output, fmt, tokens, force, columns)
-    return ComputeSummary(
-        rows=dataset.num_rows,
-        groups=counts.groups,
-        trajectories=counts.trajectories,
-        singleton_groups=counts.singleton_groups,
-        zero_std_groups=counts.zero_std_groups,
-        config=settings.config,
-        columns=run_columns(counts),
-        output=output,
-        output_format=fmt,
-        seconds=time.perf_counter() - started,
-        threads=pl.thread_pool_size(),
-        replaced=replaced_columns(dataset.schema.names()),
-        duplicate_rows=counts.duplicate_rows,
-        duplicates_dropped=settings.drop_duplicates,
-        duplicates_confirmed=counts.duplicates_confirmed,
-        padding_rows=counts.padding_rows,
-    )
+    config, dropped = settings.config, settings.drop_duplicates
+    summary = _summary(dataset, counts, run_columns(counts), config, output, fmt, None, dropped)
+    return replace(summary, seconds=time.perf_counter() - started)
 
 
 def _summary(
-    dump: LoadedDump,
-    advantages: Advantages,
-    duplicates: DuplicateRows,
+    dataset: Dataset,
+    counts: RunCounts,
+    columns: ColumnRoles,
     config: AdvantageConfig,
     output: Path,
     fmt: OutputFormat,
     report: Report | None,
     drop_duplicates: bool,
 ) -> ComputeSummary:
-    """What ``compute`` tells of its run (its time is set once the output is written)."""
+    """What ``compute`` tells of its run, from its batches' ``counts`` and the roles it was
+    read with (its time is set once the output is written)."""
     return ComputeSummary(
-        rows=dump.dataset.num_rows,
-        groups=advantages.groups.height,
-        trajectories=dump.trajectory_count(),
-        singleton_groups=advantages.singleton_groups,
-        zero_std_groups=advantages.zero_std_groups,
+        rows=dataset.num_rows,
+        groups=counts.groups,
+        trajectories=counts.trajectories,
+        singleton_groups=counts.singleton_groups,
+        zero_std_groups=counts.zero_std_groups,
         config=config,
-        columns=dump.columns,
+        columns=columns,
         output=output,
         output_format=fmt,
         seconds=0.0,
         threads=pl.thread_pool_size(),
-        replaced=replaced_columns(dump.dataset.schema.names()),
+        replaced=replaced_columns(dataset.schema.names()),
         report=report,
-        duplicate_rows=duplicates.count,
+        duplicate_rows=counts.duplicate_rows,
         duplicates_dropped=drop_duplicates,
-        duplicates_confirmed=duplicates.confirmed,
-        padding_rows=dump.padding.height,
+        duplicates_confirmed=counts.duplicates_confirmed,
+        padding_rows=counts.padding_rows,
     )
 
 
