@@ -4,6 +4,7 @@ held is about one file's whatever their number. The run's figures are the files'
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
@@ -12,7 +13,8 @@ import polars as pl
 from advcli.advantages.estimators import Advantages
 from advcli.errors import AdvcliError, first_line
 from advcli.loading import LoadedDump, by_reason, compute_step_roles, counted_rows
-from advcli.read.columns import ColumnRoles, ReadAlike
+from advcli.read.alike import ReadAlike
+from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
 from advcli.read.duplicates import DuplicateRows
 from advcli.read.scan import release_freed_memory
@@ -23,8 +25,8 @@ from advcli.settings import AdvantageConfig, ColumnNames, LossMode
 @dataclass
 class RunCounts:
     """What ``compute`` tells of the batches done so far (one, or the files so far): their
-    figures summed, and the roles every file was read with (the first file's; a file read
-    otherwise is an error)."""
+    figures summed, and for files, the run's reading (:class:`~advcli.read.alike.ReadAlike`:
+    the first file's, which every file is read with)."""
 
     groups: int = 0
     trajectories: int = 0
@@ -95,16 +97,22 @@ def _computed(
     """One file's stage 1 and 2: the roles it was read with and its rows' values, its figures
     added to ``counts``."""
     config = settings.config
-    every_row, dump, duplicates = counted_rows(
+    read = functools.partial(
+        counted_rows,
         part,
-        settings.names,
-        settings.drop_duplicates,
-        config.per_turn is not None,
+        drop_duplicates=settings.drop_duplicates,
+        turn_rewards=config.per_turn is not None,
         mask_needed_for=settings.mask_needed_for,
         step_roles=compute_step_roles(config, report=False),
     )
+    every_row, dump, duplicates = counts.reading.as_run(
+        part.describe(),
+        read(names=settings.names),
+        lambda rows: rows[1].columns,
+        settings.names,
+        lambda names: read(names=names),
+    )
     advantages = dump.advantages(config)
-    counts.reading.check(dump.columns, part.describe())
     counts.add(dump, advantages, duplicates)
     values = row_values(
         every_row,

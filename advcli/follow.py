@@ -22,7 +22,7 @@ from advcli.errors import AdvcliError
 from advcli.loading import check_engine, opened
 from advcli.names import shown_path
 from advcli.parts import compare_parts
-from advcli.read.columns import ReadAlike
+from advcli.read.alike import ReadAlike
 from advcli.read.inputs import directory_files
 from advcli.report.by_step import empty_step
 from advcli.settings import AdvantageConfig, ColumnNames, Engine

@@ -7,10 +7,11 @@ the memory held is about one part's whatever their number."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
 import pickle
 import signal
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, replace
 from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
@@ -33,7 +34,8 @@ from advcli.loading import (
     report_settings,
     step_type,
 )
-from advcli.read.columns import ColumnRoles, ReadAlike, unused_name
+from advcli.read.alike import ReadAlike
+from advcli.read.columns import ColumnRoles, unused_name
 from advcli.read.dataset import Dataset, StepRows
 from advcli.read.duplicates import EXAMPLES
 from advcli.read.inputs import open_dataset
@@ -142,7 +144,13 @@ def compare_parts(
     with contextlib.closing(results):
         every = "every file" if by == "file" else f"each {by} value"
         alike = ReadAlike(every) if reading is None else reading
-        report = _combined(dataset, by, labels, results, config, top, alike)
+
+        def read_again(index: int, names: ColumnNames) -> PartResult:
+            task = replace(tasks[index], names=names)
+            return _run(_part_of(dataset, task), task)
+
+        run = _Run(dataset, by, labels, names, alike, read_again)
+        report = _combined(run, results, config, top)
     # The report is the inputs' if they are as they were opened.
     dataset.check_unchanged()
     return report
@@ -304,7 +312,8 @@ def _run(dataset: Dataset, task: PartTask) -> PartResult:
         # A value's rows are loaded as --by loads them: its groups keyed by (step, group).
         by=None if task.step is None else task.step.column,
     )
-    settings, columns = report_settings(dump, task.drop_duplicates), dump.columns
+    settings = report_settings(dump, task.drop_duplicates)
+    columns = dump.columns
     turn, trajectory = both_levels(
         dump.projection, task.config, dump.naming, dump.trajectories, dump.batch
     )
@@ -337,27 +346,45 @@ def _run(dataset: Dataset, task: PartTask) -> PartResult:
     )
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What combining a run's parts needs besides their results: its inputs, ``by``, the
+    parts' labels, the names given for the roles, the run's reading (``reading``) and how to
+    read part ``index`` again with other names (``read_again``)."""
+
+    dataset: Dataset
+    by: str
+    labels: list[Any]
+    names: ColumnNames
+    reading: ReadAlike
+    read_again: Callable[[int, ColumnNames], PartResult]
+
+
 def _combined(
-    dataset: Dataset,
-    by: str,
-    labels: list[Any],
+    parts: _Run,
     results: Iterable[PartResult],
     config: AdvantageConfig,
     top: int,
-    reading: ReadAlike,
 ) -> BiasReport:
-    """The run's report from its parts' results (the parts named by ``labels``), each merged
-    in as it comes, so that what is held does not grow with their number but for the
-    ``by_step`` entries; each part's roles checked against the first's (``reading``)."""
+    """The run's report from its parts' results, each merged in as it comes, so that what is
+    held does not grow with their number but for the ``by_step`` entries; each part read as
+    the first (:meth:`ReadAlike.as_run`)."""
+    dataset, by, labels = parts.dataset, parts.by, parts.labels
     run: PartFigures | None = None
     entries, padding_rows = [], 0
     duplicates: dict[str, Any] = {}
-    for index, result in enumerate(results):
-        if result.figures is None or result.entry is None:
+    for index, read in enumerate(results):
+        if read.figures is None or read.entry is None:
             entries.append(empty_step(labels[index]))
             continue
-        assert result.columns is not None
-        reading.check(result.columns, result.name)
+        result = parts.reading.as_run(
+            read.name,
+            read,
+            _roles,
+            parts.names,
+            functools.partial(parts.read_again, index),
+        )
+        assert result.figures is not None and result.entry is not None
         entries.append({**result.entry, "step": labels[index]})
         run = result.figures if run is None else merged(run, result.figures, top)
         padding_rows += result.padding_rows
@@ -380,6 +407,11 @@ def _combined(
     summary["by_step"] = {"by": by, "steps": entries}
     summary["duplicate_rows"] = duplicates
     return BiasReport(summary, run.top_trajectories.clear(), run.top_groups.clear())
+
+
+def _roles(result: PartResult) -> ColumnRoles:
+    assert result.columns is not None
+    return result.columns
 
 
 def _duplicates(run: dict[str, Any], file: int | None, report: dict[str, Any]) -> dict[str, Any]:

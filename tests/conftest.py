@@ -138,14 +138,17 @@ def _marked(path: Path) -> bool:
     return True
 
 
-def write_read_otherwise(folder: Path) -> tuple[Path, Path]:
+def write_read_otherwise(folder: Path, *, repeating_first: bool = False) -> tuple[Path, Path]:
     """Two step files of one schema, read two ways: a column named like a trajectory id that
-    repeats within a group says the rows are turns (the second file); unique per row, it says
-    nothing (the first)."""
+    repeats within a group says the rows are turns (the second file, or with
+    ``repeating_first`` the first); unique per row, it says nothing (the other). Scores of
+    group a: 1, 1, 0; of group b: 1, 1, 0.5; the repeating ids pair the first two rows of each
+    group."""
     folder.mkdir()
     rewards = [[1.0], [1.0], [0.0], [1.0], [1.0], [0.5]]
     common = {"uid": ["a", "a", "a", "b", "b", "b"], "token_level_rewards": rewards}
     first, second = folder / "step_0.parquet", folder / "step_1.parquet"
-    pl.DataFrame({**common, "traj_id": list(range(6))}).write_parquet(first)
-    pl.DataFrame({**common, "traj_id": [0, 0, 1, 2, 2, 3]}).write_parquet(second)
+    unique, repeating = (second, first) if repeating_first else (first, second)
+    pl.DataFrame({**common, "traj_id": list(range(6))}).write_parquet(unique)
+    pl.DataFrame({**common, "traj_id": [0, 0, 1, 2, 2, 3]}).write_parquet(repeating)
     return first, second

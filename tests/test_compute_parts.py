@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,6 +132,22 @@ def test_files_read_alike_or_the_run_is_refused(run, tmp_path):
     expected = [(1 - 2 / 3) / std, (1 - 2 / 3) / std, (0 - 2 / 3) / std]
     got = pl.read_parquet(out)["advantage"].head(3).to_list()
     assert got == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_file_whose_values_say_nothing_is_read_as_the_run(run, tmp_path):
+    """The first file reads 'traj_id' as the trajectory; in the second its ids are unique per
+    row, which says nothing: the second is read with the column named, as the run is."""
+    first, _ = write_read_otherwise(tmp_path / "run", repeating_first=True)
+    out = tmp_path / "out.parquet"
+    result = run("compute", first.parent, "-o", out, "--by", "file", "--no-tokens")
+    assert result.exit_code == 0, result.stderr
+    assert re.search(r"trajectory column\s+│ traj_id:", result.stderr), result.stderr
+    # Group a of the first file: trajectories (1, 1) and (0): scores 1 and 0, mean 1/2, sample
+    # std sqrt(1/2); of the second: each row its own, scores 1, 1, 0, as in the test above.
+    one, three = 0.5 / (math.sqrt(0.5) + 1e-6), (1 / 3) / (math.sqrt(1 / 3) + 1e-6)
+    expected = [one, one, -one, three, three, -2 * three]
+    got = pl.read_parquet(out)["advantage"].to_list()
+    assert [got[0], got[1], got[2], got[6], got[7], got[8]] == pytest.approx(expected, abs=1e-6)
 
 
 def test_a_run_of_empty_files_is_refused(run, tmp_path):

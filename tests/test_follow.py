@@ -218,6 +218,7 @@ def test_the_terminal_shows_a_row_per_step(follower, write_dump, tmp_path):
     assert len(starts) == 1, lines
     reading, (_, *rows) = lines[: starts[0]], split[starts[0] :]
     assert reading[0].strip() == "How the dump was read"
+    # Its cells stand between rich's column rules: the role, then its column.
     assert any(line.split()[::2][:2] == ["group", "data_id"] for line in reading), reading
     assert [(row[0], row[1], row[2], row[-1]) for row in rows] == [
         ("step-0.parquet", "2", "2", "negligible"),
@@ -251,6 +252,55 @@ def test_a_step_read_otherwise_than_the_first_ends_it(follower, tmp_path):
         f"Error: {second}: read otherwise than {first} (trajectory: 'traj_id' here, none there); "
         "name the columns (--group-col, --traj-col, --turn-col, --reward-col, --mask-col) so "
         "that every file is read alike\n"
+    )
+
+
+def test_a_step_whose_values_say_nothing_is_read_as_the_first(follower, tmp_path):
+    """The first step reads 'traj_id' as the trajectory; the second's ids are unique per row,
+    which says nothing: it is read with the column named as the first step read it, and its
+    line says so."""
+    first, _ = write_read_otherwise(tmp_path / "run", repeating_first=True)
+    follow = follower(first.parent, "--jsonl", "-", "--settle", 0, "-q")
+    one, two = (json.loads(follow.line()) for _ in range(2))
+    assert [one["trajectories"], two["trajectories"]] == [4, 6]
+    assert two["reading"]["roles"]["trajectory"] == {
+        "column": "traj_id",
+        "why": f"named by the run's first part, {first}",
+    }
+    follow.process.send_signal(signal.SIGINT)
+    assert follow.end()[0] == 130
+
+
+def test_steps_padded_to_their_own_widths_are_read_alike(follower, tmp_path):
+    """write_batch keeps a padded (batch, length) tensor as fixed-size arrays of that step's
+    own width: steps of two widths are read alike."""
+    folder = tmp_path / "run"
+    write_batch(batch(MATERIAL), folder, step=1)
+    wide = {**batch(SEVERE), "token_level_rewards": np.array([[0.0, 0.0, r[3]] for r in SEVERE])}
+    wide["response_mask"] = np.ones((len(SEVERE), 3), dtype=np.int64)
+    write_batch(wide, folder, step=2)
+    follow = follower(folder, "--jsonl", "-", "--settle", 600, "-q")
+    levels = [json.loads(follow.line())["level"] for _ in range(2)]
+    assert levels == ["material", "severe"]
+    follow.process.send_signal(signal.SIGINT)
+    assert follow.end()[0] == 130
+
+
+def test_a_step_of_another_layout_ends_it(follower, tmp_path):
+    """The rewards a list of token rewards in one step and a scalar in the next: no column to
+    name makes them alike, and the message says what differs."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    common = {"uid": ["a", "a", "b", "b"], "traj_id": [0, 1, 2, 3]}
+    rewards = [[1.0], [0.0], [1.0], [0.5]]
+    pl.DataFrame({**common, "token_level_rewards": rewards}).write_parquet(folder / "s0.parquet")
+    scalars = [reward[0] for reward in rewards]
+    pl.DataFrame({**common, "token_level_rewards": scalars}).write_parquet(folder / "s1.parquet")
+    code, stderr, lines = follower(folder, "--jsonl", "-", "--settle", 0, "-q").end()
+    assert code == 1 and len(lines) == 1
+    assert stderr == (
+        f"Error: {folder / 's1.parquet'}: read otherwise than {folder / 's0.parquet'} (reward "
+        "kind: a scalar here, token rewards there): every file must be of one layout\n"
     )
 
 

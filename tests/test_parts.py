@@ -175,6 +175,32 @@ def test_a_part_read_otherwise_than_the_first_is_refused(run, tmp_path, by, jobs
     assert summary["counts"]["trajectories"] == 10
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+@pytest.mark.parametrize("by", ["file", "step"])
+def test_a_part_whose_values_say_nothing_is_read_as_the_run(run, tmp_path, by, jobs):
+    """The first part reads 'traj_id' as the trajectory (its ids repeat within groups); in the
+    second they are unique per row, which says nothing: nothing contradicts the run's reading,
+    and the part is read with the column named (each row its trajectory either way)."""
+    files = write_read_otherwise(tmp_path / "run", repeating_first=True)
+    inputs = [files[0].parent]
+    if by == "step":
+        inputs = [tmp_path / "run.parquet"]
+        frames = [pl.read_parquet(path).with_columns(step=step) for step, path in enumerate(files)]
+        pl.concat(frames).write_parquet(inputs[0])
+    summary = compare_json(run, *inputs, "--by", by, "--jobs", jobs)
+    assert summary["settings"]["reading"]["roles"]["trajectory"]["column"] == "traj_id"
+    first, second = summary["by_step"]["steps"]
+    assert (first["trajectories"], second["trajectories"]) == (4, 6)
+    # Per group of the first part: turn level (every row) mean 2/3 or 5/6, trajectory level
+    # the mean of the two trajectories' scores; the lone row's |diff| is the largest,
+    # 2/sqrt(3) - 1/sqrt(2) (the epsilon 1e-6 aside). The second part: one row a trajectory.
+    assert first["advantage_diff_max"] == pytest.approx(
+        2 / math.sqrt(3) - 1 / math.sqrt(2), abs=1e-5
+    )
+    assert second["advantage_diff_max"] == pytest.approx(0.0, abs=1e-6)
+    assert summary["counts"]["trajectories"] == 10
+
+
 @pytest.mark.parametrize(
     "options",
     [(), ("--by", "file", "--plot", "plot.png"), ("--by", "step", "--estimator", "gigpo")],

@@ -433,39 +433,3 @@ def unused_name(schema: pl.Schema, base: str = "__advcli_row") -> str:
     while name in schema:
         name += "_"
     return name
-
-
-@dataclass
-class ReadAlike:
-    """The roles a run of many parts (files, or a column's values) is read with: its first
-    part's. A later part read with others is refused, since its figures or rows would be
-    given under another reading than the one the run reports; roles read from the values
-    (a trajectory column whose ids repeat in one file and not in the next, say) can differ
-    where the files' schemas agree. ``every``: the parts, for the message ("every file")."""
-
-    every: str = "every file"
-    columns: ColumnRoles | None = None
-    first: str = ""
-
-    def check(self, columns: ColumnRoles, part: str) -> None:
-        """Take ``columns`` for the run if ``part`` (its name in messages) is the first part,
-        else refuse them unless they are the first part's."""
-        if self.columns is None:
-            self.columns, self.first = columns, part
-            return
-        if replace(columns, notes=()) == replace(self.columns, notes=()):
-            return
-        here, there = columns.describe(), self.columns.describe()
-        differing = [role for role in here if here[role] != there[role]]
-        shown = "; ".join(
-            f"{role}: {_named(here[role])} here, {_named(there[role])} there" for role in differing
-        )
-        raise AdvcliError(
-            f"{part}: read otherwise than {self.first} ({shown or 'how the columns are read'}); "
-            "name the columns (--group-col, --traj-col, --turn-col, --reward-col, --mask-col) so "
-            f"that {self.every} is read alike"
-        )
-
-
-def _named(column: str | None) -> str:
-    return "none" if column is None else repr(column)
