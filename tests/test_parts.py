@@ -229,6 +229,49 @@ def test_one_ray_task_per_file_gives_the_local_report(cluster, run, steps, tmp_p
     assert distributed.read_bytes() == local.read_bytes()
 
 
+# Each process that imported Polars and Arrow records, as it exits, its pid and the sizes of
+# their thread pools.
+RECORD_THREADS = """
+import atexit, os, sys
+
+def record():
+    if "polars" in sys.modules and "pyarrow" in sys.modules:
+        import polars, pyarrow
+        with open(os.environ["THREADS_RECORD"], "a") as record:
+            record.write(f"{os.getpid()} {polars.thread_pool_size()} {pyarrow.cpu_count()}\\n")
+
+atexit.register(record)
+"""
+
+
+@pytest.mark.parametrize(
+    ("options", "each"),
+    [
+        ((), len(os.sched_getaffinity(0))),
+        (("--jobs", "2"), max(1, len(os.sched_getaffinity(0)) // 2)),
+        (("--jobs", "2", "--threads", "3"), 3),
+    ],
+    ids=["one job", "two jobs", "two jobs, --threads"],
+)
+def test_the_jobs_share_the_cores(steps, tmp_path, options, each):
+    """With --jobs N each process (this one and its workers) runs the cores shared among the
+    N in its Polars and Arrow pools, so that they do not wait for each other's threads;
+    --threads sets it for each."""
+    (tmp_path / "sitecustomize.py").write_text(RECORD_THREADS)
+    record = tmp_path / "threads"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "THREADS_RECORD": str(record)}
+    env.pop("POLARS_MAX_THREADS", None)
+    env.pop("OMP_NUM_THREADS", None)
+    command = [sys.executable, "-m", "advcli", "compare", steps, "--by", "file", *options, "-q"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    processes = [line.split() for line in record.read_text().splitlines()]
+    assert len(processes) == (2 if "--jobs" in options else 1)
+    assert [(polars, arrow) for _, polars, arrow in processes] == [(str(each), str(each))] * len(
+        processes
+    )
+
+
 def test_ctrl_c_ends_the_workers(steps):
     """Ctrl-C while this process and its worker compare: exit 130, one line, and no worker left
     running."""

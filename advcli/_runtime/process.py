@@ -202,13 +202,28 @@ def drop_bad_thread_count(most: int) -> str | None:
 
 
 def use_threads(threads: int | None) -> None:
-    """Size Polars' and Arrow's thread pools. Polars reads its setting once, when it is first
-    imported: call this before that."""
+    """Size Polars' and Arrow's thread pools, this process's and its workers' (which read them
+    from the environment: Arrow's from OpenMP's thread count, unless the user set one). Polars
+    reads its setting once, when it is first imported: call this before that."""
     if threads is not None:
         os.environ["POLARS_MAX_THREADS"] = str(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         import pyarrow
 
         pyarrow.set_cpu_count(threads)
+
+
+def threads_per_job(jobs: int, threads: int | None) -> int | None:
+    """The threads each of ``jobs`` processes runs: ``threads`` if given; else, for more than
+    one job, the cores shared among them (one at least), unless the user set
+    ``POLARS_MAX_THREADS``; None for every core. Jobs that each took every core would
+    contend for them: their threads wait for each other."""
+    if threads is not None or jobs == 1 or "POLARS_MAX_THREADS" in os.environ:
+        return threads
+    # The cores this process may run on, where the system says (Linux), else the machine's.
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    cores = len(getaffinity(0)) if getaffinity is not None else os.cpu_count() or 1
+    return max(1, cores // jobs)
 
 
 def single_blas_thread() -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
-from advcli._runtime.process import require_stdout, use_threads
+from advcli._runtime.process import require_stdout, threads_per_job, use_threads
 from advcli._runtime.signals import held
 from advcli.cli.consoles import stderr, stdout
 from advcli.cli.exits import reports_errors
@@ -97,7 +97,8 @@ JobsOpt = Annotated[
         "--jobs",
         min=1,
         help="With --by: how many parts (files, or values of the column) to compare at once, "
-        "this process and N-1 worker processes (the report is the same).",
+        "this process and N-1 worker processes (the report is the same), each with the cores "
+        "shared among them unless --threads says otherwise.",
     ),
 ]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing report files.")]
@@ -189,7 +190,7 @@ def compare_command(
             "--reward-mode per-turn pass --fail-on (the level of the grouping in use)"
         )
     check_follow(ctx.params)
-    use_threads(threads)
+    use_threads(threads_per_job(jobs, threads))
     if follow:
         run_follow(inputs or [], settings, ctx.params)
         return
