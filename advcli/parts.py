@@ -149,8 +149,8 @@ def compare_parts(
             task = replace(tasks[index], names=names)
             return _run(_part_of(dataset, task), task)
 
-        run = _Run(dataset, by, labels, names, alike, read_again)
-        report = _combined(run, results, config, top)
+        parts = _Parts(dataset, by, labels, names, alike, read_again)
+        report = _combined(parts, results, config, top)
     # The report is the inputs' if they are as they were opened.
     dataset.check_unchanged()
     return report
@@ -347,8 +347,8 @@ def _run(dataset: Dataset, task: PartTask) -> PartResult:
 
 
 @dataclass(frozen=True)
-class _Run:
-    """What combining a run's parts needs besides their results: its inputs, ``by``, the
+class _Parts:
+    """A run's parts as combining them needs, besides their results: the inputs, ``by``, the
     parts' labels, the names given for the roles, the run's reading (``reading``) and how to
     read part ``index`` again with other names (``read_again``)."""
 
@@ -361,7 +361,7 @@ class _Run:
 
 
 def _combined(
-    parts: _Run,
+    parts: _Parts,
     results: Iterable[PartResult],
     config: AdvantageConfig,
     top: int,

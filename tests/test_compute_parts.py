@@ -16,6 +16,7 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow.ipc
+import pyarrow.parquet
 import pytest
 from conftest import fifo_reader, wait_for_partial, write_read_otherwise
 
@@ -75,6 +76,18 @@ def test_the_run_is_each_file_computed_alone(run, steps, tmp_path, options, suff
     assert result.exit_code == 0, result.stderr
     expected = each_file_alone(run, steps, out, *options)
     assert read(out).equals(expected)
+
+
+def test_a_parquet_row_group_holds_the_largest_files_rows_at_most(run, steps, tmp_path):
+    """So that the write holds no more than a file's rows while the next file is read and
+    computed: the row groups are of the largest file's row count, the last one the rest."""
+    out = tmp_path / "run.parquet"
+    assert run("compute", steps, "-o", out, "--by", "file", "-q").exit_code == 0
+    counts = [pl.read_parquet(path).height for path in sorted(steps.glob("*.parquet"))]
+    largest, total = max(counts), sum(counts)
+    metadata = pyarrow.parquet.ParquetFile(out).metadata
+    groups = [metadata.row_group(index).num_rows for index in range(metadata.num_row_groups)]
+    assert groups == [largest] * (total // largest) + ([total % largest] if total % largest else [])
 
 
 def test_the_summary_sums_the_files(run, steps, tmp_path):

@@ -33,6 +33,10 @@ from advcli.read.scan import closing_sources
 from advcli.settings import OutputColumns, OutputFormat
 from advcli.write.atomic import atomic_output
 
+# The most rows of a row group compute --by file sets: the default row group of Polars' sinks
+# before they chose one by the data (512 × 512); a larger file is written as Polars chooses.
+PART_ROW_GROUP_LIMIT = 512 * 512
+
 
 def write_advantages(
     dataset: Dataset,
@@ -73,7 +77,7 @@ def write_advantage_parts(
     force: bool = False,
     output_columns: OutputColumns = OutputColumns.ALL,
 ) -> None:
-    """:func:`write_advantages` of each of ``parts`` (a part of ``dataset``, its roles and its
+    """:func:`write_advantages` of each of ``parts`` (a file of ``dataset``, its roles and its
     row values, made only once the rows before them are written) into one output, their rows
     one part after another: one stream through Polars, whose source makes each part's rows as
     the write asks for them, so that what is held is about one part's. Not for padded arrays
@@ -100,7 +104,10 @@ def write_advantage_parts(
             yield from frame.collect_batches()
 
     frame = register_io_source(rows, schema=first.collect_schema(), validate_schema=True)
-    _write(frame, dataset, None, None, output, output_format, tokens, force)
+    # Parquet row groups of the largest file's rows (up to a bound for large files): Polars'
+    # own size would hold a file's rows, or two, while the next file is read and computed.
+    row_group = min(max(dataset.row_counts), PART_ROW_GROUP_LIMIT)
+    _write(frame, dataset, None, None, output, output_format, tokens, force, row_group)
 
 
 def output_frame(
@@ -159,9 +166,11 @@ def _write(
     output_format: OutputFormat,
     tokens: bool,
     force: bool,
+    row_group: int | None = None,
 ) -> None:
-    """``frame`` written to ``output`` (``columns``: the roles, for padded arrays), published once
-    whole and the inputs are as they were opened."""
+    """``frame`` written to ``output`` (``columns``: the roles, for padded arrays; ``row_group``:
+    the rows of a Parquet row group, None for Polars' choice), published once whole and the
+    inputs are as they were opened."""
     with (
         atomic_output(
             output, force=force, keep=dataset.files, before_publish=dataset.check_unchanged
@@ -178,7 +187,7 @@ def _write(
             else:
                 with native_name(partial) as target:
                     if output_format == "parquet":
-                        frame.sink_parquet(target)
+                        frame.sink_parquet(target, row_group_size=row_group)
                     else:
                         frame.sink_ipc(target)
         except (pl.exceptions.PolarsError, AdvcliError, OSError) as error:
