@@ -213,6 +213,16 @@ def use_threads(threads: int | None) -> None:
         pyarrow.set_cpu_count(threads)
 
 
+def load_numpy_bridge() -> None:
+    """Have Polars reach numpy's C API now (call it with signals held): it does so at its first
+    conversion to numpy, where it runs numpy's Python code (the version check) from Rust, and a
+    Ctrl-C raised inside that code is a panic of Polars' (exit 1, a traceback), not an
+    interrupt. Later conversions run no Python code."""
+    import polars as pl
+
+    pl.Series([0.0]).to_numpy()
+
+
 def threads_per_job(jobs: int, threads: int | None) -> int | None:
     """The threads each of ``jobs`` processes runs: ``threads`` if given; else, for more than
     one job, the cores shared among them (one at least), unless the user set

@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
-from advcli._runtime.process import require_stdout, threads_per_job, use_threads
+from advcli._runtime.process import (
+    load_numpy_bridge,
+    require_stdout,
+    threads_per_job,
+    use_threads,
+)
 from advcli._runtime.signals import held
 from advcli.cli.consoles import stderr, stdout
 from advcli.cli.exits import reports_errors
@@ -199,6 +204,7 @@ def compare_command(
         from advcli.write.documents import ReportFiles
         from advcli.write.outputs import goes_to_stdout
 
+        load_numpy_bridge()
     files = ReportFiles(json=json_path, markdown=markdown, plot=plot, html=html)
     # The terminal report moves to stderr when stdout carries a report file.
     file_on_stdout = any(map(goes_to_stdout, files.options().values()))

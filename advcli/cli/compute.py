@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from advcli._runtime.process import use_threads
+from advcli._runtime.process import load_numpy_bridge, use_threads
 from advcli._runtime.signals import held
 from advcli.cli.consoles import stderr
 from advcli.cli.exits import reports_errors
@@ -168,6 +168,8 @@ def compute_command(
     use_threads(threads)
     with held():  # Polars panics when a Ctrl-C lands inside its import
         from advcli.pipeline import compute
+
+        load_numpy_bridge()
 
     with _stage_progress(not quiet) as on_stage:
         summary = compute(

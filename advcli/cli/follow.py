@@ -88,7 +88,7 @@ def run_follow(inputs: list[str], settings: DumpSettings, params: dict[str, Any]
     """Follow the one folder in ``inputs``: each step as a JSON line and/or a table row as it
     comes (the rows on standard error when standard output carries the lines), ending with
     exit 3 at the first step that trips ``--fail-on`` or ``--fail-above``."""
-    from advcli._runtime.process import require_stdout
+    from advcli._runtime.process import load_numpy_bridge, require_stdout
     from advcli.cli.consoles import stderr, stdout
     from advcli.cli.terminal import reading_table
 
@@ -106,6 +106,8 @@ def run_follow(inputs: list[str], settings: DumpSettings, params: dict[str, Any]
     show = None if params["quiet"] else stderr if lines_on_stdout else stdout()
     with held():  # Polars panics when a Ctrl-C lands inside its import
         from advcli.follow import follow_steps
+
+        load_numpy_bridge()
     with _lines(jsonl, params["force"]) as write:
         steps = follow_steps(
             Path(inputs[0]),

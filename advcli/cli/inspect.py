@@ -9,7 +9,12 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from advcli._runtime.process import require_stdout, use_threads, write_stdout_text
+from advcli._runtime.process import (
+    load_numpy_bridge,
+    require_stdout,
+    use_threads,
+    write_stdout_text,
+)
 from advcli._runtime.signals import held
 from advcli.cli.consoles import stdout
 from advcli.cli.exits import reports_errors
@@ -57,6 +62,8 @@ def inspect_command(
     use_threads(threads)
     with held():  # Polars panics when a Ctrl-C lands inside its import
         from advcli.pipeline import inspect
+
+        load_numpy_bridge()
 
     summary = inspect(inputs or [], dump_settings(ctx).names, anchor_scope=step_group_scope)
     if config_path is not None:
