@@ -467,12 +467,11 @@ def input_names(inputs: Inputs) -> list[str]:
 def opened(inputs: Inputs, *, empty_ok: bool = False) -> Iterator[Dataset]:
     """Open the inputs (one path, or a sequence of them) as one dataset (without rows an error
     unless ``empty_ok``); standard input (``-``) is spooled to a temporary folder that is
-    removed afterwards. Without ``-`` no folder is
-    made (a run killed by SIGKILL, which no cleanup outlives, would leave it behind). An error
-    in the block is reported as an input's change when one changed
-    (:meth:`Dataset.changes_reported`). Standard output that is an input file (``advcli compare
-    dump.parquet >> dump.parquet``) is refused whatever the command, as ``cat`` refuses it: what a
-    command prints would go into the input."""
+    removed afterwards. Without ``-`` no folder is made (a run killed by SIGKILL, which no
+    cleanup outlives, would leave it behind). An error in the block is reported as an input's
+    change when one changed (:meth:`Dataset.changes_reported`). Standard output that is an
+    input file (``advcli compare dump.parquet >> dump.parquet``) is refused whatever the
+    command, as ``cat`` refuses it: what a command prints would go into the input."""
     names = input_names(inputs)
     if STDIN not in names:
         dataset = open_dataset(names, empty_ok=empty_ok)

@@ -1,7 +1,7 @@
 """One reading for a run of many parts: ``compare --by``, ``--follow`` and ``compute --by file``
 read each part (a file, or a column's values) on its own, and take the first part's roles for
-the run; a later part read otherwise is read again with the run's columns where that gives the
-same figures, else refused by name."""
+the run; a later part read otherwise is read again with the run's columns where its values say
+nothing against them, else refused by name."""
 
 from __future__ import annotations
 

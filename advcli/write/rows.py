@@ -34,7 +34,7 @@ from advcli.settings import OutputColumns, OutputFormat
 from advcli.write.atomic import atomic_output
 
 # The most rows of a row group compute --by file sets: the default row group of Polars' sinks
-# before they chose one by the data (512 × 512); a larger file is written as Polars chooses.
+# before they chose one by the data (512 × 512); a larger file's rows fill several.
 PART_ROW_GROUP_LIMIT = 512 * 512
 
 
