@@ -5,8 +5,8 @@ It takes a verl ``DataProto`` (``.batch`` tensors, ``.non_tensor_batch`` numpy a
 mapping of tensors, numpy arrays and lists, and finds the group, trajectory, turn, reward and mask
 among its keys with the command line's vocabulary (:data:`advcli.read.dialects.DIALECTS`), so a
 batch of any trainer advcli knows is written with no arguments (the batch is read by
-:mod:`advcli.batch`). Only those roles (and ``keys``) are converted and written, never the prompts
-or the logits.
+:mod:`advcli.read.batch`). Only those roles (and ``keys``) are converted and written, never the
+prompts or the logits.
 
 torch is not imported: tensors are recognised by their methods and moved to numpy.
 """
@@ -24,8 +24,8 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
-from advcli.batch import anchor_column, batch_column, batch_entries, batch_roles
 from advcli.errors import AdvcliError
+from advcli.read.batch import anchor_column, batch_column, batch_entries, batch_roles
 from advcli.read.columns import ColumnRoles
 from advcli.write.atomic import OutputAppeared, atomic_output
 
@@ -57,7 +57,7 @@ class BatchFile:
     action: Literal["written", "replaced", "skipped"]
 
 
-def write_batch(
+def write_batch(  # noqa: PLR0913
     batch: Any,
     folder: str | Path,
     *,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import polars as pl
 
-from advcli.pipeline import compare
-from advcli.sample import sample_table
+from advcli.run.commands import compare
+from advcli.write.sample import sample_table
 
 
 def dumps(folder: Path, steps: int, groups: int) -> tuple[Path, Path]:

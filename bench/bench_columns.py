@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from advcli.sample import sample_table
+from advcli.write.sample import sample_table
 
 CHUNK_GROUPS = 2_000
 # Turns a sample trajectory takes on average at the default --max-turns (bench_compute.py).
@@ -98,7 +98,7 @@ from advcli._runtime.process import single_blas_thread, tune_allocator
 
 tune_allocator()  # as the entry point does, before Polars and numpy load
 single_blas_thread()
-import advcli.pipeline as pipeline
+import advcli.run.commands as pipeline
 
 marks = [("imports", time.perf_counter())]
 library = pipeline.compute

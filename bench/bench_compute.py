@@ -114,7 +114,7 @@ KEY_PROJECTION_ONLY = """
 import sys
 from advcli._runtime.process import tune_allocator
 tune_allocator()
-from advcli.loading import load_dump, opened
+from advcli.run.loading import load_dump, opened
 with opened([sys.argv[1]]) as dataset:
     load_dump(dataset, unique_turns=False)
 """
@@ -131,10 +131,10 @@ tune_allocator()
 import polars as pl
 from advcli.read.columns import resolve_columns
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY
-from advcli.loading import opened
+from advcli.run.loading import opened
 from advcli.read.projection import KeyExpressions
 from advcli.read.scan import closing_sources
-from advcli.settings import ColumnNames
+from advcli.settings.config import ColumnNames
 with opened([sys.argv[1]]) as dataset, closing_sources():
     columns = resolve_columns(dataset.schema, dataset.describe(), ColumnNames())
     plan = KeyExpressions.of(dataset.schema, columns, "__row")

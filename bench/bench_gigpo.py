@@ -70,8 +70,8 @@ import json, sys, time
 from pathlib import Path
 from advcli._runtime.process import tune_allocator
 tune_allocator()
-from advcli.pipeline import compute
-from advcli.settings import AdvantageConfig, ColumnNames, Estimator, StepTerm
+from advcli.run.commands import compute
+from advcli.settings.config import AdvantageConfig, ColumnNames, Estimator, StepTerm
 estimator, gamma, source, output = sys.argv[1:]
 step = StepTerm(gamma=float(gamma)) if estimator == "gigpo" else None
 config = AdvantageConfig(estimator=Estimator(estimator), step=step)

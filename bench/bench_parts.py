@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from advcli.sample import write_sample
+from advcli.write.sample import write_sample
 
 # Runs `advcli compare` as a child and prints its wall time, CPU time and peak RSS (KiB).
 MEASURE = """

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_compute import machine, write_results
 from bench_gigpo import anchored_dump, timed_commands, timed_stages
 
-from advcli.settings import StepGroups
+from advcli.settings.config import StepGroups
 
 PER_TURN = ("--reward-mode", "per-turn", "--reward-col", "token_level_rewards")
 # label, compute's options; the first is the baseline every ratio is over. Every grouping of
@@ -53,8 +53,8 @@ import json, sys, time
 from pathlib import Path
 from advcli._runtime.process import tune_allocator
 tune_allocator()
-from advcli.pipeline import compute
-from advcli.settings import AdvantageConfig, ColumnNames, Level, PerTurn, StepGroups
+from advcli.run.commands import compute
+from advcli.settings.config import AdvantageConfig, ColumnNames, Level, PerTurn, StepGroups
 choice, source, output = sys.argv[1:]
 if choice == "outcome":
     config, names = AdvantageConfig(), ColumnNames()

@@ -39,9 +39,9 @@ OVERHEAD = ("import", "start-up", "shut-down")
 
 def stages(engine: str, source: str, output: str) -> dict[str, float]:
     """The stage times of one compute run, in this process."""
-    from advcli.loading import load_dump, opened
-    from advcli.pipeline import start_engine
-    from advcli.settings import AdvantageConfig, ColumnNames, Engine, OutputFormat
+    from advcli.run.commands import start_engine
+    from advcli.run.loading import load_dump, opened
+    from advcli.settings.config import AdvantageConfig, ColumnNames, Engine, OutputFormat
 
     config = AdvantageConfig()
     times: dict[str, float] = {}
@@ -64,7 +64,7 @@ def stages(engine: str, source: str, output: str) -> dict[str, float]:
 
         started = time.perf_counter()
         if engine == "ray":
-            from advcli import ray_engine
+            from advcli.run import ray_engine
 
             ray_engine.write_advantages(dataset, dump, advantages, config, Path(output))
         else:
@@ -99,7 +99,7 @@ def ray_floor(source: str) -> dict[str, float]:
     read with a no-op map written as a Parquet folder (stage 3's shape); after one warm-up pass."""
     import ray
 
-    from advcli import ray_engine
+    from advcli.run import ray_engine
 
     ray_engine.start(None)
 

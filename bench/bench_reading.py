@@ -22,7 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
-from advcli.sample import sample_table
+from advcli.write.sample import sample_table
 
 ADVCLI = [sys.executable, "-m", "advcli"]
 
@@ -68,8 +68,8 @@ def pair(label: str, a: list[str], b: list[str], runs: int) -> None:
 
 def duplicate_search(path: Path, runs: int) -> None:
     """The duplicate search's own time, in this process, against stage 1's."""
-    from advcli.loading import load_dump, opened
     from advcli.read.duplicates import find_duplicates
+    from advcli.run.loading import load_dump, opened
 
     loads, searches = [], []
     with opened([str(path)]) as dataset:

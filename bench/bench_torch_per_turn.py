@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_torch import make_batch, median_times
 from bench_torch_gigpo import step_inputs
 
-from advcli.rules import STEP_GROUPINGS
+from advcli.settings.rules import STEP_GROUPINGS
 from advcli.torch import compute_advantage
 
 

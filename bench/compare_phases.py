@@ -28,9 +28,9 @@ from advcli import __version__  # noqa: E402
 from advcli.advantages.estimators import AdvantageConfig, Advantages, Level  # noqa: E402
 from advcli.advantages.levels import TurnLevel, turn_level  # noqa: E402
 from advcli.advantages.units import Trajectories  # noqa: E402
-from advcli.loading import load_dump, opened  # noqa: E402
 from advcli.read.scan import release_freed_memory  # noqa: E402
 from advcli.report.bias import bias_report  # noqa: E402
+from advcli.run.loading import load_dump, opened  # noqa: E402
 
 PAGE_BYTES = 4096
 SAMPLE_SECONDS = 0.003

@@ -22,9 +22,17 @@ from pathlib import Path
 
 import polars as pl
 
-from advcli.pipeline import ReportFiles, compare, compute, inspect
-from advcli.sample import sample_table
-from advcli.settings import OUTCOME, AdvantageConfig, Estimator, Level, Scale, Singleton, TrajScore
+from advcli.run.commands import ReportFiles, compare, compute, inspect
+from advcli.settings.config import (
+    OUTCOME,
+    AdvantageConfig,
+    Estimator,
+    Level,
+    Scale,
+    Singleton,
+    TrajScore,
+)
+from advcli.write.sample import sample_table
 
 FORMATS = ("parquet", "arrow", "arrows", "npz", "pt")
 VERSIONS = ("polars", "pyarrow", "torch", "numpy")

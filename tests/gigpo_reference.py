@@ -277,7 +277,7 @@ def step_terms(
     ]
 
 
-def gigpo_advantages(
+def gigpo_advantages(  # noqa: PLR0913
     rows: Sequence[GigpoRow],
     *,
     level: str,

@@ -54,7 +54,7 @@ Row = tuple[Hashable, Hashable, int, float]
 GROUPINGS = ("turn", "turn-padded", "pooled", "trajectory")
 ESTIMATORS = ("grpo", "drgrpo", "rloo")
 SINGLETONS = ("raw", "zero")
-STD_DDOF = 1  # advcli's convention (advcli/rules.py), as torch.std in verl
+STD_DDOF = 1  # advcli's convention (advcli/settings/rules.py), as torch.std in verl
 
 
 def _trajectories(rows: Sequence[Row]) -> dict[tuple[Hashable, Hashable], list[int]]:

@@ -13,8 +13,8 @@ from conftest import dump_frame
 from polars.testing import assert_frame_equal
 
 from advcli.cli.app import app
-from advcli.pipeline import compute
-from advcli.settings import AdvantageConfig, Level
+from advcli.run.commands import compute
+from advcli.settings.config import AdvantageConfig, Level
 
 
 def digest(path: Path) -> str:

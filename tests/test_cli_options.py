@@ -9,7 +9,7 @@ import typer
 
 from advcli.cli.app import app
 from advcli.cli.options import dump_settings
-from advcli.settings import (
+from advcli.settings.config import (
     AdvantageConfig,
     ColumnNames,
     Estimator,

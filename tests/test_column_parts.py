@@ -20,10 +20,10 @@ import pytest
 from test_parts import assert_same
 
 from advcli.errors import AdvcliError
-from advcli.parts import column_steps
 from advcli.read.dataset import StepRows
 from advcli.read.inputs import open_dataset
-from advcli.sample import sample_table
+from advcli.run.parts import column_steps
+from advcli.write.sample import sample_table
 
 
 def run_of_steps(order: str) -> pl.DataFrame:

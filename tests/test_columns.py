@@ -12,10 +12,10 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from advcli.loading import opened
 from advcli.read.columns import resolve_columns
 from advcli.read.scan import closing_sources
-from advcli.settings import ColumnNames, OutputColumns
+from advcli.run.loading import opened
+from advcli.settings.config import ColumnNames, OutputColumns
 from advcli.write.rows import _input_rows, kept_columns
 
 torch = pytest.importorskip("torch")

@@ -20,7 +20,7 @@ import pyarrow.parquet
 import pytest
 from conftest import fifo_reader, wait_for_partial, write_read_otherwise
 
-from advcli.sample import write_sample
+from advcli.write.sample import write_sample
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from advcli.errors import AdvcliError, UsageError
 from advcli.read.columns import resolve_columns
 from advcli.read.dialects import DIALECTS
 from advcli.read.roles import read_roles
-from advcli.settings import ColumnNames
+from advcli.settings.config import ColumnNames
 
 SCHEMA_PAGE = (Path(__file__).resolve().parent.parent / "docs" / "input-schema.md").read_text()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from advcli.sample import sample_table
+from advcli.write.sample import sample_table
 
 ADVCLI = [sys.executable, "-m", "advcli"]
 

@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from advcli.rules import RULES
+from advcli.settings.rules import RULES
 
 EPS = 1e-6
 
@@ -330,7 +330,7 @@ def test_scores_too_large_for_float32_are_an_error(write_dump, run, tmp_path):
 
 
 def test_the_docs_rule_table_is_the_code_table():
-    """The docs' table of four facts per estimator says what advcli/rules.py says."""
+    """The docs' table of four facts per estimator says what advcli/settings/rules.py says."""
     readme = (Path(__file__).resolve().parent.parent / "docs" / "estimators.md").read_text()
     start = readme.index("| estimator | baseline | divides by a std (`--scale`) |")
     rows = {}

@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from advcli.loading import load_dump, opened  # noqa: E402
+from advcli.run.loading import load_dump, opened  # noqa: E402
 from advcli.torch import compute_grpo_outcome_advantage  # noqa: E402
 
 # Three trajectories of one group (one turn each) and a singleton group: with three members the

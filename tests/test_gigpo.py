@@ -19,7 +19,7 @@ from advcli import AdvantageConfig, Estimator, compute
 from advcli.advantages.step_groups import step_returns
 from advcli.advantages.units import index_trajectories
 from advcli.keys import GROUP, ROW, STEP_REWARD, TRAJECTORY, TURN
-from advcli.recipes import RECIPES
+from advcli.settings.recipes import RECIPES
 
 EPS = 1e-6
 

@@ -20,8 +20,8 @@ from advcli.read import scan as scan_module
 from advcli.read.columns import resolve_columns
 from advcli.read.inputs import open_dataset
 from advcli.read.projection import key_projection
-from advcli.sample import sample_table
-from advcli.settings import ColumnNames
+from advcli.settings.config import ColumnNames
+from advcli.write.sample import sample_table
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import polars as pl
 import pytest
 from conftest import write_read_otherwise
 
-from advcli.sample import write_sample
+from advcli.write.sample import write_sample
 
 # What the parts' report names by the file, and the one pass has not (by_step) or names otherwise.
 RENAMED = {"by_step", "settings"}

@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 from advcli import AdvantageConfig, Estimator, Level, compute
-from advcli.settings import ColumnNames, PerTurn, StepGroups
+from advcli.settings.config import ColumnNames, PerTurn, StepGroups
 
 REWARDS = [2.0, 1.0, 0.0, 3.0]
 POOLED = [-1.0, 1.0, 0.0, 0.0]

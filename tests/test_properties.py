@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from reference import reference_advantages, reference_scores
 
 from advcli import AdvantageConfig, Estimator, Level, Scale, Singleton, TrajScore, compute
-from advcli.settings import OUTCOME
+from advcli.settings.config import OUTCOME
 
 RTOL = 1e-5
 ATOL = 1e-5

@@ -65,7 +65,7 @@ def test_star_import_gives_every_exported_name():
         [sys.executable, "-c", code], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["advcli.pipeline", "advcli.report.bias"]
+    assert result.stdout.split() == ["advcli.run.commands", "advcli.report.bias"]
 
 
 def _table_after(heading: str) -> list[list[str]]:

@@ -13,8 +13,8 @@ import pytest
 from test_skyrl import skyrl_batch
 from test_trainer_dumps import write_batch
 
-from advcli.sample import sample_table
-from advcli.settings import StepGroups
+from advcli.settings.config import StepGroups
+from advcli.write.sample import sample_table
 
 ray = pytest.importorskip("ray")
 
@@ -257,7 +257,7 @@ def test_what_the_cluster_tells_the_driver_goes_to_stderr(cluster, capfd):
     the cluster's error channel to the driver's listening thread."""
     import ray
 
-    from advcli.ray_engine import start
+    from advcli.run.ray_engine import start
 
     start(None)
     message = f"a message from the cluster at {time.time()}"

@@ -20,7 +20,7 @@ from reference import reference_advantages
 
 from advcli.dump import write_batch
 from advcli.errors import AdvcliError
-from advcli.sample import sample_table
+from advcli.write.sample import sample_table
 
 ADVCLI = [sys.executable, "-m", "advcli"]
 

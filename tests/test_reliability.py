@@ -15,7 +15,7 @@ import pytest
 from bad_inputs import CASES, BadInput
 from conftest import partials, wait_for_partial
 
-from advcli.sample import sample_table
+from advcli.write.sample import sample_table
 
 EXTENSION = {"compute": ".parquet", "compare": ".json"}
 

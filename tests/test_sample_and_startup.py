@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from advcli.sample import GROUPS_PER_CHUNK, INVALID_ACTION_PENALTY, sample_table
+from advcli.write.sample import GROUPS_PER_CHUNK, INVALID_ACTION_PENALTY, sample_table
 
 
 def test_sample_command_writes_the_schema(run, tmp_path):

@@ -14,7 +14,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from advcli.sample import sample_table
+from advcli.write.sample import sample_table
 
 
 def test_top_beyond_the_largest_list_is_a_usage_error(run, write_dump):

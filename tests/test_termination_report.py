@@ -51,7 +51,7 @@ from typer.testing import CliRunner
 
 from advcli import compare
 from advcli.cli.app import app
-from advcli.settings import AdvantageConfig, Estimator, Level, PerTurn
+from advcli.settings.config import AdvantageConfig, Estimator, Level, PerTurn
 
 # (group, trajectory, turn, reward), deliberately not in turn order.
 HAND = [

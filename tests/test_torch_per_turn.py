@@ -19,7 +19,7 @@ from per_turn_reference import advantages as reference_advantages
 from per_turn_reference import lightrft_group_norm, per_index_sum_advantages
 from test_per_turn import GAMMA_HALF, GAMMA_ONE, TWO
 
-from advcli.rules import PER_TURN_ESTIMATORS, STEP_GROUPINGS
+from advcli.settings.rules import PER_TURN_ESTIMATORS, STEP_GROUPINGS
 from advcli.torch import RewardError, compute_advantage, compute_advantage_with_metrics
 
 pytest.importorskip("verl")

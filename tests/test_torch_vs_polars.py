@@ -20,8 +20,7 @@ torch = pytest.importorskip("torch")
 from advcli.advantages.estimators import compute_advantages  # noqa: E402
 from advcli.errors import AdvcliError  # noqa: E402
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN  # noqa: E402
-from advcli.rules import RULES  # noqa: E402
-from advcli.settings import (  # noqa: E402
+from advcli.settings.config import (  # noqa: E402
     OUTCOME,
     SCALED,
     AdvantageConfig,
@@ -31,6 +30,7 @@ from advcli.settings import (  # noqa: E402
     Singleton,
     TrajScore,
 )
+from advcli.settings.rules import RULES  # noqa: E402
 from advcli.torch import (  # noqa: E402
     compute_advantage,
     compute_grpo_outcome_advantage,

@@ -26,7 +26,8 @@ from advcli.advantages.unit_scores import Naming, build_units
 from advcli.advantages.units import Trajectories, index_trajectories
 from advcli.errors import AdvcliError
 from advcli.keys import GROUP, ROW, SCORE, TOKENS
-from advcli.rules import (
+from advcli.settings.config import AdvantageConfig, GigpoNorm, Level, Scale, Singleton
+from advcli.settings.rules import (
     FLOAT32_MAX,
     RULES,
     SINGLETON_MEAN,
@@ -35,7 +36,6 @@ from advcli.rules import (
     Baseline,
     EstimatorRule,
 )
-from advcli.settings import AdvantageConfig, GigpoNorm, Level, Scale, Singleton
 
 
 @dataclass(frozen=True)

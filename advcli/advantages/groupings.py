@@ -15,8 +15,7 @@ from advcli.advantages.per_turn import per_turn_advantages, turn_positions
 from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import Trajectories
 from advcli.keys import ANCHOR, GROUP, ROW, SCORE
-from advcli.rules import PER_TURN_ESTIMATORS, RULES, STEP_GROUPINGS
-from advcli.settings import (
+from advcli.settings.config import (
     AdvantageConfig,
     AnchorScope,
     Estimator,
@@ -25,6 +24,7 @@ from advcli.settings import (
     StepGroups,
     TrajScore,
 )
+from advcli.settings.rules import PER_TURN_ESTIMATORS, RULES, STEP_GROUPINGS
 
 # The comparison beside the step groupings: one unit per trajectory, its score the return from
 # its first turn G_0, the advantage broadcast to its rows (TorchRL's "sum", Trinity-RFT's and

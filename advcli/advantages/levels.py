@@ -16,7 +16,7 @@ from advcli.advantages.step_groups import episode_advantages
 from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import Trajectories
 from advcli.keys import TOKENS
-from advcli.settings import AdvantageConfig, Level
+from advcli.settings.config import AdvantageConfig, Level
 
 
 @dataclass(frozen=True)

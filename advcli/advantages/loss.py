@@ -29,7 +29,7 @@ import sys
 import polars as pl
 
 from advcli.keys import GROUP, TOKENS, TRAJECTORY
-from advcli.settings import LossMode
+from advcli.settings.config import LossMode
 
 # verl's loss_agg_mode values, then agent-lightning's per-rollout mean (its loss_mode).
 LOSS_MODES = tuple(mode.value for mode in LossMode)

@@ -25,8 +25,8 @@ from advcli.advantages.unit_scores import Naming, build_units
 from advcli.advantages.units import Trajectories
 from advcli.errors import AdvcliError
 from advcli.keys import ANCHOR, GROUP, ROW, SCORE, STEP_REWARD, TURN
-from advcli.rules import PADDED_RETURN, STD_DDOF, ZERO_STD
-from advcli.settings import AdvantageConfig, Level, PerTurn
+from advcli.settings.config import AdvantageConfig, Level, PerTurn
+from advcli.settings.rules import PADDED_RETURN, STD_DDOF, ZERO_STD
 
 # Each row's trajectory-group size while the padded statistics are made.
 MEMBERS = "__members"

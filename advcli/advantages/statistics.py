@@ -10,7 +10,13 @@ import polars as pl
 
 from advcli.errors import AdvcliError
 from advcli.keys import GROUP, SCORE, TOKENS
-from advcli.rules import SINGLETON_STD, STD_DDOF, WHITEN_EPSILON, WHITEN_MIN_TOKENS, ZERO_STD
+from advcli.settings.rules import (
+    SINGLETON_STD,
+    STD_DDOF,
+    WHITEN_EPSILON,
+    WHITEN_MIN_TOKENS,
+    ZERO_STD,
+)
 
 
 def group_statistics(

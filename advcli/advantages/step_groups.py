@@ -4,7 +4,7 @@ groups (:func:`gigpo_advantages`).
 Each row's step return comes from its trajectory's step rewards in turn order
 (:func:`step_returns`); rows whose anchors are equal (within a task group, or batch-wide) form a
 step group, and each return is normalized within it (:func:`step_advantages`). The rules are
-those of :mod:`advcli.rules` (``STEP_*``, ``GAMMA_RANGE``).
+those of :mod:`advcli.settings.rules` (``STEP_*``, ``GAMMA_RANGE``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import Trajectories, sorted_sum
 from advcli.errors import AdvcliError
 from advcli.keys import ANCHOR, GROUP, ROW, SCORE, STEP_RETURN, STEP_REWARD, TOKENS, TURN
-from advcli.rules import FLOAT32_MAX, SINGLETON_STD, STD_DDOF, STEP_SINGLETON
-from advcli.settings import (
+from advcli.settings.config import (
     AdvantageConfig,
     AnchorScope,
     GigpoNorm,
@@ -30,6 +29,7 @@ from advcli.settings import (
     StepTerm,
     TrajScore,
 )
+from advcli.settings.rules import FLOAT32_MAX, SINGLETON_STD, STD_DDOF, STEP_SINGLETON
 
 
 def gigpo_advantages(

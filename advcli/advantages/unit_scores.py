@@ -16,8 +16,8 @@ import polars as pl
 from advcli.advantages.units import Trajectories, sorted_sum
 from advcli.errors import AdvcliError
 from advcli.keys import GROUP, LAST_STEP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
-from advcli.rules import SCORE_TOLERANCE
-from advcli.settings import AdvantageConfig, Level, TrajScore
+from advcli.settings.config import AdvantageConfig, Level, TrajScore
+from advcli.settings.rules import SCORE_TOLERANCE
 
 
 def _row_number(row: int) -> str:

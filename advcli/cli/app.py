@@ -1,5 +1,5 @@
 """The ``advcli`` command line: the Typer app and its commands, each a thin layer of option
-parsing and presentation over :mod:`advcli.pipeline`."""
+parsing and presentation over :mod:`advcli.run.commands`."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ from advcli.cli.options import (
     dump_settings,
 )
 from advcli.errors import UsageError
-from advcli.settings import Engine, RewardMode
+from advcli.settings.config import Engine, RewardMode
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -134,7 +134,7 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal repor
 
 
 @reports_errors
-def compare_command(
+def compare_command(  # noqa: PLR0913
     ctx: typer.Context,
     inputs: Inputs = None,
     estimator: EstimatorOpt = DEFAULTS.estimator,
@@ -200,7 +200,7 @@ def compare_command(
         run_follow(inputs or [], settings, ctx.params)
         return
     with held():  # Polars panics when a Ctrl-C lands inside its import
-        from advcli.pipeline import compare
+        from advcli.run.commands import compare
         from advcli.write.documents import ReportFiles
         from advcli.write.outputs import goes_to_stdout
 

@@ -48,10 +48,10 @@ from advcli.cli.options import (
     TurnCol,
     dump_settings,
 )
-from advcli.settings import Engine, LossMode, OutputColumns, OutputFormat, RewardMode
+from advcli.settings.config import Engine, LossMode, OutputColumns, OutputFormat, RewardMode
 
 if TYPE_CHECKING:
-    from advcli.pipeline import ComputeSummary
+    from advcli.run.commands import ComputeSummary
 
 Output = Annotated[
     Path,
@@ -119,7 +119,7 @@ PROGRESS_DELAY_SECONDS = 1.0
 
 
 @reports_errors
-def compute_command(
+def compute_command(  # noqa: PLR0913
     ctx: typer.Context,
     output: Output,
     inputs: Inputs = None,
@@ -167,7 +167,7 @@ def compute_command(
     settings = dump_settings(ctx)
     use_threads(threads)
     with held():  # Polars panics when a Ctrl-C lands inside its import
-        from advcli.pipeline import compute
+        from advcli.run.commands import compute
 
         load_numpy_bridge()
 

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from advcli._runtime.signals import held
 from advcli.errors import AdvcliError, UsageError
-from advcli.settings import Engine
+from advcli.settings.config import Engine
 
 if TYPE_CHECKING:
     from advcli.cli.options import DumpSettings
@@ -105,7 +105,7 @@ def run_follow(inputs: list[str], settings: DumpSettings, params: dict[str, Any]
         require_stdout("the steps" if lines_on_stdout else "the steps' rows (pass --quiet)")
     show = None if params["quiet"] else stderr if lines_on_stdout else stdout()
     with held():  # Polars panics when a Ctrl-C lands inside its import
-        from advcli.follow import follow_steps
+        from advcli.run.follow import follow_steps
 
         load_numpy_bridge()
     with _lines(jsonl, params["force"]) as write:

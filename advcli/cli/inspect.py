@@ -38,7 +38,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as JSON 
 
 
 @reports_errors
-def inspect_command(
+def inspect_command(  # noqa: PLR0913
     ctx: typer.Context,
     inputs: Inputs = None,
     group_col: GroupCol = None,
@@ -61,7 +61,7 @@ def inspect_command(
     require_stdout("the inspection")
     use_threads(threads)
     with held():  # Polars panics when a Ctrl-C lands inside its import
-        from advcli.pipeline import inspect
+        from advcli.run.commands import inspect
 
         load_numpy_bridge()
 

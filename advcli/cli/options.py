@@ -11,8 +11,7 @@ import typer
 
 from advcli.cli.saved_options import read_config
 from advcli.errors import UsageError
-from advcli.recipes import PER_TURN_RECIPES, RECIPES, PerTurnRecipe, Recipe, gigpo_settings
-from advcli.settings import (
+from advcli.settings.config import (
     AdvantageConfig,
     AnchorScope,
     ColumnNames,
@@ -28,6 +27,7 @@ from advcli.settings import (
     StepTerm,
     TrajScore,
 )
+from advcli.settings.recipes import PER_TURN_RECIPES, RECIPES, PerTurnRecipe, Recipe, gigpo_settings
 
 # More threads than this only cost memory on any machine advcli runs on.
 MAX_THREADS = 1024

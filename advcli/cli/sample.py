@@ -12,11 +12,11 @@ from rich.text import Text
 from advcli.cli.consoles import stderr
 from advcli.cli.exits import reports_errors
 from advcli.errors import UsageError
-from advcli.settings import SampleTrainer
+from advcli.settings.config import SampleTrainer
 
 
 @reports_errors
-def sample_command(
+def sample_command(  # noqa: PLR0913
     output: Annotated[
         Path,
         typer.Argument(
@@ -76,8 +76,8 @@ def sample_command(
     Example: advcli sample rollouts.parquet --groups 64 --rollouts 8 --seed 0
     """
     from advcli.report.views import visible
-    from advcli.sample import StepOptions, write_sample
     from advcli.write.outputs import goes_to_stdout
+    from advcli.write.sample import StepOptions, write_sample
 
     given = {"anchor_share": anchor_share, "invalid_rate": invalid_rate}
     knobs = {name: value for name, value in given.items() if value is not None}

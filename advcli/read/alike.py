@@ -12,7 +12,7 @@ from typing import NoReturn, TypeVar
 from advcli.errors import AdvcliError
 from advcli.read.columns import ColumnRoles
 from advcli.read.dialects import ROLES, STEP_ROLES
-from advcli.settings import ColumnNames
+from advcli.settings.config import ColumnNames
 
 T = TypeVar("T")
 

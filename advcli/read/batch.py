@@ -25,8 +25,8 @@ from advcli.read.dtypes import is_anchor_type
 from advcli.read.picker import Options
 from advcli.read.projection import anchor_key
 from advcli.read.roles import read_roles
-from advcli.rules import DEFAULT_STEP_GROUPS, STEP_GROUPINGS
-from advcli.settings import ColumnNames
+from advcli.settings.config import ColumnNames
+from advcli.settings.rules import DEFAULT_STEP_GROUPS, STEP_GROUPINGS
 
 # How the errors name the arguments that give a role its key: write_batch's (``trajectory=``);
 # advcli.verl passes its own. A batch is one training step: there is no option to split it.
@@ -47,7 +47,7 @@ WRITE_BATCH_OPTIONS = Options(
 )
 
 
-def batch_roles(
+def batch_roles(  # noqa: PLR0913
     entries: Mapping[str, Any],
     *,
     group: str | None = None,

@@ -14,7 +14,7 @@ import polars as pl
 
 from advcli.errors import AdvcliError
 from advcli.read.dataset import Dataset
-from advcli.rules import EXACT_INTEGER_LIMIT
+from advcli.settings.rules import EXACT_INTEGER_LIMIT
 
 
 def first_bad_line(path: Path) -> str | None:

@@ -33,7 +33,7 @@ from advcli.read.dataset import Dataset
 from advcli.read.dtypes import is_enum, sequence_of
 from advcli.read.json_lines import check_json_lines
 from advcli.read.scan import closing_sources
-from advcli.rules import EXACT_INTEGER_LIMIT
+from advcli.settings.rules import EXACT_INTEGER_LIMIT
 
 
 @dataclass(frozen=True)

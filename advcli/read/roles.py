@@ -31,7 +31,7 @@ from advcli.read.columns import ColumnRoles, StepRoles, resolve_columns
 from advcli.read.dialects import DIALECTS, Role, named_like
 from advcli.read.dtypes import can_hold, is_id_type, is_number, sequence_of
 from advcli.read.picker import COMMAND_LINE, Options
-from advcli.settings import ColumnNames
+from advcli.settings.config import ColumnNames
 
 # Reads the named columns in input order: every row, or the first ``limit``.
 Values = Callable[[Sequence[str], int | None], pl.DataFrame]
@@ -46,7 +46,7 @@ CANDIDATES_SHOWN = 3
 ID_LENGTH = 64
 
 
-def read_roles(
+def read_roles(  # noqa: PLR0913
     schema: pl.Schema,
     where: str,
     names: ColumnNames,

@@ -22,7 +22,7 @@ from advcli.advantages.levels import TurnLevel
 from advcli.advantages.loss import LOSS_MODES, MODE_SOURCES, trajectory_weight
 from advcli.keys import GROUP, SCORE, TOKENS, TRAJECTORY
 from advcli.report.verdict import assess, diff_means, verdict
-from advcli.settings import AdvantageConfig
+from advcli.settings.config import AdvantageConfig
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """``compare --by``: the headline figures of each training step, from the report of the whole
 run in one grouped pass (each value of a column), or from each step's own report (each input
-file, :mod:`advcli.parts`)."""
+file, :mod:`advcli.run.parts`)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from advcli.keys import (
 )
 from advcli.report.bias import histogram, number
 from advcli.report.step_credit import step_group_figures
-from advcli.settings import AdvantageConfig, AnchorScope, Level, TrajScore
+from advcli.settings.config import AdvantageConfig, AnchorScope, Level, TrajScore
 
 # How many offending trajectories or turns are listed by key.
 EXAMPLES = 5

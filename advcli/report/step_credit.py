@@ -19,8 +19,8 @@ import polars as pl
 from advcli.advantages.statistics import batch_key
 from advcli.advantages.units import Trajectories
 from advcli.keys import ANCHOR, GROUP, SCORE, TRAJECTORY, TURN
-from advcli.rules import STD_DDOF
-from advcli.settings import AdvantageConfig, AnchorScope, Level
+from advcli.settings.config import AdvantageConfig, AnchorScope, Level
+from advcli.settings.rules import STD_DDOF
 
 # When the step term is judged dead or weak: "dead" when at least this share of rows gets
 # A_step = 0 (step groups of one, or whose returns tie), "weak" when the mean |ω · A_step| is

@@ -17,7 +17,7 @@ import polars as pl
 
 from advcli.report.bias import BiasReport, number
 from advcli.report.verdict import REFERENCE_GROUPING, judge_grouping, termination_verdict
-from advcli.settings import AdvantageConfig
+from advcli.settings.config import AdvantageConfig
 
 # A row "continues" when its trajectory takes another turn after it, and "stops" at its last.
 CONTINUES = pl.col("turn") < pl.col("turns") - 1

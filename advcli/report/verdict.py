@@ -89,7 +89,7 @@ ADVCLI = Remedy(
     "compute_advantage call applies them",
     brief="advcli compute --level trajectory, or advcli.verl.compute_advantage(batch) in the "
     "training step",
-    source="advcli: advcli/verl.py, compute_advantage",
+    source="advcli: advcli/verl/advantage.py, compute_advantage",
 )
 VERL = Remedy(
     "verl",
@@ -257,7 +257,9 @@ ADVCLI_GIGPO = Remedy(
     brief="advcli compute --estimator gigpo --recipe verl-agent-trajectory, or "
     'advcli.verl.compute_advantage(batch, adv_estimator="gigpo", recipe="verl-agent-trajectory") '
     "in the training step",
-    source="advcli: advcli/settings.py, RECIPES; advcli/verl.py, compute_advantage",
+    source=(
+        "advcli: advcli/settings/recipes.py, RECIPES; advcli/verl/advantage.py, compute_advantage"
+    ),
 )
 VERL_AGENT_GIGPO = Remedy(
     "verl-agent",

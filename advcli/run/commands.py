@@ -18,9 +18,21 @@ import polars as pl
 from advcli import __version__
 from advcli.advantages.estimators import Advantages
 from advcli.advantages.levels import both_levels
-from advcli.compute_parts import PartSettings, RunCounts, file_parts, run_columns
 from advcli.errors import AdvcliError, UsageError
-from advcli.loading import (
+from advcli.read.columns import ColumnRoles
+from advcli.read.dataset import Dataset
+from advcli.read.duplicates import DuplicateRows, find_duplicates
+from advcli.read.inputs import STDIN
+from advcli.read.scan import release_freed_memory
+from advcli.report.bias import bias_report
+from advcli.report.by_step import by_step
+from advcli.report.documents import render_json
+from advcli.report.inspection import inspect_dump
+from advcli.report.step_credit import attach_step_credit
+from advcli.report.termination import Report
+from advcli.report.termination_documents import renderers
+from advcli.run.compute_parts import PartSettings, RunCounts, file_parts, run_columns
+from advcli.run.loading import (
     Inputs,
     LoadedDump,
     check_by,
@@ -35,21 +47,9 @@ from advcli.loading import (
     report_settings,
     start_engine,
 )
-from advcli.parts import by_parts, compare_parts, step_order
-from advcli.read.columns import ColumnRoles
-from advcli.read.dataset import Dataset
-from advcli.read.duplicates import DuplicateRows, find_duplicates
-from advcli.read.inputs import STDIN
-from advcli.read.scan import release_freed_memory
-from advcli.report.bias import bias_report
-from advcli.report.by_step import by_step
-from advcli.report.documents import render_json
-from advcli.report.inspection import inspect_dump
-from advcli.report.step_credit import attach_step_credit
-from advcli.report.termination import Report
-from advcli.report.termination_documents import renderers
-from advcli.row_values import row_values
-from advcli.settings import (
+from advcli.run.parts import by_parts, compare_parts, step_order
+from advcli.run.row_values import row_values
+from advcli.settings.config import (
     AdvantageConfig,
     AnchorScope,
     ColumnNames,
@@ -93,7 +93,7 @@ class ComputeSummary:
     padding_rows: int = 0
 
 
-def compute(
+def compute(  # noqa: PLR0913
     inputs: Inputs,
     output: Path,
     config: AdvantageConfig = AdvantageConfig(),
@@ -124,7 +124,7 @@ def compute(
     each stage starts: ``reading keys``, ``computing statistics``, ``writing output``.
     ``engine="ray"``: stages 1 and 3 on Ray Data (at ``address``, else a new local cluster),
     ``output`` a Parquet dataset folder. ``by`` (``"file"`` or a column such as ``step``): each
-    part its own batch, with ``"file"`` one file at a time (:mod:`advcli.compute_parts`) but for
+    part its own batch, with ``"file"`` one file at a time (:mod:`advcli.run.compute_parts`) but for
     ``report_path`` and arrays. ``columns``: the input columns kept beside the new ones.
     Duplicated rows (:mod:`advcli.read.duplicates`) count as the trainer counted them; with
     ``drop_duplicates`` the statistics see the first row of each identical set only, each copy
@@ -216,7 +216,7 @@ def _compute_files(
     force: bool,
     started: float,
 ) -> ComputeSummary:
-    """``compute --by file`` one file at a time (:mod:`advcli.compute_parts`), and its summary
+    """``compute --by file`` one file at a time (:mod:`advcli.run.compute_parts`), and its summary
     (its time counted from ``started``)."""
     counts = RunCounts()
     parts = file_parts(dataset, settings, counts)
@@ -324,7 +324,7 @@ def _mask_needed_for(
     return estimator_needs_mask(config)
 
 
-def compare(
+def compare(  # noqa: PLR0913
     inputs: Inputs,
     config: AdvantageConfig = AdvantageConfig(),
     *,

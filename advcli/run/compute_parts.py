@@ -12,14 +12,14 @@ import polars as pl
 
 from advcli.advantages.estimators import Advantages
 from advcli.errors import AdvcliError, first_line
-from advcli.loading import LoadedDump, by_reason, compute_step_roles, counted_rows
 from advcli.read.alike import ReadAlike
 from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
 from advcli.read.duplicates import DuplicateRows
 from advcli.read.scan import release_freed_memory
-from advcli.row_values import row_values
-from advcli.settings import AdvantageConfig, ColumnNames, LossMode
+from advcli.run.loading import LoadedDump, by_reason, compute_step_roles, counted_rows
+from advcli.run.row_values import row_values
+from advcli.settings.config import AdvantageConfig, ColumnNames, LossMode
 
 
 @dataclass

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from advcli.errors import AdvcliError
-from advcli.loading import check_engine, opened
 from advcli.names import shown_path
-from advcli.parts import compare_parts
 from advcli.read.alike import ReadAlike
 from advcli.read.inputs import directory_files
 from advcli.report.by_step import empty_step
-from advcli.settings import AdvantageConfig, ColumnNames, Engine
+from advcli.run.loading import check_engine, opened
+from advcli.run.parts import compare_parts
+from advcli.settings.config import AdvantageConfig, ColumnNames, Engine
 from advcli.write.atomic import PARTIAL_SUFFIX, published_whole
 
 # How often the folder is listed: a step file is reported within this of being complete, and

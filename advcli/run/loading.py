@@ -42,8 +42,8 @@ from advcli.read.roles import read_roles
 from advcli.read.turn_rewards import check_last_steps, check_turn_rewards
 from advcli.report.step_credit import not_measured, step_credit
 from advcli.report.termination import TerminationReport, termination_report
-from advcli.rules import RULES
-from advcli.settings import AdvantageConfig, ColumnNames, Engine, Level
+from advcli.settings.config import AdvantageConfig, ColumnNames, Engine, Level
+from advcli.settings.rules import RULES
 from advcli.write.outputs import check_not_written_into
 
 # What the library calls take as inputs: one path, or a sequence of them (``-``: standard input).
@@ -331,10 +331,10 @@ def start_engine(engine: Engine, address: str | None) -> None:
 
 
 def load_ray_engine() -> Any:
-    """The module of ``--engine ray`` (:mod:`advcli.ray_engine`), imported only when it is
+    """The module of ``--engine ray`` (:mod:`advcli.run.ray_engine`), imported only when it is
     asked for: Ray is an optional extra."""
     try:
-        from advcli import ray_engine
+        from advcli.run import ray_engine
     except ImportError:
         raise AdvcliError("--engine ray needs Ray: pip install 'advcli[ray]'") from None
     return ray_engine

@@ -23,7 +23,16 @@ from advcli import __version__
 from advcli._runtime.signals import held
 from advcli.advantages.levels import both_levels
 from advcli.errors import AdvcliError, UsageError, first_line
-from advcli.loading import (
+from advcli.read.alike import ReadAlike
+from advcli.read.columns import ColumnRoles, unused_name
+from advcli.read.dataset import Dataset, StepRows
+from advcli.read.duplicates import EXAMPLES
+from advcli.read.inputs import open_dataset
+from advcli.read.scan import closing_sources, release_freed_memory
+from advcli.report.bias import BiasReport, bias_report
+from advcli.report.by_step import empty_step, step_entry
+from advcli.report.parts import PartFigures, combined_summary, merged, part_figures
+from advcli.run.loading import (
     LoadedDump,
     by_reason,
     compare_step_roles,
@@ -34,16 +43,7 @@ from advcli.loading import (
     report_settings,
     step_type,
 )
-from advcli.read.alike import ReadAlike
-from advcli.read.columns import ColumnRoles, unused_name
-from advcli.read.dataset import Dataset, StepRows
-from advcli.read.duplicates import EXAMPLES
-from advcli.read.inputs import open_dataset
-from advcli.read.scan import closing_sources, release_freed_memory
-from advcli.report.bias import BiasReport, bias_report
-from advcli.report.by_step import empty_step, step_entry
-from advcli.report.parts import PartFigures, combined_summary, merged, part_figures
-from advcli.settings import AdvantageConfig, ColumnNames, Engine
+from advcli.settings.config import AdvantageConfig, ColumnNames, Engine
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def by_parts(by: str | None, config: AdvantageConfig, *, plot: bool, jobs: int) 
     return parts
 
 
-def compare_parts(
+def compare_parts(  # noqa: PLR0913
     dataset: Dataset,
     by: str,
     config: AdvantageConfig,

@@ -38,8 +38,8 @@ from advcli.names import is_utf8
 from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
 from advcli.read.projection import KeyExpressions
-from advcli.rules import RULES
-from advcli.settings import AdvantageConfig, Estimator, Level, OutputColumns
+from advcli.settings.config import AdvantageConfig, Estimator, Level, OutputColumns
+from advcli.settings.rules import RULES
 from advcli.write.atomic import atomic_output
 from advcli.write.rows import kept_columns, output_rows
 

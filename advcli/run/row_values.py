@@ -9,9 +9,9 @@ from advcli.advantages.estimators import Advantages
 from advcli.advantages.loss import token_weight, unwritable_weight
 from advcli.errors import UsageError
 from advcli.keys import ROW, SCORE, TOKENS
-from advcli.loading import LoadedDump
 from advcli.read.duplicates import DuplicateRows
-from advcli.settings import LossMode
+from advcli.run.loading import LoadedDump
+from advcli.settings.config import LossMode
 from advcli.write.rows import with_padding
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from advcli.errors import UsageError
-from advcli.rules import (
+from advcli.settings.rules import (
     DEFAULT_STEP_GROUPS,
     GAMMA_RANGE,
     PER_TURN_ESTIMATORS,
@@ -251,7 +251,7 @@ class Engine(str, Enum):
 
 class SampleTrainer(str, Enum):
     """Whose batch ``advcli sample`` writes: advcli's schema, or verl-agent's with GiGPO's
-    columns (:mod:`advcli.sample`)."""
+    columns (:mod:`advcli.write.sample`)."""
 
     ADVCLI = "advcli"
     VERL_AGENT = "verl-agent"

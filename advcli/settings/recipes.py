@@ -2,7 +2,7 @@
 per-turn rewards (:data:`PER_TURN_RECIPES`), and the settings a recipe and the options given
 beside it make (:func:`gigpo_settings`).
 
-Kept free of Polars, as :mod:`advcli.settings`.
+Kept free of Polars, as :mod:`advcli.settings.config`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from advcli.errors import UsageError
-from advcli.rules import LIGHTRFT_VARIANCE_EPSILON, ROLL_MIN_STD
-from advcli.settings import (
+from advcli.settings.config import (
     AnchorScope,
     Estimator,
     GigpoNorm,
@@ -21,6 +20,7 @@ from advcli.settings import (
     StepGroups,
     StepTerm,
 )
+from advcli.settings.rules import LIGHTRFT_VARIANCE_EPSILON, ROLL_MIN_STD
 
 
 class Recipe(str, Enum):

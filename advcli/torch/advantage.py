@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from advcli.rules import RULES
-from advcli.settings import AdvantageConfig, Level, TrajScore
+from advcli.settings.config import AdvantageConfig, Level, TrajScore
+from advcli.settings.rules import RULES
 from advcli.torch.arguments import GigpoArguments, PerTurnArguments, settings_of
 from advcli.torch.groups import GroupCounts, unit_advantages, whiten
 from advcli.torch.ids import Codes, Ids, compact, raw_codes
@@ -33,7 +33,7 @@ from advcli.torch.trajectories import (
 )
 
 
-def compute_advantage(
+def compute_advantage(  # noqa: PLR0913
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: Ids,
@@ -181,7 +181,7 @@ class AdvantageResult:
         )
 
 
-def compute_advantage_with_metrics(
+def compute_advantage_with_metrics(  # noqa: PLR0913
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: Ids,

@@ -9,8 +9,7 @@ from enum import Enum
 from typing import TypeVar
 
 from advcli.errors import UsageError
-from advcli.recipes import PER_TURN_RECIPES, PerTurnRecipe, Recipe, gigpo_settings
-from advcli.settings import (
+from advcli.settings.config import (
     DEFAULT_GROUPS,
     AdvantageConfig,
     AnchorScope,
@@ -24,6 +23,7 @@ from advcli.settings import (
     StepGroups,
     TrajScore,
 )
+from advcli.settings.recipes import PER_TURN_RECIPES, PerTurnRecipe, Recipe, gigpo_settings
 
 SettingT = TypeVar("SettingT", bound=Enum)
 # The command line's --epsilon default.

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from advcli.rules import RULES
-from advcli.settings import Scale, Singleton
+from advcli.settings.config import Scale, Singleton
+from advcli.settings.rules import RULES
 from advcli.torch.groups import apply_table, apply_table_to_units, group_table
 from advcli.torch.ids import (
     KEY_LIMIT,

@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from advcli.rules import (
+from advcli.settings.config import AdvantageConfig, GigpoNorm, Scale, Singleton
+from advcli.settings.rules import (
     PADDED_RETURN,
     RULES,
     SINGLETON_MEAN,
@@ -22,7 +23,6 @@ from advcli.rules import (
     Baseline,
     EstimatorRule,
 )
-from advcli.settings import AdvantageConfig, GigpoNorm, Scale, Singleton
 from advcli.torch.trajectories import Units
 
 
@@ -64,7 +64,7 @@ class GroupTable:
         )
 
 
-def group_table(
+def group_table(  # noqa: PLR0913
     x: torch.Tensor,
     group: torch.Tensor,
     bound: int,
@@ -128,7 +128,7 @@ def group_table(
         divisor = std.masked_fill_(alone, SINGLETON_STD).add_(epsilon)
     elif scale is Scale.BATCH:
         # Every unit divided by the batch std; one alone in its group by the singleton std
-        # when the batch std is 0 (advcli.rules).
+        # when the batch std is 0 (advcli.settings.rules).
         batch = _batch_std(x)
         lone = batch if batch != ZERO_STD else SINGLETON_STD
         divisor = torch.full_like(count, batch).masked_fill_(alone, lone).add_(epsilon)
@@ -220,7 +220,8 @@ def _advantage_of_centred(
 
 
 def unit_advantages(units: Units, config: AdvantageConfig) -> tuple[torch.Tensor, GroupCounts]:
-    """Each unit's advantage under its estimator's rule (advcli.rules), and its groups' counts."""
+    """Each unit's advantage under its estimator's rule (advcli.settings.rules), and its groups'
+    counts."""
     order = units.first_row
     if order is None:
         order = torch.arange(units.score.shape[0], device=units.score.device)
@@ -265,7 +266,7 @@ def _top_units(
 
 
 def _batch_std(x: torch.Tensor) -> float:
-    """The std of every unit's score in the batch (advcli.rules: --scale batch)."""
+    """The std of every unit's score in the batch (advcli.settings.rules: --scale batch)."""
     if x.numel() == 1:
         return SINGLETON_STD
     if bool(x.min() == x.max()):

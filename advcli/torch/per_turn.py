@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from advcli.rules import RULES
-from advcli.settings import AdvantageConfig, PerTurn
+from advcli.settings.config import AdvantageConfig, PerTurn
+from advcli.settings.rules import RULES
 from advcli.torch.groups import GroupCounts, apply_table_to_units, group_table
 from advcli.torch.ids import Codes, Ids, compact, direct_limit, raw_codes, unique_codes
 from advcli.torch.step_groups import step_groups, step_returns, step_values

@@ -1,5 +1,5 @@
-"""GiGPO's step term on tensors, from the rules of :mod:`advcli.rules` (``STEP_*``) that the
-Polars path (:mod:`advcli.advantages.step_groups`) reads: each row's step return over its
+"""GiGPO's step term on tensors, from the rules of :mod:`advcli.settings.rules` (``STEP_*``) that
+the Polars path (:mod:`advcli.advantages.step_groups`) reads: each row's step return over its
 trajectory in turn order (:func:`step_returns`), its step group, the rows of one anchor within
 a group or batch-wide (:func:`step_groups`), and its return normalized there
 (:func:`step_advantages`); and the episode term's one departure from the estimators' kernel,
@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from advcli.rules import RULES, SINGLETON_STD, STEP_SINGLETON
-from advcli.settings import (
+from advcli.settings.config import (
     AdvantageConfig,
     AnchorScope,
     Estimator,
@@ -22,6 +21,7 @@ from advcli.settings import (
     Singleton,
     StepTerm,
 )
+from advcli.settings.rules import RULES, SINGLETON_STD, STEP_SINGLETON
 from advcli.torch.groups import (
     GroupCounts,
     apply_table,

@@ -9,7 +9,7 @@ import math
 import torch
 
 from advcli.errors import AdvcliError
-from advcli.rules import EXACT_INTEGER_LIMIT, FLOAT32_MAX
+from advcli.settings.rules import EXACT_INTEGER_LIMIT, FLOAT32_MAX
 
 # Rewards are summed in float64 by blocks of about this many values (see row_scores).
 _SUM_BLOCK = 1 << 20

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from advcli.rules import SCORE_TOLERANCE
-from advcli.settings import AdvantageConfig, TrajScore
+from advcli.settings.config import AdvantageConfig, TrajScore
+from advcli.settings.rules import SCORE_TOLERANCE
 from advcli.torch.ids import (
     KEY_LIMIT,
     Codes,

@@ -29,21 +29,21 @@ from advcli.advantages.groupings import every_grouping, groupings_of
 from advcli.advantages.levels import both_levels
 from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import index_trajectories
-from advcli.batch import (
+from advcli.errors import AdvcliError
+from advcli.keys import ANCHOR, SCORE, STEP_REWARD
+from advcli.read.batch import (
     batch_entries,
     batch_projection,
     batch_roles,
 )
-from advcli.errors import AdvcliError
-from advcli.keys import ANCHOR, SCORE, STEP_REWARD
 from advcli.read.columns import ColumnRoles
 from advcli.read.picker import Options
 from advcli.report.bias import bias_report
 from advcli.report.termination import termination_report
-from advcli.rules import RULES
-from advcli.settings import Estimator, TrajScore
+from advcli.settings.config import Estimator, TrajScore
+from advcli.settings.rules import RULES
 from advcli.torch import AdvantageResult, RewardError, compute_advantage_with_metrics
-from advcli.verl_keywords import (
+from advcli.verl.keywords import (
     STEP_KEYS,
     check_gigpo_keywords,
     config_value,
@@ -114,7 +114,7 @@ OPTIONS = Options(
 )
 
 
-def compute_advantage(
+def compute_advantage(  # noqa: PLR0913
     data: Any,
     adv_estimator: Any = None,
     gamma: float = 1.0,

@@ -1,19 +1,19 @@
 """verl's and verl-agent's keywords and config keys as :func:`advcli.torch.compute_advantage`'s
 arguments, for :func:`advcli.verl.compute_advantage`: gigpo's (:func:`gigpo_arguments`) and
 per-turn rewards' (:func:`per_turn_keywords`), the batch's step entries read by
-:mod:`advcli.batch`, and ``config`` read as verl reads it (:func:`config_value`)."""
+:mod:`advcli.read.batch`, and ``config`` read as verl reads it (:func:`config_value`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from advcli.batch import TurnRewardError, anchor_codes, per_turn_inputs
 from advcli.errors import AdvcliError
+from advcli.read.batch import TurnRewardError, anchor_codes, per_turn_inputs
 from advcli.read.columns import ColumnRoles
-from advcli.recipes import PER_TURN_RECIPES
-from advcli.rules import RULES
-from advcli.settings import Estimator, RewardMode
+from advcli.settings.config import Estimator, RewardMode
+from advcli.settings.recipes import PER_TURN_RECIPES
+from advcli.settings.rules import RULES
 from advcli.torch import RewardError
 
 # advcli.verl's gigpo keywords: advcli's names (``--recipe``, ``--gigpo-norm``, ``--step-weight``,

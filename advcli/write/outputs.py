@@ -24,7 +24,7 @@ from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
 from advcli.read.formats import FOLDER_SUFFIXES
 from advcli.read.inputs import STDIN
-from advcli.settings import Engine, OutputColumns, OutputFormat
+from advcli.settings.config import Engine, OutputColumns, OutputFormat
 from advcli.write.atomic import check_output_path, writes_in_place
 from advcli.write.rows import write_advantage_parts, write_advantages
 

@@ -30,7 +30,7 @@ from advcli.names import native_name
 from advcli.read.columns import OUTPUT_COLUMNS, ColumnRoles, unused_name
 from advcli.read.dataset import Dataset
 from advcli.read.scan import closing_sources
-from advcli.settings import OutputColumns, OutputFormat
+from advcli.settings.config import OutputColumns, OutputFormat
 from advcli.write.atomic import atomic_output
 
 # The most rows of a row group compute --by file sets: the default row group of Polars' sinks
@@ -157,7 +157,7 @@ def output_frame(
     return frame, kept
 
 
-def _write(
+def _write(  # noqa: PLR0913
     frame: pl.LazyFrame,
     dataset: Dataset,
     columns: ColumnRoles | None,

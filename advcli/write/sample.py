@@ -25,7 +25,7 @@ from advcli._runtime.process import available_memory, require_stdout
 from advcli.errors import AdvcliError
 from advcli.names import native_name
 from advcli.read.inputs import STDIN
-from advcli.settings import SampleTrainer
+from advcli.settings.config import SampleTrainer
 from advcli.write.atomic import atomic_output, check_output_path
 from advcli.write.outputs import check_standard_output, staged_for_stdout
 
