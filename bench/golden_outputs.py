@@ -42,7 +42,10 @@ def dumps(folder: Path) -> dict[str, list[str]]:
     """The fixed inputs: the shipped sample; a generated dump with non-round scores, split over
     two files; the same with scalar scores and response lengths; one with singleton and zero-std
     groups and scores that disagree within a trajectory."""
-    shipped = Path(__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
+    # Copied into the fixed folder: the reports name their input files, and the checkout's own
+    # path differs from one clone to the next.
+    shipped = folder / "rollouts.parquet"
+    shutil.copyfile(Path(__file__).resolve().parent.parent / "sample_data" / shipped.name, shipped)
     generated = pl.from_arrow(sample_table(groups=40, rollouts=6, seed=11)).with_columns(
         token_level_rewards=pl.col("token_level_rewards") * (0.3 + pl.col("data_id") * 0.0137)
     )

@@ -7,12 +7,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import polars as pl
 import pytest
 from typer.testing import CliRunner
+
+# pytest-xdist's workers inherit a terminal size (COLUMNS=80, LINES=24) that a run in one
+# process does not have; rich would fix its stderr console's width from it when the command line
+# is imported, and every test would read tables wrapped at 80 columns whatever width it asks for.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 
 from advcli.cli.app import app
 from advcli.write.atomic import MARKER
@@ -33,16 +40,92 @@ def dump_frame(rows: Sequence[tuple[object, object, int, float, int]]) -> pl.Dat
     )
 
 
+# The tiers of the suite, each a marker: a test is counted in the first tier it is marked with,
+# and a test with none runs in this process only ("in-process": the library and the command line
+# through CliRunner).
+TIERS = ("ray", "browser", "peers", "docs", "process")
+IN_PROCESS = "in-process"
+
+
+def tier_of(keywords: Iterable[str]) -> str:
+    return next((tier for tier in TIERS if tier in keywords), IN_PROCESS)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked ``ray`` run last (in their usual order), those that join the one in-process
-    cluster after those that start their own: the cluster is then up only while they run, and
-    never beside another one."""
+    cluster after those that start their own; under pytest-xdist each worker takes its share of
+    them last. Run first, or on one worker beside the rest, the clusters' many processes slowed
+    every other test on two cores: the suite took more than half as long again."""
     items.sort(
         key=lambda item: (
             item.get_closest_marker("ray") is not None,
             "cluster" in getattr(item, "fixturenames", ()),
         )
     )
+
+
+@pytest.fixture(autouse=True)
+def _a_test_that_starts_a_process_says_so(request: pytest.FixtureRequest):
+    """A test in the in-process tier that starts a process (advcli, Python, a browser) fails:
+    its tier marker is what lets the tiers be timed and run apart, so it must not go stale."""
+    if tier_of(request.node.keywords) != IN_PROCESS:
+        yield
+        return
+    started: list[object] = []
+    original = subprocess.Popen.__init__
+
+    def spy(self: subprocess.Popen, args: object, *rest: object, **options: object) -> None:
+        started.append(args)
+        original(self, args, *rest, **options)  # type: ignore[arg-type]
+
+    subprocess.Popen.__init__ = spy  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = original  # type: ignore[method-assign]
+    assert not started, f"this test starts a process ({started[0]!r}): mark it process"
+
+
+class TierTimes:
+    """Each tier's tests, their summed time (setup, call and teardown) and the wall span from the
+    first of them starting to the last ending: the tiers run side by side over the workers, so a
+    tier's span is how long it held the run, and its summed time what it cost."""
+
+    def __init__(self) -> None:
+        self.tests: Counter[str] = Counter()
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+        self.start: dict[str, float] = {}
+        self.stop: dict[str, float] = {}
+
+    def add(self, report: pytest.TestReport) -> None:
+        tier = tier_of(report.keywords)
+        self.seconds[tier] += report.duration
+        self.tests[tier] += report.when == "call"
+        self.start[tier] = min(self.start.get(tier, report.start), report.start)
+        self.stop[tier] = max(self.stop.get(tier, report.stop), report.stop)
+
+    def lines(self) -> list[str]:
+        tiers = [tier for tier in (*TIERS, IN_PROCESS) if tier in self.seconds]
+        rows = [f"{'tier':<12}{'tests':>7}{'span':>10}{'test time':>12}"]
+        for tier in tiers:
+            span = self.stop[tier] - self.start[tier]
+            rows.append(f"{tier:<12}{self.tests[tier]:>7}{span:>9.0f}s{self.seconds[tier]:>11.0f}s")
+        return rows
+
+
+TIER_TIMES = TierTimes()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    TIER_TIMES.add(report)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if hasattr(terminalreporter.config, "workerinput") or not TIER_TIMES.tests:
+        return
+    terminalreporter.write_sep("=", "time by tier")
+    for line in TIER_TIMES.lines():
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -189,6 +189,7 @@ def test_to_a_named_pipe(run, steps, tmp_path):
     assert os.path.exists(pipe)
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "code", "word"),

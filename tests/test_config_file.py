@@ -394,6 +394,7 @@ def test_a_folder_named_advcli_toml_is_an_error(run, dump, tmp_path):
     assert line == "Error: advcli.toml: cannot read the config file: Is a directory"
 
 
+@pytest.mark.process
 def test_bad_file_in_a_real_process_is_one_line(dump, tmp_path):
     Path("advcli.toml").write_text("threads = 0\n")
     result = subprocess.run(

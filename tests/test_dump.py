@@ -97,6 +97,7 @@ def test_agent_lightning_batch_needs_no_flags(tmp_path, run):
     assert json.loads(inspected.stdout)["counts"]["tokens"] == sum(r[4] for r in rows)
 
 
+@pytest.mark.peers
 def test_verl_batch_rows_are_trajectories_as_verls_own_grpo(tmp_path, run):
     """A classic verl batch has only `uid` (verl/trainer/ppo/ray_trainer.py): each row is a whole
     trajectory, and advcli's numbers are verl's own compute_grpo_outcome_advantage's."""
@@ -271,6 +272,7 @@ def test_keys_and_errors(tmp_path):
         write_batch({**batch, "uid": np.array(["a", None], dtype=object)}, tmp_path)
 
 
+@pytest.mark.process
 def test_importing_dump_does_not_import_torch():
     code = "import sys, advcli.dump; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -13,6 +13,8 @@ import pytest
 
 from advcli.write.sample import sample_table
 
+pytestmark = pytest.mark.process
+
 ADVCLI = [sys.executable, "-m", "advcli"]
 
 

@@ -26,6 +26,8 @@ from conftest import partials, wait_for_partial
 
 from advcli.write.sample import sample_table
 
+pytestmark = pytest.mark.process
+
 # Every output of the medium dump is larger than this (the smallest, `inspect --json`, is about
 # 1.4 KB; the Markdown report 2.4 KB; the others tens of KB to MB), so every writer hits it.
 LIMIT = 512

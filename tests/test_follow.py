@@ -116,6 +116,7 @@ def steps_of_whole_run(run, folder: Path) -> list[dict]:
     return [{**step, "reading": reading if step["rows"] else None} for step in steps]
 
 
+@pytest.mark.process
 def test_published_files_are_reported_at_once_and_ctrl_c_ends_it(follower, run, tmp_path):
     folder = tmp_path / "run"
     write_batch(batch(MATERIAL), folder, step=2)
@@ -148,6 +149,7 @@ def test_published_files_are_reported_at_once_and_ctrl_c_ends_it(follower, run, 
     ]
 
 
+@pytest.mark.process
 def test_a_file_written_in_place_is_read_once_it_settles(follower, run, tmp_path):
     folder, lines = tmp_path / "run", tmp_path / "steps.jsonl"
     folder.mkdir()
@@ -180,6 +182,7 @@ def test_a_file_written_in_place_is_read_once_it_settles(follower, run, tmp_path
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["run", "step-1.parquet", "steps.jsonl"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("gate", "reason"),
     [
@@ -205,6 +208,7 @@ def test_the_first_step_that_trips_the_gate_ends_it_with_exit_3(
     assert stderr == f"advcli compare: step {folder / 'step-1.parquet'}{reason}\n"
 
 
+@pytest.mark.process
 def test_the_terminal_shows_a_row_per_step(follower, write_dump, tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
@@ -226,6 +230,7 @@ def test_the_terminal_shows_a_row_per_step(follower, write_dump, tmp_path):
     ]
 
 
+@pytest.mark.process
 def test_a_bad_step_file_ends_it_with_one_error_naming_the_file(follower, write_dump, tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
@@ -238,6 +243,7 @@ def test_a_bad_step_file_ends_it_with_one_error_naming_the_file(follower, write_
     assert stderr.count("\n") == 1 and "Traceback" not in stderr
 
 
+@pytest.mark.process
 def test_a_step_read_otherwise_than_the_first_ends_it(follower, tmp_path):
     """Each line says how its step was read, and every step is read as the first was: a step
     whose values read its columns otherwise ends the watch, naming both files."""
@@ -255,6 +261,7 @@ def test_a_step_read_otherwise_than_the_first_ends_it(follower, tmp_path):
     )
 
 
+@pytest.mark.process
 def test_a_step_whose_values_say_nothing_is_read_as_the_first(follower, tmp_path):
     """The first step reads 'traj_id' as the trajectory; the second's ids are unique per row,
     which says nothing: it is read with the column named as the first step read it, and its
@@ -271,6 +278,7 @@ def test_a_step_whose_values_say_nothing_is_read_as_the_first(follower, tmp_path
     assert follow.end()[0] == 130
 
 
+@pytest.mark.process
 def test_steps_padded_to_their_own_widths_are_read_alike(follower, tmp_path):
     """write_batch keeps a padded (batch, length) tensor as fixed-size arrays of that step's
     own width: steps of two widths are read alike."""
@@ -286,6 +294,7 @@ def test_steps_padded_to_their_own_widths_are_read_alike(follower, tmp_path):
     assert follow.end()[0] == 130
 
 
+@pytest.mark.process
 def test_a_step_of_another_layout_ends_it(follower, tmp_path):
     """The rewards a list of token rewards in one step and a scalar in the next: no column to
     name makes them alike, and the message says what differs."""
@@ -346,6 +355,7 @@ def test_follow_of_a_file_or_of_no_folder_is_an_error(write_dump, run, tmp_path)
     assert result.stderr == f"Error: {missing}: no such folder (--follow watches a folder)\n"
 
 
+@pytest.mark.process
 def test_a_step_file_without_rows_keeps_its_place(follower, run, write_dump, tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
@@ -383,6 +393,7 @@ def test_the_published_mark_vouches_only_for_the_file_as_published(tmp_path):
     assert not published_whole(plain)
 
 
+@pytest.mark.process
 def test_the_jsonl_file_is_not_replaced_without_force(follower, write_dump, tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()

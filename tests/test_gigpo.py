@@ -404,6 +404,7 @@ def test_a_traj_score_the_recipe_leaves_unread_is_a_usage_error(recipe, rule, ru
     assert f"--traj-score {rule} does not apply" in result.stderr
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize(("fnorm", "gamma"), [("none", 1.0), ("std", 0.9), ("none", 0.0)])
 def test_trinity_recipe_is_trinitys_own_function(fnorm, gamma, run, tmp_path):
     """Trinity-RFT 0.6.0's GiGPOAdvantageFn on a generated batch (tasks with runs of 1 to 4

@@ -279,6 +279,7 @@ MODES = [
 ]
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("seed", range(50))
 def test_trinity_recipe_equals_trinitys_gigpo(trinity_gigpo: type, seed: int) -> None:
     size = seed + 1
@@ -290,6 +291,7 @@ def test_trinity_recipe_equals_trinitys_gigpo(trinity_gigpo: type, seed: int) ->
             assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6), (fnorm, gamma, i, a, b, rows)
 
 
+@pytest.mark.peers
 def test_trinitys_std_mode_on_a_tied_group_is_float32_rounding_over_eps(
     trinity_gigpo: type,
 ) -> None:

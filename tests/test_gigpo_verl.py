@@ -21,6 +21,8 @@ from verl import DataProto  # noqa: E402
 from advcli.dump import write_batch  # noqa: E402
 from advcli.verl import compute_advantage  # noqa: E402
 
+pytestmark = pytest.mark.peers
+
 WIDTH = 4
 # Anchor states as verl-agent's environments give them: text, an image, a dict of fields.
 TEXT_STATES = ["You are in the kitchen.", "You see a mug.", "You hold a mug.", "Done."]

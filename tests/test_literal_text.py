@@ -260,6 +260,7 @@ def timed_cli(*args: object) -> tuple[float, subprocess.CompletedProcess]:
     return time.perf_counter() - started, result
 
 
+@pytest.mark.process
 def test_a_256_kib_id_is_shortened_in_the_views_and_whole_in_json(tmp_path):
     short_dump = long_id_dump(tmp_path / "short.parquet", "g")
     long_dump = long_id_dump(tmp_path / "long.parquet", LONG_ID)

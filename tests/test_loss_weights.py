@@ -70,6 +70,7 @@ def test_loss_weight_column_by_hand(mode, run, tmp_path):
     np.testing.assert_allclose(got, EXPECTED[mode], rtol=1e-7)
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize(
     "mode",
     [

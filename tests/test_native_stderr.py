@@ -100,6 +100,7 @@ sys.stderr.write("outside\\n")
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("report", "expected"),
     [(CANCELLED, b""), (OTHER_PANIC, OTHER_PANIC)],
@@ -119,6 +120,7 @@ def test_through_a_real_file_descriptor(report, expected):
     assert native == b"native warning\n" + expected + b"native after\n"
 
 
+@pytest.mark.process
 def test_python_still_sees_a_terminal_inside_the_block():
     # The progress bar draws itself only on a terminal, and is drawn while advcli writes.
     script = (
@@ -153,6 +155,7 @@ def test_a_report_without_a_note_ends_where_the_next_one_begins():
     assert filtered(in_pieces(data, 3)) == OTHER_PANIC + b"warning: something important\n"
 
 
+@pytest.mark.process
 def test_a_stream_kept_past_the_block_still_writes():
     # rich's progress bar keeps the sys.stderr it found when it started (inside the block) and
     # puts it back when it stops (after the block).
@@ -215,6 +218,7 @@ sys.stderr.write("after\\n")
 """
 
 
+@pytest.mark.process
 def test_an_interrupted_block_sends_native_stderr_nowhere_but_to_null():
     result = subprocess.run(
         [sys.executable, "-c", STILL_REPORTING.format(report=CANCELLED_WITH_BACKTRACE)],

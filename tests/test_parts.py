@@ -244,6 +244,7 @@ atexit.register(record)
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("options", "each"),
     [
@@ -272,6 +273,7 @@ def test_the_jobs_share_the_cores(steps, tmp_path, options, each):
     )
 
 
+@pytest.mark.process
 def test_ctrl_c_ends_the_workers(steps):
     """Ctrl-C while this process and its worker compare: exit 130, one line, and no worker left
     running."""

@@ -19,6 +19,8 @@ from typer.testing import CliRunner
 
 from advcli.cli.app import app
 
+pytestmark = pytest.mark.docs
+
 ROOT = Path(__file__).parent.parent
 SAMPLE = ROOT / "sample_data" / "rollouts.parquet"
 ADVCLI = [sys.executable, "-m", "advcli"]

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 import advcli
 
@@ -45,6 +46,7 @@ def test_exported_members_belong_to_the_package():
             assert member.__doc__, f"{name} has no docstring"
 
 
+@pytest.mark.process
 def test_importing_the_package_loads_no_polars():
     code = "import sys, advcli; print('polars' in sys.modules, 'torch' in sys.modules)"
     result = subprocess.run(
@@ -53,6 +55,7 @@ def test_importing_the_package_loads_no_polars():
     assert result.stdout.split() == ["False", "False"]
 
 
+@pytest.mark.process
 def test_star_import_gives_every_exported_name():
     code = (
         "import advcli\n"

@@ -48,6 +48,7 @@ def dead_pid() -> int:
 # The stale-partial cleanup
 
 
+@pytest.mark.process
 def test_an_input_named_like_a_partial_is_read_and_never_deleted(run, write_dump, tmp_path):
     output = tmp_path / "out.parquet"
     # The name a killed run's partial of out.parquet would have, with a PID that is gone.
@@ -63,6 +64,7 @@ def test_an_input_named_like_a_partial_is_read_and_never_deleted(run, write_dump
     assert pl.read_parquet(output).height == len(ROWS)
 
 
+@pytest.mark.process
 def test_unmarked_and_copied_partials_are_left_alone(run, write_dump, tmp_path):
     source = write_dump(ROWS)
     output = tmp_path / "out.parquet"
@@ -107,6 +109,7 @@ def kill_while_publishing(output: Path) -> None:
     assert killed.returncode == -signal.SIGKILL
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("ours", "theirs"),
     [("a", "a.b"), ("n" * 240 + "1.parquet", "n" * 240 + "2.parquet")],
@@ -146,6 +149,7 @@ def test_a_named_pipe_gets_the_output_as_it_is_written(run, write_dump, tmp_path
     assert pl.read_parquet(io.BytesIO(received[0])).equals(pl.read_parquet(regular))
 
 
+@pytest.mark.process
 def test_dev_stdout_writes_to_the_file_standard_output_holds(write_dump, tmp_path):
     """/dev/stdout is a link into /proc: renamed over, it would replace the link; written into,
     it fills the file the shell redirected standard output to."""
@@ -173,6 +177,7 @@ def test_dev_stdout_writes_to_the_file_standard_output_holds(write_dump, tmp_pat
     assert os.path.islink("/dev/stdout")
 
 
+@pytest.mark.process
 def test_a_killed_runs_partial_is_removed_by_the_next_run(run, write_dump, tmp_path):
     source = write_dump(ROWS)
     output = tmp_path / "out.parquet"
@@ -186,6 +191,7 @@ def test_a_killed_runs_partial_is_removed_by_the_next_run(run, write_dump, tmp_p
     assert partials(tmp_path) == []
 
 
+@pytest.mark.process
 def test_a_live_runs_partial_is_left_alone(run, write_dump, tmp_path):
     source = write_dump(ROWS)
     output = tmp_path / "out.parquet"

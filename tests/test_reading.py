@@ -174,6 +174,7 @@ def test_a_hand_written_dump_reads_with_no_flags_in_turn_order(run, tmp_path):
         assert f"'{column}' is named like the {role}" in result.stderr
 
 
+@pytest.mark.process
 def test_every_missing_role_in_one_error_with_a_command_that_works(tmp_path):
     """Columns no name gives away: one error lists every missing role with its likeliest
     columns (the group has fewer values than the trajectory; the turn index, whose counts fall
@@ -385,6 +386,7 @@ def sample_layout(tmp_path: Path, **extra: object) -> Path:
     return path
 
 
+@pytest.mark.process
 def test_a_rollout_index_is_read_within_its_group(tmp_path):
     """run numbers the rollouts within each prompt: (q, run) and (run, q) hold the same
     trajectories, and the reading with more groups is the one proposed; t falls as it rises

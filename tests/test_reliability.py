@@ -101,6 +101,7 @@ def start_compute(source: Path, output: Path, *options: str) -> subprocess.Popen
     )
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_sigkill_mid_write_leaves_nothing_and_keeps_the_old_output(large_dump, tmp_path):
     output = tmp_path / "advantages.parquet"
@@ -150,6 +151,7 @@ def compute_in_subprocess(inputs: list[Path], output: Path, threads: int, *optio
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["grpo", "reinforce_pp_baseline"])
 def test_byte_identical_whatever_the_thread_count(estimator, tmp_path):
@@ -203,6 +205,7 @@ def test_advantages_do_not_depend_on_file_order(level, estimator, run, tmp_path)
     )
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_compare_report_identical_whatever_the_thread_count(tmp_path):
     # Enough trajectories (64k) that Polars splits a group-by's float sums between threads;

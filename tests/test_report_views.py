@@ -40,6 +40,7 @@ def _steps(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (.ci/run installs it)")
 def test_html_page_renders_in_a_headless_browser(run, tmp_path):
     page = tmp_path / "report.html"

@@ -195,6 +195,7 @@ def test_the_verl_agent_sample_is_read_with_no_flags_for_gigpo(run, tmp_path):
     assert "duplicate rows │ 0" in said
 
 
+@pytest.mark.process
 def test_python_dash_m_and_no_heavy_imports_at_start_up():
     code = (
         "import sys, runpy; sys.argv = ['advcli', '--help']\n"
@@ -208,6 +209,7 @@ def test_python_dash_m_and_no_heavy_imports_at_start_up():
     assert "compute" in result.stdout
 
 
+@pytest.mark.process
 def test_compute_does_not_import_torch(tmp_path):
     source = tmp_path / "s.parquet"
     pl.from_arrow(sample_table(groups=3, rollouts=2)).write_parquet(source)
@@ -222,6 +224,7 @@ def test_compute_does_not_import_torch(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.process
 def test_threads_option_sizes_the_polars_pool(tmp_path):
     source = tmp_path / "s.parquet"
     pl.from_arrow(sample_table(groups=3, rollouts=2)).write_parquet(source)
@@ -245,6 +248,7 @@ def test_threads_option_sizes_the_polars_pool(tmp_path):
     assert "(1 threads)" in result.stderr
 
 
+@pytest.mark.process
 def test_threads_option_sizes_the_arrow_pool(tmp_path):
     """Arrow decodes the Parquet input with its own pool; --threads limits it too."""
     source = tmp_path / "s.parquet"
@@ -278,6 +282,7 @@ def test_sample_refuses_a_directory(run, tmp_path):
     assert result.stderr.strip().endswith("out.parquet: is a directory; name a file")
 
 
+@pytest.mark.process
 def test_the_cli_tunes_polars_allocator_unless_the_user_did():
     # The entry point sets it before anything imports Polars; printed as the process exits.
     code = (
@@ -299,6 +304,7 @@ def test_the_cli_tunes_polars_allocator_unless_the_user_did():
     assert theirs.stdout.splitlines()[-1] == "dirty_decay_ms:0", theirs.stderr
 
 
+@pytest.mark.process
 def test_the_cli_loads_numpy_with_no_blas_thread_pool_unless_the_user_set_one():
     # OpenBLAS starts its pool as numpy loads: the threads are counted once numpy is loaded.
     code = (
@@ -324,6 +330,7 @@ def test_the_cli_loads_numpy_with_no_blas_thread_pool_unless_the_user_set_one():
     assert theirs[1] - ours[1] == min(2, len(os.sched_getaffinity(0))) - 1
 
 
+@pytest.mark.process
 def test_the_cli_leaves_what_is_alive_at_its_end_out_of_the_exits_collections(tmp_path):
     # Frozen objects are out of every collection; counted as the process exits, after a run
     # that wrote its output.

@@ -271,6 +271,7 @@ def shell(command: str, cwd: Path) -> subprocess.CompletedProcess:
 ADVCLI = f"{shlex.quote(sys.executable)} -m advcli"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("output_format", ["arrows", "arrow", "parquet", "npz"])
 def test_every_format_through_dev_stdout_into_a_pipe(output_format, run, tmp_path):
     source = tmp_path / "dump.parquet"
@@ -315,6 +316,7 @@ def test_a_stream_that_changed_after_it_was_opened_is_refused(tmp_path):
         dataset.read_columns(["data_id"])
 
 
+@pytest.mark.process
 def test_a_stream_on_standard_input_is_read_as_a_stream_file_is(tmp_path):
     sample_frame().write_parquet(tmp_path / "dump.parquet")
     piped = shell(
@@ -338,6 +340,7 @@ def test_a_stream_on_standard_input_is_read_as_a_stream_file_is(tmp_path):
     assert len(cut.stderr.splitlines()) == 1 and "Traceback" not in cut.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("redirect", "output"),
     [
@@ -366,6 +369,7 @@ def test_an_output_written_into_an_input_through_standard_output_is_refused(
     assert sorted(os.listdir(tmp_path)) == ["dump.parquet", "link.parquet"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "command",
     ["compare dump.parquet", "compare dump.parquet --json -", "inspect dump.parquet --json",

@@ -18,6 +18,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+pytestmark = pytest.mark.process
+
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
 ADVCLI = [sys.executable, "-m", "advcli"]
 

@@ -247,6 +247,7 @@ def test_every_format_shows_the_step_credit(run, tmp_path):
     assert png_size(plain) == (1600, 900)
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium (.ci/run installs it)")
 def test_the_gigpo_page_renders_in_a_headless_browser(run, tmp_path):
     source, page = tmp_path / "in.parquet", tmp_path / "r.html"

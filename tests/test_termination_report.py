@@ -279,6 +279,7 @@ def test_the_command_line_writes_every_document(hand, documents):
     assert not re.search(r"""(src|href)=["']?(https?:|//)""", html)
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (.ci/run installs it)")
 def test_the_html_page_renders_in_a_headless_browser(documents):
     _, files = documents

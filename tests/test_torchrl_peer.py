@@ -40,6 +40,8 @@ tensordict = pytest.importorskip("tensordict")
 from torchrl.objectives.llm import MCAdvantage  # noqa: E402
 from torchrl.objectives.value.functional import reward2go  # noqa: E402
 
+pytestmark = pytest.mark.peers
+
 # Group 0: three trajectories of 1, 3 and 2 turns; group 1: two of 4 and 1 turns; group 2: two
 # trajectories whose rewards sum (and average) alike, a zero-std group at trajectory level.
 TURN_REWARDS: dict[tuple[int, str], list[float]] = {

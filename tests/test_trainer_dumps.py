@@ -544,6 +544,7 @@ def test_scalar_scores_without_a_mask(run, tmp_path):
     assert "pass --no-tokens" in line
 
 
+@pytest.mark.process
 def test_json_lines_on_stdin(tmp_path):
     """verl-agent rows (trainers.md section 2) as JSON lines piped into `compare -`."""
     records = [

@@ -10,6 +10,8 @@ import numpy as np
 import polars as pl
 import pytest
 
+pytestmark = pytest.mark.peers
+
 
 def _rows(seed: int) -> list[tuple[int, int, int, float]]:
     """(task, run, step, reward) in turn order within each run; rewards on a grid of quarters,

@@ -32,6 +32,8 @@ with warnings.catch_warnings():
     from verl.trainer.ppo import core_algos
     from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
+pytestmark = pytest.mark.peers
+
 WIDTH = 8
 RNG_SEED = 7
 

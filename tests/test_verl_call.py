@@ -29,6 +29,8 @@ with warnings.catch_warnings():
     from verl.trainer.ppo import ray_trainer
     from verl.trainer.ppo.core_algos import AdvantageEstimator
 
+pytestmark = pytest.mark.peers
+
 WIDTH = 6
 
 
