@@ -259,13 +259,14 @@ def test_odd_layout_runs_with_no_flags_from_advcli_toml(run, tmp_path, monkeypat
 BAD_FILES = [
     (
         'group-colum = "prompt_id"\n',
-        "key 'group-colum': not an option of compute, compare or inspect; "
+        "key 'group-colum': not an option of compute, compare, watch or inspect; "
         "did you mean 'group-col'?",
     ),
-    ('palette = "red"\n', "key 'palette': not an option of compute, compare or inspect"),
+    ('palette = "red"\n', "key 'palette': not an option of compute, compare, watch or inspect"),
     (
         "[compar]\ntop = 3\n",
-        "key 'compar': not an option of compute, compare or inspect; did you mean 'compare'?",
+        "key 'compar': not an option of compute, compare, watch or inspect; "
+        "did you mean 'compare'?",
     ),
     ('output = "out.parquet"\n', "key 'output': --output is given on the command line only"),
     ("force = true\n", "key 'force': --force is given on the command line only"),
@@ -280,6 +281,7 @@ BAD_FILES = [
         "did you mean 'compute.estimator'?",
     ),
     ("compare = 3\n", "key 'compare': must be a table of compare's options, not an integer (3)"),
+    ("[watch]\ntop = 3\n", "key 'watch.top': watch has no option --top (compare has)"),
     ("group-size = 2.5\n", "key 'group-size': must be an integer, not a float (2.5)"),
     ("group-size = true\n", "key 'group-size': must be an integer, not a boolean (True)"),
     ("group-col = 3\n", "key 'group-col': must be a string, not an integer (3)"),

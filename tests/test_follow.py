@@ -1,4 +1,5 @@
-"""``compare DIR --by file --follow``: each step file reported as it appears, in a real process
+"""``advcli watch DIR`` (and ``compare DIR --by file --follow``, where it began): each step file
+reported as it appears, in a real process
 while files are written beside it (by ``write_batch``, and by a plain writer in place), its
 lines equal to ``compare --by file``'s steps; Ctrl-C, ``--fail-on`` and a bad file end it.
 
@@ -43,14 +44,15 @@ def batch(rows):
 
 
 class Follower:
-    """``advcli compare FOLDER --by file --follow`` in its own process, its standard output read
-    line by line as it comes."""
+    """``advcli watch FOLDER`` (or with ``alias``, ``advcli compare FOLDER --by file --follow``)
+    in its own process, its standard output read line by line as it comes."""
 
-    def __init__(self, folder: Path, *options: object) -> None:
+    def __init__(self, folder: Path, *options: object, alias: bool = False) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+        command = ("compare", folder, "--by", "file", "--follow") if alias else ("watch", folder)
         self.process = subprocess.Popen(
             [
-                *(sys.executable, "-m", "advcli", "compare", folder, "--by", "file", "--follow"),
+                *(sys.executable, "-m", "advcli", *command),
                 *("--estimator", "drgrpo", *map(str, options)),
             ],
             stdout=subprocess.PIPE,
@@ -96,8 +98,8 @@ class Follower:
 def follower():
     started: list[Follower] = []
 
-    def start(folder: Path, *options: object) -> Follower:
-        started.append(Follower(folder, *options))
+    def start(folder: Path, *options: object, alias: bool = False) -> Follower:
+        started.append(Follower(folder, *options, alias=alias))
         return started[-1]
 
     yield start
@@ -205,7 +207,7 @@ def test_the_first_step_that_trips_the_gate_ends_it_with_exit_3(
     assert code == 3, stderr
     # The step that trips it is reported, and none after it.
     assert [json.loads(line)["level"] for line in lines] == ["negligible", "severe"]
-    assert stderr == f"advcli compare: step {folder / 'step-1.parquet'}{reason}\n"
+    assert stderr == f"advcli watch: step {folder / 'step-1.parquet'}{reason}\n"
 
 
 @pytest.mark.process
@@ -330,7 +332,7 @@ def test_a_step_of_another_layout_ends_it(follower, tmp_path):
         (("--by", "file", "--follow", "--settle", "-1"), "greater than or equal to 0"),
         (
             ("--by", "file", "--follow", "--jsonl", "INSIDE"),
-            "is inside the folder --follow watches",
+            "is inside the watched folder",
         ),
     ],
 )
@@ -344,15 +346,60 @@ def test_follow_misused_is_a_usage_error(options, message, run, tmp_path):
     assert message in " ".join(result.stderr.replace("│", " ").split())
 
 
-def test_follow_of_a_file_or_of_no_folder_is_an_error(write_dump, run, tmp_path):
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ((), "Missing argument 'DIR'"),
+        (("FOLDER", "EXTRA"), "Got unexpected extra argument"),
+        (("FOLDER", "--jsonl", "INSIDE"), "is inside the watched folder"),
+        (("FOLDER", "--settle", "-1"), "greater than or equal to 0"),
+        (("FOLDER", "--fail-above", "-1"), "must be a finite number, 0 or more"),
+        (("FOLDER", "--json", "r.json"), "No such option: --json"),
+        (("FOLDER", "--by", "file"), "No such option: --by"),
+        (("FOLDER", "--engine", "ray"), "No such option: --engine"),
+    ],
+)
+def test_watch_misused_is_a_usage_error(options, message, run, tmp_path):
+    """watch takes one folder and only the options that apply to a run that never ends."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    stand_ins = {"FOLDER": folder, "EXTRA": tmp_path / "other", "INSIDE": folder / "s.jsonl"}
+    result = run("watch", *[stand_ins.get(option, option) for option in options])
+    assert result.exit_code == 2
+    assert message in " ".join(result.stderr.replace("│", " ").split())
+
+
+def test_watch_of_a_file_or_of_no_folder_is_an_error(write_dump, run, tmp_path):
     path = write_dump(NEGLIGIBLE)
-    result = run("compare", path, "--by", "file", "--follow")
+    result = run("watch", path)
     assert result.exit_code == 1
-    assert result.stderr == f"Error: {path}: --follow watches a folder; this is not one\n"
+    assert (
+        result.stderr == f"Error: {path}: a watch takes a folder of step files; this is not one\n"
+    )
     missing = tmp_path / "not-yet"
-    result = run("compare", missing, "--by", "file", "--follow")
+    result = run("watch", missing)
     assert result.exit_code == 1
-    assert result.stderr == f"Error: {missing}: no such folder (--follow watches a folder)\n"
+    assert result.stderr == (
+        f"Error: {missing}: no such folder (a watch takes a folder of step files)\n"
+    )
+
+
+@pytest.mark.process
+def test_compare_follow_runs_the_watch_and_says_where_it_moved(follower, write_dump, tmp_path):
+    """The alias reports the steps watch reports, after one line on standard error, and its
+    gate names the command that was run."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for number, rows in enumerate([NEGLIGIBLE, SEVERE]):
+        write_dump(rows, f"run/step-{number}.parquet")
+    options = ("--jsonl", "-", "--settle", 0, "-q", "--fail-on", "severe")
+    code, stderr, lines = follower(folder, *options, alias=True).end()
+    watched = follower(folder, *options).end()
+    assert (code, lines) == (3, watched[2]) and watched[0] == 3
+    assert stderr == (
+        "advcli compare --follow is now advcli watch DIR (the same options, without --by file)\n"
+        f"advcli compare: step {folder / 'step-1.parquet'} (severe) reaches --fail-on severe\n"
+    )
 
 
 @pytest.mark.process

@@ -17,6 +17,7 @@ from advcli.cli.exits import INVOCATION
 from advcli.cli.inspect import inspect_command
 from advcli.cli.options import MAX_THREADS
 from advcli.cli.sample import sample_command
+from advcli.cli.watch import watch_command
 
 
 class _Commands(typer.core.TyperGroup):
@@ -41,6 +42,7 @@ app = typer.Typer(
 )
 app.command("compute")(compute_command)
 app.command("compare")(compare_command)
+app.command("watch")(watch_command)
 app.command("inspect")(inspect_command)
 app.command("sample")(sample_command)
 

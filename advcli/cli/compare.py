@@ -3,8 +3,6 @@ terminal report and report files."""
 
 from __future__ import annotations
 
-import math
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -20,7 +18,6 @@ from advcli._runtime.process import (
 from advcli._runtime.signals import held
 from advcli.cli.consoles import stderr, stdout
 from advcli.cli.exits import reports_errors
-from advcli.cli.follow import FollowOpt, JsonlOpt, SettleOpt, check_follow, run_follow
 from advcli.cli.options import (
     DEFAULTS,
     AddressOpt,
@@ -31,6 +28,9 @@ from advcli.cli.options import (
     DropDuplicatesOpt,
     EpsilonOpt,
     EstimatorOpt,
+    FailAboveOpt,
+    FailOn,
+    FailOnOpt,
     GammaOpt,
     GigpoNormOpt,
     GroupCol,
@@ -50,9 +50,17 @@ from advcli.cli.options import (
     TrajCol,
     TrajScoreOpt,
     TurnCol,
+    check_fail_above,
     dump_settings,
 )
-from advcli.errors import UsageError
+from advcli.cli.watch import (
+    MOVED,
+    FollowOpt,
+    JsonlOpt,
+    SettleOpt,
+    check_follow,
+    run_watch,
+)
 from advcli.settings.config import Engine, RewardMode
 
 if TYPE_CHECKING:
@@ -107,29 +115,6 @@ JobsOpt = Annotated[
     ),
 ]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing report files.")]
-FailAboveOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--fail-above",
-        help="Exit 3 when the largest per-trajectory |advantage difference| (the report's "
-        "advantage_diff_max, one trajectory's) exceeds this.",
-    ),
-]
-
-
-class FailOn(str, Enum):
-    MATERIAL = "material"
-    SEVERE = "severe"
-
-
-FailOnOpt = Annotated[
-    FailOn | None,
-    typer.Option(
-        "--fail-on",
-        help="Exit 3 when the assessment's level reaches this one (with --by: the whole run's "
-        "or any step's).",
-    ),
-]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")]
 
 
@@ -186,18 +171,12 @@ def compare_command(  # noqa: PLR0913
     Example: advcli compare rollouts.parquet --json report.json --plot bias.png
     """
     settings = dump_settings(ctx)
-    if fail_above is not None and not (math.isfinite(fail_above) and fail_above >= 0):
-        # A difference in absolute value is never below 0: a negative bound would trip always.
-        raise typer.BadParameter("must be a finite number, 0 or more", param_hint="'--fail-above'")
-    if fail_above is not None and settings.config.per_turn is not None:
-        raise UsageError(
-            "--fail-above reads the outcome report's largest advantage difference; under "
-            "--reward-mode per-turn pass --fail-on (the level of the grouping in use)"
-        )
+    check_fail_above(fail_above, settings)
     check_follow(ctx.params)
     use_threads(threads_per_job(jobs, threads))
-    if follow:
-        run_follow(inputs or [], settings, ctx.params)
+    if follow:  # of one input, which check_follow made sure of
+        typer.echo(MOVED, err=True)
+        run_watch(Path((inputs or [""])[0]), settings, ctx.params, "compare")
         return
     with held():  # Polars panics when a Ctrl-C lands inside its import
         from advcli.run.commands import compare

@@ -4,6 +4,8 @@ library's settings."""
 
 from __future__ import annotations
 
+import math
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, NamedTuple, TypeVar
 
@@ -243,8 +245,34 @@ ConfigOpt = Annotated[
         "anchor-col, step-reward-col, step-return-col, loss-weight, loss-scale-factor, "
         "no-tokens, columns, top, by, jobs, drop-duplicates, "
         "fail-above, fail-on, engine, address, threads; each command takes those it has, and a "
-        "[compute], [compare] or [inspect] table overrides them for that command. Options on "
+        "[compute], [compare], [inspect] or [watch] table overrides them for that command. "
+        "Options on "
         "the command line win.",
+    ),
+]
+
+
+FailAboveOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--fail-above",
+        help="Exit 3 when the largest per-trajectory |advantage difference| (the report's "
+        "advantage_diff_max, one trajectory's) exceeds this.",
+    ),
+]
+
+
+class FailOn(str, Enum):
+    MATERIAL = "material"
+    SEVERE = "severe"
+
+
+FailOnOpt = Annotated[
+    FailOn | None,
+    typer.Option(
+        "--fail-on",
+        help="Exit 3 when the assessment's level reaches this one (with --by: the whole run's "
+        "or any step's).",
     ),
 ]
 
@@ -417,3 +445,15 @@ def _saved(ctx: typer.Context, parameter: str) -> bool:
     """Whether ``parameter``'s value came from the saved mapping."""
     source = ctx.get_parameter_source(parameter)
     return source is not None and source.name == "DEFAULT_MAP"
+
+
+def check_fail_above(fail_above: float | None, settings: DumpSettings) -> None:
+    """Refuse a ``--fail-above`` that is no bound, or that the report in force has no figure for."""
+    if fail_above is not None and not (math.isfinite(fail_above) and fail_above >= 0):
+        # A difference in absolute value is never below 0: a negative bound would trip always.
+        raise typer.BadParameter("must be a finite number, 0 or more", param_hint="'--fail-above'")
+    if fail_above is not None and settings.config.per_turn is not None:
+        raise UsageError(
+            "--fail-above reads the outcome report's largest advantage difference; under "
+            "--reward-mode per-turn pass --fail-on (the level of the grouping in use)"
+        )

@@ -1,5 +1,5 @@
-"""``compare DIR --by file --follow``: each step file of a folder reported as it appears, while
-the trainer writes them.
+"""``advcli watch DIR`` (and ``compare DIR --by file --follow``): each step file of a folder
+reported as it appears, while the trainer writes them.
 
 A file is taken once it is complete: at once when advcli published it whole (``write_batch``, or
 any advcli output, renamed into place with a mark of its size and modification time:
@@ -99,8 +99,8 @@ def follow_steps(
     if not folder.is_dir():
         shown = shown_path(folder)
         if not folder.exists():
-            raise AdvcliError(f"{shown}: no such folder (--follow watches a folder)")
-        raise AdvcliError(f"{shown}: --follow watches a folder; this is not one")
+            raise AdvcliError(f"{shown}: no such folder (a watch takes a folder of step files)")
+        raise AdvcliError(f"{shown}: a watch takes a folder of step files; this is not one")
     watch, reading = _Watch(settle), ReadAlike()
     while True:
         for path in watch.complete(folder):

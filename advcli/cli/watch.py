@@ -1,6 +1,7 @@
-"""``advcli compare DIR --by file --follow``: each step file's figures as a JSON line or a
-terminal table row as the trainer writes it, until Ctrl-C, an error, or a step that trips
-``--fail-on``/``--fail-above``."""
+"""``advcli watch DIR``: each step file's figures as a JSON line or a terminal table row as the
+trainer writes it, until Ctrl-C, an error, or a step that trips ``--fail-on``/``--fail-above``.
+``advcli compare DIR --by file --follow``, where the watch began, still runs it and says where
+it moved."""
 
 from __future__ import annotations
 
@@ -15,9 +16,42 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from advcli._runtime.process import threads_per_job, use_threads
 from advcli._runtime.signals import held
+from advcli.cli.exits import reports_errors
+from advcli.cli.options import (
+    DEFAULTS,
+    AnchorCol,
+    AnchorScopeOpt,
+    ConfigOpt,
+    DropDuplicatesOpt,
+    EpsilonOpt,
+    EstimatorOpt,
+    FailAboveOpt,
+    FailOnOpt,
+    GammaOpt,
+    GigpoNormOpt,
+    GroupCol,
+    GroupSize,
+    MaskCol,
+    RecipeOpt,
+    RewardCol,
+    RewardModeOpt,
+    ScaleOpt,
+    SingletonOpt,
+    StepGroupsOpt,
+    StepReturnCol,
+    StepRewardCol,
+    StepWeightOpt,
+    ThreadsOpt,
+    TrajCol,
+    TrajScoreOpt,
+    TurnCol,
+    check_fail_above,
+    dump_settings,
+)
 from advcli.errors import AdvcliError, UsageError
-from advcli.settings.config import Engine
+from advcli.settings.config import Engine, RewardMode
 
 if TYPE_CHECKING:
     from advcli.cli.options import DumpSettings
@@ -25,12 +59,23 @@ if TYPE_CHECKING:
 # Long enough for a writer's pauses between its buffered writes, short against a training step.
 SETTLE_SECONDS = 2.0
 
+# What compare --follow says on standard error before it runs the watch.
+MOVED = "advcli compare --follow is now advcli watch DIR (the same options, without --by file)"
+
+FolderArg = Annotated[
+    Path,
+    typer.Argument(
+        metavar="DIR",
+        help="The folder the trainer writes its step files to (write_batch's, for one).",
+        show_default=False,
+    ),
+]
 FollowOpt = Annotated[
     bool,
     typer.Option(
         "--follow",
-        help="With --by file and one folder: report each step file as it appears (the ones "
-        "there first), until Ctrl-C.",
+        help="Moved to advcli watch DIR, which this runs: with --by file and one folder, report "
+        "each step file as it appears (the ones there first), until Ctrl-C.",
     ),
 ]
 SettleOpt = Annotated[
@@ -38,7 +83,7 @@ SettleOpt = Annotated[
     typer.Option(
         "--settle",
         min=0,
-        help="With --follow: seconds a file not published by advcli must stay unchanged "
+        help="Seconds a step file not published by advcli must stay unchanged "
         f"(size and modification time) before it is read [default: {SETTLE_SECONDS:g}].",
     ),
 ]
@@ -46,7 +91,7 @@ JsonlOpt = Annotated[
     Path | None,
     typer.Option(
         "--jsonl",
-        help="With --follow: write each step as one JSON line ('-' for stdout), as it comes.",
+        help="Write each step as one JSON line ('-' for stdout), as it comes.",
     ),
 ]
 
@@ -71,6 +116,8 @@ def check_follow(params: dict[str, Any]) -> None:
         return
     if params["by"] != "file":
         raise UsageError("--follow reports each step file as it appears: pass --by file")
+    if len(params["inputs"] or []) != 1:
+        raise UsageError("--follow watches one folder: give one input")
     for name, option in _REPORT_FILES.items():
         if params[name] is not None:
             raise UsageError(
@@ -84,21 +131,71 @@ def check_follow(params: dict[str, Any]) -> None:
         )
 
 
-def run_follow(inputs: list[str], settings: DumpSettings, params: dict[str, Any]) -> None:
-    """Follow the one folder in ``inputs``: each step as a JSON line and/or a table row as it
-    comes (the rows on standard error when standard output carries the lines), ending with
-    exit 3 at the first step that trips ``--fail-on`` or ``--fail-above``."""
+WatchForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing --jsonl file.")]
+WatchQuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal rows.")]
+
+
+@reports_errors
+def watch_command(  # noqa: PLR0913
+    ctx: typer.Context,
+    folder: FolderArg,
+    estimator: EstimatorOpt = DEFAULTS.estimator,
+    epsilon: EpsilonOpt = DEFAULTS.epsilon,
+    traj_score: TrajScoreOpt = None,
+    scale: ScaleOpt = None,
+    singleton: SingletonOpt = DEFAULTS.singleton,
+    recipe: RecipeOpt = None,
+    reward_mode: RewardModeOpt = RewardMode.OUTCOME,
+    step_groups: StepGroupsOpt = None,
+    gamma: GammaOpt = None,
+    step_weight: StepWeightOpt = None,
+    gigpo_norm: GigpoNormOpt = None,
+    anchor_scope: AnchorScopeOpt = None,
+    group_col: GroupCol = None,
+    group_size: GroupSize = None,
+    traj_col: TrajCol = None,
+    turn_col: TurnCol = None,
+    reward_col: RewardCol = None,
+    mask_col: MaskCol = None,
+    anchor_col: AnchorCol = None,
+    step_reward_col: StepRewardCol = None,
+    step_return_col: StepReturnCol = None,
+    drop_duplicates: DropDuplicatesOpt = False,
+    fail_above: FailAboveOpt = None,
+    fail_on: FailOnOpt = None,
+    settle: SettleOpt = None,
+    jsonl: JsonlOpt = None,
+    force: WatchForceOpt = False,
+    threads: ThreadsOpt = None,
+    config_path: ConfigOpt = None,
+    quiet: WatchQuietOpt = False,
+) -> None:
+    """Report each step file of a training run's folder as the trainer writes it, until Ctrl-C.
+
+    Each step is compared alone, with the figures compare --by file gives it once the run is
+    over: a table row on the terminal, or a JSON line with --jsonl. Exit 3 at the first step
+    that trips --fail-on or --fail-above.
+
+    Example: advcli watch rollout_dumps/run-1 --jsonl steps.jsonl --fail-on severe
+    """
+    settings = dump_settings(ctx)
+    check_fail_above(fail_above, settings)
+    use_threads(threads_per_job(1, threads))
+    run_watch(folder, settings, ctx.params, "watch")
+
+
+def run_watch(folder: Path, settings: DumpSettings, params: dict[str, Any], command: str) -> None:
+    """Watch ``folder``: each step as a JSON line and/or a table row as it comes (the rows on
+    standard error when standard output carries the lines), ending with exit 3 at the first
+    step that trips ``--fail-on`` or ``--fail-above``. ``command``: the command that runs it,
+    which its lines name."""
     from advcli._runtime.process import load_numpy_bridge, require_stdout
     from advcli.cli.consoles import stderr, stdout
     from advcli.cli.terminal import reading_table
 
-    if len(inputs) != 1:
-        raise UsageError("--follow watches one folder: give one input")
     jsonl, settle = params["jsonl"], params["settle"]
-    if jsonl is not None and str(jsonl) != "-" and _within(jsonl, Path(inputs[0])):
-        raise UsageError(
-            f"--jsonl {jsonl} is inside the folder --follow watches; write it elsewhere"
-        )
+    if jsonl is not None and str(jsonl) != "-" and _within(jsonl, folder):
+        raise UsageError(f"--jsonl {jsonl} is inside the watched folder; write it elsewhere")
     fail_on = params["fail_on"].value if params["fail_on"] is not None else None
     lines_on_stdout = jsonl is not None and str(jsonl) == "-"
     if lines_on_stdout or not params["quiet"]:
@@ -110,7 +207,7 @@ def run_follow(inputs: list[str], settings: DumpSettings, params: dict[str, Any]
         load_numpy_bridge()
     with _lines(jsonl, params["force"]) as write:
         steps = follow_steps(
-            Path(inputs[0]),
+            folder,
             settings.config,
             names=settings.names,
             settle=SETTLE_SECONDS if settle is None else settle,
@@ -128,11 +225,11 @@ def run_follow(inputs: list[str], settings: DumpSettings, params: dict[str, Any]
                     show.print(reading_table(step["reading"]))
                     reading_due = False
                 # The folder is every step's: a row names the file within it.
-                shown = {**step, "step": os.path.relpath(step["step"], inputs[0])}
+                shown = {**step, "step": os.path.relpath(step["step"], folder)}
                 show.print(_row_table(shown, header=index == 0 or first_read))
             reason = step_trips(step, params["fail_above"], fail_on)
             if reason is not None:
-                typer.echo(f"advcli compare: {reason}", err=True)
+                typer.echo(f"advcli {command}: {reason}", err=True)
                 raise typer.Exit(3)
 
 
