@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 import typer
+import typer.main
 
 from advcli.cli.app import app
 from advcli.cli.options import dump_settings
+from advcli.cli.panels import PANEL_OF, PANELS, long_name
 from advcli.settings.config import (
     AdvantageConfig,
     ColumnNames,
@@ -98,3 +100,23 @@ def test_a_typed_group_size_wins_over_a_saved_group_column(command, tmp_path, mo
     names = dump_settings(parsed(command, *output, "--group-size", "8")).names
     assert names == ColumnNames(group_size=8)
     assert names.named_in == {}
+
+
+def test_every_option_of_every_command_is_in_one_help_panel(run):
+    """The panel table names every option a command has (only --help is in none), and each
+    command's --help shows its options under their panels, in the table's order."""
+    assert sum(map(len, PANELS.values())) == len(PANEL_OF), "an option in two panels"
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for name, command in commands.items():
+        options = [
+            long_name(param) for param in command.params if param.param_type_name == "option"
+        ]
+        assert [option for option in options if option not in PANEL_OF] == [], name
+        shown = [panel for panel in PANELS if any(PANEL_OF[o] == panel for o in options)]
+        titles = [
+            line[:-1] for line in run(name, "--help").stdout.splitlines() if line[:1].isupper()
+        ]
+        arguments = (
+            ["Arguments"] if any(p.param_type_name == "argument" for p in command.params) else []
+        )
+        assert titles[1:] == [*arguments, *shown, "Other options"], name

@@ -16,6 +16,7 @@ from advcli.cli.compute import compute_command
 from advcli.cli.exits import INVOCATION
 from advcli.cli.inspect import inspect_command
 from advcli.cli.options import MAX_THREADS
+from advcli.cli.panels import PanelledCommand
 from advcli.cli.sample import sample_command
 from advcli.cli.watch import watch_command
 
@@ -40,11 +41,11 @@ app = typer.Typer(
     # markup tags and vanish.
     rich_markup_mode=None,
 )
-app.command("compute")(compute_command)
-app.command("compare")(compare_command)
-app.command("watch")(watch_command)
-app.command("inspect")(inspect_command)
-app.command("sample")(sample_command)
+app.command("compute", cls=PanelledCommand)(compute_command)
+app.command("compare", cls=PanelledCommand)(compare_command)
+app.command("watch", cls=PanelledCommand)(watch_command)
+app.command("inspect", cls=PanelledCommand)(inspect_command)
+app.command("sample", cls=PanelledCommand)(sample_command)
 
 
 def _version(value: bool) -> None:
