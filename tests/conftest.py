@@ -54,8 +54,7 @@ def tier_of(keywords: Iterable[str]) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked ``ray`` run last (in their usual order), those that join the one in-process
     cluster after those that start their own; under pytest-xdist each worker takes its share of
-    them last. Run first, or on one worker beside the rest, the clusters' many processes slowed
-    every other test on two cores: the suite took more than half as long again."""
+    them last, after the rest: a cluster's many processes take both cores while they start."""
     items.sort(
         key=lambda item: (
             item.get_closest_marker("ray") is not None,
