@@ -14,12 +14,7 @@ from advcli.errors import AdvcliError, MissingRoles, UsageError
 from advcli.read.dialects import ROLES, STEP_ROLES, Dialect, named_like
 from advcli.read.dtypes import is_anchor_type, is_id_type, is_number, sequence_of
 from advcli.read.picker import COMMAND_LINE, Options, RolePicker
-from advcli.settings.config import ColumnNames
-
-# Which of GiGPO's roles a reading looks for: none (False); the anchor and a step reward or
-# return, each required (True); the same only when the dump has an anchor ("if_anchored",
-# compare's); the anchor alone, when the dump has one ("anchor", inspect's).
-StepRoles = bool | Literal["if_anchored", "anchor"]
+from advcli.settings.config import ColumnNames, StepRoles
 
 # ColumnRoles that compute adds to its output.
 OUTPUT_COLUMNS = ("score", "advantage", "advantages")

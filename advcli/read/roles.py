@@ -27,11 +27,11 @@ from dataclasses import replace
 import polars as pl
 
 from advcli.errors import AdvcliError, MissingRoles
-from advcli.read.columns import ColumnRoles, StepRoles, resolve_columns
+from advcli.read.columns import ColumnRoles, resolve_columns
 from advcli.read.dialects import DIALECTS, Role, named_like
 from advcli.read.dtypes import can_hold, is_id_type, is_number, sequence_of
 from advcli.read.picker import COMMAND_LINE, Options
-from advcli.settings.config import ColumnNames
+from advcli.settings.config import ColumnNames, StepRoles
 
 # Reads the named columns in input order: every row, or the first ``limit``.
 Values = Callable[[Sequence[str], int | None], pl.DataFrame]

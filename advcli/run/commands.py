@@ -37,10 +37,7 @@ from advcli.run.loading import (
     LoadedDump,
     check_by,
     check_engine,
-    compare_step_roles,
-    compute_step_roles,
     counted_rows,
-    estimator_needs_mask,
     load_dump,
     load_ray_engine,
     opened,
@@ -165,7 +162,7 @@ def compute(  # noqa: PLR0913
             engine=engine,
             mask_needed_for=mask_needed_for,
             by=by,
-            step_roles=compute_step_roles(config, report=report_path is not None),
+            step_roles=config.compute_step_roles(report=report_path is not None),
         )
         stage("computing statistics")
         advantages = dump.advantages(config)
@@ -321,7 +318,7 @@ def _mask_needed_for(
         return f"the .{fmt.value} output's response_mask array needs one"
     if tokens:
         return "the per-token output needs one; pass --no-tokens for one advantage per row"
-    return estimator_needs_mask(config)
+    return config.mask_needed_for
 
 
 def compare(  # noqa: PLR0913
@@ -378,9 +375,9 @@ def compare(  # noqa: PLR0913
             drop_duplicates,
             config.per_turn is not None,
             engine=engine,
-            mask_needed_for=estimator_needs_mask(config),
+            mask_needed_for=config.mask_needed_for,
             by=by,
-            step_roles=compare_step_roles(config),
+            step_roles=config.compare_step_roles(),
         )
         settings = report_settings(dump, drop_duplicates)
         if config.per_turn is not None:

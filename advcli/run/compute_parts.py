@@ -17,7 +17,7 @@ from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
 from advcli.read.duplicates import DuplicateRows
 from advcli.read.scan import release_freed_memory
-from advcli.run.loading import LoadedDump, by_reason, compute_step_roles, counted_rows
+from advcli.run.loading import LoadedDump, by_reason, counted_rows
 from advcli.run.row_values import row_values
 from advcli.settings.config import AdvantageConfig, ColumnNames, LossMode
 
@@ -103,7 +103,7 @@ def _computed(
         drop_duplicates=settings.drop_duplicates,
         turn_rewards=config.per_turn is not None,
         mask_needed_for=settings.mask_needed_for,
-        step_roles=compute_step_roles(config, report=False),
+        step_roles=config.compute_step_roles(report=False),
     )
     every_row, dump, duplicates = counts.reading.as_run(
         part.describe(),

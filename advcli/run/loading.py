@@ -26,7 +26,7 @@ from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import Trajectories, count_trajectories, index_trajectories
 from advcli.errors import AdvcliError, UsageError
 from advcli.keys import ANCHOR, GROUP, ROW
-from advcli.read.columns import ColumnRoles, StepRoles
+from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
 from advcli.read.dialects import DIALECTS
 from advcli.read.dtypes import is_enum
@@ -42,8 +42,7 @@ from advcli.read.roles import read_roles
 from advcli.read.turn_rewards import check_last_steps, check_turn_rewards
 from advcli.report.step_credit import not_measured, step_credit
 from advcli.report.termination import TerminationReport, termination_report
-from advcli.settings.config import AdvantageConfig, ColumnNames, Engine, Level
-from advcli.settings.rules import RULES
+from advcli.settings.config import AdvantageConfig, ColumnNames, Engine, Level, StepRoles
 from advcli.write.outputs import check_not_written_into
 
 # What the library calls take as inputs: one path, or a sequence of them (``-``: standard input).
@@ -338,36 +337,6 @@ def load_ray_engine() -> Any:
     except ImportError:
         raise AdvcliError("--engine ray needs Ray: pip install 'advcli[ray]'") from None
     return ray_engine
-
-
-def compare_step_roles(config: AdvantageConfig) -> StepRoles:
-    """What compare reads of GiGPO's roles: none for the other estimators; all of them where
-    the episode term is made of the step rewards (Trinity-RFT's), else those of a dump with an
-    anchor (without one the episode term is still reported); the anchors of a dump with
-    them for per-turn rewards, whose report computes every grouping the dump has."""
-    if config.per_turn is not None:
-        return "anchor"
-    if config.step is None:
-        return False
-    return True if config.step.episode_from_steps else "if_anchored"
-
-
-def estimator_needs_mask(config: AdvantageConfig) -> str | None:
-    """Why the estimator of ``config`` needs each row's token count, if it does."""
-    if RULES[config.estimator].counts_tokens:
-        return f"{config.estimator.value} weighs rows by their tokens and needs one"
-    return None
-
-
-def compute_step_roles(config: AdvantageConfig, report: bool = False) -> StepRoles:
-    """What compute reads of GiGPO's roles: its anchors and step rewards for gigpo, the anchors
-    for per-turn rewards' anchor step groups, and those of a dump with an anchor for the
-    termination report (``report``), which computes every grouping the dump has."""
-    if config.step is not None:
-        return True
-    if config.per_turn is not None and (report or config.per_turn.grouping.anchors):
-        return "anchor"
-    return False
 
 
 def check_per_turn(

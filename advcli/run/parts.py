@@ -35,9 +35,7 @@ from advcli.report.parts import PartFigures, combined_summary, merged, part_figu
 from advcli.run.loading import (
     LoadedDump,
     by_reason,
-    compare_step_roles,
     counted_rows,
-    estimator_needs_mask,
     load_ray_engine,
     null_step,
     report_settings,
@@ -307,8 +305,8 @@ def _run(dataset: Dataset, task: PartTask) -> PartResult:
         dataset,
         task.names,
         task.drop_duplicates,
-        mask_needed_for=estimator_needs_mask(task.config),
-        step_roles=compare_step_roles(task.config),
+        mask_needed_for=task.config.mask_needed_for,
+        step_roles=task.config.compare_step_roles(),
         # A value's rows are loaded as --by loads them: its groups keyed by (step, group).
         by=None if task.step is None else task.step.column,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Literal
 
 from advcli.errors import UsageError
 from advcli.settings.rules import (
@@ -19,6 +20,11 @@ from advcli.settings.rules import (
     STEP_GROUPINGS,
     StepGrouping,
 )
+
+# Which of GiGPO's roles a reading looks for: none (False); the anchor and a step reward or
+# return, each required (True); the same only when the dump has an anchor ("if_anchored",
+# compare's); the anchor alone, when the dump has one ("anchor", inspect's).
+StepRoles = bool | Literal["if_anchored", "anchor"]
 
 
 class Level(str, Enum):
@@ -347,6 +353,34 @@ class AdvantageConfig:
             f"{self.estimator.value} (scale {self.effective_scale.value}, singleton "
             f"{self.singleton.value}, epsilon {self.epsilon:g})"
         )
+
+    @property
+    def mask_needed_for(self) -> str | None:
+        """Why the estimator needs each row's token count, if it does."""
+        if RULES[self.estimator].counts_tokens:
+            return f"{self.estimator.value} weighs rows by their tokens and needs one"
+        return None
+
+    def compare_step_roles(self) -> StepRoles:
+        """What compare reads of GiGPO's roles: none for the other estimators; all of them
+        where the episode term is made of the step rewards (Trinity-RFT's), else those of a dump
+        with an anchor (without one the episode term is still reported); the anchors of a dump
+        with them for per-turn rewards, whose report computes every grouping the dump has."""
+        if self.per_turn is not None:
+            return "anchor"
+        if self.step is None:
+            return False
+        return True if self.step.episode_from_steps else "if_anchored"
+
+    def compute_step_roles(self, report: bool = False) -> StepRoles:
+        """What compute reads of GiGPO's roles: its anchors and step rewards for gigpo, the
+        anchors for per-turn rewards' anchor step groups, and those of a dump with an anchor for
+        the termination report (``report``), which computes every grouping the dump has."""
+        if self.step is not None:
+            return True
+        if self.per_turn is not None and (report or self.per_turn.grouping.anchors):
+            return "anchor"
+        return False
 
     @property
     def effective_scale(self) -> Scale:
