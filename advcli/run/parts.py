@@ -269,6 +269,12 @@ def _in_workers(
             if isinstance(result, AdvcliError):
                 raise result
             yield pickle.loads(result.get()) if isinstance(result, AsyncResult) else result
+    except AdvcliError:
+        # A part failed: the parts still in the workers (two a worker at most) end, unread, in
+        # the join below. terminate() may kill a worker while it writes its result and holds the
+        # result queue's lock, which the pool's task thread then waits on for ever, and
+        # terminate() joins that thread (a CI run hung so, in this very error's path).
+        raise
     except BaseException:
         # Held: an interrupt raised again inside terminate() (as one raised where nothing could
         # catch it is) would leave a worker alive for the join below to wait on for ever.
