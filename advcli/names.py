@@ -72,13 +72,19 @@ class NativeNames:
 @contextlib.contextmanager
 def native_name(path: Path) -> Iterator[str]:
     """The name Polars and Arrow can write the existing file ``path`` by, for the length of the
-    block (as :class:`NativeNames` reads)."""
-    if is_utf8(path):
+    block (as :class:`NativeNames` reads).
+
+    A named pipe is held open for writing through the block: Polars opens its output twice (to
+    create it, then to write it), and a reader that took the first close for the end of the
+    data would be gone, leaving the second open to wait for a reader forever.
+    """
+    utf8 = is_utf8(path)
+    if utf8 and not path.is_fifo():
         yield str(path)
         return
     descriptor = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        yield _reopenable(descriptor, shown_path(path))
+        yield str(path) if utf8 else _reopenable(descriptor, shown_path(path))
     finally:
         os.close(descriptor)
 

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import polars as pl
@@ -19,6 +20,7 @@ import pytest
 from conftest import dump_frame, fifo_reader
 
 from advcli.errors import AdvcliError
+from advcli.names import native_name
 from advcli.write import atomic
 from advcli.write.atomic import MARKER, PARTIAL_SUFFIX, atomic_output
 
@@ -147,6 +149,21 @@ def test_a_named_pipe_gets_the_output_as_it_is_written(run, write_dump, tmp_path
     assert result.exit_code == 0, result.stderr
     assert fifo.is_fifo()
     assert pl.read_parquet(io.BytesIO(received[0])).equals(pl.read_parquet(regular))
+
+
+def test_a_named_pipe_is_held_open_while_polars_opens_it_twice(tmp_path):
+    """Polars opens its output twice (to create it, then to write it). A reader that took the
+    first close for the end of the data would be gone, and the second open would wait for a
+    reader forever: held open through the block, the pipe ends once, when the block does."""
+    fifo = tmp_path / "out.parquet"
+    with fifo_reader(fifo) as received, native_name(fifo) as name:
+        for part in (b"created", b"written"):
+            # An open that does not wait: ENXIO, were the reader gone.
+            writer = os.open(name, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(writer, part)
+            os.close(writer)
+            time.sleep(0.2)  # time for a reader to see the end of the data, were it the end
+    assert received == [b"createdwritten"]
 
 
 @pytest.mark.process
