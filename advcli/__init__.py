@@ -13,7 +13,7 @@ Names are imported on first use; ``compute``, ``compare`` and the rest load Pola
 import importlib
 from typing import TYPE_CHECKING
 
-from advcli.errors import AdvcliError, UsageError
+from advcli.errors import AdvcliError, SettingsError, UsageError
 
 if TYPE_CHECKING:
     # Looked up on first use (see __getattr__); a string, for the type checker.
@@ -70,6 +70,7 @@ __all__ = [
     "OutputFormat",
     "ReportFiles",
     "Scale",
+    "SettingsError",
     "Singleton",
     "TerminationReport",
     "TrajScore",

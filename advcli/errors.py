@@ -17,6 +17,12 @@ class UsageError(AdvcliError):
     """Settings or options that do not fit together (the command line exits 2, not 1)."""
 
 
+class SettingsError(UsageError, ValueError):
+    """Settings (of the numbers, or of the columns) that are not valid or do not fit together:
+    the command line exits 2 on it, and a library caller (``advcli.torch``, ``advcli.verl``)
+    catches it as the ``ValueError`` a bad argument is."""
+
+
 class InputChanged(AdvcliError):
     """An input that is no longer the file advcli opened: what was computed from it mixes two
     versions of it (or rows of another file), so nothing derived from it may be published.

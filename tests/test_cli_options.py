@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import typer
 import typer.main
+from click.core import ParameterSource
 
 from advcli.cli.app import app
 from advcli.cli.options import dump_settings
@@ -74,6 +75,8 @@ def test_a_choice_kept_as_its_text_is_made_its_settings_type(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     ctx = parsed("compute", "-o", "out.parquet")
     ctx.params.update(level="turn", estimator="grpo", traj_score="max", scale="none")
+    for name in ("level", "estimator", "traj_score", "scale"):
+        ctx.set_parameter_source(name, ParameterSource.COMMANDLINE)
     config = dump_settings(ctx).config
     assert config.level is Level.TURN
     assert config.traj_score is TrajScore.MAX

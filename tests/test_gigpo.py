@@ -318,8 +318,14 @@ def test_every_output_format(run, tmp_path):
         (("--estimator", "gigpo", "--gamma", "1.5"), "--gamma must be in [0, 1], got 1.5"),
         (("--estimator", "gigpo", "--gamma", "-0.1"), "--gamma must be in [0, 1], got -0.1"),
         (("--estimator", "gigpo", "--step-weight", "-1"), "--step-weight must be a finite"),
-        (("--gamma", "0.9",), "apply to gigpo, not to grpo"),
-        (("--recipe", "roll", "--estimator", "rloo"), "--recipe roll is a gigpo recipe"),
+        (("--gamma", "0.9",),
+         "Error: Invalid value: --gamma applies to gigpo, not to grpo (--gamma applies to "
+         "--reward-mode per-turn too)\n"),
+        (("--recipe", "roll", "--estimator", "rloo"),
+         "Error: Invalid value: --recipe roll applies to gigpo, not to rloo\n"),
+        (("--estimator", "drgrpo", "--step-weight", "2", "--anchor-scope", "batch"),
+         "Error: Invalid value: --step-weight and --anchor-scope apply to gigpo, not to "
+         "drgrpo (--anchor-scope applies to --reward-mode per-turn too)\n"),
         (("--estimator", "gigpo", "--scale", "batch"), "its divisor is --gigpo-norm's"),
     ],
 )  # fmt: skip

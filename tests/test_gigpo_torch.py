@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from test_gigpo_vs_reference import advcli_advantages
 
 torch = pytest.importorskip("torch")
 
+from advcli.errors import SettingsError  # noqa: E402
 from advcli.torch import (  # noqa: E402
     RewardError,
     compute_advantage,
@@ -342,7 +344,8 @@ def test_bad_step_inputs_are_refused(keywords, error, message):
 
 
 def test_step_arguments_apply_to_gigpo_only():
-    with pytest.raises(ValueError, match="gamma apply to gigpo, not to grpo"):
+    message = "gamma applies to gigpo, not to grpo (gamma applies to reward_mode='per-turn' too)"
+    with pytest.raises(SettingsError, match=f"^{re.escape(message)}$"):
         compute_advantage(torch.ones(2, 1), torch.ones(2, 1), [0, 0], gamma=0.9)
-    with pytest.raises(ValueError, match="anchor_index apply to gigpo, not to grpo"):
+    with pytest.raises(ValueError, match=r"^anchor_index applies to gigpo, not to grpo$"):
         compute_advantage(torch.ones(2, 1), torch.ones(2, 1), [0, 0], anchor_index=[0, 0])

@@ -216,7 +216,7 @@ def test_a_batch_without_anchors_is_refused_for_gigpo():
 
 def test_gigpo_keywords_are_refused_elsewhere_and_misspelt_ones_everywhere():
     batch = agent_batch(agent_rows(10))
-    with pytest.raises(ValueError, match="recipe apply to gigpo, not to grpo"):
+    with pytest.raises(ValueError, match=r"^recipe applies to gigpo, not to grpo$"):
         compute_advantage(batch, "grpo", recipe="trinity")
     with pytest.raises(TypeError, match="unexpected keyword argument 'gigpo_modes'"):
         compute_advantage(batch, "gigpo", gigpo_modes="mean_norm")

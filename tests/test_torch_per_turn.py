@@ -256,8 +256,9 @@ ROWS = (torch.tensor([[2.0], [1.0], [0.0], [3.0]]), torch.ones(4, 1), [0] * 4, l
         ({"anchor_index": [1, 1, 2, 1]}, ValueError,
          "anchor_index applies to anchor step groups, not to 'turn-padded'"),
         ({"step_returns": [1.0] * 4}, ValueError, "give step_rewards (each turn's reward)"),
-        ({"step_weight": 1.0}, ValueError, "step_weight apply to gigpo, not to reward_mode="),
-        ({"recipe": "roll"}, ValueError, "recipe apply to gigpo, not to reward_mode="),
+        ({"step_weight": 1.0}, ValueError,
+         "step_weight applies to gigpo, not to reward_mode='per-turn'"),
+        ({"recipe": "roll"}, ValueError, "recipe='roll' applies to gigpo, not to reward_mode="),
         ({"anchor_scope": "batch"}, ValueError, "--anchor-scope applies to --step-groups anchor"),
     ],
 )  # fmt: skip
@@ -275,7 +276,8 @@ def test_bad_rewards_and_settings_under_outcome():
         compute_advantage(rewards, *ROWS[1:], reward_mode="per-turn")
     with pytest.raises(ValueError, match="step_groups applies to reward_mode='per-turn'"):
         compute_advantage(*ROWS, step_groups="turn")
-    with pytest.raises(ValueError, match="a per-turn recipe implies reward_mode='per-turn'"):
+    message = "recipe='lightrft' implies reward_mode='per-turn', not reward_mode='outcome'"
+    with pytest.raises(ValueError, match=message):
         compute_advantage(*ROWS, recipe="lightrft", reward_mode="outcome")
 
 

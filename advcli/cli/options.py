@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, NamedTuple, TypeVar
+from typing import Annotated, NamedTuple
 
 import typer
 
@@ -29,7 +29,8 @@ from advcli.settings.config import (
     StepTerm,
     TrajScore,
 )
-from advcli.settings.recipes import PER_TURN_RECIPES, RECIPES, PerTurnRecipe, Recipe, gigpo_settings
+from advcli.settings.recipes import PER_TURN_RECIPES, RECIPES, Recipe
+from advcli.settings.resolve import OPTION_WORDS, SETTING_NAMES, resolve_config
 
 # More threads than this only cost memory on any machine advcli runs on.
 MAX_THREADS = 1024
@@ -285,120 +286,22 @@ class DumpSettings(NamedTuple):
     config: AdvantageConfig
 
 
-Choice = TypeVar("Choice", TrajScore, Scale, Recipe, GigpoNorm, AnchorScope, StepGroups)
-
-
 def dump_settings(ctx: typer.Context) -> DumpSettings:
     """The settings of a reading command, from the options above as the command declares them.
 
-    Typer keeps every option's value in ``ctx.params`` under its parameter name, so the settings
-    are built here, the same way for every command. An option a command does not have (compare's
-    --level, inspect's estimator options) leaves the settings' default. Each choice is made its
-    settings type again because older Typer releases keep a choice's text there.
+    Typer keeps every option's value in ``ctx.params`` under its parameter name, the setting's
+    own (:data:`advcli.settings.resolve.SETTING_NAMES`): the options given, typed or saved, are
+    resolved as every face's settings are. An option a command does not have (compare's
+    --level, inspect's estimator options) is not given.
     """
-    given = ctx.params
-    estimator = Estimator(given.get("estimator", DEFAULTS.estimator))
-    level = Level(given.get("level", DEFAULTS.level))
-    epsilon = given.get("epsilon", DEFAULTS.epsilon)
-    singleton = Singleton(given.get("singleton", DEFAULTS.singleton))
-    step = None
-    recipe = _chosen(Recipe, given.get("recipe"))
-    per_turn_recipe = PER_TURN_RECIPES.get(recipe) if recipe is not None else None
-    if per_turn_recipe is not None:
-        estimator = estimator if _given(ctx, "estimator") else per_turn_recipe.estimator
-        epsilon = epsilon if _given(ctx, "epsilon") else per_turn_recipe.epsilon
-        singleton = singleton if _given(ctx, "singleton") else per_turn_recipe.singleton
-    elif recipe is not None:
-        if _given(ctx, "estimator") and estimator is not Estimator.GIGPO:
-            raise UsageError(
-                f"--recipe {recipe.value} is a gigpo recipe, not one of {estimator.value}"
-            )
-        estimator = Estimator.GIGPO
-    gamma, weight = given.get("gamma"), given.get("step_weight")
-    norm = _chosen(GigpoNorm, given.get("gigpo_norm"))
-    scope = _chosen(AnchorScope, given.get("anchor_scope"))
-    per_turn = _per_turn(ctx, gamma, scope, per_turn_recipe)
-    if per_turn is not None:
-        if any(value is not None for value in (weight, norm)) or (
-            recipe is not None and per_turn_recipe is None
-        ):
-            raise UsageError(
-                "--step-weight, --gigpo-norm and the gigpo recipes apply to gigpo, not to "
-                "--reward-mode per-turn"
-            )
-        if not _given(ctx, "level"):
-            level = Level.TURN
-    elif estimator is Estimator.GIGPO:
-        chosen_level, step, chosen_epsilon, chosen_singleton = gigpo_settings(
-            recipe,
-            level=level if _given(ctx, "level") else None,
-            epsilon=epsilon if _given(ctx, "epsilon") else None,
-            gamma=gamma,
-            weight=weight,
-            norm=norm,
-            scope=scope,
-            singleton=singleton if _given(ctx, "singleton") else None,
-        )
-        level = chosen_level or level
-        epsilon = epsilon if chosen_epsilon is None else chosen_epsilon
-        singleton = chosen_singleton or singleton
-    elif any(value is not None for value in (gamma, weight, norm, scope)):
-        raise UsageError(
-            "--gamma, --step-weight, --gigpo-norm and --anchor-scope apply to gigpo, not to "
-            f"{estimator.value} (--gamma and --anchor-scope to --reward-mode per-turn too)"
-        )
-    config = AdvantageConfig(
-        level=level,
-        estimator=estimator,
-        epsilon=epsilon,
-        traj_score=_chosen(TrajScore, given.get("traj_score")),
-        scale=_chosen(Scale, given.get("scale")),
-        singleton=singleton,
-        step=step,
-        per_turn=per_turn,
-    )
-    return DumpSettings(_column_names(ctx), config)
-
-
-def _per_turn(
-    ctx: typer.Context,
-    gamma: float | None,
-    scope: AnchorScope | None,
-    recipe: PerTurnRecipe | None,
-) -> PerTurn | None:
-    """The per-turn settings under ``--reward-mode per-turn`` (which a per-turn recipe implies),
-    None under outcome rewards (where ``--step-groups`` is refused)."""
-    mode = RewardMode(ctx.params.get("reward_mode", RewardMode.OUTCOME))
-    groups = _chosen(StepGroups, ctx.params.get("step_groups"))
-    if recipe is not None:
-        if _given(ctx, "reward_mode") and mode is RewardMode.OUTCOME:
-            raise UsageError("a per-turn recipe implies --reward-mode per-turn, not outcome")
-        return PerTurn(
-            gamma=PerTurn().gamma if gamma is None else gamma,
-            groups=groups or recipe.groups,
-            scope=scope or PerTurn().scope,
-            variance_epsilon=recipe.variance_epsilon,
-        )
-    if mode is RewardMode.OUTCOME:
-        if groups is not None:
-            raise UsageError("--step-groups applies to --reward-mode per-turn")
-        return None
-    base = PerTurn()
-    return PerTurn(
-        gamma=base.gamma if gamma is None else gamma,
-        groups=groups or base.groups,
-        scope=scope or base.scope,
-    )
+    given = {name: ctx.params[name] for name in SETTING_NAMES if _given(ctx, name)}
+    return DumpSettings(_column_names(ctx), resolve_config(given, OPTION_WORDS))
 
 
 def _given(ctx: typer.Context, parameter: str) -> bool:
     """Whether ``parameter`` was given, on the command line or in the saved options."""
     source = ctx.get_parameter_source(parameter)
     return source is not None and source.name in ("COMMANDLINE", "DEFAULT_MAP", "ENVIRONMENT")
-
-
-def _chosen(choice: type[Choice], value: object) -> Choice | None:
-    return None if value is None else choice(value)
 
 
 def _column_names(ctx: typer.Context) -> ColumnNames:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
-from advcli.errors import UsageError
+from advcli.errors import SettingsError
 from advcli.settings.rules import (
     DEFAULT_STEP_GROUPS,
     GAMMA_RANGE,
@@ -110,19 +110,19 @@ class StepTerm:
     def __post_init__(self) -> None:
         low, high = GAMMA_RANGE
         if not low <= self.gamma <= high:
-            raise UsageError(f"--gamma must be in [{low:g}, {high:g}], got {self.gamma}")
+            raise SettingsError(f"--gamma must be in [{low:g}, {high:g}], got {self.gamma}")
         if not 0 <= self.weight < math.inf:
-            raise UsageError(f"--step-weight must be a finite number >= 0, got {self.weight}")
+            raise SettingsError(f"--step-weight must be a finite number >= 0, got {self.weight}")
 
     def check_traj_score(self, rule: TrajScore) -> None:
         """Refuse a ``--traj-score`` rule the episode term's own rule would leave unread."""
         if self.own_row_scores:
-            raise UsageError(
+            raise SettingsError(
                 f"--traj-score {rule.value} does not apply to the verl-agent-trajectory rule: "
                 "every row is centred on its own score"
             )
         if self.episode_from_steps and rule is not TrajScore.SUM:
-            raise UsageError(
+            raise SettingsError(
                 f"--traj-score {rule.value} does not apply to Trinity-RFT's episode score, "
                 "the sum of a trajectory's step rewards"
             )
@@ -176,13 +176,13 @@ class PerTurn:
     def __post_init__(self) -> None:
         low, high = GAMMA_RANGE
         if not low <= self.gamma <= high:
-            raise UsageError(f"--gamma must be in [{low:g}, {high:g}], got {self.gamma}")
+            raise SettingsError(f"--gamma must be in [{low:g}, {high:g}], got {self.gamma}")
         if self.scope is not AnchorScope.GROUP and self.groups is not StepGroups.ANCHOR:
-            raise UsageError(
+            raise SettingsError(
                 f"--anchor-scope applies to --step-groups anchor, not to {self.groups.value}"
             )
         if self.variance_epsilon is not None and self.groups is not StepGroups.TURN_REWARDS:
-            raise UsageError(
+            raise SettingsError(
                 f"--recipe lightrft normalizes per-index rewards (--step-groups turn-rewards), "
                 f"not {self.groups.value}"
             )
@@ -301,15 +301,15 @@ class AdvantageConfig:
             divisor = (
                 " (its divisor is --gigpo-norm's)" if self.estimator is Estimator.GIGPO else ""
             )
-            raise UsageError(
+            raise SettingsError(
                 f"--scale applies to grpo and grpo_passk, not to {self.estimator.value}{divisor}"
             )
         if not 0 <= self.epsilon < math.inf:
-            raise UsageError(f"epsilon must be a finite number >= 0, got {self.epsilon}")
+            raise SettingsError(f"epsilon must be a finite number >= 0, got {self.epsilon}")
         if RULES[self.estimator].steps and self.step is None:
             object.__setattr__(self, "step", StepTerm())
         if self.step is not None and not RULES[self.estimator].steps:
-            raise UsageError(
+            raise SettingsError(
                 "--gamma, --step-weight, --gigpo-norm, --anchor-scope and --recipe apply to "
                 f"gigpo, not to {self.estimator.value}"
             )
@@ -320,19 +320,19 @@ class AdvantageConfig:
         """Per-turn rewards take the estimators of PER_TURN_ESTIMATORS, at turn level (each row
         is a unit), each group's own std."""
         if self.estimator.value not in PER_TURN_ESTIMATORS:
-            raise UsageError(
+            raise SettingsError(
                 f"--reward-mode per-turn takes --estimator {', '.join(PER_TURN_ESTIMATORS)}, "
                 f"not {self.estimator.value}"
             )
         if self.level is not Level.TURN:
-            raise UsageError(
+            raise SettingsError(
                 "--level does not apply under --reward-mode per-turn: each row is a unit "
                 "(--level turn)"
             )
         if self.scale not in (None, Scale.GROUP):
-            raise UsageError("--reward-mode per-turn divides by each step group's std only")
+            raise SettingsError("--reward-mode per-turn divides by each step group's std only")
         if self.traj_score is not None:
-            raise UsageError(
+            raise SettingsError(
                 "--traj-score does not apply under --reward-mode per-turn: each row keeps its "
                 "own reward"
             )
@@ -412,6 +412,8 @@ class ColumnNames:
 
     def __post_init__(self) -> None:
         if self.group_size is not None and self.group_size < 1:
-            raise UsageError(f"--group-size must be at least 1, got {self.group_size}")
+            raise SettingsError(f"--group-size must be at least 1, got {self.group_size}")
         if self.step_reward is not None and self.step_return is not None:
-            raise UsageError("--step-reward-col and --step-return-col exclude each other: give one")
+            raise SettingsError(
+                "--step-reward-col and --step-return-col exclude each other: give one"
+            )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from advcli.errors import UsageError
+from advcli.errors import SettingsError
 from advcli.settings.config import (
     AnchorScope,
     Estimator,
@@ -152,7 +152,7 @@ def gigpo_settings(
     not given), each given option winning over the recipe's; without a recipe, the step term's
     defaults."""
     if recipe is not None and recipe not in RECIPES:
-        raise UsageError(
+        raise SettingsError(
             f"--recipe {recipe.value} is a per-turn rewards recipe, not a gigpo one: it implies "
             "--reward-mode per-turn"
         )

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from advcli.settings.config import AdvantageConfig, Level, TrajScore
+from advcli.settings.resolve import GivenSettings, gigpo_only, resolve_config
 from advcli.settings.rules import RULES
-from advcli.torch.arguments import GigpoArguments, PerTurnArguments, settings_of
 from advcli.torch.groups import GroupCounts, unit_advantages, whiten
 from advcli.torch.ids import Codes, Ids, compact, raw_codes
 from advcli.torch.per_turn import per_turn_rows
@@ -32,6 +32,9 @@ from advcli.torch.trajectories import (
     turn_numbers,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 
 def compute_advantage(  # noqa: PLR0913
     token_level_rewards: torch.Tensor,
@@ -39,24 +42,12 @@ def compute_advantage(  # noqa: PLR0913
     index: Ids,
     traj_index: Ids | None = None,
     *,
-    estimator: str | None = None,
-    level: str | None = None,
-    scale: str | None = None,
-    singleton: str | None = None,
-    traj_score: str | None = None,
     turn_index: Ids | None = None,
-    epsilon: float | None = None,
     unit_tokens: str = "sum",
     anchor_index: Ids | None = None,
     step_rewards: Any = None,
     step_returns: Any = None,
-    gamma: float | None = None,
-    step_weight: float | None = None,
-    gigpo_norm: str | None = None,
-    anchor_scope: str | None = None,
-    recipe: str | None = None,
-    reward_mode: str | None = None,
-    step_groups: str | None = None,
+    **settings: Unpack[GivenSettings],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Any of advcli's estimators on one batch, with the numbers of ``advcli compute``.
 
@@ -72,7 +63,11 @@ def compute_advantage(  # noqa: PLR0913
         each row is a trajectory).
     estimator
         An :class:`advcli.settings.Estimator` value: ``grpo`` (the default, but for a
-        per-turn recipe's), ``rloo``, …, ``gigpo``.
+        recipe's: gigpo's recipes imply ``gigpo``), ``rloo``, …, ``gigpo``. This and the
+        settings below are keywords of :class:`advcli.settings.resolve.GivenSettings`,
+        resolved as the command line resolves its options
+        (:func:`advcli.settings.resolve.resolve_config`); a bad value, or settings that do not
+        fit together, raise :class:`advcli.errors.SettingsError` (a ``ValueError``).
     level, scale, singleton, epsilon
         As ``--level`` (``trajectory``: each trajectory is one unit of its group; ``turn``:
         every row is one), ``--scale`` (grpo and grpo_passk: ``group``, ``batch`` or ``none``),
@@ -121,8 +116,18 @@ def compute_advantage(  # noqa: PLR0913
     >>> compute_advantage(rewards, torch.ones(4, 1), uid, traj, level="turn")[0][:, 0]
     tensor([ 0.5000,  0.5000,  0.5000, -1.5000])
     """
-    # Every argument as given: the locals are the parameters, nothing else is bound yet.
-    result = compute_advantage_with_metrics(**locals())
+    result = compute_advantage_with_metrics(
+        token_level_rewards,
+        response_mask,
+        index,
+        traj_index,
+        turn_index=turn_index,
+        unit_tokens=unit_tokens,
+        anchor_index=anchor_index,
+        step_rewards=step_rewards,
+        step_returns=step_returns,
+        **settings,
+    )
     return result.advantages, result.advantages
 
 
@@ -187,29 +192,15 @@ def compute_advantage_with_metrics(  # noqa: PLR0913
     index: Ids,
     traj_index: Ids | None = None,
     *,
-    estimator: str | None = None,
-    level: str | None = None,
-    scale: str | None = None,
-    singleton: str | None = None,
-    traj_score: str | None = None,
     turn_index: Ids | None = None,
-    epsilon: float | None = None,
     unit_tokens: str = "sum",
     anchor_index: Ids | None = None,
     step_rewards: Any = None,
     step_returns: Any = None,
-    gamma: float | None = None,
-    step_weight: float | None = None,
-    gigpo_norm: str | None = None,
-    anchor_scope: str | None = None,
-    recipe: str | None = None,
-    reward_mode: str | None = None,
-    step_groups: str | None = None,
+    **settings: Unpack[GivenSettings],
 ) -> AdvantageResult:
     """:func:`compute_advantage`'s tensor (once) and the batch's :class:`AdvantageMetrics`."""
-    gigpo = GigpoArguments(gamma, step_weight, gigpo_norm, anchor_scope, recipe)
-    per_turn = PerTurnArguments(reward_mode, step_groups)
-    config = settings_of(estimator, level, scale, singleton, traj_score, epsilon, gigpo, per_turn)
+    config = resolve_config(settings)
     if unit_tokens not in ("sum", "first_row"):
         raise ValueError(f"unit_tokens is 'sum' or 'first_row', got {unit_tokens!r}")
     with torch.no_grad():
@@ -360,7 +351,7 @@ def _step_inputs(
     ]
     if config.step is None:
         if given:
-            raise ValueError(f"{', '.join(given)} apply to gigpo, not to {config.estimator.value}")
+            raise ValueError(gigpo_only(given, config.estimator.value))
         return _StepInputs(None, None)
     if anchor_index is None:
         raise ValueError("gigpo's step groups need anchor_index (one anchor id a row)")

@@ -13,6 +13,7 @@ from advcli.read.batch import TurnRewardError, anchor_codes, per_turn_inputs
 from advcli.read.columns import ColumnRoles
 from advcli.settings.config import Estimator, RewardMode
 from advcli.settings.recipes import PER_TURN_RECIPES
+from advcli.settings.resolve import gigpo_only
 from advcli.settings.rules import RULES
 from advcli.torch import RewardError
 
@@ -146,7 +147,7 @@ def check_gigpo_keywords(given: Mapping[str, Any], estimator: Estimator) -> bool
         raise TypeError(f"compute_advantage() got an unexpected keyword argument {unknown[0]!r}")
     steps = RULES[estimator].steps
     if not steps and given:
-        raise ValueError(f"{', '.join(sorted(given))} apply to gigpo, not to {estimator.value}")
+        raise ValueError(gigpo_only(sorted(given), estimator.value))
     return steps
 
 
