@@ -10,8 +10,9 @@ import typer.main
 from click.core import ParameterSource
 
 from advcli.cli.app import app
+from advcli.cli.option_table import OPTIONS, PANELS
 from advcli.cli.options import dump_settings
-from advcli.cli.panels import PANEL_OF, PANELS, long_name
+from advcli.cli.panels import long_name
 from advcli.settings.config import (
     AdvantageConfig,
     ColumnNames,
@@ -106,20 +107,25 @@ def test_a_typed_group_size_wins_over_a_saved_group_column(command, tmp_path, mo
 
 
 def test_every_option_of_every_command_is_in_one_help_panel(run):
-    """The panel table names every option a command has (only --help is in none), and each
-    command's --help shows its options under their panels, in the table's order."""
-    assert sum(map(len, PANELS.values())) == len(PANEL_OF), "an option in two panels"
+    """The option table names every option a command has (only --help is in none), and each
+    command's --help shows its options under their panels, each panel's in the table's order."""
     commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
     for name, command in commands.items():
         options = [
             long_name(param) for param in command.params if param.param_type_name == "option"
         ]
-        assert [option for option in options if option not in PANEL_OF] == [], name
-        shown = [panel for panel in PANELS if any(PANEL_OF[o] == panel for o in options)]
-        titles = [
-            line[:-1] for line in run(name, "--help").stdout.splitlines() if line[:1].isupper()
-        ]
+        assert [option for option in options if option not in OPTIONS] == [], name
+        shown = [panel for panel in PANELS if any(OPTIONS[o].panel == panel for o in options)]
+        lines = run(name, "--help").stdout.splitlines()
+        titles = [line[:-1] for line in lines if line[:1].isupper()]
         arguments = (
             ["Arguments"] if any(p.param_type_name == "argument" for p in command.params) else []
         )
         assert titles[1:] == [*arguments, *shown, "Other options"], name
+        listed = [
+            word.rstrip(",")
+            for line in lines
+            for word in line.split()[:2]
+            if word.rstrip(",") in options and line.startswith("  -")
+        ]
+        assert listed == [option for option in OPTIONS if option in options], name

@@ -19,39 +19,21 @@ from advcli._runtime.signals import held
 from advcli.cli.consoles import stderr, stdout
 from advcli.cli.exits import reports_errors
 from advcli.cli.options import (
-    DEFAULTS,
+    COLUMN_OPTIONS,
+    SETTING_OPTIONS,
+    STEP_COLUMN_OPTIONS,
     AddressOpt,
-    AnchorCol,
-    AnchorScopeOpt,
     CompareEngineOpt,
     ConfigOpt,
     DropDuplicatesOpt,
-    EpsilonOpt,
-    EstimatorOpt,
     FailAboveOpt,
     FailOn,
     FailOnOpt,
-    GammaOpt,
-    GigpoNormOpt,
-    GroupCol,
-    GroupSize,
     Inputs,
-    MaskCol,
-    RecipeOpt,
-    RewardCol,
-    RewardModeOpt,
-    ScaleOpt,
-    SingletonOpt,
-    StepGroupsOpt,
-    StepReturnCol,
-    StepRewardCol,
-    StepWeightOpt,
     ThreadsOpt,
-    TrajCol,
-    TrajScoreOpt,
-    TurnCol,
     check_fail_above,
     dump_settings,
+    with_options,
 )
 from advcli.cli.watch import (
     MOVED,
@@ -61,7 +43,7 @@ from advcli.cli.watch import (
     check_follow,
     run_watch,
 )
-from advcli.settings.config import Engine, RewardMode
+from advcli.settings.config import Engine
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -118,31 +100,11 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing report
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")]
 
 
+@with_options(*SETTING_OPTIONS, *COLUMN_OPTIONS, *STEP_COLUMN_OPTIONS)
 @reports_errors
 def compare_command(  # noqa: PLR0913
     ctx: typer.Context,
     inputs: Inputs = None,
-    estimator: EstimatorOpt = DEFAULTS.estimator,
-    epsilon: EpsilonOpt = DEFAULTS.epsilon,
-    traj_score: TrajScoreOpt = None,
-    scale: ScaleOpt = None,
-    singleton: SingletonOpt = DEFAULTS.singleton,
-    recipe: RecipeOpt = None,
-    reward_mode: RewardModeOpt = RewardMode.OUTCOME,
-    step_groups: StepGroupsOpt = None,
-    gamma: GammaOpt = None,
-    step_weight: StepWeightOpt = None,
-    gigpo_norm: GigpoNormOpt = None,
-    anchor_scope: AnchorScopeOpt = None,
-    group_col: GroupCol = None,
-    group_size: GroupSize = None,
-    traj_col: TrajCol = None,
-    turn_col: TurnCol = None,
-    reward_col: RewardCol = None,
-    mask_col: MaskCol = None,
-    anchor_col: AnchorCol = None,
-    step_reward_col: StepRewardCol = None,
-    step_return_col: StepReturnCol = None,
     top: TopOpt = 10,
     json_path: JsonOpt = None,
     markdown: MarkdownOpt = None,

@@ -17,38 +17,20 @@ from advcli._runtime.signals import held
 from advcli.cli.consoles import stderr
 from advcli.cli.exits import reports_errors
 from advcli.cli.options import (
-    DEFAULTS,
+    COLUMN_OPTIONS,
+    LEVEL_OPTION,
+    SETTING_OPTIONS,
+    STEP_COLUMN_OPTIONS,
     AddressOpt,
-    AnchorCol,
-    AnchorScopeOpt,
     ConfigOpt,
     DropDuplicatesOpt,
     EngineOpt,
-    EpsilonOpt,
-    EstimatorOpt,
-    GammaOpt,
-    GigpoNormOpt,
-    GroupCol,
-    GroupSize,
     Inputs,
-    LevelOpt,
-    MaskCol,
-    RecipeOpt,
-    RewardCol,
-    RewardModeOpt,
-    ScaleOpt,
-    SingletonOpt,
-    StepGroupsOpt,
-    StepReturnCol,
-    StepRewardCol,
-    StepWeightOpt,
     ThreadsOpt,
-    TrajCol,
-    TrajScoreOpt,
-    TurnCol,
     dump_settings,
+    with_options,
 )
-from advcli.settings.config import Engine, LossMode, OutputColumns, OutputFormat, RewardMode
+from advcli.settings.config import Engine, LossMode, OutputColumns, OutputFormat
 
 if TYPE_CHECKING:
     from advcli.run.commands import ComputeSummary
@@ -118,33 +100,12 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on std
 PROGRESS_DELAY_SECONDS = 1.0
 
 
+@with_options(LEVEL_OPTION, *SETTING_OPTIONS, *COLUMN_OPTIONS, *STEP_COLUMN_OPTIONS)
 @reports_errors
 def compute_command(  # noqa: PLR0913
     ctx: typer.Context,
     output: Output,
     inputs: Inputs = None,
-    level: LevelOpt = DEFAULTS.level,
-    estimator: EstimatorOpt = DEFAULTS.estimator,
-    epsilon: EpsilonOpt = DEFAULTS.epsilon,
-    traj_score: TrajScoreOpt = None,
-    scale: ScaleOpt = None,
-    singleton: SingletonOpt = DEFAULTS.singleton,
-    recipe: RecipeOpt = None,
-    reward_mode: RewardModeOpt = RewardMode.OUTCOME,
-    step_groups: StepGroupsOpt = None,
-    gamma: GammaOpt = None,
-    step_weight: StepWeightOpt = None,
-    gigpo_norm: GigpoNormOpt = None,
-    anchor_scope: AnchorScopeOpt = None,
-    group_col: GroupCol = None,
-    group_size: GroupSize = None,
-    traj_col: TrajCol = None,
-    turn_col: TurnCol = None,
-    reward_col: RewardCol = None,
-    mask_col: MaskCol = None,
-    anchor_col: AnchorCol = None,
-    step_reward_col: StepRewardCol = None,
-    step_return_col: StepReturnCol = None,
     output_format: FormatOpt = None,
     loss_weight: LossWeightOpt = None,
     loss_scale_factor: LossScaleFactorOpt = None,

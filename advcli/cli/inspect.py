@@ -19,35 +19,24 @@ from advcli._runtime.signals import held
 from advcli.cli.consoles import stdout
 from advcli.cli.exits import reports_errors
 from advcli.cli.options import (
-    AnchorCol,
+    COLUMN_OPTIONS,
     AnchorScopeOpt,
     ConfigOpt,
-    GroupCol,
-    GroupSize,
     Inputs,
-    MaskCol,
-    RewardCol,
     ThreadsOpt,
-    TrajCol,
-    TurnCol,
     dump_settings,
+    with_options,
 )
 from advcli.names import printable
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")]
 
 
+@with_options(*COLUMN_OPTIONS)
 @reports_errors
-def inspect_command(  # noqa: PLR0913
+def inspect_command(
     ctx: typer.Context,
     inputs: Inputs = None,
-    group_col: GroupCol = None,
-    group_size: GroupSize = None,
-    traj_col: TrajCol = None,
-    turn_col: TurnCol = None,
-    reward_col: RewardCol = None,
-    mask_col: MaskCol = None,
-    anchor_col: AnchorCol = None,
     # Not anchor_scope: dump_settings reads that as an advantage setting, which inspect has none of.
     step_group_scope: AnchorScopeOpt = None,
     json_output: JsonOpt = False,

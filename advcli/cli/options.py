@@ -4,13 +4,17 @@ library's settings."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, NamedTuple
+from typing import Annotated, Any, NamedTuple, TypeVar, cast
 
 import typer
 
+from advcli.cli.option_table import SAVED_KEYS
 from advcli.cli.saved_options import read_config
 from advcli.errors import UsageError
 from advcli.settings.config import (
@@ -239,15 +243,9 @@ ConfigOpt = Annotated[
         callback=read_config,
         show_default=False,
         help="TOML file of saved options [default: ./advcli.toml, else the [tool.advcli] table "
-        "of ./pyproject.toml]. Keys are the long option names without dashes: group-col, "
-        "group-size, traj-col, turn-col, reward-col, mask-col, level, estimator, epsilon, "
-        "traj-score, scale, singleton, recipe, reward-mode, step-groups, gamma, step-weight, "
-        "gigpo-norm, anchor-scope, "
-        "anchor-col, step-reward-col, step-return-col, loss-weight, loss-scale-factor, "
-        "no-tokens, columns, top, by, jobs, drop-duplicates, "
-        "fail-above, fail-on, engine, address, threads; each command takes those it has, and a "
-        "[compute], [compare], [inspect] or [watch] table overrides them for that command. "
-        "Options on "
+        "of ./pyproject.toml]. Keys are the long option names without dashes: "
+        f"{', '.join(SAVED_KEYS)}; each command takes those it has, and a [compute], [compare], "
+        "[inspect] or [watch] table overrides them for that command. Options on "
         "the command line win.",
     ),
 ]
@@ -276,6 +274,68 @@ FailOnOpt = Annotated[
         "or any step's).",
     ),
 ]
+
+
+def _shared(name: str, annotation: object, default: object = None) -> inspect.Parameter:
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+    )
+
+
+# The options the reading commands share and read only through dump_settings (ctx.params): a
+# command takes them by with_options, so that its own signature lists what it reads itself.
+COLUMN_OPTIONS = (
+    _shared("group_col", GroupCol),
+    _shared("group_size", GroupSize),
+    _shared("traj_col", TrajCol),
+    _shared("turn_col", TurnCol),
+    _shared("reward_col", RewardCol),
+    _shared("mask_col", MaskCol),
+    _shared("anchor_col", AnchorCol),
+)
+STEP_COLUMN_OPTIONS = (
+    _shared("step_reward_col", StepRewardCol),
+    _shared("step_return_col", StepReturnCol),
+)
+LEVEL_OPTION = _shared("level", LevelOpt, DEFAULTS.level)
+SETTING_OPTIONS = (
+    _shared("estimator", EstimatorOpt, DEFAULTS.estimator),
+    _shared("epsilon", EpsilonOpt, DEFAULTS.epsilon),
+    _shared("traj_score", TrajScoreOpt),
+    _shared("scale", ScaleOpt),
+    _shared("singleton", SingletonOpt, DEFAULTS.singleton),
+    _shared("recipe", RecipeOpt),
+    _shared("reward_mode", RewardModeOpt, RewardMode.OUTCOME),
+    _shared("step_groups", StepGroupsOpt),
+    _shared("gamma", GammaOpt),
+    _shared("step_weight", StepWeightOpt),
+    _shared("gigpo_norm", GigpoNormOpt),
+    _shared("anchor_scope", AnchorScopeOpt),
+)
+
+CommandT = TypeVar("CommandT", bound=Callable[..., Any])
+
+
+def with_options(*shared: inspect.Parameter) -> Callable[[CommandT], CommandT]:
+    """Add the ``shared`` options to a command: Typer reads them from its signature, after the
+    command's own, and they reach the command only through ``ctx.params``
+    (:func:`dump_settings`), not as its arguments."""
+
+    def add(command: CommandT) -> CommandT:
+        own = inspect.signature(command, eval_str=True)
+        names = {parameter.name for parameter in shared}
+
+        @functools.wraps(command)
+        def with_shared(*args: Any, **kwargs: Any) -> Any:
+            return command(*args, **{k: v for k, v in kwargs.items() if k not in names})
+
+        parameters = [*own.parameters.values(), *shared]
+        with_shared.__signature__ = own.replace(parameters=parameters)  # type: ignore[attr-defined]
+        # Typer and the saved options read each option's type from the annotations.
+        with_shared.__annotations__ = {p.name: p.annotation for p in parameters}
+        return cast(CommandT, with_shared)
+
+    return add
 
 
 class DumpSettings(NamedTuple):

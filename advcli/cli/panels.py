@@ -1,5 +1,6 @@
-"""The help panels: every option of every command in one group of its ``--help``, by one table,
-so that a command of 40 options reads as the seven things it asks about."""
+"""The help panels: every option of every command in one group of its ``--help``, by the option
+table (:mod:`advcli.cli.option_table`), so that a command of 40 options reads as the seven
+things it asks about."""
 
 from __future__ import annotations
 
@@ -7,76 +8,7 @@ from typing import Any
 
 import typer.core
 
-# Each panel's options by their long names, the panels in the order --help shows them. An
-# option is in one panel whichever command has it (tests/test_cli_options.py holds every
-# option of every command to the table).
-PANELS: dict[str, tuple[str, ...]] = {
-    "Columns": (
-        "--group-col",
-        "--group-size",
-        "--traj-col",
-        "--turn-col",
-        "--reward-col",
-        "--mask-col",
-        "--anchor-col",
-        "--step-reward-col",
-        "--step-return-col",
-        "--drop-duplicates",
-    ),
-    "Estimator": (
-        "--level",
-        "--estimator",
-        "--epsilon",
-        "--traj-score",
-        "--scale",
-        "--singleton",
-        "--recipe",
-    ),
-    "GiGPO": ("--gamma", "--step-weight", "--gigpo-norm", "--anchor-scope"),
-    "Per-turn rewards": ("--reward-mode", "--step-groups"),
-    "Outputs": (
-        "--output",
-        "--format",
-        "--columns",
-        "--no-tokens",
-        "--loss-weight",
-        "--loss-scale-factor",
-        "--report",
-        "--top",
-        "--json",
-        "--markdown",
-        "--plot",
-        "--html",
-        "--jsonl",
-        "--force",
-        "--quiet",
-    ),
-    "Run": (
-        "--by",
-        "--jobs",
-        "--engine",
-        "--address",
-        "--fail-above",
-        "--fail-on",
-        "--follow",
-        "--settle",
-        "--config",
-    ),
-    "Machine": ("--threads",),
-    "Synthetic dump": (
-        "--groups",
-        "--rollouts",
-        "--max-turns",
-        "--tokens",
-        "--seed",
-        "--trainer",
-        "--anchor-share",
-        "--invalid-rate",
-        "--turn-reward",
-    ),
-}
-PANEL_OF = {option: panel for panel, options in PANELS.items() for option in options}
-
+from advcli.cli.option_table import OPTIONS, PANELS
 
 # click's types are Any here: Typer brings its own copy of click in some releases, click itself in
 # others.
@@ -95,15 +27,27 @@ class PanelledCommand(typer.core.TyperCommand):
         sections: dict[str, list[tuple[str, str]]] = {"Arguments": []}
         sections |= {panel: [] for panel in PANELS}
         sections["Other options"] = []
-        for param in self.get_params(ctx):
+        params = sorted(self.get_params(ctx), key=_table_order)
+        for param in params:
             record = param.get_help_record(ctx)
             if record is None:
                 continue
             if param.param_type_name == "argument":
                 sections["Arguments"].append(record)
             else:
-                sections[PANEL_OF.get(long_name(param), "Other options")].append(record)
+                row = OPTIONS.get(long_name(param))
+                sections[row.panel if row is not None else "Other options"].append(record)
         for title, records in sections.items():
             if records:
                 with formatter.section(title):
                     formatter.write_dl(records)
+
+
+# An option's place in the table; arguments and options in none keep their order (a stable sort).
+ORDER = {option: place for place, option in enumerate(OPTIONS)}
+
+
+def _table_order(param: Any) -> int:
+    if param.param_type_name == "argument":
+        return -1
+    return ORDER.get(long_name(param), len(ORDER))

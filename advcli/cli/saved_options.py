@@ -1,6 +1,7 @@
 """Saved options as the options' defaults: the config file in force (read by
 :mod:`advcli.cli.config_file`) goes into ``ctx.default_map``, each value checked by its own
-option exactly as the same value typed on the command line."""
+option exactly as the same value typed on the command line. Which options a file may hold is
+the option table's (:mod:`advcli.cli.option_table`)."""
 
 from __future__ import annotations
 
@@ -12,24 +13,19 @@ import typer
 import typer.core
 
 from advcli.cli.exits import reports_errors
-
-# Options never saved in a config file: where a run writes (a saved path would be replaced by
-# every later run, and --force would make that silent), --quiet, which would hide the line
-# saying that a config file is in force, and --follow's, which make a run that never ends.
-UNSAVED = frozenset(
-    {"config", "output", "format", "report", "json", "markdown", "plot", "html", "force", "quiet"}
-    | {"follow", "settle", "jsonl"}
-)
+from advcli.cli.option_table import OPTIONS, UNSAVED_KEYS
 
 
 def savable(command: Any) -> dict[str, Any]:
-    """A command's options that a config file may hold, by long name without the dashes."""
+    """A command's options that a config file may hold (the option table's saved ones), by long
+    name without the dashes."""
     options = {}
     for param in command.params:
         if isinstance(param, typer.core.TyperOption):
-            name = next(opt for opt in param.opts if opt.startswith("--"))[2:]
-            if name not in UNSAVED:
-                options[name] = param
+            option = next(opt for opt in param.opts if opt.startswith("--"))
+            row = OPTIONS.get(option)
+            if row is not None and row.saved:
+                options[option.removeprefix("--")] = param
     return options
 
 
@@ -64,7 +60,7 @@ def read_config(ctx: typer.Context, value: Path | None) -> Path | None:
     settings = command_settings(
         config,
         {name: _value_types(reading[name], options) for name, options in commands.items()},
-        UNSAVED,
+        UNSAVED_KEYS,
     )
     # Every command's values are checked, so a bad value fails whichever command runs.
     for name, values in settings.items():

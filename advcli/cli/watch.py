@@ -20,38 +20,20 @@ from advcli._runtime.process import threads_per_job, use_threads
 from advcli._runtime.signals import held
 from advcli.cli.exits import reports_errors
 from advcli.cli.options import (
-    DEFAULTS,
-    AnchorCol,
-    AnchorScopeOpt,
+    COLUMN_OPTIONS,
+    SETTING_OPTIONS,
+    STEP_COLUMN_OPTIONS,
     ConfigOpt,
     DropDuplicatesOpt,
-    EpsilonOpt,
-    EstimatorOpt,
     FailAboveOpt,
     FailOnOpt,
-    GammaOpt,
-    GigpoNormOpt,
-    GroupCol,
-    GroupSize,
-    MaskCol,
-    RecipeOpt,
-    RewardCol,
-    RewardModeOpt,
-    ScaleOpt,
-    SingletonOpt,
-    StepGroupsOpt,
-    StepReturnCol,
-    StepRewardCol,
-    StepWeightOpt,
     ThreadsOpt,
-    TrajCol,
-    TrajScoreOpt,
-    TurnCol,
     check_fail_above,
     dump_settings,
+    with_options,
 )
 from advcli.errors import AdvcliError, UsageError
-from advcli.settings.config import Engine, RewardMode
+from advcli.settings.config import Engine
 
 if TYPE_CHECKING:
     from advcli.cli.options import DumpSettings
@@ -135,31 +117,11 @@ WatchForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existin
 WatchQuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal rows.")]
 
 
+@with_options(*SETTING_OPTIONS, *COLUMN_OPTIONS, *STEP_COLUMN_OPTIONS)
 @reports_errors
 def watch_command(  # noqa: PLR0913
     ctx: typer.Context,
     folder: FolderArg,
-    estimator: EstimatorOpt = DEFAULTS.estimator,
-    epsilon: EpsilonOpt = DEFAULTS.epsilon,
-    traj_score: TrajScoreOpt = None,
-    scale: ScaleOpt = None,
-    singleton: SingletonOpt = DEFAULTS.singleton,
-    recipe: RecipeOpt = None,
-    reward_mode: RewardModeOpt = RewardMode.OUTCOME,
-    step_groups: StepGroupsOpt = None,
-    gamma: GammaOpt = None,
-    step_weight: StepWeightOpt = None,
-    gigpo_norm: GigpoNormOpt = None,
-    anchor_scope: AnchorScopeOpt = None,
-    group_col: GroupCol = None,
-    group_size: GroupSize = None,
-    traj_col: TrajCol = None,
-    turn_col: TurnCol = None,
-    reward_col: RewardCol = None,
-    mask_col: MaskCol = None,
-    anchor_col: AnchorCol = None,
-    step_reward_col: StepRewardCol = None,
-    step_return_col: StepReturnCol = None,
     drop_duplicates: DropDuplicatesOpt = False,
     fail_above: FailAboveOpt = None,
     fail_on: FailOnOpt = None,
