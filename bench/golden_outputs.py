@@ -5,6 +5,12 @@ compared with the hashes recorded before the change.
     python bench/golden_outputs.py --record bench/golden_outputs.json   # before the change
     python bench/golden_outputs.py --check bench/golden_outputs.json    # after it
 
+Every computed output must be byte-identical. A compare report's JSON may differ in the last
+places of its floating-point sums only (they add in another order when the figures are made
+another way): the record keeps those documents too (beside it, ``*.reports.json``), and a JSON
+report whose bytes changed passes when it is the recorded document but for floats within
+:data:`RELATIVE` of each other (or :data:`ABSOLUTE`, for a sum whose terms cancel to nearly 0).
+
 Output bytes also depend on the Polars, pyarrow and torch versions (Parquet files name their
 writer), so the record keeps them and a check on other versions says so instead of comparing.
 """
@@ -36,6 +42,10 @@ from advcli.write.sample import sample_table
 
 FORMATS = ("parquet", "arrow", "arrows", "npz", "pt")
 VERSIONS = ("polars", "pyarrow", "torch", "numpy")
+# How far a report's float may move: relative, or absolute for a value near 0 (report figures
+# are advantages and weights of order 1e-4 and more; a sum that cancels to 1e-7 may move by
+# 1e-18 with another order of its terms).
+RELATIVE, ABSOLUTE = 1e-12, 1e-15
 
 
 def dumps(folder: Path) -> dict[str, list[str]]:
@@ -108,8 +118,10 @@ def configs() -> dict[str, AdvantageConfig]:
     return out
 
 
-def hashes() -> dict[str, str]:
+def hashes() -> tuple[dict[str, str], dict[str, object]]:
+    """Every output's hash, and the documents of the compare reports' JSON."""
     result: dict[str, str] = {}
+    reports: dict[str, object] = {}
     # A fixed folder, not a random one: the reports name their input files.
     folder = Path(tempfile.gettempdir()) / "advcli-golden-outputs"
     shutil.rmtree(folder, ignore_errors=True)
@@ -121,8 +133,10 @@ def hashes() -> dict[str, str]:
                 config = AdvantageConfig(estimator=estimator, traj_score=TrajScore.MEAN)
                 compare(inputs, config, files=report_files, force=True)
                 for path in (report_files.json, report_files.markdown):
-                    digest = hashlib.sha256(path.read_bytes()).hexdigest()  # type: ignore[union-attr]
-                    result[f"{dump_name}/compare-{estimator.value}/{path.suffix}"] = digest  # type: ignore[union-attr]
+                    key = f"{dump_name}/compare-{estimator.value}/{path.suffix}"  # type: ignore[union-attr]
+                    result[key] = hashlib.sha256(path.read_bytes()).hexdigest()  # type: ignore[union-attr]
+                    if path == report_files.json:
+                        reports[key] = json.loads(path.read_text())  # type: ignore[union-attr]
             inspection = json.dumps(inspect(inputs), sort_keys=True).encode()
             result[f"{dump_name}/inspect"] = hashlib.sha256(inspection).hexdigest()
             for config_name, config in configs().items():
@@ -134,7 +148,36 @@ def hashes() -> dict[str, str]:
                     output.unlink()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return result
+    return result, reports
+
+
+def float_differences(recorded: object, current: object, path: str = "") -> list[tuple[float, str]]:
+    """Each float of ``current`` that is not ``recorded``'s, with its relative difference; a
+    difference of anything else (a key, a length, a string, an integer) is a ValueError."""
+    if isinstance(recorded, dict) and isinstance(current, dict):
+        if recorded.keys() != current.keys():
+            raise ValueError(f"{path}: keys {sorted(set(recorded) ^ set(current))} differ")
+        return [
+            d
+            for key in recorded
+            for d in float_differences(recorded[key], current[key], f"{path}.{key}")
+        ]
+    if isinstance(recorded, list) and isinstance(current, list):
+        if len(recorded) != len(current):
+            raise ValueError(f"{path}: {len(recorded)} entries, now {len(current)}")
+        pairs = zip(recorded, current, strict=True)
+        return [
+            d for i, (a, b) in enumerate(pairs) for d in float_differences(a, b, f"{path}[{i}]")
+        ]
+    if isinstance(recorded, float) and isinstance(current, float):
+        if recorded == current:
+            return []
+        if abs(recorded - current) > max(RELATIVE * max(abs(recorded), abs(current)), ABSOLUTE):
+            raise ValueError(f"{path}: {recorded!r}, now {current!r}")
+        return [(abs(recorded - current) / max(abs(recorded), abs(current)), path)]
+    if recorded != current or type(recorded) is not type(current):
+        raise ValueError(f"{path}: {recorded!r}, now {current!r}")
+    return []
 
 
 def main() -> int:
@@ -144,20 +187,41 @@ def main() -> int:
     group.add_argument("--check", type=Path, help="compare the hashes with this JSON file")
     args = parser.parse_args()
     versions = {name: version(name) for name in VERSIONS}
-    current = hashes()
+    current, reports = hashes()
     if args.record:
         args.record.write_text(json.dumps({"versions": versions, "outputs": current}, indent=1))
+        _reports_path(args.record).write_text(json.dumps(reports, separators=(",", ":")))
         print(f"recorded {len(current)} outputs in {args.record}")
         return 0
     recorded = json.loads(args.check.read_text())
     if recorded["versions"] != versions:
         print(f"recorded with {recorded['versions']}, running {versions}: re-record first")
         return 2
-    changed = sorted(k for k, v in recorded["outputs"].items() if current.get(k) != v)
-    print(f"{len(current) - len(changed)} of {len(current)} outputs byte-identical")
+    documents = json.loads(_reports_path(args.check).read_text())
+    differ = sorted(k for k, v in recorded["outputs"].items() if current.get(k) != v)
+    changed, moved = [], []
+    for key in differ:
+        try:
+            moved.extend(
+                (d, f"{key}{path}") for d, path in float_differences(documents[key], reports[key])
+            )
+        except (KeyError, ValueError) as error:
+            changed.append(f"{key} {error}")
+    print(f"{len(current) - len(differ)} of {len(current)} outputs byte-identical")
+    if moved:
+        largest, where = max(moved)
+        print(
+            f"{len(differ) - len(changed)} report documents the recorded ones but for "
+            f"{len(moved)} floats within {RELATIVE:g} relative or {ABSOLUTE:g} absolute (the "
+            f"largest relative difference {largest:.2g}, {where})"
+        )
     for key in changed:
         print(f"  changed: {key}")
     return 1 if changed else 0
+
+
+def _reports_path(record: Path) -> Path:
+    return record.with_name(f"{record.stem}.reports.json")
 
 
 if __name__ == "__main__":

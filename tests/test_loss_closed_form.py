@@ -1,6 +1,7 @@
 """The report's closed form of each loss mode is the per-row form summed: for every mode, a
-trajectory's weight from :func:`advcli.advantages.loss.trajectory_weight` over the
-:func:`~advcli.advantages.loss.trajectory_terms` sums equals the sum over its rows of
+trajectory's weight from :func:`advcli.advantages.loss.mode_weights` over its
+:data:`~advcli.advantages.loss.TRAJECTORY_SUMS` (of the
+:func:`~advcli.advantages.loss.trajectory_terms` sums) equals the sum over its rows of
 :func:`~advcli.advantages.loss.token_weight` × tokens (× advantage), on any batch."""
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from advcli.advantages.loss import LOSS_MODES, token_weight, trajectory_terms, trajectory_weight
+from advcli.advantages.loss import (
+    LOSS_MODES,
+    TRAJECTORY_SUMS,
+    mode_weights,
+    token_weight,
+    trajectory_terms,
+)
 from advcli.keys import GROUP, TOKENS, TRAJECTORY
 
 # One row: its group, its trajectory within the group, its response tokens (often none) and its
@@ -53,21 +60,28 @@ def test_closed_form_is_the_per_row_form_summed(mode, rows, scale_factor):
         )
         .sort(keys)
     )
-    weight, mass = trajectory_weight(
-        mode,
-        batch_tokens=float(frame[TOKENS].sum()),
-        nonempty_rows=int((frame[TOKENS] > 0).sum()),
-        rows=frame.height,
-        scale_factor=scale_factor,
-    )
     closed = (
         frame.group_by(keys)
         .agg(
             pl.col(TOKENS).sum(),
             *(term.sum().alias(name) for name, term in trajectory_terms("advantage").items()),
         )
-        .select(*keys, weight.alias("weight"), mass.alias("mass"))
+        # Any advantage at trajectory level: its mass is the weight times it.
+        .with_columns(advantage_trajectory=pl.col(GROUP) - 1.5)
+        .select(*keys, "advantage_trajectory", *(v.alias(k) for k, v in TRAJECTORY_SUMS.items()))
         .sort(keys)
+    )
+    weight, mass, mass_trajectory = mode_weights(
+        mode,
+        lambda name: closed[name].to_numpy(),
+        batch_tokens=float(frame[TOKENS].sum()),
+        nonempty_rows=float((frame[TOKENS] > 0).sum()),
+        rows=float(frame.height),
+        scale_factor=scale_factor,
+    )
+    closed = closed.with_columns(weight=weight, mass=mass)
+    np.testing.assert_allclose(
+        mass_trajectory, weight * closed["advantage_trajectory"].to_numpy(), rtol=1e-12, atol=0
     )
     assert closed[keys].equals(per_row[keys])
     np.testing.assert_allclose(closed["weight"], per_row["weight"], rtol=1e-12, atol=0)

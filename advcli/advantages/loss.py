@@ -25,7 +25,9 @@ tokens. A row without tokens weighs nothing.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
+import numpy as np
 import polars as pl
 
 from advcli.keys import GROUP, TOKENS, TRAJECTORY
@@ -94,28 +96,66 @@ def trajectory_terms(advantage: str) -> dict[str, pl.Expr]:
     }
 
 
-def trajectory_weight(
-    mode: str, *, batch_tokens: float, nonempty_rows: int, rows: int, scale_factor: float = 1.0
-) -> tuple[pl.Expr, pl.Expr]:
-    """A trajectory's total weight under ``mode`` and its weight × turn-level advantage, over
-    the trajectory's ``tokens`` and the :func:`trajectory_terms` sums: the sum over its rows of
-    :func:`token_weight` × tokens (× advantage), without a per-row pass per mode."""
-    tokens, tokens_advantage = pl.col(TOKENS).cast(pl.Float64), pl.col("loss_tokens_advantage")
+# What every mode's weight of a set of trajectories follows from, as sums over them (over a
+# frame of trajectories with ``tokens``, the :func:`trajectory_terms` sums and
+# ``advantage_trajectory``): a mode's weight of a turn count's trajectories, or of one
+# trajectory, is a function of their sums (:func:`mode_weights`).
+_TOKENS = pl.col(TOKENS).cast(pl.Float64)
+_NONEMPTY = pl.col(TOKENS) > 0
+TRAJECTORY_SUMS = {
+    "tokens": _TOKENS,
+    "tokens_advantage": pl.col("loss_tokens_advantage"),
+    "tokens_x_trajectory": _TOKENS * pl.col("advantage_trajectory"),
+    "counted": pl.col("loss_counted"),
+    "counted_advantage": pl.col("loss_counted_advantage"),
+    "counted_x_trajectory": pl.col("loss_counted") * pl.col("advantage_trajectory"),
+    "nonempty": _NONEMPTY.cast(pl.Float64),
+    "nonempty_x_trajectory": pl.when(_NONEMPTY).then(pl.col("advantage_trajectory")).otherwise(0.0),
+    "nonempty_mean_advantage": pl.when(_NONEMPTY)
+    .then(pl.col("loss_tokens_advantage") / _TOKENS)
+    .otherwise(0.0),
+}
+
+
+def mode_weights(
+    mode: str,
+    column: Callable[[str], np.ndarray],
+    *,
+    batch_tokens: float,
+    nonempty_rows: float,
+    rows: float,
+    scale_factor: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The total weight under ``mode`` of each set of trajectories whose :data:`TRAJECTORY_SUMS`
+    ``column(name)`` holds, and its mass (weight × advantage) at turn level and at trajectory
+    level: the sum over their rows of :func:`token_weight` × tokens (× advantage), without a
+    per-row pass per mode. ``batch_tokens``, ``nonempty_rows``, ``rows``: the batch's."""
     if mode == "seq-mean-token-mean":
-        counted, counted_advantage = pl.col("loss_counted"), pl.col("loss_counted_advantage")
-        return counted / nonempty_rows, counted_advantage / nonempty_rows
+        return (
+            column("counted") / nonempty_rows,
+            column("counted_advantage") / nonempty_rows,
+            column("counted_x_trajectory") / nonempty_rows,
+        )
     if mode == "per-rollout-mean":
-        divisor = pl.max_horizontal(tokens * rows, 1.0)
-        return tokens / divisor, tokens_advantage / divisor
+        # tokens / max(tokens × rows, 1): 1/rows for a trajectory with tokens, else 0.
+        return (
+            column("nonempty") / rows,
+            column("nonempty_mean_advantage") / rows,
+            column("nonempty_x_trajectory") / rows,
+        )
     constant = {
         "token-mean": batch_tokens,
         "token-sum": 1.0,
-        "seq-mean-token-sum": float(nonempty_rows),
+        "seq-mean-token-sum": nonempty_rows,
         "seq-mean-token-sum-norm": nonempty_rows * scale_factor,
     }.get(mode)
     if constant is None:
         raise ValueError(f"unknown loss mode {mode!r}; one of {', '.join(LOSS_MODES)}")
-    return tokens / constant, tokens_advantage / constant
+    return (
+        column("tokens") / constant,
+        column("tokens_advantage") / constant,
+        column("tokens_x_trajectory") / constant,
+    )
 
 
 def unwritable_weight(weights: pl.DataFrame) -> float | None:

@@ -4,7 +4,7 @@ terminal report and report files."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.text import Text
@@ -209,12 +209,14 @@ def _reached(report: BiasReport | TerminationReport, fail_on: FailOn | None) -> 
     use's), or with ``--by`` a step's, reaches it."""
     if fail_on is None:
         return None
+    from advcli.report.bias import BiasReport
     from advcli.report.verdict import THRESHOLDS
+    from advcli.report.views import steps_of
 
     order = ["negligible", *THRESHOLDS]
     floor = order.index(fail_on.value)
     level = report.summary["assessment"]["level"]
-    steps: list[dict[str, Any]] = (report.summary.get("by_step") or {}).get("steps", [])
+    steps = steps_of(report.summary) if isinstance(report, BiasReport) else []
     # A step without rows has no level.
     reaching = [step for step in steps if step["level"] and order.index(step["level"]) >= floor]
     if reaching:

@@ -37,6 +37,8 @@ from advcli.settings.config import Engine
 
 if TYPE_CHECKING:
     from advcli.cli.options import DumpSettings
+    from advcli.report.summary import StepEntry
+    from advcli.run.follow import FollowedStep
 
 # Long enough for a writer's pauses between its buffered writes, short against a training step.
 SETTLE_SECONDS = 2.0
@@ -182,12 +184,13 @@ def run_watch(folder: Path, settings: DumpSettings, params: dict[str, Any], comm
             if show is not None:
                 # How the steps are read, once (every step is read alike), above the first
                 # step read: a file without rows is not.
-                first_read = reading_due and step["reading"] is not None
-                if first_read:
-                    show.print(reading_table(step["reading"]))
+                reading = step["reading"]
+                first_read = reading_due and reading is not None
+                if reading is not None and first_read:
+                    show.print(reading_table(reading))
                     reading_due = False
                 # The folder is every step's: a row names the file within it.
-                shown = {**step, "step": os.path.relpath(step["step"], folder)}
+                shown: FollowedStep = {**step, "step": os.path.relpath(step["step"], folder)}
                 show.print(_row_table(shown, header=index == 0 or first_read))
             reason = step_trips(step, params["fail_above"], fail_on)
             if reason is not None:
@@ -242,7 +245,7 @@ class _lines:
             self.handle.close()
 
 
-def _row_table(step: dict[str, Any], *, header: bool) -> Table:
+def _row_table(step: FollowedStep, *, header: bool) -> Table:
     """One step as a table row, of the columns ``compare --by``'s series shows (the header
     above the first)."""
     from advcli.report.views import STEP_HEADERS, step_row
@@ -255,7 +258,7 @@ def _row_table(step: dict[str, Any], *, header: bool) -> Table:
     return table
 
 
-def step_trips(step: dict[str, Any], fail_above: float | None, fail_on: str | None) -> str | None:
+def step_trips(step: StepEntry, fail_above: float | None, fail_on: str | None) -> str | None:
     """Why one step ends the watch: its level reaches ``--fail-on`` (as ``compare --by``'s
     steps do), or its largest advantage difference exceeds ``--fail-above``."""
     from advcli.report.verdict import THRESHOLDS

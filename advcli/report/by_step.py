@@ -10,21 +10,23 @@ import numpy as np
 import polars as pl
 
 from advcli.keys import GROUP
-from advcli.report.bias import BiasReport, number
+from advcli.report.bias import BiasReport
+from advcli.report.figures import diff_mean, longest_vs_shortest, number, relative_weights
+from advcli.report.summary import BiasSummary, StepEntry
 from advcli.report.verdict import bias_level
 
 
-def by_step(
-    report: BiasReport, field: str, steps: pl.Series, labels: list[Any]
-) -> list[dict[str, Any]]:
+def by_step(report: BiasReport, field: str, steps: pl.Series, labels: list[Any]) -> list[StepEntry]:
     """The headline figures of each step, for the series ``compare --by`` reports, from the
     report of the whole run (its groups keyed by ``(step, group)``, the step in the group key's
     ``field``) in one grouped pass: ``steps`` are the step values in the series' order, named
     by ``labels``; a step without rows keeps its place, with no figures.
 
-    Each step's figures are those of its part compared alone, bit for bit: its trajectories
-    and groups keep their input order within the step, and the step key is flagged sorted, so
-    that each step's sums and means are those of its values as one Series."""
+    Each step's figures are those of its part compared alone, bit for bit
+    (:mod:`advcli.report.figures` makes both): its trajectories and groups keep their input
+    order within the step; the step key is flagged sorted, so that each step's sums are those
+    of its values as one Series; and its sums by turn count add its trajectories one by one in
+    that order, as a part's do."""
     position = pl.DataFrame(
         {STEP: steps, "__step": pl.int_range(steps.len(), dtype=pl.UInt32, eager=True)}
     )
@@ -41,43 +43,48 @@ def by_step(
     figures = trajectories.group_by("__step", maintain_order=True).agg(
         pl.col("turns").sum().alias("rows"),
         pl.len().alias("trajectories"),
-        pl.col("diff").abs().mean().alias("advantage_diff_mean"),
         pl.col("diff").abs().max().alias("advantage_diff_max"),
         (pl.col("advantage_turn") * pl.col("advantage_trajectory") < 0).sum().alias("sign_flips"),
-        pl.col("turns").min().alias("fewest"),
-        pl.col("turns").max().alias("most"),
         pl.col("tokens").sum().alias("batch_tokens"),
     )
     shifts = (
         by_position(report.groups)
         .group_by("__step", maintain_order=True)
-        .agg(pl.col("baseline_shift").mean().alias("baseline_shift_mean"))
+        .agg(
+            pl.col("baseline_shift").sum().alias("shift_sum"),
+            pl.col("baseline_shift").count().alias("shift_count"),
+        )
     )
     figures = figures.join(shifts, on="__step", how="left", maintain_order="left")
     tokens_known = report.summary["counts"]["tokens"] is not None
-    token_mean = (
-        _token_mean_longest_vs_shortest(trajectories, figures, steps.len())
-        if tokens_known
-        else np.full(steps.len(), np.nan)
-    )
+    by_turns = _by_step_and_turns(trajectories, tokens_known).partition_by("__step", as_dict=True)
     found = dict(zip(figures["__step"], figures.iter_rows(named=True), strict=True))
-    series = []
+    series: list[StepEntry] = []
     for index, label in enumerate(labels):
         row = found.get(index)
         if row is None:
             series.append(empty_step(label))
             continue
-        diff = number(row["advantage_diff_mean"])
+        step = by_turns[(index,)]
+        diff = diff_mean(step["abs_diff"], step["trajectories"])
+        token_mean = None
+        if tokens_known:
+            weight = step["tokens"].to_numpy() / float(row["batch_tokens"])
+            relative, _ = relative_weights(weight, step["trajectories"].to_numpy())
+            token_mean = longest_vs_shortest(relative)
+        shift_count = row["shift_count"] or 0
         series.append(
             {
                 "step": label,
                 "rows": row["rows"],
                 "trajectories": row["trajectories"],
-                "baseline_shift_mean": number(row["baseline_shift_mean"]),
+                "baseline_shift_mean": (
+                    number(float(row["shift_sum"]) / shift_count) if shift_count else None
+                ),
                 "advantage_diff_mean": diff,
                 "advantage_diff_max": number(row["advantage_diff_max"]),
                 "sign_flips": row["sign_flips"],
-                "token_mean_longest_vs_shortest": number(token_mean[index]),
+                "token_mean_longest_vs_shortest": token_mean,
                 "level": bias_level(diff or 0.0, row["sign_flips"] / max(row["trajectories"], 1)),
             }
         )
@@ -88,51 +95,26 @@ def by_step(
 STEP = "__step_value"
 
 
-def _token_mean_longest_vs_shortest(
-    trajectories: pl.DataFrame, figures: pl.DataFrame, count: int
-) -> np.ndarray:
-    """Each step's ``loss_weights["token-mean"]["longest_vs_shortest"]`` (NaN where it has
-    none), computed as :func:`advcli.report.bias.loss_weights` computes it for the step alone:
-    a trajectory's weight ``tokens / T`` as a share of the step's total times its trajectory
-    count, averaged over the trajectories of the most turns and of the fewest (in input order,
-    one by one)."""
-    # Times the reciprocal, as Polars divides by the constant T of the step alone.
-    weighted = trajectories.join(
-        figures.select("__step", "batch_tokens", "trajectories", "fewest", "most"),
-        on="__step",
-        how="left",
-        maintain_order="left",
-    ).with_columns(
-        pl.col("__step").set_sorted(),
-        (pl.col("tokens").cast(pl.Float64) * (1.0 / pl.col("batch_tokens").cast(pl.Float64))).alias(
-            "weight"
-        ),
-    )
-    totals = weighted.group_by("__step", maintain_order=True).agg(pl.col("weight").sum())
-    relative = weighted.join(
-        totals.rename({"weight": "total"}), on="__step", how="left", maintain_order="left"
-    ).select(
-        "__step",
-        "turns",
-        "fewest",
-        "most",
-        (
-            pl.col("weight") * (1.0 / pl.col("total")) * pl.col("trajectories").cast(pl.Float64)
-        ).alias("relative"),
-    )
-
-    def mean_where(turns: str) -> np.ndarray:
-        chosen = relative.filter(pl.col("turns") == pl.col(turns))
-        step = chosen["__step"].to_numpy()
-        sums = np.bincount(step, weights=chosen["relative"].to_numpy(), minlength=count)
-        return sums / np.maximum(np.bincount(step, minlength=count), 1)
-
-    shortest, longest = mean_where("fewest"), mean_where("most")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(shortest != 0, longest / shortest, np.nan)
+def _by_step_and_turns(trajectories: pl.DataFrame, tokens_known: bool) -> pl.DataFrame:
+    """For each step and turn count, in that order: ``trajectories`` (how many) and the sums of
+    |diff| and (``tokens_known``) tokens over them, each added one by one in the step's input
+    order, as :func:`advcli.report.figures.by_turn_count` adds a part's."""
+    step = trajectories["__step"].to_numpy().astype(np.int64)
+    turns = trajectories["turns"].to_numpy().astype(np.int64)
+    width = int(turns.max()) + 1 if turns.size else 1
+    keys, slot = np.unique(step * width + turns, return_inverse=True)
+    columns = {
+        "__step": pl.Series(keys // width, dtype=pl.UInt32),
+        "trajectories": pl.Series(np.bincount(slot), dtype=pl.UInt32),
+        "abs_diff": pl.Series(np.bincount(slot, weights=trajectories["diff"].abs().to_numpy())),
+    }
+    if tokens_known:
+        tokens = trajectories["tokens"].cast(pl.Float64).to_numpy()
+        columns["tokens"] = pl.Series(np.bincount(slot, weights=tokens))
+    return pl.DataFrame(columns)
 
 
-def step_entry(summary: dict[str, Any], step: Any) -> dict[str, Any]:
+def step_entry(summary: BiasSummary, step: Any) -> StepEntry:
     """The headline figures of a step compared alone (``summary``: its report), the step named
     ``step``: those :func:`by_step` gives it."""
     flips, trajectories = summary["trajectories"]["sign_flips"], summary["counts"]["trajectories"]
@@ -153,7 +135,7 @@ def step_entry(summary: dict[str, Any], step: Any) -> dict[str, Any]:
     }
 
 
-def empty_step(step: Any) -> dict[str, Any]:
+def empty_step(step: Any) -> StepEntry:
     """A step (an input file) without rows: its place in the series, with no figures."""
     return {
         "step": step,

@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Sequence
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from advcli.errors import AdvcliError
 from advcli.report.figure import figure_png
@@ -46,6 +46,7 @@ from advcli.report.views import (
 
 if TYPE_CHECKING:
     from advcli.report.bias import BiasReport
+    from advcli.report.summary import BiasSummary
     from advcli.report.termination import TerminationReport
 
 
@@ -98,7 +99,7 @@ def render_markdown(report: BiasReport) -> str:
     )
 
 
-def _markdown_remedy(summary: dict[str, Any]) -> list[str]:
+def _markdown_remedy(summary: BiasSummary) -> list[str]:
     rows = remedy_rows(summary)
     if not rows:
         return []

@@ -18,6 +18,7 @@ from advcli.report.views import SHOWN_STEPS, shown
 
 if TYPE_CHECKING:
     from advcli.report.bias import BiasReport
+    from advcli.report.summary import BySteps, ByTurns
     from advcli.report.termination import TerminationReport
 
 # The most step names under panel (e).
@@ -77,7 +78,7 @@ def _figure(report: BiasReport) -> bytes:
     _difference_panel(middle, report)
     _baseline_shift_panel(right, report)
     _loss_weight_panel(loss, summary.get("loss_weights"))
-    _steps_panel(steps, summary.get("by_step") or {})
+    _steps_panel(steps, summary.get("by_step"))
 
     counts = summary["counts"]
     figure.suptitle(
@@ -112,15 +113,24 @@ def _paired_bars(
         axes.bar([t + shift for t in positions], heights, width, label=label, color=color)
 
 
-def _mean_advantage_panel(axes: Any, by_turns: list[dict[str, Any]]) -> None:
+def _height(value: float | None) -> float:
+    """A bar's height: a figure the report has none of (null) draws no bar."""
+    return math.nan if value is None else value
+
+
+def _mean_advantage_panel(axes: Any, by_turns: list[ByTurns]) -> None:
     """(a) Each turn count's mean advantage under both levels, side by side."""
     turns = [entry["turns"] for entry in by_turns]
     _paired_bars(
         axes,
         turns,
-        ([e["mean_advantage_turn"] for e in by_turns], "turn level (every turn counts)", "#d95f02"),
         (
-            [e["mean_advantage_trajectory"] for e in by_turns],
+            [_height(e["mean_advantage_turn"]) for e in by_turns],
+            "turn level (every turn counts)",
+            "#d95f02",
+        ),
+        (
+            [_height(e["mean_advantage_trajectory"]) for e in by_turns],
             "trajectory level (each trajectory once)",
             "#1b9e77",
         ),
@@ -178,10 +188,10 @@ def _loss_weight_panel(axes: Any, weights: dict[str, Any] | None) -> None:
     axes.set_title("(d) Loss weight by turn count")
 
 
-def _steps_panel(axes: Any, by_step: dict[str, Any]) -> None:
+def _steps_panel(axes: Any, by_step: BySteps | None) -> None:
     """(e) With ``--by``, the headline figures over the steps; else an empty panel."""
-    series = by_step.get("steps")
-    if not series:
+    series = by_step["steps"] if by_step is not None else []
+    if by_step is None or not series:
         axes.axis("off")
         return
     positions = list(range(len(series)))

@@ -26,7 +26,7 @@ from advcli.keys import (
     TURN,
     repeated_turns,
 )
-from advcli.report.bias import histogram, number
+from advcli.report.figures import histogram, number
 from advcli.report.step_credit import step_group_figures
 from advcli.settings.config import AdvantageConfig, AnchorScope, Level, TrajScore
 

@@ -11,7 +11,7 @@ penalized row by ε. docs/compare.md ("Step credit") defines every key.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -21,6 +21,9 @@ from advcli.advantages.units import Trajectories
 from advcli.keys import ANCHOR, GROUP, SCORE, TRAJECTORY, TURN
 from advcli.settings.config import AdvantageConfig, AnchorScope, Level
 from advcli.settings.rules import STD_DDOF
+
+if TYPE_CHECKING:
+    from advcli.report.summary import BiasSummary
 
 # When the step term is judged dead or weak: "dead" when at least this share of rows gets
 # A_step = 0 (step groups of one, or whose returns tie), "weak" when the mean |ω · A_step| is
@@ -276,7 +279,7 @@ def penalty_hazard(projection: pl.DataFrame, trajectories: Trajectories) -> dict
     }
 
 
-def attach_step_credit(summary: dict[str, Any], credit: dict[str, Any]) -> None:
+def attach_step_credit(summary: BiasSummary, credit: dict[str, Any]) -> None:
     """Put ``credit`` in a bias report's ``summary`` (key ``step_credit``) and its verdict after
     the episode term's."""
     summary["step_credit"] = credit

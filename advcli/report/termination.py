@@ -15,7 +15,8 @@ from typing import Any
 
 import polars as pl
 
-from advcli.report.bias import BiasReport, number
+from advcli.report.bias import BiasReport
+from advcli.report.figures import number
 from advcli.report.verdict import REFERENCE_GROUPING, judge_grouping, termination_verdict
 from advcli.settings.config import AdvantageConfig
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import polars as pl
+from advcli.report.summary import Assessment, RemedyAdvice, SummaryFigures
 
 # Where the bias stops being negligible and becomes severe, in the advantage's own units (the
 # group std for grpo): the mean |trajectory − turn level advantage| over trajectories, and the
@@ -24,7 +24,7 @@ THRESHOLDS = {
 LOPSIDED_LOSS = 2.0
 
 
-def assess(summary: dict[str, Any], estimator: str | None = None) -> dict[str, Any]:
+def assess(summary: SummaryFigures, estimator: str | None = None) -> Assessment:
     """The bias's level (negligible, material, severe) by :data:`THRESHOLDS`, the figures it was
     judged on, and the remedy for each trainer (``estimator``'s: gigpo has its own)."""
     trajectories = summary["trajectories"]
@@ -34,7 +34,7 @@ def assess(summary: dict[str, Any], estimator: str | None = None) -> dict[str, A
     level = bias_level(diff, flips)
     lopsided = [
         mode
-        for mode, entry in (summary.get("loss_weights") or {}).items()
+        for mode, entry in (summary["loss_weights"] or {}).items()
         if (entry["longest_vs_shortest"] or 0.0) >= LOPSIDED_LOSS
     ]
     return {
@@ -303,7 +303,7 @@ def remedies_for(trainer: str | None, estimator: str | None = None) -> list[Reme
     return [own, advcli]
 
 
-def remedy(trainer: str | None, estimator: str | None = None) -> dict[str, Any]:
+def remedy(trainer: str | None, estimator: str | None = None) -> RemedyAdvice:
     """The JSON's ``assessment.remedy``: the dialect the advice was chosen for (None: no
     dialect matched) and the advice, the trainer's own first."""
     advice = remedies_for(trainer, estimator)
@@ -314,22 +314,15 @@ def remedy(trainer: str | None, estimator: str | None = None) -> dict[str, Any]:
 DiffMeans = Callable[[int], tuple[float | None, float | None]]
 
 
-def diff_means(per_trajectory: pl.DataFrame) -> DiffMeans:
-    """:data:`DiffMeans` over the report's trajectories."""
-
-    def means(threshold: int) -> tuple[float | None, float | None]:
-        long, short = per_trajectory.select(
-            pl.col("diff").filter(pl.col("turns") >= threshold).mean(),
-            pl.col("diff").filter(pl.col("turns") < threshold).mean().alias("short"),
-        ).row(0)
-        return long, short
-
-    return means
-
-
-def verdict(summary: dict[str, Any], means: DiffMeans, estimator: str | None = None) -> str:
-    """A few plain-language sentences on the size and direction of the bias (the remedy
-    ``estimator``'s); ``means``: the trajectories' mean diff on either side of a turn count."""
+def verdict(
+    summary: SummaryFigures,
+    assessment: Assessment,
+    means: DiffMeans,
+    estimator: str | None = None,
+) -> str:
+    """A few plain-language sentences on the size and direction of the bias (judged as
+    ``assessment`` says; the remedy ``estimator``'s); ``means``: the trajectories' mean diff on
+    either side of a turn count."""
     counts, spread, groups = summary["counts"], summary["turns_per_trajectory"], summary["groups"]
     drop = groups["baseline_drop_mean"] or 0.0
     if (groups["baseline_shift_max"] or 0.0) < 5e-4:
@@ -357,7 +350,7 @@ def verdict(summary: dict[str, Any], means: DiffMeans, estimator: str | None = N
     sentences.append(
         f"{100 * flips / counts['trajectories']:.1f}% of trajectories ({flips:,}) change sign."
     )
-    weights = summary.get("loss_weights")
+    weights = summary["loss_weights"]
     if weights is not None and spread["min"] != spread["max"]:
         token_mean = weights["token-mean"]["longest_vs_shortest"]
         if token_mean is not None:
@@ -366,7 +359,6 @@ def verdict(summary: dict[str, Any], means: DiffMeans, estimator: str | None = N
                 f"{token_mean:.1f}× the weight of a {spread['min']}-turn one "
                 "(agent-lightning's per-rollout mean: 1×)."
             )
-    assessment = summary["assessment"]
     level = assessment["level"]
     if level == "negligible":
         sentences.append("The bias is negligible here: either level gives about the same numbers.")

@@ -14,6 +14,7 @@ from advcli.names import NOT_UTF8_ESCAPES
 if TYPE_CHECKING:
     # Only a type here: `advcli sample` shows its path through this module without Polars.
     from advcli.report.bias import BiasReport
+    from advcli.report.summary import BiasSummary, StepEntry
 
 # Short headers so the tables fit an 80-column terminal; "traj" = trajectory level.
 BY_TURNS_HEADERS = (
@@ -97,14 +98,14 @@ def shortened(report: BiasReport) -> bool:
     """Whether a view of ``report`` shows an id or a name shortened."""
     summary = report.summary
     reading = summary["settings"]["reading"]
-    by_step = summary.get("by_step") or {}
+    by_step = summary.get("by_step")
     return too_long(
         [
-            by_step.get("by", ""),
+            by_step["by"] if by_step is not None else "",
             *(group["group"] for group in summary["top_groups"]),
             *(group["group"] for group in summary["top_trajectories"]),
             *(entry["trajectory"] for entry in summary["top_trajectories"]),
-            *(entry["step"] for entry in by_step.get("steps") or []),
+            *(entry["step"] for entry in steps_of(summary)),
             *(entry["column"] or "" for entry in reading["roles"].values()),
             *((summary.get("step_credit") or {}).get("penalty_hazard") or {}).get("examples", []),
         ]
@@ -130,7 +131,7 @@ def by_turns_rows(report: BiasReport) -> list[list[str]]:
             fmt(entry["trajectories"]),
             fmt(entry["mean_advantage_turn"]),
             fmt(entry["mean_advantage_trajectory"]),
-            fmt(entry["mean_advantage_trajectory"] - entry["mean_advantage_turn"]),
+            fmt(_difference(entry["mean_advantage_trajectory"], entry["mean_advantage_turn"])),
             fmt(entry["token_mass_turn"], 1),
             fmt(entry["token_mass_trajectory"], 1),
         ]
@@ -242,7 +243,11 @@ def headline_rows(report: BiasReport) -> list[tuple[str, str]]:
     ]
 
 
-def _duplicate_rows_line(summary: dict[str, Any]) -> list[tuple[str, str]]:
+def _difference(one: float | None, other: float | None) -> float | None:
+    return None if one is None or other is None else one - other
+
+
+def _duplicate_rows_line(summary: BiasSummary) -> list[tuple[str, str]]:
     """The headline's line on duplicated rows, when the dump has any."""
     count = summary.get("duplicate_rows", {}).get("count", 0)
     if not count:
@@ -273,7 +278,7 @@ def settings_rows(settings: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def remedy_rows(summary: dict[str, Any]) -> list[tuple[str, str, str]]:
+def remedy_rows(summary: BiasSummary) -> list[tuple[str, str, str]]:
     """What to change in each trainer that applies, the dump's own first (none when the bias is
     negligible)."""
     remedy = summary["assessment"]["remedy"]
@@ -299,7 +304,7 @@ def step_rows(report: BiasReport) -> list[list[str]]:
     """The series' rows for the terminal, Markdown and HTML: every step up to
     :data:`SHOWN_STEPS`, else the first and last halves of them around a row saying how many
     are left out (the JSON's ``by_step`` holds every one)."""
-    series = (report.summary.get("by_step") or {}).get("steps") or []
+    series = steps_of(report.summary)
     if len(series) <= SHOWN_STEPS:
         return [step_row(entry) for entry in series]
     half = SHOWN_STEPS // 2
@@ -312,7 +317,13 @@ def step_rows(report: BiasReport) -> list[list[str]]:
     ]
 
 
-def step_row(entry: dict[str, Any]) -> list[str]:
+def steps_of(summary: BiasSummary) -> list[StepEntry]:
+    """The series of ``compare --by`` (none without it)."""
+    by_step = summary.get("by_step")
+    return by_step["steps"] if by_step is not None else []
+
+
+def step_row(entry: StepEntry) -> list[str]:
     """One step of the series as a row (``compare --follow`` prints them one at a time)."""
     return [
         shown(fmt(entry["step"])),

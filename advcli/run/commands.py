@@ -400,7 +400,7 @@ def compare(  # noqa: PLR0913
         )
         if credit is not None:
             attach_step_credit(report.summary, credit)
-        if steps is not None:
+        if steps is not None and by is not None:
             values, labels = steps
             report.summary["by_step"] = {
                 "by": by,

@@ -23,6 +23,8 @@ from advcli.names import shown_path
 from advcli.read.alike import ReadAlike
 from advcli.read.inputs import directory_files
 from advcli.report.by_step import empty_step
+from advcli.report.summary import StepEntry
+from advcli.report.views import steps_of
 from advcli.run.loading import check_engine, opened
 from advcli.run.parts import compare_parts
 from advcli.settings.config import AdvantageConfig, ColumnNames, Engine
@@ -67,9 +69,16 @@ class _Watch:
         return ready
 
 
+class FollowedStep(StepEntry):
+    """A step of the run as ``watch`` reports it: its ``compare --by file`` entry and how it
+    was read (None for a file without rows)."""
+
+    reading: dict[str, Any] | None
+
+
 def _step(
     path: Path, config: AdvantageConfig, names: ColumnNames, drop: bool, reading: ReadAlike
-) -> dict[str, Any]:
+) -> FollowedStep:
     """The ``compare --by file`` entry of the step file ``path``, compared alone, with how it
     was read (``reading``: the watch's roles, which every step must be read with); a file
     without rows keeps its place with no figures and no reading, as in a whole-folder run."""
@@ -78,7 +87,7 @@ def _step(
             return {**empty_step(dataset.label(0)), "reading": None}
         # A step's entry lists no groups or trajectories: the top kept is one of each.
         report = compare_parts(dataset, "file", config, names, 1, drop, reading=reading)
-    step: dict[str, Any] = report.summary["by_step"]["steps"][0]
+    step = steps_of(report.summary)[0]
     return {**step, "reading": report.summary["settings"]["reading"]}
 
 
@@ -89,7 +98,7 @@ def follow_steps(
     settle: float,
     names: ColumnNames = ColumnNames(),
     drop_duplicates: bool = False,
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[FollowedStep]:
     """Each step file of ``folder`` as it is complete (published by advcli, or unchanged for
     ``settle`` seconds), as its ``compare --by file`` entry (the ones there already first);
     forever, sleeping :data:`POLL_SECONDS` between listings. A file

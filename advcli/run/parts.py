@@ -1,7 +1,7 @@
 """``compare --by`` one part at a time: the parts (each input file, or each value of a column,
 whose rows one streaming pass over that column finds) in the series' order, each through stage
 1, stage 2 and its own report, in this process, in ``--jobs`` worker processes or as Ray tasks;
-the whole run's report combined from the parts' figures (:mod:`advcli.report.parts`), so that
+the whole run's report combined from the parts' figures (:mod:`advcli.report.figures`), so that
 the memory held is about one part's whatever their number."""
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from advcli.read.dataset import Dataset, StepRows
 from advcli.read.duplicates import EXAMPLES
 from advcli.read.inputs import open_dataset
 from advcli.read.scan import closing_sources, release_freed_memory
-from advcli.report.bias import BiasReport, bias_report
+from advcli.report.bias import BiasReport, part_report
 from advcli.report.by_step import empty_step, step_entry
-from advcli.report.parts import PartFigures, combined_summary, merged, part_figures
+from advcli.report.figures import PartFigures, bias_summary, merged
+from advcli.report.summary import StepEntry
 from advcli.run.loading import (
     LoadedDump,
     by_reason,
@@ -69,7 +70,7 @@ class PartResult:
     duplicates report and its padding rows, the roles it was read with and its name."""
 
     figures: PartFigures | None
-    entry: dict[str, Any] | None
+    entry: StepEntry | None
     duplicates: dict[str, Any]
     padding_rows: int
     columns: ColumnRoles | None = None
@@ -323,7 +324,7 @@ def _run(dataset: Dataset, task: PartTask) -> PartResult:
     )
     del dump
     release_freed_memory()
-    report = bias_report(
+    report, figures = part_report(
         turn,
         trajectory.without_index(),
         config=task.config,
@@ -331,12 +332,8 @@ def _run(dataset: Dataset, task: PartTask) -> PartResult:
         version=__version__,
         top=task.top,
     )
-    figures = part_figures(
-        report,
-        turn,
-        part=task.part if task.step is None else None,
-        first_row=task.first_row,
-        top=task.top,
+    figures = figures.placed(
+        part=task.part if task.step is None else None, first_row=task.first_row
     )
     dataset.check_unchanged()
     return PartResult(
@@ -375,7 +372,8 @@ def _combined(
     the first (:meth:`ReadAlike.as_run`)."""
     dataset, by, labels = parts.dataset, parts.by, parts.labels
     run: PartFigures | None = None
-    entries, padding_rows = [], 0
+    entries: list[StepEntry] = []
+    padding_rows = 0
     duplicates: dict[str, Any] = {}
     for index, read in enumerate(results):
         if read.figures is None or read.entry is None:
@@ -407,7 +405,7 @@ def _combined(
         roles = run.settings["reading"]["roles"]
         group = {**roles["group"], "why": by_reason(roles["group"]["why"], "file", "file")}
         settings["reading"] = {**run.settings["reading"], "roles": {**roles, "group": group}}
-    summary = combined_summary(run, top=top, estimator=config.estimator.value, settings=settings)
+    summary = bias_summary(run, top=top, estimator=config.estimator.value, settings=settings)
     summary["by_step"] = {"by": by, "steps": entries}
     summary["duplicate_rows"] = duplicates
     return BiasReport(summary, run.top_trajectories.clear(), run.top_groups.clear())
