@@ -1,7 +1,7 @@
 """Write docs/cli.md, the command-line reference, from each command's own ``--help``.
 
 Run from the repository root after changing an option: ``python docs/make_cli_reference.py``
-(``tests/test_docs.py`` fails while the page is stale).
+(``tests/docs/test_docs.py`` fails while the page is stale).
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ os.environ.pop("LINES", None)
 from advcli.cli.app import app
 from advcli.write.atomic import MARKER
 
+# The repository's root: the tests are in folders that mirror the package's, below tests/.
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def dump_frame(rows: Sequence[tuple[object, object, int, float, int]]) -> pl.DataFrame:
     """A rollout dump from (group, trajectory, turn, score, tokens) tuples: the score sits on the

@@ -1,7 +1,7 @@
 """The one table of the command line's options, by long name: the help panel that shows each
 (``--help`` lists a command's options panel by panel, in the table's order) and whether a
 config file may save it (the file's keys, and the ``--config`` help that lists them).
-tests/test_cli_options.py holds every option of every command to the table."""
+tests/cli/test_cli_options.py holds every option of every command to the table."""
 
 from __future__ import annotations
 

@@ -14,13 +14,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from conftest import ROOT
 from PIL import Image
 from typer.testing import CliRunner
 
 from advcli.cli.app import app
 from advcli.report.verdict import THRESHOLDS, assess
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
+SAMPLE = ROOT / "sample_data" / "rollouts.parquet"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 

@@ -15,13 +15,13 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
+from conftest import ROOT
 from typer.testing import CliRunner
 
 from advcli.cli.app import app
 
 pytestmark = pytest.mark.docs
 
-ROOT = Path(__file__).parent.parent
 SAMPLE = ROOT / "sample_data" / "rollouts.parquet"
 ADVCLI = [sys.executable, "-m", "advcli"]
 

@@ -8,14 +8,13 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import ROOT
 
 import advcli
 
-ROOT = Path(__file__).resolve().parent.parent
 LIBRARY_PAGE = (ROOT / "docs" / "library.md").read_text()
 SAMPLE = ROOT / "sample_data" / "rollouts.parquet"
 

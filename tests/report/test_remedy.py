@@ -16,12 +16,12 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import ROOT
 from reference import reference_advantages
 
 from advcli.read.dialects import DIALECTS
 from advcli.report.verdict import GIGPO_REMEDIES, REMEDIES, remedies_for
 
-ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_data" / "rollouts.parquet"
 SOURCES = ROOT / "docs" / "reference" / "trainer-sources.md"
 

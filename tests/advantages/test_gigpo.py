@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from conftest import ROOT
 
 from advcli import AdvantageConfig, Estimator, compute
 from advcli.advantages.step_groups import step_returns
@@ -340,7 +341,7 @@ def test_usage_errors(options, message, run, tmp_path):
 
 def test_compare_reports_the_episode_terms_bias(run, tmp_path):
     """compare --estimator gigpo on a dump without an anchor reports the episode term's levels
-    and says the step term was not measured (tests/test_step_credit.py has the rest)."""
+    and says the step term was not measured (tests/advantages/test_step_credit.py has the rest)."""
     source = tmp_path / "in.parquet"
     WORKED.drop("anchor", "step_reward").write_parquet(source)
     result = run("compare", source, "--estimator", "gigpo", "--json", tmp_path / "r.json", "-q")
@@ -351,7 +352,7 @@ def test_compare_reports_the_episode_terms_bias(run, tmp_path):
 
 
 def test_the_docs_recipe_table_is_the_code_table():
-    text = (Path(__file__).resolve().parent.parent / "docs" / "estimators.md").read_text()
+    text = (ROOT / "docs" / "estimators.md").read_text()
     rows = dict(re.findall(r"^\| `([a-z-]+)` \| (--level [^|]+?) \|", text, re.MULTILINE))
     assert rows == {recipe.value: settings.describe() for recipe, settings in RECIPES.items()}
 

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import ROOT
 
 pytestmark = pytest.mark.process
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample_data" / "rollouts.parquet"
+SAMPLE = ROOT / "sample_data" / "rollouts.parquet"
 ADVCLI = [sys.executable, "-m", "advcli"]
 
 

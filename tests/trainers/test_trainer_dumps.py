@@ -421,8 +421,8 @@ def test_skyrl_stepwise(run, tmp_path):
     str(dataset index), trajectory_ids "{instance_id}_{repetition_id}", per-step `rewards`
     (only the last step's is the outcome), loss_mask float32 the trainable mask while
     response_mask covers every response token, is_last_step; rows contiguous in step order.
-    SkyRL's rule (the is_last_step row's reward) needs no --traj-score; tests/test_skyrl.py has
-    its padding rows and skyrl 0.4.0."""
+    SkyRL's rule (the is_last_step row's reward) needs no --traj-score;
+    tests/trainers/test_skyrl.py has its padding rows and skyrl 0.4.0."""
     cols, rows = skyrl_steps(np.random.default_rng(SEED))
     batch = {
         key: torch.stack(value) if isinstance(value[0], torch.Tensor) else np.array(value)

@@ -3,7 +3,7 @@ reported as it appears, in a real process
 while files are written beside it (by ``write_batch``, and by a plain writer in place), its
 lines equal to ``compare --by file``'s steps; Ctrl-C, ``--fail-on`` and a bad file end it.
 
-The dumps' levels are computed by hand in tests/test_fail_on.py (drgrpo): NEGLIGIBLE, MATERIAL
+The dumps' levels are computed by hand in tests/cli/test_fail_on.py (drgrpo): NEGLIGIBLE, MATERIAL
 and SEVERE."""
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from conftest import dump_frame, write_read_otherwise
+from conftest import ROOT, dump_frame, write_read_otherwise
 from test_fail_on import MATERIAL, NEGLIGIBLE, SEVERE
 
 from advcli.dump import write_batch
 from advcli.write.atomic import published_whole
 
-ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60
 
 

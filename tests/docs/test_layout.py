@@ -11,7 +11,8 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
+
 PACKAGE = ROOT / "advcli"
 MODULES = {
     ".".join(("advcli", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(

@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 import pytest
 import typer
-from conftest import partials
+from conftest import ROOT, partials
 from reference import reference_advantages
 
 from advcli.cli.app import app
@@ -26,7 +26,6 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
 
 # verl's names, read with no flags: (group, trajectory, turn, score, tokens).
 ROWS = [

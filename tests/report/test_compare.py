@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from test_cli_compute import BAD_FRAMES
 
 pytest.importorskip("matplotlib")
@@ -239,7 +239,7 @@ def test_bad_input_same_contract_as_compute(case, write_dump, run, tmp_path):
 
 
 def test_sample_data_report(run):
-    sample = Path(__file__).parent.parent / "sample_data" / "rollouts.parquet"
+    sample = ROOT / "sample_data" / "rollouts.parquet"
     result = run("compare", sample, "--json", "-", "-q")
     report = json.loads(result.stdout)
     assert report["counts"]["trajectories"] == 512

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import ROOT
 
 from advcli.errors import AdvcliError, UsageError
 from advcli.read.columns import resolve_columns
@@ -14,7 +14,7 @@ from advcli.read.dialects import DIALECTS
 from advcli.read.roles import read_roles
 from advcli.settings.config import ColumnNames
 
-SCHEMA_PAGE = (Path(__file__).resolve().parent.parent / "docs" / "input-schema.md").read_text()
+SCHEMA_PAGE = (ROOT / "docs" / "input-schema.md").read_text()
 
 TOKENS = pl.Array(pl.Float32, 4)
 MASK = pl.Array(pl.Int64, 4)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+from conftest import ROOT
 
 from advcli.settings.rules import RULES
 
@@ -331,7 +331,7 @@ def test_scores_too_large_for_float32_are_an_error(write_dump, run, tmp_path):
 
 def test_the_docs_rule_table_is_the_code_table():
     """The docs' table of four facts per estimator says what advcli/settings/rules.py says."""
-    readme = (Path(__file__).resolve().parent.parent / "docs" / "estimators.md").read_text()
+    readme = (ROOT / "docs" / "estimators.md").read_text()
     start = readme.index("| estimator | baseline | divides by a std (`--scale`) |")
     rows = {}
     for line in readme[start:].splitlines()[2:]:

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 pytestmark = pytest.mark.docs
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 PAGES = sorted([README, *DOCS.rglob("*.md")])

@@ -1,8 +1,9 @@
 """advcli.torch's and advcli.verl's per-turn rewards (reward_mode="per-turn"): every step grouping
 of advcli.rules.STEP_GROUPINGS x estimator x γ x singleton rule on shuffled dumps, against the
 plain-Python reference (tests/per_turn_reference.py) and against `advcli compute --reward-mode
-per-turn` on the same rows written to Parquet; the hand-computed cases of tests/test_per_turn.py;
-LightRFT's recipe; a real verl DataProto as verl-agent holds it; and the bad inputs."""
+per-turn` on the same rows written to Parquet; the hand-computed cases of
+tests/advantages/test_per_turn.py; LightRFT's recipe; a real verl DataProto as verl-agent holds
+it; and the bad inputs."""
 
 from __future__ import annotations
 
@@ -168,7 +169,7 @@ def test_lightrft_recipe(run, tmp_path):
 
 @pytest.mark.parametrize(("gamma", "table"), [(1.0, GAMMA_ONE), (0.5, GAMMA_HALF)])
 def test_the_hand_computed_cases(gamma, table):
-    """tests/test_per_turn.py's hand-computed values (one group: A one turn, B three)."""
+    """tests/advantages/test_per_turn.py's hand-computed values (one group: A one turn, B three)."""
     for (grouping, estimator), expected in table.items():
         got = _torch(TWO, grouping, reward_mode="per-turn", estimator=estimator, gamma=gamma)
         assert got == pytest.approx(expected, abs=1e-6), (grouping, estimator)
