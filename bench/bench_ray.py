@@ -78,8 +78,7 @@ def stages(engine: str, source: str, output: str) -> dict[str, float]:
             )
             write_advantages(
                 dataset,
-                dump.columns,
-                row_values,
+                [(dataset, dump.columns, row_values)],
                 Path(output),
                 output_format=OutputFormat.PARQUET,
             )

@@ -41,7 +41,8 @@ def scan_parquet(files: Sequence[ScannedFile], schema: pl.Schema) -> pl.LazyFram
     the 1M-row benchmark dump: ~1 s against ~2 s), and both passes over the input decode them, so
     Polars gets the data through an IO source. Polars pushes the column selection, row filter and
     row limit down to the source, which must apply them. The source is an unstable Polars API;
-    tests/read/test_parquet_scan.py checks all three. Run queries on it inside :func:`closing_sources`.
+    tests/read/test_parquet_scan.py checks all three. Run queries on it inside
+    :func:`closing_sources`.
     """
 
     return _registered(_parquet_frames, files, schema)

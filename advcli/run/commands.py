@@ -63,7 +63,6 @@ from advcli.write.outputs import (
     goes_to_stdout,
     output_format_for,
     report_format_for,
-    write_row_parts,
     write_rows,
 )
 from advcli.write.rows import replaced_columns
@@ -182,11 +181,11 @@ def compute(  # noqa: PLR0913
             values = row_values(
                 every_row, dump, duplicates, advantages, loss_weight, loss_scale_factor
             )
-            # Only the per-row values go on to the write: the rest goes first, so that its
-            # memory is reused for the streaming write's buffers.
+            # Only the per-row values go on: the rest is freed for the streaming write's buffers.
             del dump, every_row, duplicates, advantages
             release_freed_memory()
-            write_rows(dataset, summary.columns, values, output, fmt, tokens, force, columns)
+            one_batch = [(dataset, summary.columns, values)]
+            write_rows(dataset, one_batch, output, fmt, tokens, force, columns)
     if report is not None and report_path is not None:
         _write_compute_report(report, report_path, report_kind == "json", output, force=force)
     return replace(summary, seconds=time.perf_counter() - started)
@@ -217,7 +216,7 @@ def _compute_files(
     (its time counted from ``started``)."""
     counts = RunCounts()
     parts = file_parts(dataset, settings, counts)
-    write_row_parts(dataset, parts, output, fmt, tokens, force, columns)
+    write_rows(dataset, parts, output, fmt, tokens, force, columns)
     config, dropped = settings.config, settings.drop_duplicates
     summary = _summary(dataset, counts, run_columns(counts), config, output, fmt, None, dropped)
     return replace(summary, seconds=time.perf_counter() - started)

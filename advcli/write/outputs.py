@@ -16,17 +16,14 @@ import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-import polars as pl
-
 from advcli._runtime.process import copy_to_stdout, require_stdout
 from advcli.errors import AdvcliError, UsageError
-from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
 from advcli.read.formats import FOLDER_SUFFIXES
 from advcli.read.inputs import STDIN
 from advcli.settings.config import Engine, OutputColumns, OutputFormat
 from advcli.write.atomic import check_output_path, writes_in_place
-from advcli.write.rows import write_advantage_parts, write_advantages
+from advcli.write.rows import Part, write_advantages
 
 FORMAT_BY_SUFFIX: dict[str, OutputFormat] = {
     ".parquet": OutputFormat.PARQUET,
@@ -206,41 +203,18 @@ def check_not_an_input(output: Path, dataset: Dataset, *, folder_output: bool = 
 
 def write_rows(
     dataset: Dataset,
-    columns: ColumnRoles,
-    row_values: pl.DataFrame,
+    parts: Iterable[Part],
     output: Path,
     fmt: OutputFormat,
     tokens: bool,
     force: bool,
     output_columns: OutputColumns = OutputColumns.ALL,
 ) -> None:
-    """Stage 3 to ``output``: :func:`advcli.write.rows.write_advantages`, or, for ``-``, the
+    """Stage 3 to ``output``: :func:`advcli.write.rows.write_advantages` of ``parts`` (the
+    run's one batch, ``dataset`` itself, or its files one after another), or, for ``-``, the
     same written whole to a temporary file and then copied to standard output."""
     write = functools.partial(
         write_advantages,
-        dataset,
-        columns,
-        row_values,
-        output_format=fmt,
-        tokens=tokens,
-        output_columns=output_columns,
-    )
-    _written_to(output, fmt, write, force)
-
-
-def write_row_parts(
-    dataset: Dataset,
-    parts: Iterable[tuple[Dataset, ColumnRoles, pl.DataFrame]],
-    output: Path,
-    fmt: OutputFormat,
-    tokens: bool,
-    force: bool,
-    output_columns: OutputColumns = OutputColumns.ALL,
-) -> None:
-    """:func:`write_rows` of ``dataset``'s parts, one after another
-    (:func:`advcli.write.rows.write_advantage_parts`)."""
-    write = functools.partial(
-        write_advantage_parts,
         dataset,
         parts,
         output_format=fmt,

@@ -38,10 +38,14 @@ from advcli.write.atomic import atomic_output
 PART_ROW_GROUP_LIMIT = 512 * 512
 
 
+# One part of the output's rows: a dataset (the whole run's, or a file of it), the roles it was
+# read with, and its rows' values (``row``, ``score``, ``advantage`` and any extra columns).
+Part = tuple[Dataset, ColumnRoles, pl.DataFrame]
+
+
 def write_advantages(
     dataset: Dataset,
-    columns: ColumnRoles,
-    row_values: pl.DataFrame,
+    parts: Iterable[Part],
     output: Path,
     *,
     output_format: OutputFormat,
@@ -49,46 +53,38 @@ def write_advantages(
     force: bool = False,
     output_columns: OutputColumns = OutputColumns.ALL,
 ) -> None:
-    """Attach ``score`` and ``advantage`` (one per row, ordered by ``row``) to every input row and
-    write the result (replacing input columns of those names). Without ``force`` an ``output``
-    that exists by the time the result is complete is an error. ``output_columns`` says which
-    input columns are written (:class:`~advcli.settings.OutputColumns`): only those and the mask
-    (for ``advantages``) are read again.
+    """Attach ``score`` and ``advantage`` (one per row, ordered by ``row``) to every input row of
+    each of ``parts``, one part after another, and write the result (replacing input columns of
+    those names). Without ``force`` an ``output`` that exists by the time the result is complete
+    is an error. ``output_columns`` says which input columns are written
+    (:class:`~advcli.settings.OutputColumns`): only those and the mask (for ``advantages``) are
+    read again.
 
-    ``row_values`` must hold the columns ``row`` (0, 1, 2, … in order), ``score`` and
-    ``advantage``.
+    A run of one batch is one part, ``dataset`` itself: its rows go to the sink as one frame
+    (the padded arrays, ``npz`` and ``pt``, are made whole from it; Parquet row groups are
+    Polars' choice). Parts of ``dataset`` (its files, each made only once the rows before it
+    are written) stream through one source, so that what is held is about one part's; their
+    Parquet row groups are the largest file's rows (up to :data:`PART_ROW_GROUP_LIMIT`), and
+    the padded arrays, which are made whole, are refused.
 
     The inputs must still be the files stage 1 read: checked before they are read again (a
     change fails here, not after the long write) and before the result is published.
     """
-    frame, kept = output_frame(
-        dataset, columns, row_values, output, output_format, tokens, output_columns
-    )
-    _write(frame, dataset, columns, kept, output, output_format, tokens, force)
-
-
-def write_advantage_parts(
-    dataset: Dataset,
-    parts: Iterable[tuple[Dataset, ColumnRoles, pl.DataFrame]],
-    output: Path,
-    *,
-    output_format: OutputFormat,
-    tokens: bool = True,
-    force: bool = False,
-    output_columns: OutputColumns = OutputColumns.ALL,
-) -> None:
-    """:func:`write_advantages` of each of ``parts`` (a file of ``dataset``, its roles and its
-    row values, made only once the rows before them are written) into one output, their rows
-    one part after another: one stream through Polars, whose source makes each part's rows as
-    the write asks for them, so that what is held is about one part's. Not for padded arrays
-    (``npz``, ``pt``), which are made whole."""
+    remaining = iter(parts)
+    part, columns, values = next(remaining)
+    frame, kept = output_frame(part, columns, values, output, output_format, tokens, output_columns)
+    if part is dataset:
+        _write(frame, dataset, columns, kept, output, output_format, tokens, force)
+        return
     if output_format in ("npz", "pt"):
         raise ValueError("padded arrays are written whole, not part by part")
-    frames = (
-        output_frame(part, columns, values, output, output_format, tokens, output_columns)[0]
-        for part, columns, values in parts
+    frames = itertools.chain(
+        [frame],
+        (
+            output_frame(*later, output, output_format, tokens, output_columns)[0]
+            for later in remaining
+        ),
     )
-    first = next(frames)
 
     def rows(
         with_columns: list[str] | None,
@@ -100,14 +96,14 @@ def write_advantage_parts(
         # anything asked of it less than that would be a silently shorter output.
         if (with_columns, predicate, n_rows) != (None, None, None):
             raise ValueError("the parts' rows are streamed whole, once")
-        for frame in itertools.chain([first], frames):
-            yield from frame.collect_batches()
+        for each in frames:
+            yield from each.collect_batches()
 
-    frame = register_io_source(rows, schema=first.collect_schema(), validate_schema=True)
+    source = register_io_source(rows, schema=frame.collect_schema(), validate_schema=True)
     # Parquet row groups of the largest file's rows (up to a bound for large files): Polars'
     # own size would hold a file's rows, or two, while the next file is read and computed.
     row_group = min(max(dataset.row_counts), PART_ROW_GROUP_LIMIT)
-    _write(frame, dataset, None, None, output, output_format, tokens, force, row_group)
+    _write(source, dataset, None, None, output, output_format, tokens, force, row_group)
 
 
 def output_frame(
@@ -119,8 +115,8 @@ def output_frame(
     tokens: bool,
     output_columns: OutputColumns,
 ) -> tuple[pl.LazyFrame, list[str] | None]:
-    """The output rows of :func:`write_advantages`, as a frame to stream, and the input columns
-    it keeps (None: every one), once the inputs and ``row_values`` are checked."""
+    """The output rows of one part of :func:`write_advantages`, as a frame to stream, and the
+    input columns it keeps (None: every one), once the inputs and ``row_values`` are checked."""
     dataset.check_unchanged()
     if not row_values[ROW].equals(
         pl.Series(ROW, range(dataset.num_rows), dtype=row_values[ROW].dtype)
