@@ -1,6 +1,7 @@
-"""``compute --by file`` one file at a time: each file through stage 1 and stage 2 as a batch
-of its own, then its rows streamed to the output after the files before it, so that what is
-held is about one file's whatever their number. The run's figures are the files' summed."""
+"""``compute --by file`` one file at a time (by the part runner, :mod:`advcli.run.runner`):
+each file through stage 1 and stage 2 as a batch of its own, then its rows streamed to the
+output after the files before it, so that what is held is about one file's whatever their
+number. The run's figures are the files' summed."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from advcli.read.duplicates import DuplicateRows
 from advcli.read.scan import release_freed_memory
 from advcli.run.loading import LoadedDump, by_reason, counted_rows
 from advcli.run.row_values import row_values
+from advcli.run.runner import results_in_order
 from advcli.settings.config import AdvantageConfig, ColumnNames, LossMode
 
 
@@ -70,25 +72,30 @@ class PartSettings:
 def file_parts(
     dataset: Dataset, settings: PartSettings, counts: RunCounts
 ) -> Iterator[tuple[Dataset, ColumnRoles, pl.DataFrame]]:
-    """Each file of ``dataset`` with rows, as it is asked for: the file as a dataset of its own,
-    the roles it was read with and its rows' values (:func:`advcli.row_values.row_values`),
-    its figures added to ``counts``."""
-    for index in range(len(dataset.files)):
-        part = dataset.part(index)
-        if not part.num_rows:
-            continue
-        # A file changed since the run began is named as such, not as a file that cannot be read.
-        part.check_unchanged()
-        try:
-            columns, values = _computed(part, settings, counts)
-        except pl.exceptions.PolarsError as error:
-            # Stage 1's reads name their file already; what Polars raises past them is named here,
-            # not after the output the sink was writing.
-            raise AdvcliError(f"{part.describe()}: cannot compute ({first_line(error)})") from None
-        # Only the rows' values go on to the write, as in a run of one batch: what the file's
-        # stages held is let go first.
-        release_freed_memory()
-        yield part, columns, values
+    """Each file of ``dataset`` with rows, as it is asked for (the part runner's, in this
+    process): the file as a dataset of its own, the roles it was read with and its rows'
+    values (:func:`advcli.row_values.row_values`), its figures added to ``counts``."""
+    files = [index for index, rows in enumerate(dataset.row_counts) if rows]
+    return results_in_order(files, functools.partial(_file_part, dataset, settings, counts))
+
+
+def _file_part(
+    dataset: Dataset, settings: PartSettings, counts: RunCounts, index: int
+) -> tuple[Dataset, ColumnRoles, pl.DataFrame]:
+    """File ``index``'s part of the output: the file, its roles and its rows' values."""
+    part = dataset.part(index)
+    # A file changed since the run began is named as such, not as a file that cannot be read.
+    part.check_unchanged()
+    try:
+        columns, values = _computed(part, settings, counts)
+    except pl.exceptions.PolarsError as error:
+        # Stage 1's reads name their file already; what Polars raises past them is named here,
+        # not after the output the sink was writing.
+        raise AdvcliError(f"{part.describe()}: cannot compute ({first_line(error)})") from None
+    # Only the rows' values go on to the write, as in a run of one batch: what the file's
+    # stages held is let go first.
+    release_freed_memory()
+    return part, columns, values
 
 
 def _computed(

@@ -1,26 +1,22 @@
 """``compare --by`` one part at a time: the parts (each input file, or each value of a column,
 whose rows one streaming pass over that column finds) in the series' order, each through stage
-1, stage 2 and its own report, in this process, in ``--jobs`` worker processes or as Ray tasks;
-the whole run's report combined from the parts' figures (:mod:`advcli.report.figures`), so that
-the memory held is about one part's whatever their number."""
+1, stage 2 and its own report where the part runner runs it (:mod:`advcli.run.runner`: in this
+process, in ``--jobs`` worker processes or as Ray tasks); the whole run's report combined from
+the parts' figures (:mod:`advcli.report.figures`) as they come, so that the memory held is
+about one part's whatever their number."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import multiprocessing
-import pickle
-import signal
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from advcli import __version__
-from advcli._runtime.signals import held
 from advcli.advantages.levels import both_levels
 from advcli.errors import AdvcliError, UsageError, first_line
 from advcli.read.alike import ReadAlike
@@ -37,11 +33,11 @@ from advcli.run.loading import (
     LoadedDump,
     by_reason,
     counted_rows,
-    load_ray_engine,
     null_step,
     report_settings,
     step_type,
 )
+from advcli.run.runner import results_in_order
 from advcli.settings.config import AdvantageConfig, ColumnNames, Engine
 
 
@@ -133,12 +129,13 @@ def compare_parts(  # noqa: PLR0913
             PartTask(dataset.files, dataset.labels, index, step.rows, 0, step, *settings)
             for index, step in enumerate(steps)
         ]
-    if engine == Engine.RAY:
-        results = load_ray_engine().run_parts(run_part, tasks)
-    elif jobs > 1 and len(tasks) > 1:
-        results = _in_workers(dataset, tasks, jobs)
-    else:
-        results = (_run(_part_of(dataset, task), task) for task in tasks)
+    results = results_in_order(
+        tasks,
+        lambda task: _run(_part_of(dataset, task), task),
+        elsewhere=run_part,
+        jobs=jobs,
+        engine=engine,
+    )
     # Closed on an error or Ctrl-C here too, which ends the workers.
     with contextlib.closing(results):
         every = "every file" if by == "file" else f"each {by} value"
@@ -220,89 +217,9 @@ def run_part(task: PartTask) -> PartResult:
     return _run(replace(opened, labels=task.labels or opened.labels, step=task.step), task)
 
 
-def _pickled_part(task: PartTask) -> bytes:
-    """:func:`run_part` in a worker process, its result pickled there, to be unpickled by this
-    process's main thread: unpickled by the pool's result thread, its frames would run Polars
-    there, which raises a Ctrl-C as KeyboardInterrupt in whatever thread runs it. That ended
-    the result thread and left the run waiting for ever for the results it would have passed
-    on."""
-    return pickle.dumps(run_part(task))
-
-
 def _part_of(dataset: Dataset, task: PartTask) -> Dataset:
     """The part of ``task`` in this process: its file, or its rows of every input."""
     return dataset.part(task.part) if task.step is None else replace(dataset, step=task.step)
-
-
-def _in_workers(
-    dataset: Dataset, tasks: list[PartTask], jobs: int
-) -> Generator[PartResult, None, None]:
-    """``tasks`` shared by this process and ``jobs - 1`` spawned workers, results in part order
-    as they come. This process takes the next part whenever the one due is still running in a
-    worker, so that it works while the workers start (each imports advcli anew) and ``jobs``
-    processes compare at once. A part that fails here is raised when its turn comes, as with one
-    job: the first failing part in order is the one named. The workers leave Ctrl-C to this
-    process, which ends them, as it does on an error in any part."""
-    workers = min(jobs, len(tasks)) - 1
-    pool = multiprocessing.get_context("spawn").Pool(
-        workers, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
-    )
-    results: dict[int, AsyncResult[bytes] | PartResult | AdvcliError] = {}
-    handed, failed_here = 0, False
-    try:
-        for due in range(len(tasks)):
-            while True:
-                handed = _hand_to_workers(pool, tasks, results, handed, limit=2 * workers)
-                waiting = results[due]
-                if (
-                    not isinstance(waiting, AsyncResult)
-                    or waiting.ready()
-                    or handed == len(tasks)
-                    or failed_here
-                ):
-                    break
-                try:
-                    results[handed] = _run(_part_of(dataset, tasks[handed]), tasks[handed])
-                except AdvcliError as error:
-                    results[handed], failed_here = error, True
-                handed += 1
-            result = results.pop(due)
-            if isinstance(result, AdvcliError):
-                raise result
-            yield pickle.loads(result.get()) if isinstance(result, AsyncResult) else result
-    except AdvcliError:
-        # A part failed: the parts still in the workers (two a worker at most) end, unread, in
-        # the join below. terminate() may kill a worker while it writes its result and holds the
-        # result queue's lock, which the pool's task thread then waits on for ever, and
-        # terminate() joins that thread (a CI run hung so, in this very error's path).
-        raise
-    except BaseException:
-        # Held: an interrupt raised again inside terminate() (as one raised where nothing could
-        # catch it is) would leave a worker alive for the join below to wait on for ever.
-        with held():
-            pool.terminate()
-        raise
-    finally:
-        with held():
-            pool.close()
-            pool.join()
-
-
-def _hand_to_workers(
-    pool: Pool,
-    tasks: list[PartTask],
-    results: dict[int, AsyncResult[bytes] | PartResult | AdvcliError],
-    handed: int,
-    limit: int,
-) -> int:
-    """The parts from number ``handed`` on to the workers, in order, until ``limit`` of theirs
-    are unfinished (one waiting behind each running one, so that a worker never waits for this
-    process); returns the number of parts handed out so far."""
-    running = sum(1 for r in results.values() if isinstance(r, AsyncResult) and not r.ready())
-    while running < limit and handed < len(tasks):
-        results[handed] = pool.apply_async(_pickled_part, (tasks[handed],))
-        handed, running = handed + 1, running + 1
-    return handed
 
 
 def _run(dataset: Dataset, task: PartTask) -> PartResult:
