@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import subprocess
 import sys
@@ -22,6 +23,9 @@ os.environ.pop("COLUMNS", None)
 os.environ.pop("LINES", None)
 
 from advcli.cli.app import app
+from advcli.run.commands import compute
+from advcli.settings.config import ColumnNames
+from advcli.settings.resolve import resolve_config
 from advcli.write.atomic import MARKER
 
 # The repository's root: the tests are in folders that mirror the package's, below tests/.
@@ -162,6 +166,23 @@ def write_dump(tmp_path: Path):
         return path
 
     return write
+
+
+@pytest.fixture
+def computed(write_dump, tmp_path):
+    """``advcli.compute``, the library below the command line, on rows or a frame, with the
+    settings given as keywords (resolved as the command line resolves its options): the output
+    rows. The numeric cases run here; the options' paths are the command line's own tests."""
+    outputs = itertools.count()
+
+    def compute_rows(
+        rows, names: ColumnNames = ColumnNames(), tokens: bool = True, **settings
+    ) -> pl.DataFrame:
+        output = tmp_path / f"computed-{next(outputs)}.parquet"
+        compute([write_dump(rows)], output, resolve_config(settings), names=names, tokens=tokens)
+        return pl.read_parquet(output)
+
+    return compute_rows
 
 
 @pytest.fixture

@@ -1,4 +1,6 @@
-"""Hand-computed cases (tests/cases.py) through the real CLI, every level and estimator."""
+"""Hand-computed cases (tests/cases.py) through the library below the command line (advcli's
+compute, every stage, real Parquet files), every level and estimator; and the README's numbers
+through the real command line."""
 
 from __future__ import annotations
 
@@ -14,14 +16,8 @@ ESTIMATORS = ("grpo", "drgrpo")
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_hand_computed_case(case: Case, level, estimator, write_dump, run, tmp_path):
-    source = write_dump(case.rows)
-    output = tmp_path / "out.parquet"
-
-    result = run("compute", source, "-o", output, "--level", level, "--estimator", estimator)
-
-    assert result.exit_code == 0, result.output
-    out = pl.read_parquet(output)
+def test_hand_computed_case(case: Case, level, estimator, computed):
+    out = computed(case.rows, level=level, estimator=estimator)
     assert out["advantage"].dtype == pl.Float32
     np.testing.assert_allclose(
         out["advantage"].to_numpy(), case.expected[(level, estimator)], rtol=1e-5, atol=1e-6
@@ -52,7 +48,7 @@ def test_bias_example_numbers_in_the_readme(write_dump, run, tmp_path):
         pytest.param(pl.Series(["p", "p", "q", "q"], dtype=pl.Categorical), id="categorical"),
     ],
 )
-def test_id_types(ids, write_dump, run, tmp_path):
+def test_id_types(ids, computed):
     # Two groups of two one-turn trajectories: scores 1/0 and 3/1 -> drgrpo ±0.5 and ±1.
     frame = pl.DataFrame(
         {
@@ -62,16 +58,12 @@ def test_id_types(ids, write_dump, run, tmp_path):
             "response_mask": [[1], [1], [1], [1]],
         }
     )
-    source = write_dump(frame)
-    output = tmp_path / "out.parquet"
-    result = run("compute", source, "-o", output, "--estimator", "drgrpo")
-    assert result.exit_code == 0, result.output
-    out = pl.read_parquet(output)
+    out = computed(frame, estimator="drgrpo")
     assert out["advantage"].to_list() == [0.5, -0.5, 1.0, -1.0]
     assert out["data_id"].dtype == ids.dtype
 
 
-def test_numpy_int_ids_from_numpy_arrays(write_dump, run, tmp_path):
+def test_numpy_int_ids_from_numpy_arrays(computed):
     frame = pl.DataFrame(
         {
             "data_id": np.array([3, 3], dtype=np.int16),
@@ -80,9 +72,7 @@ def test_numpy_int_ids_from_numpy_arrays(write_dump, run, tmp_path):
             "response_mask": [[1], [1]],
         }
     )
-    output = tmp_path / "out.parquet"
-    assert run("compute", write_dump(frame), "-o", output, "--estimator", "drgrpo").exit_code == 0
-    assert pl.read_parquet(output)["advantage"].to_list() == [1.0, -1.0]
+    assert computed(frame, estimator="drgrpo")["advantage"].to_list() == [1.0, -1.0]
 
 
 # A trajectory whose two turns disagree (turn 0 scores 1, turn 1 scores 3; listed turn 1 first)
@@ -95,36 +85,17 @@ INCONSISTENT = [("g", "t", 1, 3.0, 2), ("g", "u", 0, 0.0, 2), ("g", "t", 0, 1.0,
     ("rule", "trajectory_score"),
     [("first", 1.0), ("last", 3.0), ("mean", 2.0), ("max", 3.0), ("sum", 4.0)],
 )
-def test_traj_score_rules(rule, trajectory_score, write_dump, run, tmp_path):
-    output = tmp_path / "out.parquet"
-    result = run(
-        "compute",
-        write_dump(INCONSISTENT),
-        "-o",
-        output,
-        "--estimator",
-        "drgrpo",
-        "--traj-score",
-        rule,
-    )
-    assert result.exit_code == 0, result.output
-    out = pl.read_parquet(output)
+def test_traj_score_rules(rule, trajectory_score, computed):
+    out = computed(INCONSISTENT, estimator="drgrpo", traj_score=rule)
     half = trajectory_score / 2
     assert out["advantage"].to_list() == pytest.approx([half, -half, half])
     assert out["score"].to_list() == [trajectory_score, 0.0, trajectory_score]
 
 
-def test_first_and_last_follow_row_order_without_turn_index(write_dump, run, tmp_path):
-    source = write_dump(pl.DataFrame(dump_rows_without_turns()))
-    output = tmp_path / "out.parquet"
-    assert (
-        run(
-            "compute", source, "-o", output, "--traj-score", "first", "--estimator", "drgrpo"
-        ).exit_code
-        == 0
-    )
+def test_first_and_last_follow_row_order_without_turn_index(computed):
+    out = computed(pl.DataFrame(dump_rows_without_turns()), traj_score="first", estimator="drgrpo")
     # Without turn_index the first row in input order (score 3) is the trajectory's first turn.
-    assert pl.read_parquet(output)["score"].to_list() == [3.0, 0.0, 3.0]
+    assert out["score"].to_list() == [3.0, 0.0, 3.0]
 
 
 def dump_rows_without_turns() -> dict[str, list]:
@@ -136,23 +107,10 @@ def dump_rows_without_turns() -> dict[str, list]:
     }
 
 
-def test_turn_level_uses_each_rows_own_score(write_dump, run, tmp_path):
-    output = tmp_path / "out.parquet"
-    result = run(
-        "compute",
-        write_dump(INCONSISTENT),
-        "-o",
-        output,
-        "--level",
-        "turn",
-        "--estimator",
-        "drgrpo",
-    )
-    assert result.exit_code == 0, result.output
+def test_turn_level_uses_each_rows_own_score(computed):
+    out = computed(INCONSISTENT, level="turn", estimator="drgrpo")
     # Scores [3, 0, 1], mean 4/3.
-    assert pl.read_parquet(output)["advantage"].to_list() == pytest.approx(
-        [3 - 4 / 3, -4 / 3, 1 - 4 / 3]
-    )
+    assert out["advantage"].to_list() == pytest.approx([3 - 4 / 3, -4 / 3, 1 - 4 / 3])
 
 
 def test_scores_within_relative_tolerance_are_consistent(write_dump, run, tmp_path):

@@ -99,21 +99,24 @@ EXPECTED[("trajectory", "reinforce_pp_baseline")] = whiten(EXPECTED[("trajectory
 EXPECTED[("turn", "reinforce_pp_baseline")] = whiten(EXPECTED[("turn", "drgrpo")])
 
 
-def advantages(write_dump, run, tmp_path, *options) -> np.ndarray:
-    output = tmp_path / "out.parquet"
-    result = run("compute", write_dump(ROWS), "-o", output, "--force", *options)
-    assert result.exit_code == 0, result.output
-    return pl.read_parquet(output)["advantage"].to_numpy()
+@pytest.fixture
+def advantages(computed):
+    """The advantages of ROWS under the settings given."""
+
+    def of(**settings) -> np.ndarray:
+        return computed(ROWS, **settings)["advantage"].to_numpy()
+
+    return of
 
 
 @pytest.mark.parametrize(("level", "estimator"), sorted(EXPECTED))
-def test_estimator_by_hand(level, estimator, write_dump, run, tmp_path):
-    got = advantages(write_dump, run, tmp_path, "--level", level, "--estimator", estimator)
+def test_estimator_by_hand(level, estimator, advantages):
+    got = advantages(level=level, estimator=estimator)
     np.testing.assert_allclose(got, EXPECTED[(level, estimator)], rtol=1e-5, atol=1e-6)
 
 
-def test_reinforce_pp_whitening_has_zero_token_mean_and_unit_variance(write_dump, run, tmp_path):
-    got = advantages(write_dump, run, tmp_path, "--estimator", "reinforce_pp_baseline")
+def test_reinforce_pp_whitening_has_zero_token_mean_and_unit_variance(advantages):
+    got = advantages(estimator="reinforce_pp_baseline")
     tokens = np.array(TOKENS)
     mean = (got * tokens).sum() / tokens.sum()
     variance = (tokens * (got - mean) ** 2).sum() / (tokens.sum() - 1)
@@ -123,10 +126,10 @@ def test_reinforce_pp_whitening_has_zero_token_mean_and_unit_variance(write_dump
 @pytest.mark.parametrize(
     "estimator", ["grpo", "drgrpo", "rloo", "opo", "grpo_passk", "reinforce_pp_baseline"]
 )
-def test_singleton_zero(estimator, write_dump, run, tmp_path):
+def test_singleton_zero(estimator, advantages):
     # At trajectory level S is a singleton: rows 2 and 6 get 0 before any whitening.
-    raw = advantages(write_dump, run, tmp_path, "--estimator", estimator)
-    zero = advantages(write_dump, run, tmp_path, "--estimator", estimator, "--singleton", "zero")
+    raw = advantages(estimator=estimator)
+    zero = advantages(estimator=estimator, singleton="zero")
     if estimator == "reinforce_pp_baseline":
         expected = whiten(
             [0 if i in (2, 6) else v for i, v in enumerate(EXPECTED[("trajectory", "drgrpo")])]
@@ -138,10 +141,10 @@ def test_singleton_zero(estimator, write_dump, run, tmp_path):
         np.testing.assert_array_equal(zero[others], raw[others])
 
 
-def test_scale_batch(write_dump, run, tmp_path):
+def test_scale_batch(advantages):
     # Trajectory-level units of the whole input: G [1, 0, .8], S [2], Z [.5, .5], T [1, 1, 0].
     batch_std = statistics.stdev([1, 0, 0.8, 2, 0.5, 0.5, 1, 1, 0])
-    got = advantages(write_dump, run, tmp_path, "--scale", "batch")
+    got = advantages(scale="batch")
     centred = EXPECTED[("trajectory", "drgrpo")]
     expected = [c / (batch_std + EPS) for c in centred]
     # S is a singleton at trajectory level: mean 0 (verl's rule), and the batch divisor every
@@ -150,26 +153,22 @@ def test_scale_batch(write_dump, run, tmp_path):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_scale_batch_singleton_when_every_score_is_equal(write_dump, run, tmp_path):
+def test_scale_batch_singleton_when_every_score_is_equal(computed):
     # Every unit scores 1: the batch std is 0, no other unit is divided (each is exactly 0), and
     # the singleton S keeps the singleton std 1: 1 / (1 + eps), not 1 / eps.
     rows = [("G", "a", 0, 1.0, 1), ("G", "b", 0, 1.0, 1), ("S", "s", 0, 1.0, 1)]
-    source = write_dump(rows)
-    output = tmp_path / "flat.parquet"
-    result = run("compute", source, "-o", output, "--scale", "batch")
-    assert result.exit_code == 0, result.output
-    got = pl.read_parquet(output)["advantage"].to_list()
+    got = computed(rows, scale="batch")["advantage"].to_list()
     np.testing.assert_allclose(got, [0.0, 0.0, 1 / (1 + EPS)], rtol=1e-6)
 
 
-def test_scale_none_is_drgrpo(write_dump, run, tmp_path):
+def test_scale_none_is_drgrpo(advantages):
     for level in ("turn", "trajectory"):
-        got = advantages(write_dump, run, tmp_path, "--scale", "none", "--level", level)
+        got = advantages(scale="none", level=level)
         np.testing.assert_allclose(got, EXPECTED[(level, "drgrpo")], rtol=1e-5, atol=1e-6)
 
 
-def test_passk_scale_none(write_dump, run, tmp_path):
-    got = advantages(write_dump, run, tmp_path, "--estimator", "grpo_passk", "--scale", "none")
+def test_passk_scale_none(advantages):
+    got = advantages(estimator="grpo_passk", scale="none")
     np.testing.assert_allclose(got, [0.2] + [0.0] * 10, atol=1e-6)
 
 
@@ -241,16 +240,14 @@ def test_reinforce_pp_needs_two_tokens(write_dump, run, tmp_path):
     assert "needs at least 2" in result.stderr
 
 
-def test_opo_equal_scores_give_exactly_zero(write_dump, run, tmp_path):
+def test_opo_equal_scores_give_exactly_zero(computed):
     # Token-weighted mean of three equal scores with different lengths: 0.3 exactly, not
     # 0.3 + rounding (which would leave ~5e-17).
     rows = [("g", "a", 0, 0.3, 1), ("g", "b", 0, 0.3, 2), ("g", "c", 0, 0.3, 4)]
-    output = tmp_path / "out.parquet"
-    assert run("compute", write_dump(rows), "-o", output, "--estimator", "opo").exit_code == 0
-    assert pl.read_parquet(output)["advantage"].to_list() == [0.0, 0.0, 0.0]
+    assert computed(rows, estimator="opo")["advantage"].to_list() == [0.0, 0.0, 0.0]
 
 
-def test_reinforce_pp_row_without_tokens_gets_zero(write_dump, run, tmp_path):
+def test_reinforce_pp_row_without_tokens_gets_zero(computed):
     # The zero-token row's value is multiplied by its (empty) mask, as in verl: 0. The other
     # rows are whitened over the 6 tokens of rows 0 and 1: values 0.5 (x4) and -0.5 (x2).
     frame = pl.DataFrame(
@@ -261,24 +258,15 @@ def test_reinforce_pp_row_without_tokens_gets_zero(write_dump, run, tmp_path):
             "response_length": [4, 2, 0],
         }
     )
-    output = tmp_path / "out.parquet"
-    source = write_dump(frame)
-    result = run("compute", source, "-o", output, "--estimator", "reinforce_pp_baseline")
-    assert result.exit_code == 0, result.output
+    got = computed(frame, estimator="reinforce_pp_baseline")["advantage"].to_numpy()
     # Centred: 0.5, -0.5, 0 (mean 0.5). Token mean (4*0.5 - 2*0.5)/6 = 1/6.
     mean = 1 / 6
     variance = (4 * (0.5 - mean) ** 2 + 2 * (-0.5 - mean) ** 2) / 5
     scale = math.sqrt(variance + 1e-8)
-    np.testing.assert_allclose(
-        pl.read_parquet(output)["advantage"].to_numpy(),
-        [(0.5 - mean) / scale, (-0.5 - mean) / scale, 0.0],
-        rtol=1e-6,
-    )
+    np.testing.assert_allclose(got, [(0.5 - mean) / scale, (-0.5 - mean) / scale, 0.0], rtol=1e-6)
 
 
-def test_reinforce_pp_trajectory_without_tokens_is_written_as_zero_whatever_its_value(
-    write_dump, run, tmp_path
-):
+def test_reinforce_pp_trajectory_without_tokens_is_written_as_zero_whatever_its_value(computed):
     # Group A's trajectories have no response tokens: their rows are written as 0, so A's huge
     # centred scores (±5e35, which whitening by a 1e-4 scale would take past float32) are no
     # error. Group B: units 0 (5 tokens) and 1e-7 (10 tokens), centred -5e-8 and 5e-8.
@@ -291,30 +279,24 @@ def test_reinforce_pp_trajectory_without_tokens_is_written_as_zero_whatever_its_
             "response_length": [0, 0, 0, 5, 5, 5],
         }
     )
-    output = tmp_path / "out.parquet"
-    result = run("compute", write_dump(frame), "-o", output, "--estimator", "reinforce_pp_baseline")
-    assert result.exit_code == 0, result.output
+    got = computed(frame, estimator="reinforce_pp_baseline")["advantage"].to_list()
     # Token mean over B's 15 tokens: (5 * -5e-8 + 10 * 5e-8) / 15; A's tokens count for nothing.
     mean = (5 * -5e-8 + 10 * 5e-8) / 15
     variance = (5 * (-5e-8 - mean) ** 2 + 10 * (5e-8 - mean) ** 2) / 14
     scale = math.sqrt(variance + 1e-8)
-    got = pl.read_parquet(output)["advantage"].to_list()
     assert got[:3] == [0.0, 0.0, 0.0]
     np.testing.assert_allclose(
         got[3:], [(-5e-8 - mean) / scale, (5e-8 - mean) / scale, (5e-8 - mean) / scale], rtol=1e-6
     )
 
 
-def test_traj_score_mean_of_rows_that_agree_is_their_score(write_dump, run, tmp_path):
+def test_traj_score_mean_of_rows_that_agree_is_their_score(computed):
     # Added up, six rows of 0.2 make 1.2000000000000002 and three 0.6000000000000001: divided
     # by the turns they are not 0.2 again. Rows that agree have their score as the mean, so the
     # group is zero-std and every advantage is exactly 0.
     rows = [("g", "a", turn, 0.2, 1) for turn in range(6)]
     rows += [("g", "b", turn, 0.2, 1) for turn in range(3)]
-    output = tmp_path / "out.parquet"
-    result = run("compute", write_dump(rows), "-o", output, "--traj-score", "mean")
-    assert result.exit_code == 0, result.output
-    assert pl.read_parquet(output)["advantage"].to_list() == [0.0] * 9
+    assert computed(rows, traj_score="mean")["advantage"].to_list() == [0.0] * 9
 
 
 def test_scores_too_large_for_float32_are_an_error(write_dump, run, tmp_path):

@@ -38,7 +38,15 @@ WORKED = pl.DataFrame(
 )
 
 
-def advantages(run, tmp_path: Path, frame: pl.DataFrame, *options: str) -> list[float]:
+def advantages(computed, frame: pl.DataFrame, **settings: object) -> list[float]:
+    """The advantages of ``frame`` under the settings given (the library below the command
+    line: every stage, real Parquet files)."""
+    advantage: list[float] = computed(frame, tokens=False, **settings)["advantage"].to_list()
+    return advantage
+
+
+def cli_advantages(run, tmp_path: Path, frame: pl.DataFrame, *options: str) -> list[float]:
+    """The advantages ``advcli compute`` writes for ``frame`` with the options given."""
     source, output = tmp_path / "in.parquet", tmp_path / "out.parquet"
     frame.write_parquet(source)
     result = run("compute", source, "-o", output, "--no-tokens", "--force", "-q", *options)
@@ -53,19 +61,9 @@ def worked_step_term() -> list[float]:
     return [half, 0.0, -half, 0.0, 0.0]
 
 
-def test_worked_case_verl_agent_upstream(run, tmp_path):
+def test_worked_case_verl_agent_upstream(computed):
     """Every row in the episode statistics: scores 1, 1, 0, 0, 0 have mean 0.4 and std √0.3."""
-    got = advantages(
-        run,
-        tmp_path,
-        WORKED,
-        "--recipe",
-        "verl-agent",
-        "--gigpo-norm",
-        "mean_std",
-        "--gamma",
-        "0.9",
-    )
+    got = advantages(computed, WORKED, recipe="verl-agent", gigpo_norm="mean_std", gamma=0.9)
     std = math.sqrt(0.3)
     episode = [0.6 / (std + EPS)] * 2 + [-0.4 / (std + EPS)] * 3
     expected = [e + s for e, s in zip(episode, worked_step_term(), strict=True)]
@@ -76,7 +74,7 @@ def test_worked_case_verl_agent_upstream(run, tmp_path):
 @pytest.mark.parametrize("recipe", ["verl-agent-trajectory", "trinity"])
 def test_worked_case_each_trajectory_counted_once(recipe, run, tmp_path):
     """Scores 1 and 0 (Trinity: the step rewards' sums, the same) have mean 0.5 and std √0.5."""
-    got = advantages(
+    got = cli_advantages(
         run, tmp_path, WORKED, "--recipe", recipe, "--gigpo-norm", "mean_std", "--gamma", "0.9"
     )
     std = math.sqrt(0.5)
@@ -86,33 +84,30 @@ def test_worked_case_each_trajectory_counted_once(recipe, run, tmp_path):
     assert got == pytest.approx([1.4142, 0.7071, -1.4142, -0.7071, -0.7071], abs=1e-4)
 
 
-def test_mean_norm_and_step_weight(run, tmp_path):
+def test_mean_norm_and_step_weight(computed):
     """--gigpo-norm mean divides by 1 + ε; ω scales the step term only."""
     got = advantages(
-        run, tmp_path, WORKED, "--estimator", "gigpo", "--level", "trajectory", "--gamma", "0.9",
-        "--step-weight", "2",
-    )  # fmt: skip
+        computed, WORKED, estimator="gigpo", level="trajectory", gamma=0.9, step_weight=2.0
+    )
     episode = [0.5 / (1 + EPS)] * 2 + [-0.5 / (1 + EPS)] * 3
     step = [0.45 / (1 + EPS), 0.0, -0.45 / (1 + EPS), 0.0, 0.0]
     assert got == pytest.approx([e + 2 * s for e, s in zip(episode, step, strict=True)], abs=1e-6)
 
 
-def test_verl_agent_mean_norm_subtracts_only(run, tmp_path):
+def test_verl_agent_mean_norm_subtracts_only(computed):
     """verl-agent's mean_norm is x − μ: its recipe sets ε 0 under mean (γ 1: returns 1, 1 and 0,
     0, 0; s0 {1, 0} has mean 0.5)."""
-    got = advantages(run, tmp_path, WORKED, "--recipe", "verl-agent")
+    got = advantages(computed, WORKED, recipe="verl-agent")
     episode = [0.6, 0.6, -0.4, -0.4, -0.4]
     step = [0.5, 0.0, -0.5, 0.0, 0.0]
     assert got == pytest.approx([e + s for e, s in zip(episode, step, strict=True)], abs=1e-7)
 
 
-def test_rows_out_of_turn_order_follow_the_turn_column(run, tmp_path):
+def test_rows_out_of_turn_order_follow_the_turn_column(computed):
     """The same rows shuffled give each row the same advantage: the returns follow turn_index."""
     shuffled = WORKED.with_row_index("original")[[4, 1, 3, 0, 2]]
-    got = advantages(
-        run, tmp_path, shuffled.drop("original"), "--recipe", "trinity", "--gamma", "0.9"
-    )
-    unshuffled = advantages(run, tmp_path, WORKED, "--recipe", "trinity", "--gamma", "0.9")
+    got = advantages(computed, shuffled.drop("original"), recipe="trinity", gamma=0.9)
+    unshuffled = advantages(computed, WORKED, recipe="trinity", gamma=0.9)
     assert got == [unshuffled[i] for i in shuffled["original"]]
 
 
@@ -207,16 +202,16 @@ TWO_GROUPS = pl.DataFrame(
 )
 
 
-def test_anchor_scope_group_and_batch(run, tmp_path):
+def test_anchor_scope_group_and_batch(computed):
     """Scores all 0: the episode term is 0 and the advantage is the step term (mean norm).
     Within groups: {1, 3} (mean 2) and two groups of one; batch-wide: {1, 3, 5} (mean 3)."""
-    by_group = advantages(run, tmp_path, TWO_GROUPS, "--estimator", "gigpo")
+    by_group = advantages(computed, TWO_GROUPS, estimator="gigpo")
     assert by_group == pytest.approx([-1 / (1 + EPS), 1 / (1 + EPS), 0.0, 0.0], abs=1e-7)
-    batch = advantages(run, tmp_path, TWO_GROUPS, "--estimator", "gigpo", "--anchor-scope", "batch")
+    batch = advantages(computed, TWO_GROUPS, estimator="gigpo", anchor_scope="batch")
     assert batch == pytest.approx([-2 / (1 + EPS), 0.0, 2 / (1 + EPS), 0.0], abs=1e-7)
 
 
-def test_roll_gives_a_step_group_of_tiny_std_nothing(run, tmp_path):
+def test_roll_gives_a_step_group_of_tiny_std_nothing(computed):
     """ROLL: a step group whose std is at most 1e-6 gets 0; the others (mean_std) do not."""
     frame = pl.DataFrame(
         {
@@ -227,14 +222,14 @@ def test_roll_gives_a_step_group_of_tiny_std_nothing(run, tmp_path):
             "step_return": [1.0, 1.0 + 1e-7, 0.0, 2.0],
         }
     )
-    got = advantages(run, tmp_path, frame, "--recipe", "roll")
+    got = advantages(computed, frame, recipe="roll")
     b = 1.0 / (math.sqrt(2) + EPS)
     assert got == pytest.approx([0.0, 0.0, -b, b], abs=1e-7)
-    plain = advantages(run, tmp_path, frame, "--estimator", "gigpo", "--gigpo-norm", "mean_std")
+    plain = advantages(computed, frame, estimator="gigpo", gigpo_norm="mean_std")
     assert plain[0] == pytest.approx(-0.5e-7 / (1e-7 / math.sqrt(2) + EPS), rel=1e-3)
 
 
-def test_penalty_rows_are_centred_on_their_own_score(run, tmp_path):
+def test_penalty_rows_are_centred_on_their_own_score(computed):
     """verl-agent-trajectory: first rows 1 and 0 give mean 0.5 and std √0.5; trajectory 0's
     penalized second row (0.9) is centred on its own score. Group 1's first rows tie (std 0):
     its penalized row (−0.1) is divided by 1 + ε, not by ε (verl-agent's −1e5)."""
@@ -248,15 +243,13 @@ def test_penalty_rows_are_centred_on_their_own_score(run, tmp_path):
             "rewards": [0.0] * 6,
         }
     )
-    got = advantages(
-        run, tmp_path, frame, "--recipe", "verl-agent-trajectory", "--gigpo-norm", "mean_std"
-    )
+    got = advantages(computed, frame, recipe="verl-agent-trajectory", gigpo_norm="mean_std")
     std = math.sqrt(0.5)
     expected = [0.5 / (std + EPS), 0.4 / (std + EPS), -0.5 / (std + EPS), 0.0, -0.1 / (1 + EPS)]
     assert got == pytest.approx([*expected, 0.0], abs=1e-7)
 
 
-def test_list_and_struct_anchors_are_equal_when_their_values_are(run, tmp_path):
+def test_list_and_struct_anchors_are_equal_when_their_values_are(computed):
     """A list anchor and a struct anchor: equal values are one step group."""
     for anchor in (
         pl.Series("anchor", [[1, 2], [1, 2], [2, 1]]),
@@ -270,7 +263,7 @@ def test_list_and_struct_anchors_are_equal_when_their_values_are(run, tmp_path):
                 "step_return": [0.0, 2.0, 7.0],
             }
         ).with_columns(anchor)
-        got = advantages(run, tmp_path, frame, "--estimator", "gigpo")
+        got = advantages(computed, frame, estimator="gigpo")
         assert got == pytest.approx([-1 / (1 + EPS), 1 / (1 + EPS), 0.0], abs=1e-7)
 
 
@@ -278,21 +271,21 @@ def test_list_and_struct_anchors_are_equal_when_their_values_are(run, tmp_path):
     ("anchor", "step"),
     [("anchor_obs", "rewards"), ("env_state_hash", "step_reward"), ("state_hash", "step_scores")],
 )
-def test_trainers_names_are_found_without_flags(anchor, step, run, tmp_path):
+def test_trainers_names_are_found_without_flags(anchor, step, computed):
     """verl-agent's batch keys (in its own dialect), Trinity-RFT's and ROLL's names."""
     frame = WORKED.rename({"anchor": anchor, "step_reward": step})
     if anchor == "anchor_obs":
         frame = frame.rename({"data_id": "uid", "rollout_id": "traj_uid"})
-    got = advantages(run, tmp_path, frame, "--recipe", "trinity", "--gigpo-norm", "mean_std")
+    got = advantages(computed, frame, recipe="trinity", gigpo_norm="mean_std")
     std = math.sqrt(0.5)
     half = 0.5 / (0.5 * math.sqrt(2) + EPS)  # γ 1: s0's returns are 1 and 0
     expected = [0.5 / (std + EPS) + half, 0.5 / (std + EPS), -0.5 / (std + EPS) - half]
     assert got[:3] == pytest.approx(expected, abs=1e-6)
 
 
-def test_every_output_format(run, tmp_path):
+def test_every_output_format(run, tmp_path, computed):
     """The per-token outputs carry gigpo's row advantage on every response token."""
-    expected = advantages(run, tmp_path, WORKED, "--estimator", "gigpo")
+    expected = advantages(computed, WORKED, estimator="gigpo")
     frame = WORKED.with_columns(response_mask=pl.Series([[1, 1], [1, 0], [1], [0, 1], [1]]))
     source = tmp_path / "masked.parquet"
     frame.write_parquet(source)
@@ -377,7 +370,7 @@ def test_batch_scope_with_by_keeps_each_step_apart(run, tmp_path):
         ]
     )
     options = ("--estimator", "gigpo", "--anchor-scope", "batch", "--by", "step")
-    got = advantages(run, tmp_path, frame, *options)
+    got = cli_advantages(run, tmp_path, frame, *options)
     each = 2 * 0.15 / (1 + EPS)  # episode and step terms alike
     assert got[5:] == pytest.approx([each, -each], abs=1e-7)
     # Step 0's s0 group is the worked case's {1, 0} (γ 1), not merged with step 1's.
@@ -387,15 +380,18 @@ def test_batch_scope_with_by_keeps_each_step_apart(run, tmp_path):
 @pytest.mark.parametrize(
     "scores", [[5.0, 5.0, 7.0, 7.0, 7.0], [0.0, 1.0, 0.0, 0.0, 0.0]], ids=["outcome", "per-step"]
 )
-def test_trinity_reads_the_step_rewards_whatever_the_score_column_holds(scores, run, tmp_path):
+def test_trinity_reads_the_step_rewards_whatever_the_score_column_holds(
+    scores, run, tmp_path, computed
+):
     """R(τ) is 1 and 0 (the worked case's step rewards), whether the score column holds other
     outcomes (5 and 7: the larger outcome on the trajectory that scores 0) or each row's own
     step reward. Episode: ±0.5/(1 + ε); step (γ 1, batch scope): s0's returns 1 and 0, ±0.5/(1 + ε),
     the rest 0."""
     frame = WORKED.with_columns(pl.Series("score", scores))
     half = 0.5 / (1 + EPS)
-    got = advantages(run, tmp_path, frame, "--recipe", "trinity")
+    got = advantages(computed, frame, recipe="trinity")
     assert got == pytest.approx([2 * half, half, -2 * half, -half, -half], abs=1e-7)
+    frame.write_parquet(tmp_path / "in.parquet")
     result = run("compare", tmp_path / "in.parquet", "--recipe", "trinity", "--json", "-", "-q")
     assert result.exit_code == 0, result.stderr
 
@@ -459,7 +455,7 @@ def test_trinity_recipe_is_trinitys_own_function(fnorm, gamma, run, tmp_path):
         }
     )
     norm = "mean_std" if fnorm == "std" else "mean"
-    got = advantages(
+    got = cli_advantages(
         run, tmp_path, frame, "--recipe", "trinity", "--gigpo-norm", norm, "--gamma", str(gamma)
     )
     assert got == pytest.approx(expected, abs=2e-5)
