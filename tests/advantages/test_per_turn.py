@@ -15,6 +15,8 @@ import numpy as np
 import polars as pl
 import pytest
 
+from advcli.settings.config import ColumnNames
+
 EPS = 1e-6
 ROOT2 = math.sqrt(2)
 
@@ -31,7 +33,33 @@ TWO = pl.DataFrame(
 )
 
 
-def computed(run, tmp_path: Path, frame: pl.DataFrame, *options: str) -> pl.DataFrame:
+def per_turn_rows(computed, frame: pl.DataFrame, *options: str) -> pl.DataFrame:
+    """The rows advcli computes for ``frame`` under per-turn rewards, with the options given as
+    the command line spells them (``--step-groups turn``), each given to the library as the
+    setting it names (``--anchor-col`` as the column it names): below the command line, every
+    stage, real Parquet files."""
+    settings: dict[str, object] = {
+        option.removeprefix("--").replace("-", "_"): value
+        for option, value in zip(options[::2], options[1::2], strict=True)
+    }
+    for number in ("gamma", "epsilon"):
+        if number in settings:
+            settings[number] = float(str(settings[number]))
+    anchor = settings.pop("anchor_col", None)
+    names = ColumnNames(anchor=None if anchor is None else str(anchor))
+    rows: pl.DataFrame = computed(
+        frame, names=names, tokens=False, reward_mode="per-turn", **settings
+    )
+    return rows
+
+
+def advantages(computed, frame: pl.DataFrame, *options: str) -> list[float]:
+    return per_turn_rows(computed, frame, *options)["advantage"].to_list()
+
+
+def cli_advantages(run, tmp_path: Path, frame: pl.DataFrame, *options: str) -> list[float]:
+    """The advantages ``advcli compute --reward-mode per-turn`` writes with the options given
+    (for those that are no setting: ``--by``, the columns)."""
     source, output = tmp_path / "in.parquet", tmp_path / "out.parquet"
     frame.write_parquet(source)
     result = run(
@@ -39,11 +67,7 @@ def computed(run, tmp_path: Path, frame: pl.DataFrame, *options: str) -> pl.Data
         "--reward-mode", "per-turn", *options,
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    return pl.read_parquet(output)
-
-
-def advantages(run, tmp_path: Path, frame: pl.DataFrame, *options: str) -> list[float]:
-    return computed(run, tmp_path, frame, *options)["advantage"].to_list()
+    return pl.read_parquet(output)["advantage"].to_list()
 
 
 # γ = 1, per grouping and estimator, rows A0, B0, B1, B2:
@@ -79,8 +103,8 @@ GAMMA_ONE = {
 
 
 @pytest.mark.parametrize(("groups", "estimator"), sorted(GAMMA_ONE))
-def test_every_grouping_and_estimator_gamma_one(groups, estimator, run, tmp_path):
-    got = computed(run, tmp_path, TWO, "--step-groups", groups, "--estimator", estimator)
+def test_every_grouping_and_estimator_gamma_one(groups, estimator, computed):
+    got = per_turn_rows(computed, TWO, "--step-groups", groups, "--estimator", estimator)
     assert got["score"].to_list() == [2.0, 4.0, 3.0, 3.0]
     assert got["advantage"].to_list() == pytest.approx(GAMMA_ONE[groups, estimator], abs=1e-6)
 
@@ -125,9 +149,9 @@ GAMMA_HALF = {
 
 
 @pytest.mark.parametrize(("groups", "estimator"), sorted(GAMMA_HALF))
-def test_every_grouping_and_estimator_gamma_half(groups, estimator, run, tmp_path):
-    got = computed(
-        run, tmp_path, TWO, "--step-groups", groups, "--estimator", estimator, "--gamma", "0.5"
+def test_every_grouping_and_estimator_gamma_half(groups, estimator, computed):
+    got = per_turn_rows(
+        computed, TWO, "--step-groups", groups, "--estimator", estimator, "--gamma", "0.5"
     )
     assert got["score"].to_list() == [2.0, 1.75, 1.5, 3.0]
     assert got["advantage"].to_list() == pytest.approx(GAMMA_HALF[groups, estimator], abs=1e-6)
@@ -144,7 +168,7 @@ LIGHTRFT_DUMP = pl.DataFrame(
 )
 
 
-def test_lightrft_recipe(run, tmp_path):
+def test_lightrft_recipe(computed):
     """LightRFT's group_norm by hand: a's position 0 {1, 0, 3} has mean 4/3 and population
     variance ((1/3)² + (4/3)² + (5/3)²) / 3 = 42/27; its position 1 {2, 1} mean 1.5, variance
     0.25; b's position 0 {1, 2} mean 1.5, variance 0.25; q1 alone is its own mean (0). Each
@@ -158,7 +182,7 @@ def test_lightrft_recipe(run, tmp_path):
     expected = [
         z["x0"] + z["x1"], z["x1"], z["y0"], z["z0"] + z["z1"], z["z1"], z["p0"], z["q0"], 0.0,
     ]  # fmt: skip
-    got = computed(run, tmp_path, LIGHTRFT_DUMP, "--recipe", "lightrft")
+    got = per_turn_rows(computed, LIGHTRFT_DUMP, "--recipe", "lightrft")
     assert got["advantage"].to_list() == pytest.approx(expected, abs=1e-6)
     assert got["score"].to_list() == [3.0, 2.0, 0.0, 4.0, 1.0, 1.0, 7.0, 5.0]
 
@@ -176,18 +200,18 @@ def test_the_lightrft_recipe_is_the_reading(run, tmp_path):
     assert "std sqrt(population variance + 1e-09)" in text
 
 
-def test_anchor_groups(run, tmp_path):
+def test_anchor_groups(computed):
     """Anchors s0, s0, s1, s0 (γ = 1, G = [2, 4, 3, 3]): s0 {2, 4, 3} has mean 3 and std 1, s1 is
     alone (grpo: 3 / (1 + ε)); under --singleton zero s1 gets 0."""
     frame = TWO.with_columns(anchor=pl.Series(["s0", "s0", "s1", "s0"]))
     options = ("--step-groups", "anchor", "--anchor-col", "anchor")
-    got = advantages(run, tmp_path, frame, *options)
+    got = advantages(computed, frame, *options)
     assert got == pytest.approx([-1 / (1 + EPS), 1 / (1 + EPS), 3 / (1 + EPS), 0.0], abs=1e-6)
-    got = advantages(run, tmp_path, frame, *options, "--singleton", "zero")
+    got = advantages(computed, frame, *options, "--singleton", "zero")
     assert got == pytest.approx([-1 / (1 + EPS), 1 / (1 + EPS), 0.0, 0.0], abs=1e-6)
 
 
-def test_anchor_scope_batch(run, tmp_path):
+def test_anchor_scope_batch(computed):
     """Two groups, each with one row of anchor s (G 1 and 3): alone in their group, together
     batch-wide (mean 2, std √2): ∓1 / (√2 + ε)."""
     frame = pl.DataFrame(
@@ -195,36 +219,34 @@ def test_anchor_scope_batch(run, tmp_path):
          "score": [1.0, 3.0], "response_length": [1, 1], "anchor": ["s", "s"]}
     )  # fmt: skip
     options = ("--step-groups", "anchor", "--anchor-col", "anchor")
-    assert advantages(run, tmp_path, frame, *options) == pytest.approx(
-        [1 / (1 + EPS), 3 / (1 + EPS)]
-    )
-    got = advantages(run, tmp_path, frame, *options, "--anchor-scope", "batch")
+    assert advantages(computed, frame, *options) == pytest.approx([1 / (1 + EPS), 3 / (1 + EPS)])
+    got = advantages(computed, frame, *options, "--anchor-scope", "batch")
     assert got == pytest.approx([-1 / (ROOT2 + EPS), 1 / (ROOT2 + EPS)], abs=1e-6)
 
 
-def test_singleton_zero(run, tmp_path):
+def test_singleton_zero(computed):
     """--singleton zero: turn grouping's lone B1 and B2 get 0 (γ = 1); turn-padded has no group
     of one here (every group has the 2 trajectories)."""
-    got = advantages(run, tmp_path, TWO, "--step-groups", "turn", "--singleton", "zero")
+    got = advantages(computed, TWO, "--step-groups", "turn", "--singleton", "zero")
     assert got == pytest.approx([-1 / (ROOT2 + EPS), 1 / (ROOT2 + EPS), 0.0, 0.0], abs=1e-6)
-    got = advantages(run, tmp_path, TWO, "--step-groups", "turn-padded", "--singleton", "zero")
+    got = advantages(computed, TWO, "--step-groups", "turn-padded", "--singleton", "zero")
     assert got == pytest.approx(GAMMA_ONE["turn-padded", "grpo"], abs=1e-6)
 
 
-def test_a_group_of_one_trajectory_is_a_singleton_when_padded(run, tmp_path):
+def test_a_group_of_one_trajectory_is_a_singleton_when_padded(computed):
     """A group of one trajectory (rewards 1, 2; G = [3, 2]): every padded step group has n = 1,
     so under raw each row keeps G / (1 + ε), under zero 0."""
     frame = pl.DataFrame(
         {"data_id": [0, 0], "rollout_id": ["a", "a"], "turn_index": [0, 1],
          "score": [1.0, 2.0], "response_length": [1, 1]}
     )  # fmt: skip
-    got = advantages(run, tmp_path, frame, "--step-groups", "turn-padded")
+    got = advantages(computed, frame, "--step-groups", "turn-padded")
     assert got == pytest.approx([3 / (1 + EPS), 2 / (1 + EPS)], abs=1e-6)
-    got = advantages(run, tmp_path, frame, "--step-groups", "turn-padded", "--singleton", "zero")
+    got = advantages(computed, frame, "--step-groups", "turn-padded", "--singleton", "zero")
     assert got == [0.0, 0.0]
 
 
-def test_zero_std_step_groups_get_zero(run, tmp_path):
+def test_zero_std_step_groups_get_zero(run, tmp_path, computed):
     """Trajectories a (rewards 1, 0) and b (reward 1): G_a = [1, 0], G_b = [1]. Position 0 {1, 1}
     is zero-std (0 exactly, also with ε = 0); padded position 1 {0, virtual 0} is zero-std too;
     unpadded, position 1 {0} is a group of one (0 / (1 + ε) = 0)."""
@@ -235,7 +257,7 @@ def test_zero_std_step_groups_get_zero(run, tmp_path):
     source = tmp_path / "in.parquet"
     frame.write_parquet(source)
     for groups in ("turn", "turn-padded"):
-        got = advantages(run, tmp_path, frame, "--step-groups", groups, "--epsilon", "0")
+        got = advantages(computed, frame, "--step-groups", groups, "--epsilon", "0")
         assert got == [0.0, 0.0, 0.0]
     result = run(
         "compute", source, "-o", tmp_path / "o.parquet", "--reward-mode", "per-turn",
@@ -245,7 +267,7 @@ def test_zero_std_step_groups_get_zero(run, tmp_path):
     assert re.search(r"zero-std groups \(turn level\)\s*│\s*2\s", result.stderr)
 
 
-def test_padded_index_with_one_real_row(run, tmp_path):
+def test_padded_index_with_one_real_row(computed):
     """Three trajectories, only c reaching position 1 (G_c1 = 6): the padded group {6, 0, 0} has
     mean 2 and std √((16 + 4 + 4) / 2) = √12, so grpo (6 − 2) / (√12 + ε), rloo 6 − 0 = 6,
     drgrpo 4; unpadded it is a lone row (grpo 6 / (1 + ε))."""
@@ -256,16 +278,12 @@ def test_padded_index_with_one_real_row(run, tmp_path):
     )  # fmt: skip
     expected = {"grpo": 4 / (math.sqrt(12) + EPS), "rloo": 6.0, "drgrpo": 4.0}
     for estimator, value in expected.items():
-        got = advantages(
-            run, tmp_path, frame, "--step-groups", "turn-padded", "--estimator", estimator
-        )
+        got = advantages(computed, frame, "--step-groups", "turn-padded", "--estimator", estimator)
         assert got[3] == pytest.approx(value, abs=1e-6)
-    assert advantages(run, tmp_path, frame, "--step-groups", "turn")[3] == pytest.approx(
-        6 / (1 + EPS)
-    )
+    assert advantages(computed, frame, "--step-groups", "turn")[3] == pytest.approx(6 / (1 + EPS))
 
 
-def test_turn_order_from_the_turn_column(run, tmp_path):
+def test_turn_order_from_the_turn_column(computed):
     """B's rows stored as turns 2, 0, 1 with rewards 3, 1, 0: in turn order 1, 0, 3, so G_B is
     4 (turn 0), 3 (turn 1), 3 (turn 2) — written back in the stored order 3, 4, 3. Without the
     turn column the row order is the turn order: rewards 3, 1, 0 give G = 4, 1, 0."""
@@ -273,9 +291,9 @@ def test_turn_order_from_the_turn_column(run, tmp_path):
         {"data_id": [0, 0, 0], "rollout_id": ["B", "B", "B"], "turn_index": [2, 0, 1],
          "score": [3.0, 1.0, 0.0], "response_length": [1, 1, 1]}
     )  # fmt: skip
-    assert computed(run, tmp_path, frame)["score"].to_list() == [3.0, 4.0, 3.0]
+    assert per_turn_rows(computed, frame)["score"].to_list() == [3.0, 4.0, 3.0]
     no_turns = frame.drop("turn_index")
-    assert computed(run, tmp_path, no_turns)["score"].to_list() == [4.0, 1.0, 0.0]
+    assert per_turn_rows(computed, no_turns)["score"].to_list() == [4.0, 1.0, 0.0]
 
 
 def test_the_reading_note_names_the_turn_order(run, tmp_path):
@@ -404,9 +422,9 @@ def test_each_by_step_is_its_own_batch(run, tmp_path):
         how="vertical_relaxed",
     )  # fmt: skip
     options = ("--by", "step", "--estimator", "drgrpo")
-    got = advantages(run, tmp_path, frame, *options)
+    got = cli_advantages(run, tmp_path, frame, *options)
     assert got == pytest.approx([-1.0, 1.0, 1.5, 1.5, -1.0, 1.0])
-    got = advantages(
+    got = cli_advantages(
         run, tmp_path, frame, *options, "--step-groups", "anchor", "--anchor-col", "turn_index"
     )
     assert got == pytest.approx([-1.0, 1.0, 3.0, 3.0, -1.0, 1.0])
@@ -431,7 +449,7 @@ def _random_dump(seed: int) -> pl.DataFrame:
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("grouping", ["turn", "turn-padded", "pooled", "turn-rewards"])
-def test_every_grouping_is_the_plain_python_reference(seed, grouping, run, tmp_path):
+def test_every_grouping_is_the_plain_python_reference(seed, grouping, computed):
     """The engine against tests/per_turn_reference.py (written from the formulas, no advcli) for
     every estimator, γ and singleton rule, on shuffled dumps."""
     import per_turn_reference
@@ -447,7 +465,7 @@ def test_every_grouping_is_the_plain_python_reference(seed, grouping, run, tmp_p
         for gamma in (1.0, 0.7):
             for singleton in ("raw", "zero"):
                 got = advantages(
-                    run, tmp_path, frame, "--step-groups", grouping, "--estimator", estimator,
+                    computed, frame, "--step-groups", grouping, "--estimator", estimator,
                     "--gamma", str(gamma), "--singleton", singleton,
                 )  # fmt: skip
                 expected = reference(rows, grouping, estimator, gamma, singleton)
@@ -455,10 +473,10 @@ def test_every_grouping_is_the_plain_python_reference(seed, grouping, run, tmp_p
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_lightrft_recipe_is_its_plain_python_reference(seed, run, tmp_path):
+def test_the_lightrft_recipe_is_its_plain_python_reference(seed, computed):
     from per_turn_reference import lightrft_group_norm
 
     frame = _random_dump(seed)
     rows = list(frame.select("data_id", "rollout_id", "turn_index", "score").iter_rows())
-    got = advantages(run, tmp_path, frame, "--recipe", "lightrft")
+    got = advantages(computed, frame, "--recipe", "lightrft")
     assert got == pytest.approx(lightrft_group_norm(rows), abs=1e-5)
