@@ -99,6 +99,10 @@ PANELS: tuple[str, ...] = tuple(dict.fromkeys(row.panel for row in OPTIONS.value
 SAVED_KEYS: tuple[str, ...] = tuple(
     option.removeprefix("--") for option, row in OPTIONS.items() if row.saved
 )
+# The reading commands' options a config file never holds (sample reads none: its options are
+# no key of the file at all).
 UNSAVED_KEYS = frozenset(
-    option.removeprefix("--") for option, row in OPTIONS.items() if not row.saved
+    option.removeprefix("--")
+    for option, row in OPTIONS.items()
+    if not row.saved and row.panel != SYNTHETIC
 )

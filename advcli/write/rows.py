@@ -74,6 +74,8 @@ def write_advantages(
     part, columns, values = next(remaining)
     frame, kept = output_frame(part, columns, values, output, output_format, tokens, output_columns)
     if part is dataset:
+        if next(remaining, None) is not None:
+            raise ValueError("the dataset itself is the run's one part: no part may follow it")
         _write(frame, dataset, columns, kept, output, output_format, tokens, force)
         return
     if output_format in ("npz", "pt"):

@@ -270,6 +270,12 @@ BAD_FILES = [
     ('output = "out.parquet"\n', "key 'output': --output is given on the command line only"),
     ("force = true\n", "key 'force': --force is given on the command line only"),
     ("config = 'other.toml'\n", "key 'config': --config is given on the command line only"),
+    # sample's options are no key of the file, not keys given on the command line only.
+    (
+        "tokens = false\n",
+        "key 'tokens': not an option of compute, compare, watch or inspect; "
+        "did you mean 'no-tokens'?",
+    ),
     (
         '[compare]\nlevel = "turn"\n',
         "key 'compare.level': compare has no option --level (compute has)",
