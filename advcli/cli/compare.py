@@ -18,6 +18,7 @@ from advcli._runtime.process import (
 from advcli._runtime.signals import held
 from advcli.cli.consoles import stderr, stdout
 from advcli.cli.exits import reports_errors
+from advcli.cli.option_table import option
 from advcli.cli.options import (
     COLUMN_OPTIONS,
     SETTING_OPTIONS,
@@ -56,23 +57,23 @@ MAX_TOP = 1_000_000
 
 TopOpt = Annotated[
     int,
-    typer.Option("--top", min=1, max=MAX_TOP, help="How many groups and trajectories to list."),
+    option("--top", min=1, max=MAX_TOP, help="How many groups and trajectories to list."),
 ]
 JsonOpt = Annotated[
-    Path | None, typer.Option("--json", help="Write the report as JSON ('-' for stdout).")
+    Path | None, option("--json", help="Write the report as JSON ('-' for stdout).")
 ]
 MarkdownOpt = Annotated[
-    Path | None, typer.Option("--markdown", help="Write the report as Markdown ('-' for stdout).")
+    Path | None, option("--markdown", help="Write the report as Markdown ('-' for stdout).")
 ]
 PlotOpt = Annotated[
     Path | None,
-    typer.Option(
+    option(
         "--plot", help="Write a PNG figure (needs advcli[plot]; '-' for stdout, not a terminal)."
     ),
 ]
 HtmlOpt = Annotated[
     Path | None,
-    typer.Option(
+    option(
         "--html",
         help="Write the report as one self-contained HTML page (figure embedded with "
         "advcli[plot]; '-' for stdout).",
@@ -80,7 +81,7 @@ HtmlOpt = Annotated[
 ]
 ByOpt = Annotated[
     str | None,
-    typer.Option(
+    option(
         "--by",
         help="Each input file ('file') or each value of a column (e.g. step) is its own "
         "batch, also reported on its own as a series over training steps.",
@@ -88,7 +89,7 @@ ByOpt = Annotated[
 ]
 JobsOpt = Annotated[
     int,
-    typer.Option(
+    option(
         "--jobs",
         min=1,
         help="With --by: how many parts (files, or values of the column) to compare at once, "
@@ -96,8 +97,8 @@ JobsOpt = Annotated[
         "shared among them unless --threads says otherwise.",
     ),
 ]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Replace existing report files.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal report.")]
+ForceOpt = Annotated[bool, option("--force", help="Replace existing report files.")]
+QuietOpt = Annotated[bool, option("--quiet", "-q", help="No terminal report.")]
 
 
 @with_options(*SETTING_OPTIONS, *COLUMN_OPTIONS, *STEP_COLUMN_OPTIONS)

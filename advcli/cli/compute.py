@@ -16,6 +16,7 @@ from advcli._runtime.process import load_numpy_bridge, use_threads
 from advcli._runtime.signals import held
 from advcli.cli.consoles import stderr
 from advcli.cli.exits import reports_errors
+from advcli.cli.option_table import option
 from advcli.cli.options import (
     COLUMN_OPTIONS,
     LEVEL_OPTION,
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 Output = Annotated[
     Path,
-    typer.Option(
+    option(
         "--output",
         "-o",
         help="Output file (.parquet, .arrow IPC file, .arrows IPC stream, .npz or .pt; with "
@@ -47,11 +48,11 @@ Output = Annotated[
 ]
 FormatOpt = Annotated[
     OutputFormat | None,
-    typer.Option("--format", help="Output format [default: from the output's extension]."),
+    option("--format", help="Output format [default: from the output's extension]."),
 ]
 LossWeightOpt = Annotated[
     LossMode | None,
-    typer.Option(
+    option(
         "--loss-weight",
         help="Also write each row's loss_weight under this loss aggregation: a plain sum of "
         "loss_weight x per-token loss over the batch is that mode's loss.",
@@ -59,18 +60,18 @@ LossWeightOpt = Annotated[
 ]
 LossScaleFactorOpt = Annotated[
     float | None,
-    typer.Option(
+    option(
         "--loss-scale-factor",
         help="verl's loss_scale_factor H for seq-mean-token-sum-norm [default: the width of "
         "a fixed-size mask].",
     ),
 ]
 NoTokensOpt = Annotated[
-    bool, typer.Option("--no-tokens", help="Leave out the per-token 'advantages' column.")
+    bool, option("--no-tokens", help="Leave out the per-token 'advantages' column.")
 ]
 ColumnsOpt = Annotated[
     OutputColumns,
-    typer.Option(
+    option(
         "--columns",
         help="Which input columns to write beside the new ones (score, advantage, any "
         "loss_weight, advantages): all, keys (the group, trajectory and turn columns) or none. "
@@ -79,7 +80,7 @@ ColumnsOpt = Annotated[
 ]
 ReportOpt = Annotated[
     Path | None,
-    typer.Option(
+    option(
         "--report",
         help="Also write the bias report (.json or .md; '-': JSON on stdout), from the same "
         "read of the input.",
@@ -87,14 +88,14 @@ ReportOpt = Annotated[
 ]
 ByOpt = Annotated[
     str | None,
-    typer.Option(
+    option(
         "--by",
         help="Each input file ('file') or each value of a column (e.g. step) is its own "
         "batch: ids may repeat across them.",
     ),
 ]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing output.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")]
+ForceOpt = Annotated[bool, option("--force", help="Replace an existing output.")]
+QuietOpt = Annotated[bool, option("--quiet", "-q", help="No summary on stderr.")]
 
 # Progress shows only on a terminal, and only once the work has lasted this long.
 PROGRESS_DELAY_SECONDS = 1.0

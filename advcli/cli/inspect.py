@@ -18,6 +18,7 @@ from advcli._runtime.process import (
 from advcli._runtime.signals import held
 from advcli.cli.consoles import stdout
 from advcli.cli.exits import reports_errors
+from advcli.cli.option_table import option
 from advcli.cli.options import (
     COLUMN_OPTIONS,
     AnchorScopeOpt,
@@ -29,7 +30,7 @@ from advcli.cli.options import (
 )
 from advcli.names import printable
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")]
+JsonOpt = Annotated[bool, option("--json", help="Print the report as JSON on stdout.")]
 
 
 @with_options(*COLUMN_OPTIONS)

@@ -1,11 +1,15 @@
 """The one table of the command line's options, by long name: the help panel that shows each
 (``--help`` lists a command's options panel by panel, in the table's order) and whether a
-config file may save it (the file's keys, and the ``--config`` help that lists them).
-tests/cli/test_cli_options.py holds every option of every command to the table."""
+config file may save it (the file's keys, and the ``--config`` help that lists them). Every
+command's option is declared through it (:func:`option`): Typer gets each one's panel from its
+row, and an option without a row fails at import. tests/cli/test_cli_options.py holds every
+option of every command to the table."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import typer
 
 
 class OptionRow(NamedTuple):
@@ -106,3 +110,11 @@ UNSAVED_KEYS = frozenset(
     for option, row in OPTIONS.items()
     if not row.saved and row.panel != SYNTHETIC
 )
+
+
+def option(long_name: str, *other_names: str, **declaration: Any) -> Any:
+    """Typer's declaration of the option ``long_name`` (``typer.Option``'s arguments in
+    ``declaration``), in the help panel of its row of the table."""
+    return typer.Option(
+        long_name, *other_names, rich_help_panel=OPTIONS[long_name].panel, **declaration
+    )

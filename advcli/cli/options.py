@@ -14,7 +14,7 @@ from typing import Annotated, Any, NamedTuple, TypeVar, cast
 
 import typer
 
-from advcli.cli.option_table import SAVED_KEYS
+from advcli.cli.option_table import SAVED_KEYS, option
 from advcli.cli.saved_options import read_config
 from advcli.errors import UsageError
 from advcli.settings.config import (
@@ -52,64 +52,60 @@ Inputs = Annotated[
     ),
 ]
 DIALECT_DEFAULT = "[default: the trainer's name for it: see the docs' input schema page]"
-GroupCol = Annotated[
-    str | None, typer.Option("--group-col", help=f"Group column {DIALECT_DEFAULT}.")
-]
+GroupCol = Annotated[str | None, option("--group-col", help=f"Group column {DIALECT_DEFAULT}.")]
 GroupSize = Annotated[
     int | None,
-    typer.Option(
+    option(
         "--group-size",
         min=1,
         help="For dumps with no group id (TRL, OpenRLHF): each block of this many consecutive "
         "rows is a group.",
     ),
 ]
-TrajCol = Annotated[
-    str | None, typer.Option("--traj-col", help=f"Trajectory column {DIALECT_DEFAULT}.")
-]
+TrajCol = Annotated[str | None, option("--traj-col", help=f"Trajectory column {DIALECT_DEFAULT}.")]
 TurnCol = Annotated[
     str | None,
-    typer.Option("--turn-col", help=f"Turn-order column {DIALECT_DEFAULT}."),
+    option("--turn-col", help=f"Turn-order column {DIALECT_DEFAULT}."),
 ]
 RewardCol = Annotated[
     str | None,
-    typer.Option(
+    option(
         "--reward-col",
         help=f"Reward column: a list of token rewards (summed) or a scalar {DIALECT_DEFAULT}.",
     ),
 ]
 MaskCol = Annotated[
     str | None,
-    typer.Option(
+    option(
         "--mask-col",
         help=f"Response mask (list of 0/1) or response length (int) {DIALECT_DEFAULT}.",
     ),
 ]
 LevelOpt = Annotated[
-    Level, typer.Option("--level", help="Which unit counts once in its group's statistics.")
+    Level, option("--level", help="Which unit counts once in its group's statistics.")
 ]
-EstimatorOpt = Annotated[Estimator, typer.Option("--estimator", help="Advantage estimator.")]
-EpsilonOpt = Annotated[float, typer.Option("--epsilon", min=0.0, help="Added to the group std.")]
+EstimatorOpt = Annotated[Estimator, option("--estimator", help="Advantage estimator.")]
+EpsilonOpt = Annotated[float, option("--epsilon", min=0.0, help="Added to the group std.")]
 TrajScoreOpt = Annotated[
     TrajScore | None,
-    typer.Option(
+    option(
         "--traj-score",
         help="Rule for a trajectory whose rows carry different scores [default: error].",
     ),
 ]
 ScaleOpt = Annotated[
     Scale | None,
-    typer.Option(
+    option(
         "--scale", help="grpo/grpo_passk divisor: group std, batch std or none [default: group]."
     ),
 ]
 SingletonOpt = Annotated[
     Singleton,
-    typer.Option("--singleton", help="A single-unit group keeps its raw score, or gets 0."),
+    option("--singleton", help="A single-unit group keeps its raw score, or gets 0."),
 ]
 AnchorCol = Annotated[
     str | None,
-    typer.Option(
+    option(
         "--anchor-col",
         help="gigpo: the anchor state (string, integer, or a list or struct of them; equal "
         f"values are one step group) {DIALECT_DEFAULT}.",
@@ -117,14 +113,14 @@ AnchorCol = Annotated[
 ]
 StepRewardCol = Annotated[
     str | None,
-    typer.Option(
+    option(
         "--step-reward-col",
         help=f"gigpo: each step's own reward, discounted by --gamma {DIALECT_DEFAULT}.",
     ),
 ]
 StepReturnCol = Annotated[
     str | None,
-    typer.Option(
+    option(
         "--step-return-col",
         help="gigpo: each step's already discounted return, used as it is (instead of "
         "--step-reward-col).",
@@ -132,7 +128,7 @@ StepReturnCol = Annotated[
 ]
 RecipeOpt = Annotated[
     Recipe | None,
-    typer.Option(
+    option(
         "--recipe",
         help="a peer's rule (options given beside it win); gigpo as a peer computes it "
         "(implies --estimator gigpo): "
@@ -149,7 +145,7 @@ RecipeOpt = Annotated[
 ]
 GammaOpt = Annotated[
     float | None,
-    typer.Option(
+    option(
         "--gamma",
         help="gigpo's step returns' and per-turn rewards' discount, in [0, 1] "
         f"[default: {StepTerm().gamma:g}].",
@@ -157,7 +153,7 @@ GammaOpt = Annotated[
 ]
 RewardModeOpt = Annotated[
     RewardMode,
-    typer.Option(
+    option(
         "--reward-mode",
         help="outcome: every row carries its trajectory's reward; per-turn: each row's reward is "
         "its own turn's, its score the reward-to-go, each row a unit of its step group.",
@@ -165,7 +161,7 @@ RewardModeOpt = Annotated[
 ]
 StepGroupsOpt = Annotated[
     StepGroups | None,
-    typer.Option(
+    option(
         "--step-groups",
         help="per-turn: normalize within the rows at one turn position (turn), the same over "
         "every trajectory of the group, one without that turn counting 0 (turn-padded), every "
@@ -174,14 +170,14 @@ StepGroupsOpt = Annotated[
 ]
 StepWeightOpt = Annotated[
     float | None,
-    typer.Option(
+    option(
         "--step-weight",
         help=f"gigpo: ω, the step term's weight, >= 0 [default: {StepTerm().weight:g}].",
     ),
 ]
 GigpoNormOpt = Annotated[
     GigpoNorm | None,
-    typer.Option(
+    option(
         "--gigpo-norm",
         help="gigpo: both terms as (x - mean) / (1 + epsilon) or (x - mean) / (std + epsilon) "
         f"[default: {StepTerm().norm.value}].",
@@ -189,7 +185,7 @@ GigpoNormOpt = Annotated[
 ]
 AnchorScopeOpt = Annotated[
     AnchorScope | None,
-    typer.Option(
+    option(
         "--anchor-scope",
         help="gigpo: equal anchors form a step group within a task group, or across the batch "
         f"[default: {StepTerm().scope.value}].",
@@ -199,7 +195,7 @@ AnchorScopeOpt = Annotated[
 
 EngineOpt = Annotated[
     Engine,
-    typer.Option(
+    option(
         "--engine",
         help="local: Polars on this machine; ray: Ray Data (needs advcli[ray]), writing a "
         "Parquet dataset folder.",
@@ -207,7 +203,7 @@ EngineOpt = Annotated[
 ]
 CompareEngineOpt = Annotated[
     Engine,
-    typer.Option(
+    option(
         "--engine",
         help="local: Polars on this machine; ray: Ray Data reads the dump (needs advcli[ray], "
         "Parquet inputs) and this machine makes the report; with --by, one Ray task "
@@ -216,11 +212,11 @@ CompareEngineOpt = Annotated[
 ]
 AddressOpt = Annotated[
     str | None,
-    typer.Option("--address", help="Ray cluster address (e.g. auto) [default: a new local one]."),
+    option("--address", help="Ray cluster address (e.g. auto) [default: a new local one]."),
 ]
 DropDuplicatesOpt = Annotated[
     bool,
-    typer.Option(
+    option(
         "--drop-duplicates",
         help="Count each set of identical rows (a trainer's padding copies) once in the "
         "statistics [default: every row counts, as the trainer counted it].",
@@ -228,7 +224,7 @@ DropDuplicatesOpt = Annotated[
 ]
 ThreadsOpt = Annotated[
     int | None,
-    typer.Option(
+    option(
         "--threads",
         min=1,
         max=MAX_THREADS,
@@ -237,7 +233,7 @@ ThreadsOpt = Annotated[
 ]
 ConfigOpt = Annotated[
     Path | None,
-    typer.Option(
+    option(
         "--config",
         is_eager=True,
         callback=read_config,
@@ -253,7 +249,7 @@ ConfigOpt = Annotated[
 
 FailAboveOpt = Annotated[
     float | None,
-    typer.Option(
+    option(
         "--fail-above",
         help="Exit 3 when the largest per-trajectory |advantage difference| (the report's "
         "advantage_diff_max, one trajectory's) exceeds this.",
@@ -268,7 +264,7 @@ class FailOn(str, Enum):
 
 FailOnOpt = Annotated[
     FailOn | None,
-    typer.Option(
+    option(
         "--fail-on",
         help="Exit 3 when the assessment's level reaches this one (with --by: the whole run's "
         "or any step's).",

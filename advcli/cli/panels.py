@@ -35,8 +35,9 @@ class PanelledCommand(typer.core.TyperCommand):
             if param.param_type_name == "argument":
                 sections["Arguments"].append(record)
             else:
-                row = OPTIONS.get(long_name(param))
-                sections[row.panel if row is not None else "Other options"].append(record)
+                # Each option's panel is its row's (option_table.option declared it so).
+                panel = getattr(param, "rich_help_panel", None)
+                sections[panel or "Other options"].append(record)
         for title, records in sections.items():
             if records:
                 with formatter.section(title):

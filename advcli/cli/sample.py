@@ -11,6 +11,7 @@ from rich.text import Text
 
 from advcli.cli.consoles import stderr
 from advcli.cli.exits import reports_errors
+from advcli.cli.option_table import option
 from advcli.errors import UsageError
 from advcli.settings.config import SampleTrainer
 
@@ -24,25 +25,29 @@ def sample_command(  # noqa: PLR0913
             show_default=False,
         ),
     ],
-    groups: Annotated[int, typer.Option(min=1, max=10**9, help="Prompts (groups).")] = 64,
-    rollouts: Annotated[int, typer.Option(min=1, max=100_000, help="Trajectories per prompt.")] = 8,
+    groups: Annotated[int, option("--groups", min=1, max=10**9, help="Prompts (groups).")] = 64,
+    rollouts: Annotated[
+        int, option("--rollouts", min=1, max=100_000, help="Trajectories per prompt.")
+    ] = 8,
     max_turns: Annotated[
-        int, typer.Option(min=1, max=10_000, help="Most turns per trajectory.")
+        int, option("--max-turns", min=1, max=10_000, help="Most turns per trajectory.")
     ] = 6,
     tokens: Annotated[
-        int, typer.Option(min=2, max=1_000_000, help="Mean response tokens per turn row.")
+        int, option("--tokens", min=2, max=1_000_000, help="Mean response tokens per turn row.")
     ] = 48,
-    seed: Annotated[int, typer.Option(min=0, max=2**63 - 1, help="Random seed.")] = 0,
+    seed: Annotated[int, option("--seed", min=0, max=2**63 - 1, help="Random seed.")] = 0,
     trainer: Annotated[
         SampleTrainer,
-        typer.Option(
+        option(
+            "--trainer",
             help="Whose batch to write: advcli's schema, or verl-agent's per-step rows with "
-            "GiGPO's columns (uid, traj_uid, anchor_obs, rewards, is_action_valid)."
+            "GiGPO's columns (uid, traj_uid, anchor_obs, rewards, is_action_valid).",
         ),
     ] = SampleTrainer.ADVCLI,
     anchor_share: Annotated[
         float | None,
-        typer.Option(
+        option(
+            "--anchor-share",
             min=0.0,
             max=1.0,
             help="verl-agent: the chance that a later step's state is one the prompt's other "
@@ -52,7 +57,8 @@ def sample_command(  # noqa: PLR0913
     ] = None,
     invalid_rate: Annotated[
         float | None,
-        typer.Option(
+        option(
+            "--invalid-rate",
             min=0.0,
             max=1.0,
             help="verl-agent: the chance that a step's action is invalid (its score less the "
@@ -62,14 +68,15 @@ def sample_command(  # noqa: PLR0913
     ] = None,
     turn_reward: Annotated[
         float | None,
-        typer.Option(
+        option(
+            "--turn-reward",
             help="advcli's schema: each turn before the last carries this reward of its own, the "
             "last turn the outcome (a dump for --reward-mode per-turn).",
             show_default=False,
         ),
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")] = False,
+    force: Annotated[bool, option("--force", help="Replace an existing file.")] = False,
+    quiet: Annotated[bool, option("--quiet", "-q", help="No summary on stderr.")] = False,
 ) -> None:
     """Write a synthetic multi-turn rollout dump.
 

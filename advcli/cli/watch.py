@@ -19,6 +19,7 @@ from rich.text import Text
 from advcli._runtime.process import threads_per_job, use_threads
 from advcli._runtime.signals import held
 from advcli.cli.exits import reports_errors
+from advcli.cli.option_table import option
 from advcli.cli.options import (
     COLUMN_OPTIONS,
     SETTING_OPTIONS,
@@ -56,7 +57,7 @@ FolderArg = Annotated[
 ]
 FollowOpt = Annotated[
     bool,
-    typer.Option(
+    option(
         "--follow",
         help="Moved to advcli watch DIR, which this runs: with --by file and one folder, report "
         "each step file as it appears (the ones there first), until Ctrl-C.",
@@ -64,7 +65,7 @@ FollowOpt = Annotated[
 ]
 SettleOpt = Annotated[
     float | None,
-    typer.Option(
+    option(
         "--settle",
         min=0,
         help="Seconds a step file not published by advcli must stay unchanged "
@@ -73,7 +74,7 @@ SettleOpt = Annotated[
 ]
 JsonlOpt = Annotated[
     Path | None,
-    typer.Option(
+    option(
         "--jsonl",
         help="Write each step as one JSON line ('-' for stdout), as it comes.",
     ),
@@ -102,10 +103,10 @@ def check_follow(params: dict[str, Any]) -> None:
         raise UsageError("--follow reports each step file as it appears: pass --by file")
     if len(params["inputs"] or []) != 1:
         raise UsageError("--follow watches one folder: give one input")
-    for name, option in _REPORT_FILES.items():
+    for name, flag in _REPORT_FILES.items():
         if params[name] is not None:
             raise UsageError(
-                f"--follow does not take {option}: a report of the whole run, which a watch "
+                f"--follow does not take {flag}: a report of the whole run, which a watch "
                 "does not end with (pass --jsonl)"
             )
     if params["engine"] != Engine.LOCAL or params.get("jobs", 1) != 1:
@@ -115,8 +116,8 @@ def check_follow(params: dict[str, Any]) -> None:
         )
 
 
-WatchForceOpt = Annotated[bool, typer.Option("--force", help="Replace an existing --jsonl file.")]
-WatchQuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No terminal rows.")]
+WatchForceOpt = Annotated[bool, option("--force", help="Replace an existing --jsonl file.")]
+WatchQuietOpt = Annotated[bool, option("--quiet", "-q", help="No terminal rows.")]
 
 
 @with_options(*SETTING_OPTIONS, *COLUMN_OPTIONS, *STEP_COLUMN_OPTIONS)
