@@ -34,13 +34,11 @@ from advcli.settings.config import (
     TrajScore,
 )
 from advcli.settings.recipes import PER_TURN_RECIPES, RECIPES, Recipe
-from advcli.settings.resolve import OPTION_WORDS, SETTING_NAMES, resolve_config
+from advcli.settings.resolve import DEFAULTS, OPTION_WORDS, SETTING_NAMES, resolve_config
 
 # More threads than this only cost memory on any machine advcli runs on.
 MAX_THREADS = 1024
 
-# Option defaults are the settings' own.
-DEFAULTS = AdvantageConfig()
 
 # Options shared by the commands that read a dump.
 Inputs = Annotated[

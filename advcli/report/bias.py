@@ -85,9 +85,7 @@ def part_report(
         nonempty_rows=turn.nonempty_rows,
         top=top,
     )
-    summary = bias_summary(
-        figures, top=top, estimator=config.estimator.value, settings=report_settings
-    )
+    summary = bias_summary(figures, estimator=config.estimator.value, settings=report_settings)
     return BiasReport(summary, per_trajectory, per_group), figures
 
 

@@ -227,11 +227,10 @@ def _merged_moments(one: Moments, other: Moments) -> Moments:
     )
 
 
-def bias_summary(
-    figures: PartFigures, *, top: int, estimator: str, settings: dict[str, Any]
-) -> BiasSummary:
+def bias_summary(figures: PartFigures, *, estimator: str, settings: dict[str, Any]) -> BiasSummary:
     """The bias report's summary (the JSON document the docs' compare page defines) of a part's
-    figures, or of every part's merged; ``settings``: the report's."""
+    figures, or of every part's merged (their top groups and trajectories, the report's top,
+    made with the figures); ``settings``: the report's."""
     by_turns = figures.by_turns
     tokens_known = figures.counts["tokens"] is not None
     sections: SummaryFigures = {
@@ -245,11 +244,9 @@ def bias_summary(
             "corr_turns_diff": _correlation(figures),
         },
         "by_turns": by_turns_entries(_by_turns_means(by_turns, tokens_known)),
-        "top_groups": top_groups(figures.top_groups, top),
+        "top_groups": top_groups(figures.top_groups),
         "settings": settings,
-        "top_trajectories": top_trajectories(
-            figures.top_trajectories, figures.top_trajectories["diff"].abs(), top
-        ),
+        "top_trajectories": top_trajectories(figures.top_trajectories),
         "loss_weights": _loss_weights(figures) if tokens_known else None,
     }
     assessment = assess(sections, estimator)
@@ -449,8 +446,8 @@ def by_turns_entries(by_turns: pl.DataFrame) -> list[ByTurns]:
     ]
 
 
-def top_groups(per_group: pl.DataFrame, top: int) -> list[TopGroup]:
-    """The ``top`` groups of largest baseline shift, the first in input order on a tie."""
+def top_groups(rows: pl.DataFrame) -> list[TopGroup]:
+    """The top groups as the JSON lists them (``rows``: the figures' top, in order)."""
     return [
         {
             "group": row[GROUP],
@@ -462,13 +459,12 @@ def top_groups(per_group: pl.DataFrame, top: int) -> list[TopGroup]:
             "std_trajectory": number(row["std_trajectory"]),
             "baseline_shift": number(row["baseline_shift"]),
         }
-        for row in _top_group_rows(per_group, top).iter_rows(named=True)
+        for row in rows.iter_rows(named=True)
     ]
 
 
-def top_trajectories(
-    per_trajectory: pl.DataFrame, abs_diff: pl.Series, top: int
-) -> list[TopTrajectory]:
+def top_trajectories(rows: pl.DataFrame) -> list[TopTrajectory]:
+    """The top trajectories as the JSON lists them (``rows``: the figures' top, in order)."""
     return [
         {
             "group": row[GROUP],
@@ -479,7 +475,7 @@ def top_trajectories(
             "advantage_trajectory": number(row["advantage_trajectory"]),
             "diff": number(row["diff"]),
         }
-        for row in largest_diffs(per_trajectory, abs_diff, top).iter_rows(named=True)
+        for row in rows.iter_rows(named=True)
     ]
 
 
@@ -509,7 +505,3 @@ def histogram(values: pl.Series) -> dict[str, int]:
     """Counts of each distinct value, keyed by the value as text, in increasing order."""
     counts = values.value_counts().sort(values.name)
     return {str(value): int(count) for value, count in counts.iter_rows()}
-
-
-def _plain(value: Any) -> Any:
-    return number(value) if isinstance(value, float) else value

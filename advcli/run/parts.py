@@ -322,7 +322,7 @@ def _combined(
         roles = run.settings["reading"]["roles"]
         group = {**roles["group"], "why": by_reason(roles["group"]["why"], "file", "file")}
         settings["reading"] = {**run.settings["reading"], "roles": {**roles, "group": group}}
-    summary = bias_summary(run, top=top, estimator=config.estimator.value, settings=settings)
+    summary = bias_summary(run, estimator=config.estimator.value, settings=settings)
     summary["by_step"] = {"by": by, "steps": entries}
     summary["duplicate_rows"] = duplicates
     return BiasReport(summary, run.top_trajectories.clear(), run.top_groups.clear())

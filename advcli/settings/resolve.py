@@ -38,6 +38,7 @@ from advcli.settings.recipes import PER_TURN_RECIPES, PerTurnRecipe, Recipe, gig
 
 SettingT = TypeVar("SettingT", bound=Enum)
 
+# The settings nobody gave: the defaults every face shares (the options' too).
 DEFAULTS = AdvantageConfig()
 
 
