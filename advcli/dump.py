@@ -27,6 +27,7 @@ import polars as pl
 from advcli.errors import AdvcliError
 from advcli.read.batch import anchor_column, batch_column, batch_entries, batch_roles
 from advcli.read.columns import ColumnRoles
+from advcli.read.file_roles import TRAINING_STEP, FileRoles
 from advcli.write.atomic import OutputAppeared, atomic_output
 
 # What the written file's columns are called: advcli's own names, so the dump is read with no
@@ -99,7 +100,9 @@ def write_batch(  # noqa: PLR0913
     ``step_return`` where the batch has an anchor and a step reward or return (verl-agent's
     ``anchor_obs``, ``rewards``, ``step_rewards``…, or the keys ``anchor``, ``step_reward``,
     ``step_return`` name; :func:`advcli.batch.anchor_column` says how an anchor is written),
-    ``step`` (if given) and the ``keys`` asked for.
+    ``step`` (if given) and the ``keys`` asked for. Its Parquet metadata names each column's
+    role and the training step's (:mod:`advcli.read.file_roles`): every reader of the file takes
+    them, so that ``step`` is never read as a turn.
 
     Examples
     --------
@@ -136,9 +139,14 @@ def write_batch(  # noqa: PLR0913
         # Its id columns would have no type, and the folder's other files would not read with it.
         raise AdvcliError("the batch has no rows: nothing to write")
     roles = _roles(entries, given, reward, mask, (anchor, step_reward, step_return))
-    frame = _frame(entries, roles, rows, keys)
+    if step is not None and STEP in keys:
+        raise AdvcliError(
+            f"keys= names '{STEP}', the column that holds the training step given as step="
+        )
+    frame, role_of = _frame(entries, roles, rows, keys)
     if step is not None:
         frame = frame.with_columns(pl.lit(step, dtype=pl.Int64).alias(STEP))
+        role_of[STEP] = TRAINING_STEP
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -147,7 +155,7 @@ def write_batch(  # noqa: PLR0913
             f"{folder}: cannot make the folder for the batches: {error.strerror}"
         ) from None
     path = folder / (f"step-{step:08d}.parquet" if step is not None else _next_name(folder))
-    return _publish(frame, path, if_exists)
+    return _publish(frame, FileRoles(tuple(role_of.items())), path, if_exists)
 
 
 def _roles(
@@ -192,8 +200,9 @@ def _step_number(step: object) -> int | None:
     return int(step)
 
 
-def _publish(frame: pl.DataFrame, path: Path, if_exists: IfExists) -> BatchFile:
-    """Write ``frame`` at ``path`` atomically, as ``if_exists`` says for a file already there."""
+def _publish(frame: pl.DataFrame, roles: FileRoles, path: Path, if_exists: IfExists) -> BatchFile:
+    """Write ``frame`` at ``path`` atomically, its columns' ``roles`` in its metadata, as
+    ``if_exists`` says for a file already there."""
     existed = os.path.lexists(path)
     if existed and if_exists == "skip":
         return BatchFile(path, "skipped")
@@ -209,7 +218,7 @@ def _publish(frame: pl.DataFrame, path: Path, if_exists: IfExists) -> BatchFile:
             force=if_exists == "replace",
             replace_hint="if_exists='replace' writes the batch in its place",
         ) as partial:
-            frame.write_parquet(partial)
+            frame.write_parquet(partial, metadata=roles.metadata())
     except OutputAppeared:
         if if_exists == "skip":
             return BatchFile(path, "skipped")
@@ -227,7 +236,8 @@ def _row_count(entries: Mapping[str, Any]) -> int:
 
 def _frame(
     entries: Mapping[str, Any], roles: ColumnRoles, rows: int, keys: Sequence[str]
-) -> pl.DataFrame:
+) -> tuple[pl.DataFrame, dict[str, str]]:
+    """The file's columns, and the role of each that has one (column → role)."""
     columns: dict[str, pl.Series] = {}
     if roles.group is None:
         raise AdvcliError("the batch has no group ids: pass group= (a key, or one id per row)")
@@ -237,25 +247,31 @@ def _frame(
         if roles.trajectory is not None
         else pl.Series(TRAJECTORY, np.arange(rows, dtype=np.int64))
     )
+    role_of = {GROUP: "group", TRAJECTORY: "trajectory"}
     if roles.turn is not None:
         columns[TURN] = batch_column(TURN, entries[roles.turn])
+        role_of[TURN] = "turn"
     reward_name = TOKEN_REWARDS if roles.reward_kind == "token_rewards" else SCORE
     columns[reward_name] = batch_column(reward_name, entries[roles.reward])
+    role_of[reward_name] = "reward"
     if roles.mask is not None:
         mask_name = MASK if roles.mask_kind == "mask" else LENGTH
         columns[mask_name] = batch_column(mask_name, entries[roles.mask])
+        role_of[mask_name] = "mask"
     if roles.anchor is not None:
         columns[ANCHOR] = anchor_column(roles.anchor, entries[roles.anchor]).alias(ANCHOR)
+        role_of[ANCHOR] = "anchor"
     for name, key in ((STEP_REWARD, roles.step_reward), (STEP_RETURN, roles.step_return)):
         if key is not None:
             columns[name] = batch_column(name, entries[key])
+            role_of[name] = name
     for key in keys:
         if key not in entries:
             raise AdvcliError(f"the batch has no key '{key}' (keys=)")
         if key in columns:
             raise AdvcliError(f"keys= names '{key}', which the dump already writes")
         columns[key] = batch_column(key, entries[key])
-    return pl.DataFrame(columns)
+    return pl.DataFrame(columns), role_of
 
 
 _NUMBERED = re.compile(r"batch-(\d+)\.parquet")

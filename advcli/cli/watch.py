@@ -190,8 +190,10 @@ def run_watch(folder: Path, settings: DumpSettings, params: dict[str, Any], comm
                 if reading is not None and first_read:
                     show.print(reading_table(reading))
                     reading_due = False
-                # The folder is every step's: a row names the file within it.
-                shown: FollowedStep = {**step, "step": os.path.relpath(step["step"], folder)}
+                # The folder is every step's: a row names the file within it, or its step.
+                label = step["step"]
+                within = label if isinstance(label, int) else os.path.relpath(label, folder)
+                shown: FollowedStep = {**step, "step": within}
                 show.print(_row_table(shown, header=index == 0 or first_read))
             reason = step_trips(step, params["fail_above"], fail_on)
             if reason is not None:

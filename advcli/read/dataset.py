@@ -18,8 +18,10 @@ import polars as pl
 
 from advcli.errors import AdvcliError, InputChanged, first_line
 from advcli.names import NativeNames, shown_path
+from advcli.read.file_roles import FileRoles
 from advcli.read.formats import InputFormat
 from advcli.read.scan import ScannedFile, closing_sources, scan_arrow_stream, scan_parquet
+from advcli.read.step_files import numbered_steps, steps_in_folder
 
 GLOB_CHARS = frozenset("*?[")
 
@@ -110,6 +112,8 @@ class Dataset:
     native: NativeNames | None = field(default=None, compare=False, repr=False)
     identities: tuple[FileIdentity, ...] = ()
     step: StepRows | None = None
+    # The roles of the columns, as the files' advcli metadata names them (write_batch's files).
+    file_roles: FileRoles | None = None
 
     @property
     def num_rows(self) -> int:
@@ -236,10 +240,23 @@ class Dataset:
             labels,
             identities=self.identities[index : index + 1],
             native=NativeNames(files, labels or [shown_path(files[0])]),
+            file_roles=self.file_roles,
         )
 
     def label(self, index: int) -> str:
         return self.labels[index] if self.labels else shown_path(self.files[index])
+
+    def file_steps(self) -> list[int] | list[str]:
+        """How a run's series names each file (``--by file``): its step where the files' names
+        say one (:mod:`advcli.read.step_files`: within the one folder given, each name's
+        number; else the number the paths differ in), else its label."""
+        labels = [self.label(index) for index in range(len(self.files))]
+        folder = self.folders[0] if len(self.folders) == 1 else None
+        if folder is not None and all(folder in path.parents for path in self.files):
+            steps = steps_in_folder([str(path.relative_to(folder)) for path in self.files])
+        else:
+            steps = numbered_steps(labels)
+        return steps or labels
 
     def describe(self) -> str:
         """The inputs in one phrase, for messages (and a ``step``'s value)."""

@@ -20,6 +20,7 @@ import pyarrow as pa
 from advcli.errors import AdvcliError, InputChanged, first_line
 from advcli.names import NativeNames, shown_path
 from advcli.read.dataset import GLOB_CHARS, Dataset, FileIdentity, as_pattern
+from advcli.read.file_roles import FileRoles, read_file_roles
 from advcli.read.formats import (
     DIRECTORY_JSON_SUFFIXES,
     FEATHER_V1_MAGIC,
@@ -31,6 +32,7 @@ from advcli.read.formats import (
 from advcli.read.json_lines import first_bad_line
 from advcli.read.scan import open_parquet
 from advcli.read.stdin import spool_stdin
+from advcli.read.step_files import number_order
 
 STDIN = "-"
 
@@ -39,7 +41,8 @@ def resolve_inputs(specs: Sequence[str]) -> list[Path]:
     """Expand files, globs and directories into a list of input files, in the order given.
 
     A directory contributes its Parquet files, or if it has none its ``.jsonl``/``.ndjson`` files
-    (recursively, sorted by path); a glob its matches, sorted. A name that exists is that file or
+    (recursively, sorted by path, a number in it as a number: ``global_step_2`` before
+    ``global_step_10``); a glob its matches, sorted so. A name that exists is that file or
     directory, even when it holds ``*``, ``?`` or ``[``: only a name that does not exist is read
     as a glob. A file named twice is read once.
     """
@@ -60,10 +63,11 @@ def input_folders(specs: Sequence[str]) -> tuple[Path, ...]:
 
 
 def _matches(spec: str) -> list[Path]:
-    """The path ``spec`` names, or a glob's matches, sorted."""
+    """The path ``spec`` names, or a glob's matches, sorted (numbers as numbers:
+    :func:`~advcli.read.step_files.number_order`)."""
     if not GLOB_CHARS & set(spec) or os.path.lexists(spec):
         return [Path(spec)]
-    matches = sorted(glob.glob(spec, recursive=True))
+    matches = sorted(glob.glob(spec, recursive=True), key=number_order)
     if not matches:
         raise AdvcliError(f"{spec}: the pattern matches no file")
     return [Path(match) for match in matches]
@@ -84,10 +88,11 @@ def _expand_path(path: Path, spec: str) -> list[Path]:
 
 
 def directory_files(path: Path) -> list[Path]:
-    """A directory's input files, sorted by path (recursively): its Parquet files, failing those
+    """A directory's input files, sorted by path with numbers as numbers (recursively:
+    :func:`~advcli.read.step_files.number_order`): its Parquet files, failing those
     its JSON-lines files (a stray config.json beside Parquet files is not data); none if it
     holds neither."""
-    files = sorted(p for p in path.rglob("*") if p.is_file())
+    files = sorted((p for p in path.rglob("*") if p.is_file()), key=number_order)
     for suffixes in (PARQUET_SUFFIXES, DIRECTORY_JSON_SUFFIXES):
         found = [p for p in files if p.suffix in suffixes]
         if found:
@@ -125,10 +130,10 @@ def open_dataset(
     input_format = formats.pop()
     identities = [_identity_at_open(path, label) for path, label in zip(files, labels, strict=True)]
     native = NativeNames(files, labels)
-    row_counts, schemas = [], []
+    row_counts, schemas, roles = [], [], []
     for path, source, label, identity in zip(files, native.names, labels, identities, strict=True):
         try:
-            num_rows, schema = _read_header(path, source, label, input_format)
+            num_rows, schema, file_roles = _read_header(path, source, label, input_format)
         except AdvcliError:
             # A half-written file read while it is being written is the change, not damage.
             change = identity.change_to(FileIdentity.of(path))
@@ -137,7 +142,9 @@ def open_dataset(
             raise InputChanged(label, change) from None
         row_counts.append(num_rows)
         schemas.append(schema)
+        roles.append(file_roles)
     _check_schemas_agree(labels, schemas)
+    _check_roles_agree(labels, roles)
     dataset = Dataset(
         tuple(files),
         schemas[0],
@@ -147,6 +154,7 @@ def open_dataset(
         folders,
         native,
         tuple(identities),
+        file_roles=roles[0],
     )
     if dataset.num_rows == 0 and not empty_ok:
         raise AdvcliError(f"{dataset.describe()}: the input has no rows")
@@ -163,9 +171,10 @@ def _identity_at_open(path: Path, label: str) -> FileIdentity:
 
 def _read_header(
     path: Path, source: str, label: str, input_format: InputFormat
-) -> tuple[int, pl.Schema]:
-    """A file's row count and schema, without reading its data where the format allows
-    (``source``: the name Polars and Arrow open it by)."""
+) -> tuple[int, pl.Schema, FileRoles | None]:
+    """A file's row count, schema and the roles its advcli metadata names (Parquet only),
+    without reading its data where the format allows (``source``: the name Polars and Arrow
+    open it by)."""
     kind = FORMAT_NAMES[input_format]
     try:
         if path.stat().st_size == 0:
@@ -183,14 +192,16 @@ def _read_header(
             _check_arrow_types(arrow_schema, label, _UNSUPPORTED_FROM_PARQUET)
             # Not arrow_schema.empty_table(): that imports pandas (half a second) for nothing.
             empty = pa.Table.from_batches([], schema=arrow_schema)
-            return metadata.num_rows, pl.DataFrame(empty).schema
+            schema = pl.DataFrame(empty).schema
+            return metadata.num_rows, schema, read_file_roles(metadata.metadata, schema, label)
         if input_format == "arrow_stream":
             # Memory-mapped: counting the rows reads the batches' headers, not their data.
             with pa.memory_map(source) as mapped:
                 reader = pa.ipc.open_stream(mapped)
                 _check_arrow_types(reader.schema, label)
                 num_rows = sum(batch.num_rows for batch in reader)
-            return num_rows, pl.DataFrame(pa.Table.from_batches([], schema=reader.schema)).schema
+            empty = pa.Table.from_batches([], schema=reader.schema)
+            return num_rows, pl.DataFrame(empty).schema, None
         if input_format == "arrow":
             with pa.memory_map(source) as mapped:
                 if mapped.read(len(FEATHER_V1_MAGIC)) == FEATHER_V1_MAGIC:
@@ -203,7 +214,7 @@ def _read_header(
             frame = pl.scan_ipc(source, glob=False)
         else:
             frame = pl.scan_ndjson(as_pattern(source), infer_schema_length=None)
-        return frame.select(pl.len()).collect().item(), frame.collect_schema()
+        return frame.select(pl.len()).collect().item(), frame.collect_schema(), None
     except AdvcliError:
         raise
     except PermissionError as error:
@@ -295,3 +306,18 @@ def _check_schemas_agree(files: Sequence[str], schemas: Sequence[pl.Schema]) -> 
                     f"schemas conflict: column '{name}' is {first[name]} in {first_file} "
                     f"but {schema[name]} in {path}"
                 )
+
+
+def _check_roles_agree(files: Sequence[str], roles: Sequence[FileRoles | None]) -> None:
+    """The files' advcli metadata say the same of their columns (or none has any): read as one
+    batch, the files are read with one set of roles."""
+    for path, file_roles in zip(files[1:], roles[1:], strict=True):
+        if file_roles != roles[0]:
+            said = "; ".join(
+                f"{name}: {', '.join(f'{c} {r}' for c, r in held.columns) if held else 'none'}"
+                for name, held in ((files[0], roles[0]), (path, file_roles))
+            )
+            raise AdvcliError(
+                f"the files' advcli metadata name different roles for their columns ({said}); "
+                "read each file on its own"
+            )

@@ -12,6 +12,7 @@ first was, or the watch ends with an error naming both. Each path is reported on
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from advcli.errors import AdvcliError
 from advcli.names import shown_path
 from advcli.read.alike import ReadAlike
 from advcli.read.inputs import directory_files
+from advcli.read.step_files import step_in_name
 from advcli.report.by_step import empty_step
 from advcli.report.summary import StepEntry
 from advcli.report.views import steps_of
@@ -77,18 +79,26 @@ class FollowedStep(StepEntry):
 
 
 def _step(
-    path: Path, config: AdvantageConfig, names: ColumnNames, drop: bool, reading: ReadAlike
+    path: Path,
+    folder: Path,
+    config: AdvantageConfig,
+    names: ColumnNames,
+    drop: bool,
+    reading: ReadAlike,
 ) -> FollowedStep:
     """The ``compare --by file`` entry of the step file ``path``, compared alone, with how it
-    was read (``reading``: the watch's roles, which every step must be read with); a file
-    without rows keeps its place with no figures and no reading, as in a whole-folder run."""
+    was read (``reading``: the watch's roles, which every step must be read with), named by
+    its step where its name within ``folder`` says one, as in a whole-folder run; a file
+    without rows keeps its place with no figures and no reading, as there."""
     with opened([str(path)], empty_ok=True) as dataset:
+        said = step_in_name(os.path.relpath(path, folder))
+        label = said if said is not None else dataset.label(0)
         if dataset.num_rows == 0:
-            return {**empty_step(dataset.label(0)), "reading": None}
+            return {**empty_step(label), "reading": None}
         # A step's entry lists no groups or trajectories: the top kept is one of each.
         report = compare_parts(dataset, "file", config, names, 1, drop, reading=reading)
     step = steps_of(report.summary)[0]
-    return {**step, "reading": report.summary["settings"]["reading"]}
+    return {**step, "step": label, "reading": report.summary["settings"]["reading"]}
 
 
 def follow_steps(
@@ -113,5 +123,5 @@ def follow_steps(
     watch, reading = _Watch(settle), ReadAlike()
     while True:
         for path in watch.complete(folder):
-            yield _step(path, config, names, drop_duplicates, reading)
+            yield _step(path, folder, config, names, drop_duplicates, reading)
         time.sleep(POLL_SECONDS)

@@ -28,9 +28,10 @@ from advcli.errors import AdvcliError, UsageError
 from advcli.keys import ANCHOR, GROUP, ROW
 from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
-from advcli.read.dialects import DIALECTS
+from advcli.read.dialects import DIALECTS, ROLES, STEP_ROLES
 from advcli.read.dtypes import is_enum
 from advcli.read.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
+from advcli.read.file_roles import named_by_file
 from advcli.read.inputs import STDIN, open_dataset
 from advcli.read.projection import (
     check_consecutive_turns,
@@ -201,17 +202,32 @@ def load_dump(
     ``(step, group)``, so ids that repeat across steps (dataset indices) stay apart. ``step_roles``:
     GiGPO's roles are read too (the anchor, the step reward or return; as
     :func:`advcli.read.columns.resolve_columns` takes ``steps``); ``turn_rewards``: the reward is
-    each turn's own (``--reward-mode per-turn``)."""
+    each turn's own (``--reward-mode per-turn``).
+
+    A file advcli wrote names its columns' roles in its metadata
+    (:mod:`advcli.read.file_roles`): they stand where no option names a role, and its training
+    step is never read as the turn. Read as one batch, a group with rows of two training steps
+    is an error: a group is one step's rollouts of a prompt."""
+    names = named_by_file(names, dataset.file_roles)
+    training_step = _training_step(dataset, names)
+    step_columns = (by,) if by not in (None, "file") else ()
     columns = read_roles(
         dataset.schema,
         dataset.describe(),
         names,
         dataset.read_columns,
         mask_needed_for=mask_needed_for,
-        not_turns=(by,) if by not in (None, "file") else (),
+        not_turns=(*step_columns, *([training_step] if training_step else [])),
         steps=step_roles,
         turn_rewards=turn_rewards,
     )
+    if training_step is not None:
+        assert dataset.file_roles is not None
+        note = (
+            f"'{training_step}' is the training step, as {dataset.file_roles.source} says "
+            f"(written by {dataset.file_roles.written_by}): never a turn"
+        )
+        columns = replace(columns, notes=(*columns.notes, note))
     if by not in (None, "file") and names.turn is None:
         _check_by_is_not_the_turn(by, columns, dataset.describe())
     if columns.group_size is not None and dataset.num_rows % columns.group_size:
@@ -241,7 +257,9 @@ def load_dump(
         project(dataset, columns, unique_turns=unique_turns and by is None), dataset, columns
     )
     if by is None:
-        notes = _spanning_files(dataset, projection)
+        if training_step is not None:
+            _check_groups_in_one_step(dataset, projection, training_step)
+        notes = (*columns.notes, *_spanning_files(dataset, projection))
         return LoadedDump(dataset, replace(columns, notes=notes), projection, padding=padding)
     steps = _step_labels(dataset, by)
     # A part of one value (compare --by one part at a time): that value is every row's step.
@@ -264,6 +282,31 @@ def by_reason(reason: str, by: str, step: str) -> str:
     (named ``step``) that keys them too."""
     part = "file" if by == "file" else f"value of '{by}'"
     return f"{reason}; each {part} is its own batch (--by {by}): a group is a ({step}, group) pair"
+
+
+def _training_step(dataset: Dataset, names: ColumnNames) -> str | None:
+    """The training step's column the files' advcli metadata names, unless an option named
+    it for a role."""
+    step = dataset.file_roles.training_step if dataset.file_roles is not None else None
+    named = {getattr(names, role) for role in (*ROLES, *STEP_ROLES)}
+    return step if step not in named else None
+
+
+def _check_groups_in_one_step(dataset: Dataset, projection: pl.DataFrame, step: str) -> None:
+    """Refuse a group with rows of two training steps (column ``step``): read as one batch,
+    steps whose group ids repeat (a dataset index) would have their groups merged."""
+    steps = dataset.read_columns([step]).to_series().gather(projection[ROW])
+    frame = projection.select(ROW, GROUP, steps.alias("__step"))
+    first = pl.col("__step").first().over(GROUP)
+    other = frame.with_columns(first.alias("first")).filter(pl.col("__step") != pl.col("first"))
+    if other.is_empty():
+        return
+    row, value, earlier = other.select(ROW, "__step", "first").row(0)
+    raise AdvcliError(
+        f"{dataset.locate(row)}: its group has rows of training steps {earlier} and {value} "
+        f"('{step}'): the steps' group ids repeat, and read as one batch their groups would be "
+        f"merged; pass --by {step} to read each step as its own batch"
+    )
 
 
 def _spanning_files(dataset: Dataset, projection: pl.DataFrame) -> tuple[str, ...]:

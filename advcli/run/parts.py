@@ -109,7 +109,7 @@ def compare_parts(  # noqa: PLR0913
     roles so far, for a run compared a part at a time, as ``--follow`` does)."""
     settings = (config, names, top, drop_duplicates)
     if by == "file":
-        labels: list[Any] = [dataset.label(index) for index in range(len(dataset.files))]
+        labels: list[Any] = list(dataset.file_steps())
         tasks = [
             PartTask(
                 (path,),
@@ -197,14 +197,14 @@ MAX_STEPS = 100_000
 
 def step_order(dump: LoadedDump, by: str) -> tuple[pl.Series, list[Any]]:
     """The steps of ``compare --by``'s series in order, as ``dump.steps`` holds them, and how
-    the report names each: every input file as given (one without rows too), by its label, or
+    the report names each: every input file as given (one without rows too), by its step
+    number where the files' names say one, else its label, or
     the column's values sorted."""
     steps = dump.steps
     assert steps is not None
     if by == "file":
         files = range(len(dump.dataset.files))
-        labels = [dump.dataset.label(i) for i in files]
-        return pl.Series(steps.name, files, dtype=steps.dtype), labels
+        return pl.Series(steps.name, files, dtype=steps.dtype), list(dump.dataset.file_steps())
     values = [step.value for step in column_steps(dump.dataset, by)]
     return pl.Series(steps.name, values, dtype=steps.dtype), values
 

@@ -200,7 +200,11 @@ def test_a_glob_matching_names_in_bytes(run, tmp_path):
     assert summary["counts"]["rows"] == 2 * frame.height
     by_file = json_report(run, folder, "--by", "file")
     steps = [step["step"] for step in by_file["by_step"]["steps"]]
-    assert steps == [f"{tmp_path}/runs{SHOWN}/s{n}{SHOWN}.parquet" for n in (1, 2)]
+    # Named alike but for one number: each file's step is that number.
+    assert steps == [1, 2]
+    assert by_file["settings"]["inputs"] == [
+        f"{tmp_path}/runs{SHOWN}/s{n}{SHOWN}.parquet" for n in (1, 2)
+    ]
 
 
 def test_an_arrows_stream_advcli_wrote_reads_back_by_its_path(run, tmp_path):

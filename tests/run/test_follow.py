@@ -125,11 +125,8 @@ def test_published_files_are_reported_at_once_and_ctrl_c_ends_it(follower, run, 
     # A settle time no test waits for: the new step arrives because write_batch published it.
     follow = follower(folder, "--jsonl", "-", "--settle", 600, "-q")
     first, second = json.loads(follow.line()), json.loads(follow.line())
-    # The ones there first, in --by file's order (by path).
-    assert [first["step"], second["step"]] == [
-        str(folder / "step-00000001.parquet"),
-        str(folder / "step-00000002.parquet"),
-    ]
+    # The ones there first, in --by file's order (by step), each named by its step.
+    assert [first["step"], second["step"]] == [1, 2]
     write_batch(batch(SEVERE), folder, step=3)
     third = json.loads(follow.line())
     assert [first, second, third] == steps_of_whole_run(run, folder)
@@ -206,7 +203,7 @@ def test_the_first_step_that_trips_the_gate_ends_it_with_exit_3(
     assert code == 3, stderr
     # The step that trips it is reported, and none after it.
     assert [json.loads(line)["level"] for line in lines] == ["negligible", "severe"]
-    assert stderr == f"advcli watch: step {folder / 'step-1.parquet'}{reason}\n"
+    assert stderr == f"advcli watch: step 1{reason}\n"
 
 
 @pytest.mark.process
@@ -226,8 +223,8 @@ def test_the_terminal_shows_a_row_per_step(follower, write_dump, tmp_path):
     # Its cells stand between rich's column rules: the role, then its column.
     assert any(line.split()[::2][:2] == ["group", "data_id"] for line in reading), reading
     assert [(row[0], row[1], row[2], row[-1]) for row in rows] == [
-        ("step-0.parquet", "2", "2", "negligible"),
-        ("step-1.parquet", "3", "2", "severe"),
+        ("0", "2", "2", "negligible"),
+        ("1", "3", "2", "severe"),
     ]
 
 
@@ -239,7 +236,7 @@ def test_a_bad_step_file_ends_it_with_one_error_naming_the_file(follower, write_
     (folder / "step-1.parquet").write_bytes(b"not a parquet file")
     code, stderr, lines = follower(folder, "--jsonl", "-", "--settle", 0, "-q").end()
     assert code == 1
-    assert [json.loads(line)["step"] for line in lines] == [str(folder / "step-0.parquet")]
+    assert [json.loads(line)["step"] for line in lines] == [0]
     assert stderr.startswith(f"Error: {folder / 'step-1.parquet'}")
     assert stderr.count("\n") == 1 and "Traceback" not in stderr
 
@@ -253,7 +250,7 @@ def test_a_step_read_otherwise_than_the_first_ends_it(follower, tmp_path):
     assert code == 1
     (line,) = lines
     step = json.loads(line)
-    assert step["step"] == str(first)
+    assert step["step"] == 0
     assert step["reading"]["roles"]["trajectory"]["column"] is None
     assert stderr == (
         f"Error: {second}: read otherwise than {first} (trajectory: 'traj_id' here, none there); "
@@ -397,7 +394,7 @@ def test_compare_follow_runs_the_watch_and_says_where_it_moved(follower, write_d
     assert (code, lines) == (3, watched[2]) and watched[0] == 3
     assert stderr == (
         "advcli compare --follow is now advcli watch DIR (the same options, without --by file)\n"
-        f"advcli compare: step {folder / 'step-1.parquet'} (severe) reaches --fail-on severe\n"
+        "advcli compare: step 1 (severe) reaches --fail-on severe\n"
     )
 
 
@@ -411,7 +408,7 @@ def test_a_step_file_without_rows_keeps_its_place(follower, run, write_dump, tmp
     follow = follower(folder, "--jsonl", "-", "--settle", 0, "-q")
     lines = [json.loads(follow.line()) for _ in range(3)]
     assert lines[1] == {
-        "step": str(folder / "step-1.parquet"),
+        "step": 1,
         "rows": 0,
         "trajectories": 0,
         "baseline_shift_mean": None,

@@ -98,7 +98,8 @@ def test_combined_report_equals_one_pass_over_every_row(run, steps, options):
 def test_each_file_is_its_entry_compared_alone_and_keeps_its_place(run, steps):
     summary = compare_json(run, steps, "--by", "file")
     entries = summary["by_step"]["steps"]
-    assert [Path(entry["step"]).name for entry in entries] == [
+    assert [entry["step"] for entry in entries] == [0, 1, 2, 3]
+    assert [Path(name).name for name in summary["settings"]["inputs"]] == [
         f"step_{step}.parquet" for step in range(4)
     ]
     for step, entry in enumerate(entries[:3]):
