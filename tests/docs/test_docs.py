@@ -35,8 +35,11 @@ def examples(page: Path) -> list[tuple[str, str]]:
     return found
 
 
-def run_example(language: str, code: str, cwd: Path) -> subprocess.CompletedProcess:
-    """One example in ``cwd``, where ``advcli`` and ``python`` are this environment's."""
+def run_example(
+    language: str, code: str, cwd: Path, *, site: Path | None = None
+) -> subprocess.CompletedProcess:
+    """One example in ``cwd``, where ``advcli`` and ``python`` are this environment's (with
+    the modules of folder ``site`` first, where given)."""
     bin_dir = cwd / ".bin"
     bin_dir.mkdir(exist_ok=True)
     launcher = bin_dir / "advcli"
@@ -48,6 +51,8 @@ def run_example(language: str, code: str, cwd: Path) -> subprocess.CompletedProc
         "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{path}",
         "MPLBACKEND": "Agg",
     }
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
     command = (
         ["bash", "-euo", "pipefail", "-c", code]
         if language == "bash"
@@ -143,3 +148,42 @@ def test_the_readme_test_command_is_what_ci_runs():
     ci = ci.replace(" --quiet", "").replace("python -m pip", "pip")
     for step in command[2].split(" && "):
         assert step in ci, step
+
+
+# The modules each extra of pyproject.toml brings, which a fresh install without it lacks.
+EXTRA_MODULES = {"plot": {"matplotlib"}, "torch": {"torch"}, "verl": {"torch"}, "ray": {"ray"}}
+LACKING = """
+import sys
+from importlib.machinery import PathFinder
+
+
+class Lacking(PathFinder):
+    # The extras' modules are not found, as on a machine that never installed them.
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.partition(".")[0] in {lacking!r}:
+            return None
+        return PathFinder.find_spec(name, path, target)
+
+
+sys.meta_path[:] = [Lacking if finder is PathFinder else finder for finder in sys.meta_path]
+"""
+
+
+@pytest.mark.parametrize("page", [README, DOCS / "index.md"], ids=["README", "index"])
+def test_the_first_commands_run_with_what_the_install_line_installs(page, tmp_path):
+    """The front pages' commands run as written after their install line: the modules of the
+    extras that line does not install are kept out (as on a fresh machine)."""
+    install = re.search(r"^python3 -m venv .* pip install -e (\S+)$", page.read_text(), re.M)
+    assert install is not None
+    extras = re.fullmatch(r"""["']?\.(?:\[([a-z,]+)\])?["']?""", install[1])
+    assert extras is not None, install[1]
+    installed = set((extras[1] or "").split(",")) - {""}
+    lacking = set().union(*(EXTRA_MODULES[e] for e in EXTRA_MODULES if e not in installed))
+    shutil.copytree(ROOT / "sample_data", tmp_path / "sample_data")
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "sitecustomize.py").write_text(LACKING.format(lacking=lacking))
+    for language, code in examples(page):
+        if language == "bash":
+            result = run_example(language, code, tmp_path, site=tmp_path / "fresh")
+            assert result.returncode == 0, (install[1], code, result.stderr)
