@@ -1,5 +1,8 @@
 """The one exception type advcli raises for bad input (and its kinds).
 
+Every kind survives pickling (a ``--jobs`` worker's or a Ray task's error reaches the parent
+whole): one that takes arguments of its own rebuilds itself from them (``__reduce__``).
+
 The library raises :class:`AdvcliError` with a message that names the file, column and row (or
 trajectory key) at fault; only ``advcli.cli.exits`` turns it into ``Error: …`` and an exit code.
 """
@@ -32,6 +35,10 @@ class InputChanged(AdvcliError):
         self.label, self.change, self.outcome = label, change, outcome
         super().__init__(f"{label} changed while advcli was reading it ({change}); {outcome}")
 
+    def __reduce__(self) -> tuple[type[InputChanged], tuple[str, str, str]]:
+        # Rebuilt from its arguments, not its message: it crosses to a --jobs or Ray parent.
+        return type(self), (self.label, self.change, self.outcome)
+
 
 class MissingRoles(AdvcliError):
     """Roles that found no column, each with what to do (``missing``), and the columns the
@@ -52,6 +59,11 @@ class MissingRoles(AdvcliError):
         self.text = f"{where}: {'; '.join(missing.values())}{hint}"
         options = f". These options read it: {' '.join(self.flags)}" if self.flags else ""
         super().__init__(self.text + options)
+
+    def __reduce__(self) -> tuple[type[MissingRoles], tuple[object, ...]]:
+        # Rebuilt from its arguments, not its message: it crosses to a --jobs or Ray parent.
+        missing, found = dict(self.missing), dict(self.found)
+        return type(self), (self.where, missing, self.hint, found, self.flags)
 
 
 def first_line(error: BaseException) -> str:
