@@ -19,6 +19,7 @@ import polars as pl
 from advcli import __version__
 from advcli.advantages.levels import both_levels
 from advcli.errors import AdvcliError, UsageError, first_line
+from advcli.names import shown_path
 from advcli.read.alike import ReadAlike
 from advcli.read.columns import ColumnRoles, unused_name
 from advcli.read.dataset import Dataset, StepRows
@@ -58,6 +59,14 @@ class PartTask:
     names: ColumnNames
     top: int
     drop_duplicates: bool
+
+    def named(self) -> str:
+        """The part as messages name it: its file, or its inputs and the column's value."""
+        first = self.labels[0] if self.labels else shown_path(self.paths[0])
+        if self.step is None:
+            return first
+        more = f" (and {len(self.paths) - 1} more)" if len(self.paths) > 1 else ""
+        return f"{first}{more} ({self.step.column}={self.step.value!r})"
 
 
 @dataclass(frozen=True)
@@ -133,6 +142,7 @@ def compare_parts(  # noqa: PLR0913
         tasks,
         lambda task: _run(_part_of(dataset, task), task),
         elsewhere=run_part,
+        named=PartTask.named,
         jobs=jobs,
         engine=engine,
     )

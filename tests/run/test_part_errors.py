@@ -5,12 +5,19 @@ its message and its fields."""
 from __future__ import annotations
 
 import inspect
+import os
 import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from advcli.errors import AdvcliError, InputChanged, MissingRoles
 from advcli.run.runner import results_in_order
+from advcli.write.sample import write_sample
 
 
 def _every_error_type() -> list[type[AdvcliError]]:
@@ -74,3 +81,86 @@ def test_a_workers_error_reaches_the_parent_as_raised():
         list(results)
     assert raised.value.flags == ("--group-col", "a")
     assert str(raised.value).endswith("These options read it: --group-col a")
+
+
+def _killed_in_a_worker(part: int) -> int:
+    """Part 1's worker is killed as the out-of-memory killer kills one."""
+    if part == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return part
+
+
+def _pid(part: int) -> int:
+    return os.getpid()
+
+
+@pytest.mark.process
+def test_a_killed_worker_is_an_error_naming_its_part():
+    results = results_in_order(
+        [0, 1, 2, 3],
+        lambda part: part,
+        elsewhere=_killed_in_a_worker,
+        named=lambda part: f"part-{part}.parquet",
+        jobs=2,
+    )
+    with pytest.raises(AdvcliError) as raised:
+        list(results)
+    assert str(raised.value) == (
+        "part-1.parquet: the worker process comparing it ended without a result (killed by "
+        "SIGKILL, as the out-of-memory killer sends); nothing was written"
+    )
+
+
+@pytest.mark.process
+def test_jobs_start_no_more_processes_than_cores():
+    cores = len(os.sched_getaffinity(0))
+    pids = list(results_in_order(list(range(40)), _pid, elsewhere=_pid, jobs=10_000))
+    assert len(pids) == 40
+    assert 1 < len(set(pids)) <= cores
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("after", [0.3, 1.2, 2.5])
+def test_a_ctrl_c_to_the_whole_group_ends_the_workers_without_a_traceback(tmp_path, after):
+    """Ctrl-C at a terminal reaches every process of the group: the workers (starting, or
+    comparing) print nothing, and the run ends as a Ctrl-C does, leaving no process behind."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    # Some 4 s of work on 2 cores: the workers start in the first second.
+    for step in range(24):
+        write_sample(folder / f"step_{step}.parquet", groups=3000, seed=step)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "advcli", "compare", folder, "--by", "file", "--jobs", "2", "-q"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    time.sleep(after)
+    os.killpg(process.pid, signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    if process.returncode == 0:
+        pytest.skip(f"the run ended before the Ctrl-C at {after} s")
+    assert (process.returncode, stdout) == (130, "")
+    assert stderr == "Interrupted; no partial output was left behind.\n"
+    # A process being reaped has its state and command line taken away in turn: a moment.
+    deadline = time.monotonic() + 10
+    while _alive_in_group(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _alive_in_group(process.pid) == []
+
+
+def _alive_in_group(group: int) -> list[str]:
+    """The processes of process group ``group`` still running (not zombies, which have ended
+    and wait only for whoever adopted them to reap them), with their command lines."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        state, process_group = fields[0], int(fields[2])
+        if process_group == group and state != "Z":
+            alive.append(f"{stat.parent.name} {command}")
+    return alive
