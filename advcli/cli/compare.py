@@ -93,8 +93,8 @@ JobsOpt = Annotated[
         "--jobs",
         min=1,
         help="With --by: how many parts (files, or values of the column) to compare at once, "
-        "this process and N-1 worker processes (the report is the same), each with the cores "
-        "shared among them unless --threads says otherwise.",
+        "this process and N-1 worker processes, at most one a part and one a core (the report "
+        "is the same), each with the cores shared among them unless --threads says otherwise.",
     ),
 ]
 ForceOpt = Annotated[bool, option("--force", help="Replace existing report files.")]
