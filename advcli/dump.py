@@ -154,8 +154,10 @@ def write_batch(  # noqa: PLR0913
         raise AdvcliError(
             f"{folder}: cannot make the folder for the batches: {error.strerror}"
         ) from None
-    path = folder / (f"step-{step:08d}.parquet" if step is not None else _next_name(folder))
-    return _publish(frame, FileRoles(tuple(role_of.items())), path, if_exists)
+    roles = FileRoles(tuple(role_of.items()))
+    if step is None:
+        return _publish_next(frame, roles, folder)
+    return _publish(frame, roles, folder / f"step-{step:08d}.parquet", if_exists)
 
 
 def _roles(
@@ -195,8 +197,8 @@ def _step_number(step: object) -> int | None:
     """The training step's number as an int (a numpy integer too), None without one."""
     if step is None:
         return None
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-        raise AdvcliError(f"step is the training step's number, an integer, not {step!r}")
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+        raise AdvcliError(f"step is the training step's number, an integer from 0 on, not {step!r}")
     return int(step)
 
 
@@ -224,6 +226,20 @@ def _publish(frame: pl.DataFrame, roles: FileRoles, path: Path, if_exists: IfExi
             return BatchFile(path, "skipped")
         raise
     return BatchFile(path, "replaced" if existed else "written")
+
+
+def _publish_next(frame: pl.DataFrame, roles: FileRoles, folder: Path) -> BatchFile:
+    """Write ``frame`` under the next free ``batch-NNNNNN.parquet`` name of ``folder``, claimed
+    as the file is published (renamed into place without replacing): a name another writer
+    took meanwhile (two processes of one run) is never replaced; the batch takes the next."""
+    while True:
+        path = folder / _next_name(folder)
+        try:
+            with atomic_output(path, replace_hint="the batch goes under the next name") as partial:
+                frame.write_parquet(partial, metadata=roles.metadata())
+        except OutputAppeared:
+            continue
+        return BatchFile(path, "written")
 
 
 def _row_count(entries: Mapping[str, Any]) -> int:

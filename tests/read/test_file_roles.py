@@ -5,6 +5,8 @@ turn; and a run's step files in the order of their steps, each named by its step
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import polars as pl
@@ -243,3 +245,38 @@ def test_paths_are_ordered_with_their_numbers_as_numbers():
         "s/step_9.parquet",
         "s/step_10.parquet",
     ]
+
+
+WRITER = """
+import sys
+import numpy as np
+from advcli.dump import write_batch
+
+folder, writer = sys.argv[1], int(sys.argv[2])
+for n in range(60):
+    batch = {"data_id": np.array([writer, writer]), "rollout_id": np.array([n, n + 1000]),
+             "score": np.array([1.0, 0.0])}
+    print(write_batch(batch, folder).path.name, flush=True)
+"""
+
+
+@pytest.mark.process
+def test_two_processes_writing_batches_without_a_step_keep_every_batch(tmp_path):
+    """Each batch claims its name as it is published: none replaces another's."""
+    folder = tmp_path / "run"
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(folder), str(writer)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for writer in range(2)
+    ]
+    said = [writer.communicate(timeout=300)[0].split() for writer in writers]
+    assert [writer.returncode for writer in writers] == [0, 0]
+    names = sorted(name for names in said for name in names)
+    assert names == [f"batch-{n:06d}.parquet" for n in range(120)]
+    assert sorted(path.name for path in folder.iterdir()) == names
+    kept = pl.read_parquet(folder).select("data_id", "rollout_id").sort("data_id", "rollout_id")
+    assert kept.height == 240
+    assert kept.unique().height == 240

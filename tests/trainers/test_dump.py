@@ -202,7 +202,14 @@ def test_if_exists_skip_keeps_the_old_file_and_says_so(tmp_path):
 def test_a_step_that_is_no_integer_and_a_folder_that_is_a_file_are_refused(tmp_path):
     with pytest.raises(AdvcliError) as raised:
         write_batch(_step_batch([1.0, 0.0]), tmp_path, step=3.0)  # type: ignore[arg-type]
-    assert str(raised.value) == "step is the training step's number, an integer, not 3.0"
+    assert str(raised.value) == (
+        "step is the training step's number, an integer from 0 on, not 3.0"
+    )
+    # A negative step would sort before step 0, in reverse.
+    with pytest.raises(AdvcliError) as raised:
+        write_batch(_step_batch([1.0, 0.0]), tmp_path, step=-2)
+    assert str(raised.value) == "step is the training step's number, an integer from 0 on, not -2"
+    assert list(tmp_path.iterdir()) == []
     (tmp_path / "a-file").write_text("mine")
     with pytest.raises(AdvcliError) as raised:
         write_batch(_step_batch([1.0, 0.0]), tmp_path / "a-file", step=1)
