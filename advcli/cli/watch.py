@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -33,7 +31,7 @@ from advcli.cli.options import (
     dump_settings,
     with_options,
 )
-from advcli.errors import AdvcliError, UsageError
+from advcli.errors import UsageError
 from advcli.settings.config import Engine
 
 if TYPE_CHECKING:
@@ -157,10 +155,11 @@ def run_watch(folder: Path, settings: DumpSettings, params: dict[str, Any], comm
     from advcli._runtime.process import load_numpy_bridge, require_stdout
     from advcli.cli.consoles import stderr, stdout
     from advcli.cli.terminal import reading_table
+    from advcli.write.lines import JsonLines, check_lines_path
 
     jsonl, settle = params["jsonl"], params["settle"]
-    if jsonl is not None and str(jsonl) != "-" and _within(jsonl, folder):
-        raise UsageError(f"--jsonl {jsonl} is inside the watched folder; write it elsewhere")
+    if jsonl is not None and str(jsonl) != "-":
+        check_lines_path(jsonl, folder)
     fail_on = params["fail_on"].value if params["fail_on"] is not None else None
     lines_on_stdout = jsonl is not None and str(jsonl) == "-"
     if lines_on_stdout or not params["quiet"]:
@@ -170,7 +169,7 @@ def run_watch(folder: Path, settings: DumpSettings, params: dict[str, Any], comm
         from advcli.run.follow import follow_steps
 
         load_numpy_bridge()
-    with _lines(jsonl, params["force"]) as write:
+    with JsonLines(jsonl, params["force"]) as write:
         steps = follow_steps(
             folder,
             settings.config,
@@ -199,53 +198,6 @@ def run_watch(folder: Path, settings: DumpSettings, params: dict[str, Any], comm
             if reason is not None:
                 typer.echo(f"advcli {command}: {reason}", err=True)
                 raise typer.Exit(3)
-
-
-def _within(path: Path, folder: Path) -> bool:
-    return Path(os.path.abspath(folder)) in Path(os.path.abspath(path)).parents
-
-
-class _lines:
-    """Where the JSON lines go: standard output, a new file (replaced with ``--force``), or
-    nowhere. Each line is written whole (a signal waits for it) and flushed as it comes, so
-    that a reader of the file sees every step reported, and no half line."""
-
-    def __init__(self, path: Path | None, force: bool) -> None:
-        self.path, self.force = path, force
-        self.handle: IO[str] | None = None
-
-    def __enter__(self) -> Callable[[str], None] | None:
-        if self.path is None:
-            return None
-        if str(self.path) == "-":
-            self.handle = sys.stdout
-        else:
-            flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if self.force else os.O_EXCL)
-            try:
-                self.handle = open(os.open(self.path, flags, 0o666), "w", encoding="utf-8")
-            except FileExistsError:
-                raise AdvcliError(
-                    f"{self.path}: the file exists; pass --force to replace it"
-                ) from None
-            except OSError as error:
-                raise AdvcliError(f"{self.path}: cannot write ({error.strerror})") from None
-        return self._write
-
-    def _write(self, line: str) -> None:
-        assert self.handle is not None
-        try:
-            with held():
-                self.handle.write(line)
-                self.handle.flush()
-        except BrokenPipeError:  # the reader went away: the command line ends quietly
-            raise
-        except OSError as error:  # a full disk, a file-size limit
-            where = "standard output" if self.handle is sys.stdout else self.path
-            raise AdvcliError(f"{where}: cannot write ({error.strerror})") from None
-
-    def __exit__(self, *exc: object) -> None:
-        if self.handle is not None and self.handle is not sys.stdout:
-            self.handle.close()
 
 
 def _row_table(step: FollowedStep, *, header: bool) -> Table:

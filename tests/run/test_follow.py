@@ -450,3 +450,64 @@ def test_the_jsonl_file_is_not_replaced_without_force(follower, write_dump, tmp_
     code, stderr, _ = follow.end()
     assert code == 3, stderr
     assert [json.loads(line)["level"] for line in lines.read_text().splitlines()] == ["severe"]
+
+
+@pytest.mark.process
+def test_force_replaces_the_jsonl_files_name_never_the_bytes_of_another_name(
+    follower, write_dump, tmp_path
+):
+    """--force renames a new file over the path: a file the path is a hard link to keeps its
+    bytes, and a symbolic link is replaced, its target kept."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_dump(SEVERE, "run/step-0.parquet")
+    kept, linked = tmp_path / "kept.txt", tmp_path / "steps.jsonl"
+    kept.write_text("mine\n")
+    os.link(kept, linked)
+    symlinked = tmp_path / "steps-via-link.jsonl"
+    symlinked.symlink_to(kept)
+    for lines in (linked, symlinked):
+        follow = follower(folder, "--jsonl", lines, "--settle", 0, "--force", "--fail-on", "severe")
+        code, stderr, _ = follow.end()
+        assert code == 3, stderr
+        assert [json.loads(line)["level"] for line in lines.read_text().splitlines()] == ["severe"]
+        assert not lines.is_symlink()
+    assert kept.read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("link", ["hard", "symbolic"])
+def test_a_jsonl_path_that_is_a_step_file_under_another_name_is_refused(
+    run, write_dump, tmp_path, link
+):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    step = write_dump(SEVERE, "run/step-0.parquet")
+    before = step.read_bytes()
+    lines = tmp_path / "steps.jsonl"
+    if link == "hard":
+        os.link(step, lines)
+    else:
+        lines.symlink_to(step)
+    result = run("watch", folder, "--jsonl", lines, "--force", "--settle", 0)
+    if link == "hard":
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"Error: {lines}: it is {step} of the watched folder under another name (the same "
+            "file); write the lines elsewhere\n"
+        )
+    else:
+        assert result.exit_code == 2
+        assert "is inside the watched folder" in result.stderr
+    assert step.read_bytes() == before
+
+
+@pytest.mark.process
+def test_lines_go_to_a_device_as_they_come(follower, write_dump, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_dump(SEVERE, "run/step-0.parquet")
+    code, stderr, _ = follower(
+        folder, "--jsonl", "/dev/null", "--settle", 0, "--fail-on", "severe"
+    ).end()
+    assert code == 3, stderr
