@@ -355,8 +355,8 @@ def verdict(
         token_mean = weights["token-mean"]["longest_vs_shortest"]
         if token_mean is not None:
             sentences.append(
-                f"In the loss, verl's default token-mean gives a {spread['max']}-turn trajectory "
-                f"{token_mean:.1f}× the weight of a {spread['min']}-turn one "
+                f"In the loss, verl's default token-mean gives {_a(spread['max'])}-turn "
+                f"trajectory {token_mean:.1f}× the weight of {_a(spread['min'])}-turn one "
                 "(agent-lightning's per-rollout mean: 1×)."
             )
     level = assessment["level"]
@@ -472,3 +472,12 @@ def termination_verdict(summary: dict[str, Any]) -> tuple[dict[str, Any], str]:
     state = "safe" if in_use in safe else "biased"
     sentences.append(f"The grouping in use, {in_use}, is {state}.")
     return assessment, " ".join(sentences)
+
+
+def _a(count: int) -> str:
+    """The count with its article, as it is read aloud: "a 6", "an 8", "an 11", "an 18,000"."""
+    digits = str(count)
+    # The number's first word: its leading group of up to three digits, as said.
+    lead = digits[: len(digits) % 3 or 3]
+    vowel = lead.startswith("8") or lead in ("11", "18")
+    return f"{'an' if vowel else 'a'} {count}"

@@ -164,3 +164,16 @@ def test_with_by_each_step_is_its_own_batch(mode, expected, run, write_dump, tmp
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert pl.read_parquet(out)["loss_weight"].to_list() == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("longest", "said"),
+    [(8, "an 8-turn trajectory"), (11, "an 11-turn trajectory"), (6, "a 6-turn trajectory")],
+)
+def test_the_verdict_names_the_turn_counts_with_their_article(longest, said, run, write_dump):
+    # One group: a trajectory of `longest` turns (score 1) and one of 1 turn (score 0), one
+    # token each: token-mean weighs the long one `longest` times the short one.
+    rows = [("g", "long", turn, 1.0, 1) for turn in range(longest)] + [("g", "short", 0, 0.0, 1)]
+    result = run("compare", write_dump(rows), "--json", "-", "-q")
+    verdict = " ".join(json.loads(result.stdout)["verdict"].split())
+    assert f"token-mean gives {said} {float(longest):.1f}× the weight of a 1-turn one" in verdict
