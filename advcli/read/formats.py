@@ -25,6 +25,31 @@ FORMAT_NAMES = {
 }
 
 
+# Formats a dump is often saved in that advcli does not read, by extension: named in the error.
+NOT_READ = {
+    ".csv": "a CSV file",
+    ".tsv": "a TSV file",
+    ".xlsx": "an Excel workbook",
+    ".pkl": "a pickle",
+    ".pickle": "a pickle",
+    ".pt": "a torch file",
+    ".pth": "a torch file",
+    ".npz": "a numpy archive",
+    ".npy": "a numpy array",
+    ".h5": "an HDF5 file",
+    ".hdf5": "an HDF5 file",
+}
+READ = (
+    "Parquet (.parquet, .pq), JSON lines (.jsonl, .ndjson, .json) and Arrow IPC files and "
+    "streams (.arrow, .arrows, .ipc, .feather)"
+)
+
+
+def not_read(path: Path) -> str | None:
+    """What a file is, by its extension, when advcli does not read its format; else None."""
+    return NOT_READ.get(path.suffix.lower())
+
+
 def input_format_of(path: Path) -> InputFormat:
     """The format a file is read as, from its extension (Parquet when unknown); for an Arrow
     extension, an IPC file or stream as its first bytes say (``.arrows`` a stream unless they

@@ -26,8 +26,10 @@ from advcli.read.formats import (
     FEATHER_V1_MAGIC,
     FORMAT_NAMES,
     PARQUET_SUFFIXES,
+    READ,
     InputFormat,
     input_format_of,
+    not_read,
 )
 from advcli.read.json_lines import first_bad_line
 from advcli.read.scan import open_parquet
@@ -100,6 +102,32 @@ def directory_files(path: Path) -> list[Path]:
     return []
 
 
+# How many of a folder's files that are not read a note names.
+UNREAD_SHOWN = 5
+
+
+def unread_notes(folders: Sequence[Path]) -> tuple[str, ...]:
+    """For each input folder holding files that are not read (a config beside the step files,
+    JSON lines beside Parquet, another format): a note naming them, for the reading."""
+    notes = []
+    for folder in folders:
+        read = directory_files(folder)
+        unread = [
+            p
+            for p in sorted(folder.rglob("*"), key=number_order)
+            if p.is_file() and p not in set(read)
+        ]
+        if unread and read:
+            names = ", ".join(shown_path(p.relative_to(folder)) for p in unread[:UNREAD_SHOWN])
+            more = f" and {len(unread) - UNREAD_SHOWN:,} more" if len(unread) > UNREAD_SHOWN else ""
+            kind = "Parquet" if read[0].suffix in PARQUET_SUFFIXES else "JSON-lines"
+            notes.append(
+                f"{shown_path(folder)}: {len(unread):,} files not read (only its {kind} files "
+                f"are): {names}{more}"
+            )
+    return tuple(notes)
+
+
 def open_dataset(
     specs: Sequence[str], *, spool: Path | None = None, empty_ok: bool = False
 ) -> Dataset:
@@ -122,6 +150,13 @@ def open_dataset(
         files = resolve_inputs(specs)
         labels = tuple(shown_path(path) for path in files)
         folders = input_folders(specs)
+    for path, label in zip(files, labels, strict=True):
+        kind = not_read(path)
+        if kind is not None:
+            raise AdvcliError(
+                f"{label}: {kind}, which advcli does not read: convert it (Polars reads most "
+                f"formats and writes Parquet); advcli reads {READ}"
+            )
     formats = {input_format_of(path) for path in files}
     if len(formats) > 1:
         raise AdvcliError(

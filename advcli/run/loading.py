@@ -32,7 +32,7 @@ from advcli.read.dialects import DIALECTS, ROLES, STEP_ROLES
 from advcli.read.dtypes import is_enum
 from advcli.read.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
 from advcli.read.file_roles import named_by_file
-from advcli.read.inputs import STDIN, open_dataset
+from advcli.read.inputs import STDIN, open_dataset, unread_notes
 from advcli.read.projection import (
     check_consecutive_turns,
     check_unique_turns,
@@ -259,7 +259,11 @@ def load_dump(
     if by is None:
         if training_step is not None:
             _check_groups_in_one_step(dataset, projection, training_step)
-        notes = (*columns.notes, *_spanning_files(dataset, projection))
+        notes = (
+            *columns.notes,
+            *unread_notes(dataset.folders),
+            *_spanning_files(dataset, projection),
+        )
         return LoadedDump(dataset, replace(columns, notes=notes), projection, padding=padding)
     steps = _step_labels(dataset, by)
     # A part of one value (compare --by one part at a time): that value is every row's step.

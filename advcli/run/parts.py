@@ -24,7 +24,7 @@ from advcli.read.alike import ReadAlike
 from advcli.read.columns import ColumnRoles, unused_name
 from advcli.read.dataset import Dataset, StepRows
 from advcli.read.duplicates import EXAMPLES
-from advcli.read.inputs import open_dataset
+from advcli.read.inputs import open_dataset, unread_notes
 from advcli.read.scan import closing_sources, release_freed_memory
 from advcli.report.bias import BiasReport, part_report
 from advcli.report.by_step import empty_step, step_entry
@@ -328,10 +328,12 @@ def _combined(
         "inputs": [dataset.label(index) for index in range(len(dataset.files))],
         "padding_rows": padding_rows,
     }
+    reading = run.settings["reading"]
     if by == "file":
-        roles = run.settings["reading"]["roles"]
+        roles = reading["roles"]
         group = {**roles["group"], "why": by_reason(roles["group"]["why"], "file", "file")}
-        settings["reading"] = {**run.settings["reading"], "roles": {**roles, "group": group}}
+        reading = {**reading, "roles": {**roles, "group": group}}
+    settings["reading"] = {**reading, "notes": [*reading["notes"], *unread_notes(dataset.folders)]}
     summary = bias_summary(run, estimator=config.estimator.value, settings=settings)
     summary["by_step"] = {"by": by, "steps": entries}
     summary["duplicate_rows"] = duplicates

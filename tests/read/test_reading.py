@@ -533,3 +533,40 @@ def test_groups_spanning_files_are_said_in_the_reading(run, tmp_path):
     ]
     assert compare_json(run, first, second, "--by", "file")["settings"]["reading"]["notes"] == []
     assert compare_json(run, first)["settings"]["reading"]["notes"] == []
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("dump.csv", "a CSV file"), ("batch.pkl", "a pickle"), ("arrays.npz", "a numpy archive")],
+)
+def test_a_format_advcli_does_not_read_is_named_with_the_formats_it_reads(
+    run, tmp_path, name, kind
+):
+    path = tmp_path / name
+    path.write_text("group,trajectory,score\na,0,1.0\n")
+    result = run("compare", path)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {path}: {kind}, which advcli does not read: convert it (Polars reads most "
+        "formats and writes Parquet); advcli reads Parquet (.parquet, .pq), JSON lines (.jsonl, "
+        ".ndjson, .json) and Arrow IPC files and streams (.arrow, .arrows, .ipc, .feather)\n"
+    )
+
+
+@pytest.mark.parametrize("by", [[], ["--by", "file"]])
+def test_a_folders_files_that_are_not_read_are_named_in_the_reading(run, tmp_path, by):
+    folder = tmp_path / "run"
+    (folder / "logs").mkdir(parents=True)
+    for step in (1, 2):
+        pl.DataFrame(
+            {"data_id": [step, step], "rollout_id": [0, 1], "score": [1.0, 0.0]}
+        ).write_parquet(folder / f"step-{step}.parquet")
+    (folder / "config.json").write_text("{}")
+    (folder / "logs" / "train.jsonl").write_text("{}\n")
+    result = run("compare", folder, *by, "--json", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    notes = json.loads(result.stdout)["settings"]["reading"]["notes"]
+    assert (
+        f"{folder}: 2 files not read (only its Parquet files are): config.json, logs/train.jsonl"
+        in notes
+    )
