@@ -51,7 +51,11 @@ class _Watch:
         order ``compare --by file`` sorts them."""
         now = time.monotonic()
         ready, changing = [], {}
-        for path in directory_files(folder):
+        try:
+            listed = directory_files(folder)
+        except FileNotFoundError:  # a subfolder removed while it was listed: list it again
+            return []
+        for path in listed:
             if path in self.taken or any(p.endswith(PARTIAL_SUFFIX) for p in path.parts):
                 continue
             try:
@@ -124,4 +128,9 @@ def follow_steps(
     while True:
         for path in watch.complete(folder):
             yield _step(path, folder, config, names, drop_duplicates, reading)
+        if not folder.is_dir():
+            raise AdvcliError(
+                f"{shown_path(folder)}: the watched folder was removed (or replaced by a file); "
+                "the watch ends"
+            )
         time.sleep(POLL_SECONDS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -511,3 +512,39 @@ def test_lines_go_to_a_device_as_they_come(follower, write_dump, tmp_path):
         folder, "--jsonl", "/dev/null", "--settle", 0, "--fail-on", "severe"
     ).end()
     assert code == 3, stderr
+
+
+@pytest.mark.process
+def test_a_watched_folder_removed_ends_the_watch_with_an_error(follower, write_dump, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_dump(SEVERE, "run/step-0.parquet")
+    follow = follower(folder, "--jsonl", "-", "--settle", 0, "-q")
+    assert json.loads(follow.line())["step"] == 0
+    shutil.rmtree(folder)
+    code, stderr, rest = follow.end()
+    assert (code, rest) == (1, [])
+    assert stderr == (
+        f"Error: {folder}: the watched folder was removed (or replaced by a file); the watch ends\n"
+    )
+
+
+@pytest.mark.process
+def test_subfolders_that_come_and_go_while_listed_do_not_end_the_watch(
+    follower, write_dump, tmp_path
+):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_dump(SEVERE, "run/step-0.parquet")
+    follow = follower(folder, "--jsonl", "-", "--settle", 0, "-q")
+    assert json.loads(follow.line())["step"] == 0
+    # A trainer's scratch folders, made and removed many times while the watch lists.
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        scratch = folder / "scratch" / "a" / "b"
+        scratch.mkdir(parents=True)
+        (scratch / "x.tmp").write_text("x")
+        shutil.rmtree(folder / "scratch")
+    write_dump(SEVERE, "run/step-1.parquet")
+    assert json.loads(follow.line())["step"] == 1
+    assert follow.process.poll() is None
