@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
+import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,8 +69,9 @@ def find_config(explicit: Path | None) -> ConfigFile | None:
         if config is None:
             raise AdvcliError(f"{explicit}: no [tool.advcli] table")
         return config
+    # lexists: a link whose target is gone is a config file that cannot be read, not none.
     local = Path(CONFIG_NAME)
-    if local.exists():
+    if os.path.lexists(local):
         return _options_table(local)
     pyproject = Path(PYPROJECT_NAME)
     if pyproject.exists():
@@ -152,9 +155,10 @@ def _options_table(path: Path) -> ConfigFile | None:
 def _read_toml(path: Path) -> dict[str, Any]:
     # Read and decoded here, and parsed from text, which every tomli version accepts.
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = _config_bytes(path).decode("utf-8-sig")  # a byte-order mark is no key
     except FileNotFoundError:
-        raise AdvcliError(f"{path}: no such config file") from None
+        dangling = " (a link whose target is gone)" if path.is_symlink() else ""
+        raise AdvcliError(f"{path}: no such config file{dangling}") from None
     except OSError as error:
         raise AdvcliError(f"{path}: cannot read the config file: {error.strerror}") from None
     except UnicodeDecodeError:
@@ -164,6 +168,27 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as error:
         # The message ends "(at line L, column C)".
         raise AdvcliError(f"{path}: invalid TOML: {error}") from None
+
+
+# A config file holds a few dozen options: one larger than this is not one.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _config_bytes(path: Path) -> bytes:
+    """The file's bytes, if it is a regular file of at most :data:`MAX_CONFIG_BYTES`: opened
+    without waiting (a named pipe would wait for a writer for ever), a device is refused before
+    it is read (``/dev/zero`` never ends)."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(descriptor, "rb") as file:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            raise AdvcliError(f"{path}: not a regular file; a config file is a TOML file")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise AdvcliError(
+                f"{path}: {info.st_size:,} bytes, too large for a config file (at most "
+                f"{MAX_CONFIG_BYTES:,})"
+            )
+        return file.read(MAX_CONFIG_BYTES + 1)
 
 
 def _checked(config: ConfigFile, key: str, value: Any, kind: type) -> Setting:

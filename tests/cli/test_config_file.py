@@ -7,6 +7,7 @@ files and runs the real CLI. Expected advantages come from tests/reference.py.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -460,3 +461,39 @@ def test_saved_keys_of_each_command():
 def test_the_repository_pyproject_has_no_advcli_table():
     """advcli run from the repository's root must not pick up settings of its own."""
     assert "advcli" not in tomllib.loads((ROOT / "pyproject.toml").read_text()).get("tool", {})
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (
+            lambda path: os.mkfifo(path),
+            "advcli.toml: not a regular file; a config file is a TOML file",
+        ),
+        (
+            lambda path: path.symlink_to("/dev/zero"),
+            "advcli.toml: not a regular file; a config file is a TOML file",
+        ),
+        (
+            lambda path: path.symlink_to(path.parent / "gone.toml"),
+            "advcli.toml: no such config file (a link whose target is gone)",
+        ),
+        (
+            lambda path: path.write_bytes(b"# " + b"x" * (1 << 20) + b"\n"),
+            "advcli.toml: 1,048,579 bytes, too large for a config file (at most 1,048,576)",
+        ),
+    ],
+    ids=["named pipe", "device", "dangling link", "too large"],
+)
+def test_a_config_file_that_is_no_file_is_an_error_at_once(run, dump, tmp_path, make, said):
+    """Nothing waits on it (a pipe with no writer) or reads it for ever (a device), and a link
+    to nothing is not taken for no config."""
+    make(tmp_path / "advcli.toml")
+    assert error_line(run("compare", dump, "-q")) == f"Error: {said}"
+
+
+def test_a_byte_order_mark_is_read_past(run, dump, tmp_path):
+    (tmp_path / "advcli.toml").write_bytes('\ufeffestimator = "rloo"\n'.encode())
+    result = run("compute", dump, "-o", "out.parquet")
+    assert result.exit_code == 0, result.stderr
+    np.testing.assert_allclose(advantages(tmp_path / "out.parquet"), expected("rloo"))
