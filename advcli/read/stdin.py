@@ -3,7 +3,8 @@ the data flow reads its input twice."""
 
 from __future__ import annotations
 
-import shutil
+import os
+import select
 import sys
 from pathlib import Path
 
@@ -16,6 +17,10 @@ UTF8_BOM = b"\xef\xbb\xbf"
 JSON_BLANK = b" \t\r\n" + UTF8_BOM
 # How far into standard input to look for that '{'.
 SNIFF_LIMIT = 1 << 16
+# How long a read waits for standard input before it lets a signal's handler run, and how much
+# one read takes.
+WAIT_SECONDS = 0.2
+CHUNK = 1 << 20
 
 
 def spool_stdin(folder: Path) -> Path:
@@ -24,13 +29,13 @@ def spool_stdin(folder: Path) -> Path:
     stream, a ``{`` after any blank space JSON lines."""
     if stdin_closed():
         raise AdvcliError("<stdin>: standard input is closed")
-    source = sys.stdin.buffer
-    head = source.read(8)
+    source = sys.stdin.fileno()
+    head = _read_exactly(source, 8)
     if not head:
         raise AdvcliError("<stdin>: standard input is empty")
     # JSON lines may start with blank lines or a byte-order mark: read on to the first other byte.
     while not head.lstrip(JSON_BLANK) and len(head) < SNIFF_LIMIT:
-        more = source.read(8)
+        more = _read_exactly(source, 8)
         if not more:
             break
         head += more
@@ -53,5 +58,24 @@ def spool_stdin(folder: Path) -> Path:
     with path.open("wb") as sink:
         # Polars' JSON reader takes no byte-order mark.
         sink.write(head.removeprefix(UTF8_BOM) if name == "stdin.jsonl" else head)
-        shutil.copyfileobj(source, sink)
+        while chunk := _read(source, CHUNK):
+            sink.write(chunk)
     return path
+
+
+def _read(source: int, size: int) -> bytes:
+    """Up to ``size`` bytes of descriptor ``source`` (none at its end). A writer that stalls
+    never holds the run: the wait is cut into :data:`WAIT_SECONDS`, between which Python runs
+    a signal's handler (Ctrl-C, and SIGTERM or SIGHUP, which reach this thread only as a
+    request to run it)."""
+    while not select.select([source], [], [], WAIT_SECONDS)[0]:
+        pass
+    return os.read(source, size)
+
+
+def _read_exactly(source: int, size: int) -> bytes:
+    """``size`` bytes of ``source``, fewer only at its end."""
+    data = b""
+    while len(data) < size and (more := _read(source, size - len(data))):
+        data += more
+    return data

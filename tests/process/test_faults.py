@@ -967,3 +967,42 @@ def test_a_signal_during_shutdown_is_one_line_or_nothing(signum, medium_dump, mp
         else:
             assert result.returncode == 128 + signum, f"not 128 + N{result}"
             assert len(result.stderr.splitlines()) == 1, f"not one line{result}"
+
+
+def _catches_signals(pid: int) -> bool:
+    """Whether the process has its signal handlers in place (SigCgt holds SIGINT's bit)."""
+    with open(f"/proc/{pid}/status") as status:
+        caught = next(line for line in status if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) & (1 << (signal.SIGINT - 1)))
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "message"),
+    [
+        (signal.SIGINT, 130, INTERRUPTED),
+        (signal.SIGTERM, 143, TERMINATED),
+        (signal.SIGHUP, 129, TERMINATED),
+    ],
+    ids=["SIGINT", "SIGTERM", "SIGHUP"],
+)
+def test_a_stalled_standard_input_ends_on_a_signal(signum, code, message):
+    """A writer that never writes (nor closes) does not hold the run: each signal ends it as
+    it ends any run."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "advcli", "compare", "-", "-q"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _catches_signals(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # on into the read of standard input
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=10)
+    finally:
+        process.kill()
+        process.wait()
+    assert (process.returncode, stdout, stderr) == (code, "", message + "\n")
