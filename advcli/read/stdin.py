@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import select
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from advcli._runtime.process import stdin_closed
@@ -29,13 +30,13 @@ def spool_stdin(folder: Path) -> Path:
     stream, a ``{`` after any blank space JSON lines."""
     if stdin_closed():
         raise AdvcliError("<stdin>: standard input is closed")
-    source = sys.stdin.fileno()
-    head = _read_exactly(source, 8)
+    read = _reader()
+    head = _read_exactly(read, 8)
     if not head:
         raise AdvcliError("<stdin>: standard input is empty")
     # JSON lines may start with blank lines or a byte-order mark: read on to the first other byte.
     while not head.lstrip(JSON_BLANK) and len(head) < SNIFF_LIMIT:
-        more = _read_exactly(source, 8)
+        more = _read_exactly(read, 8)
         if not more:
             break
         head += more
@@ -58,24 +59,33 @@ def spool_stdin(folder: Path) -> Path:
     with path.open("wb") as sink:
         # Polars' JSON reader takes no byte-order mark.
         sink.write(head.removeprefix(UTF8_BOM) if name == "stdin.jsonl" else head)
-        while chunk := _read(source, CHUNK):
+        while chunk := read(CHUNK):
             sink.write(chunk)
     return path
 
 
-def _read(source: int, size: int) -> bytes:
-    """Up to ``size`` bytes of descriptor ``source`` (none at its end). A writer that stalls
-    never holds the run: the wait is cut into :data:`WAIT_SECONDS`, between which Python runs
-    a signal's handler (Ctrl-C, and SIGTERM or SIGHUP, which reach this thread only as a
-    request to run it)."""
-    while not select.select([source], [], [], WAIT_SECONDS)[0]:
-        pass
-    return os.read(source, size)
+def _reader() -> Callable[[int], bytes]:
+    """How standard input is read: up to N bytes a call (none at its end). From its descriptor,
+    a writer that stalls never holds the run: the wait is cut into :data:`WAIT_SECONDS`,
+    between which Python runs a signal's handler (Ctrl-C, and SIGTERM or SIGHUP, which reach
+    this thread only as a request to run it). A standard input with no descriptor (replaced by
+    a caller in this process) is read as it is."""
+    try:
+        source = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return sys.stdin.buffer.read
+
+    def read(size: int) -> bytes:
+        while not select.select([source], [], [], WAIT_SECONDS)[0]:
+            pass
+        return os.read(source, size)
+
+    return read
 
 
-def _read_exactly(source: int, size: int) -> bytes:
-    """``size`` bytes of ``source``, fewer only at its end."""
+def _read_exactly(read: Callable[[int], bytes], size: int) -> bytes:
+    """``size`` bytes, fewer only at the end."""
     data = b""
-    while len(data) < size and (more := _read(source, size - len(data))):
+    while len(data) < size and (more := read(size - len(data))):
         data += more
     return data
