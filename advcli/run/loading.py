@@ -230,9 +230,11 @@ def load_dump(
         columns = replace(columns, notes=(*columns.notes, note))
     if by not in (None, "file") and names.turn is None:
         _check_by_is_not_the_turn(by, columns, dataset.describe())
-    if columns.group_size is not None and dataset.num_rows % columns.group_size:
+    # A part of one value of --by is its value's rows alone.
+    rows = dataset.step.rows if dataset.step else dataset.num_rows
+    if columns.group_size is not None and rows % columns.group_size:
         raise AdvcliError(
-            f"{dataset.describe()}: {dataset.num_rows:,} rows are not whole groups of "
+            f"{dataset.describe()}: {rows:,} rows are not whole groups of "
             f"--group-size {columns.group_size}"
         )
     # Per-turn rewards' anchor step groups run on Ray: its stage 2 has the whole projection.
@@ -272,12 +274,38 @@ def load_dump(
         if dataset.step
         else steps.gather(projection[ROW])
     )
+    if columns.group_size is not None and not dataset.step:
+        _check_blocks_within_parts(dataset, projection, step, columns.group_size, by)
     projection = projection.with_columns(pl.struct(step, pl.col(GROUP).alias("group")).alias(GROUP))
     if unique_turns and columns.turn is not None:
         check_unique_turns(projection, dataset, columns)
     reasons = {**columns.reasons, "group": by_reason(columns.reasons["group"], by, steps.name)}
     return LoadedDump(
         dataset, replace(columns, reasons=reasons), projection, steps=steps, padding=padding
+    )
+
+
+def _check_blocks_within_parts(
+    dataset: Dataset, projection: pl.DataFrame, step: pl.Series, size: int, by: str
+) -> None:
+    """Refuse groups of ``size`` consecutive rows (``--group-size``) that cross from one part
+    of ``--by`` into the next: each part is its own batch, so its rows are whole groups (as
+    each file's must be when the files are written one at a time)."""
+    frame = pl.DataFrame({"block": projection[ROW] // size, "step": step, ROW: projection[ROW]})
+    crossing = frame.filter(pl.col("step") != pl.col("step").first().over("block"))
+    if crossing.is_empty():
+        return
+    row, value = crossing[ROW][0], crossing["step"][0]
+    earlier = frame.filter(pl.col("block") == row // size)["step"][0]
+    if by == "file":
+        raise AdvcliError(
+            f"{dataset.label(earlier)}: {dataset.row_counts[earlier]:,} rows are not whole groups "
+            f"of --group-size {size}"
+        )
+    raise AdvcliError(
+        f"{dataset.locate(row)}: its group of --group-size {size} rows has rows of '{by}' "
+        f"{earlier!r} and {value!r}; each value is its own batch (--by {by}), so its rows must "
+        "be whole groups"
     )
 
 

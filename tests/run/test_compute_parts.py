@@ -220,3 +220,61 @@ def test_a_signal_while_the_files_stream_leaves_nothing(tmp_path, signum, code, 
     assert process.returncode == code, stderr
     assert stderr == f"{word}; no partial output was left behind.\n"
     assert list(out.parent.iterdir()) == []
+
+
+def _blocks_of_two(folder: Path, sizes: list[int]) -> None:
+    """TRL-like step files (one row per completion, no group id), ``sizes`` rows each."""
+    folder.mkdir()
+    for number, size in enumerate(sizes):
+        pl.DataFrame(
+            {"rewards": [float(i % 2) for i in range(size)], "completion_mask": [[1, 1]] * size}
+        ).write_parquet(folder / f"step-{number}.parquet")
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        ("compute", "-o", "OUT.parquet"),
+        ("compute", "-o", "OUT.npz"),
+        ("compute", "-o", "OUT.parquet", "--report", "OUT.json"),
+        ("compare",),
+    ],
+    ids=["streamed", "npz", "report", "compare"],
+)
+def test_groups_of_rows_never_cross_from_one_file_into_the_next(run, tmp_path, outputs):
+    """Every path of --by file --group-size refuses a file that is not whole groups (the
+    .npz and --report paths read the run at once and made a group of one file's last row and
+    the next file's first)."""
+    folder = tmp_path / "run"
+    _blocks_of_two(folder, [3, 5])
+    command, *rest = outputs
+    rest = [str(tmp_path / part.replace("OUT", "out")) if "OUT" in part else part for part in rest]
+    result = run(command, folder, "--by", "file", "--group-size", "2", *rest, "-q")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {folder}/step-0.parquet: 3 rows are not whole groups of --group-size 2\n"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
+@pytest.mark.parametrize("command", ["compute", "compare"])
+def test_groups_of_rows_never_cross_from_one_value_of_by_into_the_next(run, tmp_path, command):
+    path = tmp_path / "steps.parquet"
+    pl.DataFrame(
+        {
+            "rewards": [1.0, 0.0, 1.0, 0.0, 1.0, 0.0],
+            "completion_mask": [[1, 1]] * 6,
+            "step": [1, 1, 1, 2, 2, 2],
+        }
+    ).write_parquet(path)
+    outputs = ["-o", tmp_path / "out.npz"] if command == "compute" else []
+    result = run(command, path, "--by", "step", "--group-size", "2", *outputs, "-q")
+    assert result.exit_code == 1
+    # compare reads one value at a time; compute --by COLUMN reads the run at once.
+    assert result.stderr == (
+        f"Error: {path} (step=1): 3 rows are not whole groups of --group-size 2\n"
+        if command == "compare"
+        else f"Error: {path} row 3: its group of --group-size 2 rows has rows of 'step' 1 and 2; "
+        "each value is its own batch (--by step), so its rows must be whole groups\n"
+    )
+    assert not (tmp_path / "out.npz").exists()
