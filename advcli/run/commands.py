@@ -355,7 +355,8 @@ def compare(  # noqa: PLR0913
     (512, 0)
     """
     check_engine(engine, address, config, compare=True, by=by)
-    parts = by_parts(by, config, plot=files.plot is not None, jobs=jobs)
+    figure = files.plot is not None or files.html is not None
+    parts = by_parts(by, config, figure=figure, jobs=jobs)
     check_standard_output(files.options(), binary={"--plot"})
     if files.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise AdvcliError(f"{files.plot}: --plot needs matplotlib: pip install 'advcli[plot]'")

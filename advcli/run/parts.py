@@ -86,16 +86,17 @@ class PartResult:
 EMPTY = PartResult(None, None, {}, 0)
 
 
-def by_parts(by: str | None, config: AdvantageConfig, *, plot: bool, jobs: int) -> bool:
+def by_parts(by: str | None, config: AdvantageConfig, *, figure: bool, jobs: int) -> bool:
     """Whether ``compare`` takes its inputs one part at a time: with ``--by`` (each file, or
     each value of a column), but for what needs every trajectory of the run at once (the
-    plot's panels, GiGPO's step credit). ``jobs`` above 1 is refused (a usage error) where it
-    would not be used."""
-    parts = by is not None and not plot and config.step is None
+    figure's panels, drawn for ``--plot`` and ``--html``: ``figure``; GiGPO's step credit).
+    ``jobs`` above 1 is refused (a usage error) where it would not be used."""
+    parts = by is not None and not figure and config.step is None
     if jobs > 1 and not parts:
         raise UsageError(
             "--jobs runs the parts of --by (its files, or its column's values) in parallel; it "
-            "does not go without --by, nor with --plot or --estimator gigpo"
+            "does not go without --by, nor with --plot or --html (their figure needs every "
+            "trajectory at once) or --estimator gigpo"
         )
     return parts
 

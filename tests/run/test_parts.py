@@ -5,9 +5,11 @@ error names its file."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -204,15 +206,39 @@ def test_a_part_whose_values_say_nothing_is_read_as_the_run(run, tmp_path, by, j
 
 @pytest.mark.parametrize(
     "options",
-    [(), ("--by", "file", "--plot", "plot.png"), ("--by", "step", "--estimator", "gigpo")],
+    [
+        (),
+        ("--by", "file", "--plot", "plot.png"),
+        ("--by", "file", "--html", "page.html"),
+        ("--by", "step", "--estimator", "gigpo"),
+    ],
 )
 def test_jobs_where_no_parts_are_compared_apart_is_a_usage_error(run, steps, options):
     result = run("compare", steps, *options, "-q", "--jobs", "2")
     assert result.exit_code == 2
     assert (
         "--jobs runs the parts of --by (its files, or its column's values) in parallel; it does "
-        "not go without --by, nor with --plot or --estimator gigpo"
+        "not go without --by, nor with --plot or --html (their figure needs every trajectory at "
+        "once) or --estimator gigpo"
     ) in " ".join(result.stderr.split())
+
+
+def test_the_html_pages_figure_under_by_has_every_panel(run, steps, tmp_path):
+    """--html reads the run at once under --by, as --plot does: its figure's per-trajectory
+    and per-group panels are drawn from every trajectory, never left empty."""
+    page = tmp_path / "page.html"
+    by_file = run("compare", steps, "--by", "file", "--html", page, "--json", "-", "-q")
+    assert by_file.exit_code == 0, by_file.stderr
+    summary = json.loads(by_file.stdout)
+    whole = json.loads(run("compare", steps, "--by", "file", "--json", "-", "-q").stdout)
+    assert summary["by_step"] == whole["by_step"]
+    assert len(summary["top_trajectories"]) == len(whole["top_trajectories"]) == 10
+    # The page's figure is --plot's, which every trajectory of the run draws.
+    plot = tmp_path / "plot.png"
+    assert run("compare", steps, "--by", "file", "--plot", plot, "-q").exit_code == 0
+    embedded = re.search(r'src="data:image/png;base64,([^"]+)"', page.read_text())
+    assert embedded is not None
+    assert base64.b64decode(embedded[1]) == plot.read_bytes()
 
 
 @pytest.mark.ray
