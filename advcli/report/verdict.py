@@ -144,12 +144,14 @@ VERL_AGENT = Remedy(
 )
 AGENT_LIGHTNING = Remedy(
     "agent-lightning",
-    "algorithm.enable_rollout_level_advantage=true (agentlightning/verl/config.yaml sets it; the "
-    "trainer reads it with a default of false) computes the advantage on one row per rollout "
-    "(compute_rollout_level_advantage) and broadcasts it to the rollout's rows; "
-    "actor_rollout_ref.actor.policy_loss.loss_mode=per_rollout_mean (also config.yaml's) gives "
-    "each rollout equal weight in the loss",
-    brief="algorithm.enable_rollout_level_advantage=true",
+    "nothing to change with agent-lightning's own config: agentlightning/verl/config.yaml sets "
+    "algorithm.enable_rollout_level_advantage=true, which computes the advantage on one row per "
+    "rollout (compute_rollout_level_advantage) and broadcasts it to the rollout's rows, and "
+    "actor_rollout_ref.actor.policy_loss.loss_mode=per_rollout_mean, which gives each rollout "
+    "equal weight in the loss. A config of your own that leaves the first key out gets the "
+    "trainer's default, false, which counts every turn row: set both there",
+    brief="its config.yaml already does (a config of your own: "
+    "algorithm.enable_rollout_level_advantage=true)",
     source="microsoft/agent-lightning@c632d8d: agentlightning/verl/config.yaml, "
     "algorithm.enable_rollout_level_advantage and actor_rollout_ref.actor.policy_loss.loss_mode; "
     "agentlightning/verl/trainer.py; agentlightning/verl/rollout_level_advantage.py, "

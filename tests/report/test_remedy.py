@@ -112,8 +112,11 @@ OWN_ADVICE = {
     "agent-lightning": (
         "agent-lightning",
         [
+            # Its shipped config sets both: the advice is not to turn on what is on.
+            "nothing to change with agent-lightning's own config",
             "algorithm.enable_rollout_level_advantage=true",
             "actor_rollout_ref.actor.policy_loss.loss_mode=per_rollout_mean",
+            "config of your own that leaves the first key out",
         ],
     ),
     "verl (v1 multi-trajectory)": (
