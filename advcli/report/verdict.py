@@ -144,10 +144,10 @@ VERL_AGENT = Remedy(
 )
 AGENT_LIGHTNING = Remedy(
     "agent-lightning",
-    "nothing to change with agent-lightning's own config: agentlightning/verl/config.yaml sets "
-    "algorithm.enable_rollout_level_advantage=true, which computes the advantage on one row per "
-    "rollout (compute_rollout_level_advantage) and broadcasts it to the rollout's rows, and "
-    "actor_rollout_ref.actor.policy_loss.loss_mode=per_rollout_mean, which gives each rollout "
+    "nothing to change with agent-lightning's own config, whose agentlightning/verl/config.yaml "
+    "sets algorithm.enable_rollout_level_advantage=true, which computes the advantage on one "
+    "row per rollout (compute_rollout_level_advantage) and broadcasts it to the rollout's rows, "
+    "and actor_rollout_ref.actor.policy_loss.loss_mode=per_rollout_mean, which gives each rollout "
     "equal weight in the loss. A config of your own that leaves the first key out gets the "
     "trainer's default, false, which counts every turn row: set both there",
     brief="its config.yaml already does (a config of your own: "
