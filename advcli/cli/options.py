@@ -412,5 +412,5 @@ def check_fail_above(fail_above: float | None, settings: DumpSettings) -> None:
     if fail_above is not None and settings.config.per_turn is not None:
         raise UsageError(
             "--fail-above reads the outcome report's largest advantage difference; under "
-            "--reward-mode per-turn pass --fail-on (the level of the grouping in use)"
+            "--reward-mode per-turn pass --fail-on (the level of advcli's --step-groups)"
         )

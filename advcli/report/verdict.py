@@ -443,7 +443,7 @@ def judge_grouping(name: str, figures: dict[str, Any]) -> dict[str, Any]:
 
 def termination_verdict(summary: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The termination report's ``assessment`` (which groupings this dump can use safely, the
-    thresholds, the grouping in use and its level, which ``--fail-on`` reads) and its verdict in
+    thresholds, advcli's grouping and its level, which ``--fail-on`` reads) and its verdict in
     plain language."""
     settings, groupings = summary["settings"], summary["groupings"]
     safe = [name for name, entry in groupings.items() if entry["verdict"]["safe"]]
@@ -472,7 +472,8 @@ def termination_verdict(summary: dict[str, Any]) -> tuple[dict[str, Any], str]:
             f"{REFERENCE_GROUPING}."
         )
     state = "safe" if in_use in safe else "biased"
-    sentences.append(f"The grouping in use, {in_use}, is {state}.")
+    # advcli's setting, not a trainer's: most trainers' per-turn rewards use no grouping.
+    sentences.append(f"advcli's --step-groups {in_use}, what it computes with, is {state}.")
     return assessment, " ".join(sentences)
 
 
