@@ -73,6 +73,9 @@ def results_in_order(
 def _serve(connection: Connection) -> None:
     """A worker process: each (work, task) received, its result (pickled here, unpickled by the
     parent's main thread) or its error sent back, until None or the parent is gone."""
+    # Polars catches SIGINT when it loads, whatever the process started with (see
+    # _start_workers): ignored again, as the parent's Ctrl-C is the parent's to act on.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
             message = connection.recv()
