@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
-from advcli._runtime.signals import held
+from advcli._runtime.signals import HANDLED_SIGNALS, held
 from advcli.errors import AdvcliError
 from advcli.run.loading import load_ray_engine
 from advcli.settings.config import Engine
@@ -74,8 +74,10 @@ def _serve(connection: Connection) -> None:
     """A worker process: each (work, task) received, its result (pickled here, unpickled by the
     parent's main thread) or its error sent back, until None or the parent is gone."""
     # Polars catches SIGINT when it loads, whatever the process started with (see
-    # _start_workers): ignored again, as the parent's Ctrl-C is the parent's to act on.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # _start_workers): ignored again. A worker lives as long as its parent, which acts on the
+    # signals and ends it.
+    for signum in HANDLED_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     while True:
         try:
             message = connection.recv()
@@ -101,14 +103,15 @@ class _Worker:
 
 
 def _start_workers(count: int) -> list[_Worker]:
-    """``count`` spawned worker processes, started with Ctrl-C ignored (a process keeps an
-    ignored signal through exec, and Python leaves it ignored): a Ctrl-C sent to the whole
-    process group, which reaches them while they import advcli too, prints no traceback of
-    theirs; this process takes it and ends them. Meanwhile Ctrl-C is blocked here, so that one
+    """``count`` spawned worker processes, started with Ctrl-C, SIGTERM and SIGHUP ignored (a
+    process keeps an ignored signal through exec, and Python leaves it ignored): a signal sent
+    to the whole process group, which reaches them while they import advcli too, neither prints
+    a traceback of theirs nor ends one before the run (a dead worker is an error of its part);
+    this process takes it and ends them. Meanwhile the signals are blocked here, so that one
     sent while they start waits for this process's handler instead of being ignored."""
     context = multiprocessing.get_context("spawn")
     workers = []
-    with _ignoring_ctrl_c():
+    with _ignoring(HANDLED_SIGNALS):
         for _ in range(count):
             ours, theirs = context.Pipe()
             process = context.Process(target=_serve, args=(theirs,), daemon=True)
@@ -119,18 +122,19 @@ def _start_workers(count: int) -> list[_Worker]:
 
 
 @contextlib.contextmanager
-def _ignoring_ctrl_c() -> Iterator[None]:
-    """SIGINT ignored, and blocked in this thread, for the block (only the main thread may
-    set a handler: elsewhere nothing changes)."""
+def _ignoring(signals: Sequence[signal.Signals]) -> Iterator[None]:
+    """``signals`` ignored, and blocked in this thread, for the block (only the main thread
+    may set a handler: elsewhere nothing changes)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    handlers = {signum: signal.signal(signum, signal.SIG_IGN) for signum in signals}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, handler)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 

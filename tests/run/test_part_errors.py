@@ -120,10 +120,20 @@ def test_jobs_start_no_more_processes_than_cores():
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("after", [0.3, 1.2, 2.5])
-def test_a_ctrl_c_to_the_whole_group_ends_the_workers_without_a_traceback(tmp_path, after):
-    """Ctrl-C at a terminal reaches every process of the group: the workers (starting, or
-    comparing) print nothing, and the run ends as a Ctrl-C does, leaving no process behind."""
+@pytest.mark.parametrize(
+    ("signum", "after"),
+    [
+        (signal.SIGINT, 0.3),
+        (signal.SIGINT, 1.2),
+        (signal.SIGINT, 2.5),
+        (signal.SIGTERM, 1.2),
+        (signal.SIGTERM, 2.5),
+    ],
+)
+def test_a_signal_to_the_whole_group_ends_the_workers_without_a_traceback(tmp_path, signum, after):
+    """Ctrl-C at a terminal (or a SIGTERM to the job) reaches every process of the group: the
+    workers (starting, or comparing) print nothing and end with the run, which ends as the
+    signal ends any run, leaving no process behind."""
     folder = tmp_path / "run"
     folder.mkdir()
     # Some 4 s of work on 2 cores: the workers start in the first second.
@@ -137,12 +147,13 @@ def test_a_ctrl_c_to_the_whole_group_ends_the_workers_without_a_traceback(tmp_pa
         start_new_session=True,
     )
     time.sleep(after)
-    os.killpg(process.pid, signal.SIGINT)
+    os.killpg(process.pid, signum)
     stdout, stderr = process.communicate(timeout=120)
     if process.returncode == 0:
-        pytest.skip(f"the run ended before the Ctrl-C at {after} s")
-    assert (process.returncode, stdout) == (130, "")
-    assert stderr == "Interrupted; no partial output was left behind.\n"
+        pytest.skip(f"the run ended before the signal at {after} s")
+    assert (process.returncode, stdout) == (128 + signum, "")
+    what = "Interrupted" if signum == signal.SIGINT else "Terminated"
+    assert stderr == f"{what}; no partial output was left behind.\n"
     # A process being reaped has its state and command line taken away in turn: a moment.
     deadline = time.monotonic() + 10
     while _alive_in_group(process.pid) and time.monotonic() < deadline:
