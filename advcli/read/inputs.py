@@ -94,12 +94,18 @@ def directory_files(path: Path) -> list[Path]:
     :func:`~advcli.read.step_files.number_order`): its Parquet files, failing those
     its JSON-lines files (a stray config.json beside Parquet files is not data); none if it
     holds neither."""
+    return _read_and_not(path)[0]
+
+
+def _read_and_not(path: Path) -> tuple[list[Path], list[Path]]:
+    """A directory's files, listed once and sorted: those :func:`directory_files` reads, and
+    the others."""
     files = sorted((p for p in path.rglob("*") if p.is_file()), key=number_order)
     for suffixes in (PARQUET_SUFFIXES, DIRECTORY_JSON_SUFFIXES):
         found = [p for p in files if p.suffix in suffixes]
         if found:
-            return found
-    return []
+            return found, [p for p in files if p.suffix not in suffixes]
+    return [], files
 
 
 # How many of a folder's files that are not read a note names.
@@ -111,12 +117,7 @@ def unread_notes(folders: Sequence[Path]) -> tuple[str, ...]:
     JSON lines beside Parquet, another format): a note naming them, for the reading."""
     notes = []
     for folder in folders:
-        read = directory_files(folder)
-        unread = [
-            p
-            for p in sorted(folder.rglob("*"), key=number_order)
-            if p.is_file() and p not in set(read)
-        ]
+        read, unread = _read_and_not(folder)
         if unread and read:
             names = ", ".join(shown_path(p.relative_to(folder)) for p in unread[:UNREAD_SHOWN])
             more = f" and {len(unread) - UNREAD_SHOWN:,} more" if len(unread) > UNREAD_SHOWN else ""
