@@ -291,12 +291,10 @@ def _check_blocks_within_parts(
     """Refuse groups of ``size`` consecutive rows (``--group-size``) that cross from one part
     of ``--by`` into the next: each part is its own batch, so its rows are whole groups (as
     each file's must be when the files are written one at a time)."""
-    frame = pl.DataFrame({"block": projection[ROW] // size, "step": step, ROW: projection[ROW]})
-    crossing = frame.filter(pl.col("step") != pl.col("step").first().over("block"))
-    if crossing.is_empty():
+    mixed = _first_mixed(projection[ROW] // size, step, projection[ROW])
+    if mixed is None:
         return
-    row, value = crossing[ROW][0], crossing["step"][0]
-    earlier = frame.filter(pl.col("block") == row // size)["step"][0]
+    row, earlier, value = mixed
     if by == "file":
         raise AdvcliError(
             f"{dataset.label(earlier)}: {dataset.row_counts[earlier]:,} rows are not whole groups "
@@ -316,6 +314,18 @@ def by_reason(reason: str, by: str, step: str) -> str:
     return f"{reason}; each {part} is its own batch (--by {by}): a group is a ({step}, group) pair"
 
 
+def _first_mixed(key: pl.Series, values: pl.Series, rows: pl.Series) -> tuple[int, Any, Any] | None:
+    """The first row (its number in ``rows``) whose value differs from the first value of its
+    ``key``: (row, that first value, its own), None where every key holds one value."""
+    frame = pl.DataFrame({"key": key, "value": values, "row": rows})
+    first = pl.col("value").first().over("key")
+    mixed = frame.with_columns(first.alias("first")).filter(pl.col("value") != pl.col("first"))
+    if mixed.is_empty():
+        return None
+    row, earlier, value = mixed.select("row", "first", "value").row(0)
+    return row, earlier, value
+
+
 def _training_step(dataset: Dataset, names: ColumnNames) -> str | None:
     """The training step's column the files' advcli metadata names, unless an option named
     it for a role."""
@@ -328,12 +338,10 @@ def _check_groups_in_one_step(dataset: Dataset, projection: pl.DataFrame, step: 
     """Refuse a group with rows of two training steps (column ``step``): read as one batch,
     steps whose group ids repeat (a dataset index) would have their groups merged."""
     steps = dataset.read_columns([step]).to_series().gather(projection[ROW])
-    frame = projection.select(ROW, GROUP, steps.alias("__step"))
-    first = pl.col("__step").first().over(GROUP)
-    other = frame.with_columns(first.alias("first")).filter(pl.col("__step") != pl.col("first"))
-    if other.is_empty():
+    mixed = _first_mixed(projection[GROUP], steps, projection[ROW])
+    if mixed is None:
         return
-    row, value, earlier = other.select(ROW, "__step", "first").row(0)
+    row, earlier, value = mixed
     raise AdvcliError(
         f"{dataset.locate(row)}: its group has rows of training steps {earlier} and {value} "
         f"('{step}'): the steps' group ids repeat, and read as one batch their groups would be "
