@@ -17,6 +17,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
+from advcli._runtime.signals import held
 from advcli.errors import AdvcliError, InputChanged, first_line
 from advcli.names import NativeNames, shown_path
 from advcli.read.dataset import GLOB_CHARS, Dataset, FileIdentity, as_pattern
@@ -226,9 +227,7 @@ def _read_header(
                     f"groups hold {in_groups:,}; the file is damaged"
                 )
             _check_arrow_types(arrow_schema, label, _UNSUPPORTED_FROM_PARQUET)
-            # Not arrow_schema.empty_table(): that imports pandas (half a second) for nothing.
-            empty = pa.Table.from_batches([], schema=arrow_schema)
-            schema = pl.DataFrame(empty).schema
+            schema = _polars_schema(arrow_schema)
             return metadata.num_rows, schema, read_file_roles(metadata.metadata, schema, label)
         if input_format == "arrow_stream":
             # Memory-mapped: counting the rows reads the batches' headers, not their data.
@@ -236,8 +235,7 @@ def _read_header(
                 reader = pa.ipc.open_stream(mapped)
                 _check_arrow_types(reader.schema, label)
                 num_rows = sum(batch.num_rows for batch in reader)
-            empty = pa.Table.from_batches([], schema=reader.schema)
-            return num_rows, pl.DataFrame(empty).schema, None
+            return num_rows, _polars_schema(reader.schema), None
         if input_format == "arrow":
             with pa.memory_map(source) as mapped:
                 if mapped.read(len(FEATHER_V1_MAGIC)) == FEATHER_V1_MAGIC:
@@ -262,6 +260,15 @@ def _read_header(
                 raise AdvcliError(f"{label} {bad_line}") from None
         kind = kind if input_format == "arrow_stream" else f"{kind} file"
         raise AdvcliError(f"{label}: not a readable {kind} ({first_line(error)})") from None
+
+
+def _polars_schema(arrow_schema: pa.Schema) -> pl.Schema:
+    """Polars' schema of an Arrow schema, with signals held: Polars builds its types by calling
+    back into Python, and a Ctrl-C raised inside that call is a panic, not an interrupt."""
+    # Not arrow_schema.empty_table(): that imports pandas (half a second) for nothing.
+    empty = pa.Table.from_batches([], schema=arrow_schema)
+    with held():
+        return pl.DataFrame(empty).schema
 
 
 def _a(kind: str) -> str:
