@@ -139,9 +139,7 @@ def hold_signals_until_exit() -> int | None:
     a handler would interrupt) and return the first one received, or pending, if any."""
     _HOLDING.append(True)  # for good: no handler raises from here on
     signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
-    pending = sorted(signal.sigpending() & set(HANDLED_SIGNALS))
-    if received_signal() is None and pending:
-        _RECEIVED.append(pending[0])
+    arrived_signal()
     # Ignored, not only blocked: the mask is the main thread's, and Python's shutdown puts the
     # default action back for a signal it had a handler for, so a Ctrl-C reaching one of Polars'
     # threads then would kill the process (exit -2) after its output was published.
@@ -153,6 +151,18 @@ def hold_signals_until_exit() -> int | None:
 def received_signal() -> int | None:
     """The first signal :func:`handle_signals` caught, if any."""
     return _RECEIVED[0] if _RECEIVED else None
+
+
+def arrived_signal() -> int | None:
+    """The first signal caught, or else one that reached the process and waits to be: a
+    termination signal is blocked in this thread and waits for the forwarding thread to take it.
+    An error that raced such a signal (its sender closed the input the next moment) is the
+    signal's doing, and is not reported beside it. A waiting signal counts as received."""
+    if not _RECEIVED:
+        pending = sorted(signal.sigpending() & set(HANDLED_SIGNALS))
+        if pending:
+            _RECEIVED.append(pending[0])
+    return received_signal()
 
 
 def signal_message(signum: int) -> str:

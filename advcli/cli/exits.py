@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import typer
 
 from advcli._runtime.process import silence_stdout
-from advcli._runtime.signals import exit_status, received_signal
+from advcli._runtime.signals import arrived_signal, exit_status
 from advcli.errors import AdvcliError, MissingRoles, UsageError
 from advcli.names import printable
 
@@ -40,7 +40,7 @@ def reports_errors(command: F) -> F:
         except UsageError as error:
             raise typer.BadParameter(printable(str(error))) from None
         except AdvcliError as error:
-            if received_signal() is None:
+            if arrived_signal() is None:
                 typer.echo(f"Error: {printable(_with_command(error))}", err=True)
             # Else the interrupt caused it (a query it cancelled fails): the entry point prints
             # the interrupt's line and exit code instead.

@@ -733,6 +733,30 @@ main()
 """
 
 
+# An error that a termination signal raced: the signal reached the process, but the thread that
+# takes it has not run yet (a loaded machine), and its sender closed the input the next moment.
+ERROR_RACED_BY_A_WAITING_SIGNAL = """
+import os, signal, sys, threading, types
+import typer
+from advcli._runtime import signals
+from advcli.cli.exits import reports_errors
+from advcli.errors import AdvcliError
+
+signals._forward_termination = lambda *args: threading.Event().wait()  # not scheduled yet
+
+@reports_errors
+def command():
+    os.kill(os.getpid(), signal.SIGTERM)
+    raise AdvcliError("<stdin>: standard input is empty")
+
+app = typer.Typer()
+app.command()(command)
+sys.modules["advcli.cli.app"] = types.SimpleNamespace(app=app)
+from advcli.__main__ import main
+main()
+"""
+
+
 # The interrupt raised inside a weakref's callback, where Python can only print it and go on
 # (the import system's module locks have such a callback: a Ctrl-C in start-up landed there).
 INTERRUPTED_IN_WEAKREF_CALLBACK = """
@@ -776,6 +800,21 @@ def test_an_interrupt_turned_into_something_else_still_ends_as_one(script, mplco
     assert result.stderr.splitlines() == [INTERRUPTED], f"stderr is not the one line{result}"
     assert_no_crash(result)
     assert not (out / "went-on").exists(), f"the run went on after the interrupt{result}"
+
+
+def test_a_waiting_signal_outranks_the_error_it_raced(mplconfig, tmp_path):
+    out, tmp = folders(tmp_path)
+    finished = subprocess.run(
+        [sys.executable, "-c", ERROR_RACED_BY_A_WAITING_SIGNAL],
+        cwd=out,
+        env=child_env(tmp, mplconfig),
+        capture_output=True,
+        timeout=60,
+    )
+    result = Run(["-c"], finished.returncode, text(finished.stdout), text(finished.stderr))
+
+    assert result.returncode == 143, f"exit code is not 143{result}"
+    assert result.stderr.splitlines() == [TERMINATED], f"stderr is not the one line{result}"
 
 
 @pytest.mark.slow
@@ -1001,8 +1040,13 @@ def test_a_stalled_standard_input_ends_on_a_signal(signum, code, message):
             time.sleep(0.05)
         time.sleep(0.5)  # on into the read of standard input
         process.send_signal(signum)
-        stdout, stderr = process.communicate(timeout=10)
+        # Waited for with its input still open (communicate would close it: an end of input,
+        # not the stalled writer this is about).
+        process.wait(timeout=10)
+        stdout, stderr = process.stdout.read(), process.stderr.read()
     finally:
         process.kill()
         process.wait()
+        for stream in (process.stdin, process.stdout, process.stderr):
+            stream.close()
     assert (process.returncode, stdout, stderr) == (code, "", message + "\n")
