@@ -5,9 +5,12 @@ handler before anything heavy is imported, and a signal ends the run with one li
 128 + its number, whatever was running when it came.
 """
 
+import atexit
 import gc
+import os
 import signal
 import sys
+from typing import NoReturn
 
 from advcli._runtime.process import (
     flush_stdout,
@@ -72,11 +75,21 @@ def main() -> None:
         native_stderr_to_null()
         # Also when a library swallowed the interrupt and the command ran on: never exit 0.
         sys.stderr.write(signal_message(signum) + "\n")
-        code = exit_status(signum)
+        _end_without_teardown(exit_status(signum))
     elif failed_write is not None and code == 0:
         sys.stderr.write(f"Error: standard output: cannot write ({failed_write})\n")
         code = 1
     sys.exit(code)
+
+
+def _end_without_teardown(code: int) -> NoReturn:
+    """End a run a signal ended: the exit handlers run (a local Ray cluster is stopped), the
+    interpreter's teardown does not. The cancelled queries' native threads may still be running,
+    and tearing the interpreter down under them aborted the process (SIGABRT, seen under load
+    in CI) after its one line was printed; a run ended by a signal has nothing else to finish."""
+    atexit._run_exitfuncs()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
