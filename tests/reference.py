@@ -78,7 +78,7 @@ Row = tuple[Hashable, Hashable, int, float, int]
 
 LEVELS = ("turn", "trajectory")
 ESTIMATORS = ("grpo", "drgrpo", "rloo", "opo", "grpo_passk", "reinforce_pp_baseline")
-TRAJ_SCORES = ("first", "last", "mean", "max", "sum")
+TRAJ_SCORES = ("first", "last", "mean", "max", "sum", "own")
 SCALES = ("group", "batch", "none")
 SINGLETONS = ("raw", "zero")
 
@@ -251,7 +251,10 @@ def _whiten(values: list[float], tokens: list[int]) -> list[float]:
 def reference_scores(
     rows: Sequence[Row], *, level: str, traj_score: str | None = None
 ) -> list[float]:
-    """The score each row is judged by: its own at turn level, its trajectory's otherwise."""
+    """The score each row is judged by: its own at turn level and under the ``own`` rule, its
+    trajectory's otherwise."""
+    if traj_score == "own":
+        return [row[3] for row in rows]
     out = [math.nan] * len(rows)
     for unit in _units(rows, level, traj_score):
         for p in unit.positions:
@@ -279,6 +282,18 @@ def reference_advantages(
     if traj_score is not None and traj_score not in TRAJ_SCORES:
         raise ValueError(f"unknown traj_score {traj_score!r}")
 
+    if traj_score == "own" and level == "trajectory":
+        if singleton != "raw" or scale == "batch":
+            raise ValueError("the own rule's reference takes singleton raw, scale group or none")
+        return reference_own_score(
+            [row[3] for row in rows],
+            [row[0] for row in rows],
+            [row[1] for row in rows],
+            estimator="drgrpo" if scale == "none" else estimator,
+            epsilon=epsilon,
+            dedup=True,
+            tie_std=1.0,
+        )
     units = _units(rows, level, traj_score)
     by_group: dict[Hashable, list[_Unit]] = {}
     for unit in units:
@@ -315,11 +330,15 @@ def reference_own_score(
     estimator: str,
     epsilon: float = 1e-6,
     dedup: bool = False,
+    tie_std: float = 0.0,
 ) -> list[float]:
     """``advcli.torch``'s semantics (verl's drop-in), grpo, drgrpo and rloo: a group's units are
     its rows or, with ``dedup``, the first row (in row order) of each ``(group, trajectory)``
     pair; every row is then normalized with its **own** score against its group's units. When
-    the rows of each trajectory carry one score this is :func:`reference_advantages`."""
+    the rows of each trajectory carry one score this is :func:`reference_advantages`.
+
+    ``tie_std``: what grpo divides by (plus ε) in a group whose units tie (std 0): 0 is verl's
+    (a row that differs from the tie gets its difference / ε), 1 advcli's ``--traj-score own``."""
     counted: dict[Hashable, list[float]] = {}
     seen: set[tuple[Hashable, Hashable]] = set()
     for i, (score, group) in enumerate(zip(scores, groups, strict=True)):
@@ -336,6 +355,8 @@ def reference_own_score(
         n = len(values)
         # A lone unit: mean 0 and std 1 (verl's rule).
         mean, std = (0.0, 1.0) if n == 1 else (_mean(values), _std(values))
+        if std == 0:
+            std = tie_std
         centred = score - mean
         if estimator == "rloo":
             out.append(centred if n == 1 else n / (n - 1) * centred)

@@ -26,7 +26,14 @@ from advcli.advantages.unit_scores import Naming, build_units
 from advcli.advantages.units import Trajectories, index_trajectories
 from advcli.errors import AdvcliError
 from advcli.keys import GROUP, ROW, SCORE, TOKENS
-from advcli.settings.config import AdvantageConfig, GigpoNorm, Level, Scale, Singleton
+from advcli.settings.config import (
+    AdvantageConfig,
+    GigpoNorm,
+    Level,
+    Scale,
+    Singleton,
+    TrajScore,
+)
 from advcli.settings.rules import (
     FLOAT32_MAX,
     RULES,
@@ -60,6 +67,8 @@ class Advantages:
     # (:func:`advcli.advantages.step_groups.gigpo_advantages`).
     row_advantage: pl.Series | None = None
     steps: pl.DataFrame | None = None
+    # --traj-score own: each row's score is its own, the one its row advantage is centred on.
+    own_scores: bool = False
 
     def without_index(self) -> Advantages:
         """The same result without the index of the rows' trajectories (4 bytes a row, and its
@@ -78,8 +87,11 @@ class Advantages:
         """One row per row of ``projection`` (the key projection these advantages were computed
         from), in input order: ``row``, ``score``, ``advantage``."""
         if self.row_advantage is not None:
+            advantage = self.row_advantage.alias("advantage")
+            if self.own_scores:
+                return pl.DataFrame([projection[ROW], projection[SCORE], advantage])
             episode = replace(self, row_advantage=None).rows(projection)
-            return episode.with_columns(self.row_advantage.alias("advantage"))
+            return episode.with_columns(advantage)
         if self.level is Level.TURN:  # the units are the rows
             return self.units.select(pl.col("first_row").alias(ROW), SCORE, "advantage")
         if self.trajectories is None:
@@ -180,6 +192,8 @@ def compute_advantages(
     naming = naming or Naming()
     if config.level is Level.TRAJECTORY:
         trajectories = trajectories or index_trajectories(projection)
+        if config.traj_score is TrajScore.OWN:
+            return _own_score_advantages(projection, config, naming, trajectories, batch)
     else:
         trajectories = None
     units = build_units(projection, config, naming, trajectories)
@@ -253,6 +267,59 @@ def compute_advantages(
         groups=groups,
         trajectories=trajectories,
         empty_rows_zero=masked_rows is not None,
+    )
+
+
+def _own_score_advantages(
+    projection: pl.DataFrame,
+    config: AdvantageConfig,
+    naming: Naming,
+    trajectories: Trajectories,
+    batch: str | None,
+) -> Advantages:
+    """``--traj-score own`` (verl-agent's rule for rows that disagree by a penalty): each
+    trajectory's first row (in row order) in its group's statistics, every row centred on its
+    own score and divided as the estimator divides.
+
+    A group whose first rows tie has std 0: verl-agent divides a penalized row's −0.1 by ε
+    there; advcli divides every row of such a group by SINGLETON_STD + ε (mean 0, std 1, as a
+    lone unit), so the penalty stays its own size."""
+    firsts = projection[trajectories.first_position()]
+    first_rows = compute_advantages(firsts, replace(config, level=Level.TURN), naming, None, batch)
+    groups = first_rows.groups.select(GROUP, "units", "baseline", "std", "zero_std")
+    rows = projection.select(GROUP, SCORE).join(groups, on=GROUP, how="left", maintain_order="left")
+    centred = pl.col(SCORE) - pl.col("baseline")
+    if config.effective_scale is Scale.NONE:
+        advantage = centred
+    else:
+        divisor = pl.when(pl.col("zero_std")).then(SINGLETON_STD).otherwise(pl.col("std"))
+        advantage = pl.when(centred == 0).then(0.0).otherwise(centred / (divisor + config.epsilon))
+    if config.singleton is Singleton.ZERO:
+        advantage = pl.when(pl.col("units") == 1).then(0.0).otherwise(advantage)
+    row_advantage = rows.select(advantage.alias("advantage")).to_series()
+    check_finite(
+        pl.DataFrame([projection[ROW].alias("first_row"), projection[SCORE], row_advantage]),
+        naming,
+    )
+    # A trajectory's rows, turns and tokens are its own; its score is its first row's (the one
+    # in the statistics) and its advantage the mean of its rows', as the turn level's is: its
+    # first row's exactly where its rows agree, not a rounding of it.
+    table = trajectories.table
+    row_means = trajectories.mean(pl.DataFrame([row_advantage]), pl.col("advantage"))
+    agree = table["score_min"] == table["score_max"]
+    advantage_of_unit = pl.select(
+        pl.when(agree).then(first_rows.units["advantage"]).otherwise(pl.Series(row_means))
+    ).to_series()
+    units = first_rows.units.with_columns(
+        table["turns"], table["tokens"].alias(TOKENS), advantage_of_unit.alias("advantage")
+    )
+    return Advantages(
+        level=Level.TRAJECTORY,
+        units=units,
+        groups=first_rows.groups,
+        trajectories=trajectories,
+        row_advantage=row_advantage,
+        own_scores=True,
     )
 
 

@@ -19,13 +19,12 @@ from advcli.advantages.statistics import batch_key
 from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import Trajectories, sorted_sum
 from advcli.errors import AdvcliError
-from advcli.keys import ANCHOR, GROUP, ROW, SCORE, STEP_RETURN, STEP_REWARD, TOKENS, TURN
+from advcli.keys import ANCHOR, GROUP, ROW, SCORE, STEP_RETURN, STEP_REWARD, TURN
 from advcli.settings.config import (
     AdvantageConfig,
     AnchorScope,
     GigpoNorm,
     Level,
-    Singleton,
     StepTerm,
     TrajScore,
 )
@@ -42,8 +41,8 @@ def gigpo_advantages(
     """GiGPO on the key projection (with ``anchor`` and ``step_reward`` or ``step_return``):
     ``A = A_episode + ω · A_step`` for every row.
 
-    The episode term is the estimators' machinery at ``config.level`` with gigpo's rule (or,
-    with ``own_row_scores``, each row centred on its own score); the result's units and groups
+    The episode term is the estimators' machinery at ``config.level`` with gigpo's rule (under
+    ``--traj-score own``, each row centred on its own score); the result's units and groups
     are the episode term's, its ``row_advantage`` the sum, its ``steps`` each row's
     ``step_return``, ``step_group_rows``, ``step_advantage`` and ``episode_advantage`` (the
     episode term, for the report)."""
@@ -75,8 +74,8 @@ def episode_advantages(
 ) -> Advantages:
     """GiGPO's episode term at ``config.level``: the estimators' machinery with gigpo's rule,
     each row's score its trajectory's sum of step rewards under ``episode_from_steps``
-    (Trinity-RFT's R(τ), the same on every row of a trajectory), and, with ``own_row_scores`` at
-    trajectory level, each row centred on its own score. Both levels of the bias report come
+    (Trinity-RFT's R(τ), the same on every row of a trajectory), and, under ``--traj-score own``
+    at trajectory level, each row centred on its own score. Both levels of the bias report come
     from here, so that they compare the episode term the step term is added to."""
     step = config.step
     assert step is not None
@@ -93,11 +92,8 @@ def episode_advantages(
         else:
             # The sum rule adds the same sorted step rewards into each trajectory's R(τ).
             config = replace(config, traj_score=TrajScore.SUM)
-    if config.level is Level.TURN:
-        return compute_advantages(projection, config, naming, None, batch)
-    if step.own_row_scores:
-        return _own_row_episode(projection, config, naming, trajectories, batch)
-    return compute_advantages(projection, config, naming, trajectories, batch)
+    index = None if config.level is Level.TURN else trajectories
+    return compute_advantages(projection, config, naming, index, batch)
 
 
 def turn_order(projection: pl.DataFrame, trajectories: Trajectories) -> np.ndarray:
@@ -207,47 +203,6 @@ def anchor_scope(scope: AnchorScope, batch: str | None) -> pl.Expr:
     """Where equal anchors form one step group: each row's task group (``--anchor-scope
     group``) or its batch (``batch``: each ``--by`` step, else the input)."""
     return pl.col(GROUP) if scope is AnchorScope.GROUP else batch_key(batch)
-
-
-def _own_row_episode(
-    projection: pl.DataFrame,
-    config: AdvantageConfig,
-    naming: Naming,
-    trajectories: Trajectories,
-    batch: str | None,
-) -> Advantages:
-    """The episode term with each trajectory's first row (in row order) in the statistics and
-    every row centred on its own score (verl-agent's rule for rows that disagree by a penalty).
-
-    A group whose first rows tie has std 0: verl-agent divides a penalized row's −0.1 by ε
-    there; advcli divides every row of such a group by SINGLETON_STD + ε (mean 0, std 1, as a
-    lone unit), so the penalty stays its own size."""
-    firsts = projection[trajectories.first_position()]
-    at_turn = replace(config, level=Level.TURN)
-    first_rows = compute_advantages(firsts, at_turn, naming, None, batch)
-    groups = first_rows.groups.select(GROUP, "units", "baseline", "std", "zero_std")
-    rows = projection.select(GROUP, SCORE).join(groups, on=GROUP, how="left", maintain_order="left")
-    centred = pl.col(SCORE) - pl.col("baseline")
-    divisor = pl.when(pl.col("zero_std")).then(SINGLETON_STD).otherwise(pl.col("std"))
-    advantage = pl.when(centred == 0).then(0.0).otherwise(centred / (divisor + config.epsilon))
-    if config.singleton is Singleton.ZERO:
-        advantage = pl.when(pl.col("units") == 1).then(0.0).otherwise(advantage)
-    row_advantage = rows.select(advantage.alias("advantage")).to_series()
-    # A trajectory's rows, turns and tokens are its own; its score is its first row's (the one
-    # in the statistics) and its advantage the mean of its rows', as the turn level's is.
-    row_means = trajectories.mean(pl.DataFrame([row_advantage]), pl.col("advantage"))
-    units = first_rows.units.with_columns(
-        trajectories.table["turns"],
-        trajectories.table["tokens"].alias(TOKENS),
-        pl.Series("advantage", row_means),
-    )
-    return Advantages(
-        level=Level.TRAJECTORY,
-        units=units,
-        groups=first_rows.groups,
-        trajectories=trajectories,
-        row_advantage=row_advantage,
-    )
 
 
 def _check_finite(projection: pl.DataFrame, total: pl.Series, naming: Naming) -> None:

@@ -16,7 +16,7 @@ import polars as pl
 from advcli.advantages.units import Trajectories, sorted_sum
 from advcli.errors import AdvcliError
 from advcli.keys import GROUP, LAST_STEP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
-from advcli.settings.config import AdvantageConfig, Level, TrajScore
+from advcli.settings.config import OWN_SCORE_ESTIMATORS, AdvantageConfig, Level, TrajScore
 from advcli.settings.rules import SCORE_TOLERANCE
 
 
@@ -101,7 +101,8 @@ def build_units(
         score = projection[SCORE].gather(trajectories.first_position(order))
     units = table.with_columns(score.alias(SCORE))
     if rule is None and not flagged:
-        _check_consistent_scores(projection, units, naming, gigpo=config.step is not None)
+        own = config.estimator.value in OWN_SCORE_ESTIMATORS
+        _check_consistent_scores(projection, units, naming, own_rule=own)
     return units.select(GROUP, TRAJECTORY, SCORE, TOKENS, "turns", "first_row")
 
 
@@ -162,10 +163,11 @@ def _last_step_positions(
     )
 
 
-# verl-agent's rows differ by its invalid-action penalty: its own rule is a recipe, not a score.
-_OWN_ROW_HINT = (
-    ", or --recipe verl-agent-trajectory (each trajectory's first row in the statistics, every "
-    "row centred on its own score, as verl-agent does when its penalty makes rows differ)"
+# verl-agent's rows differ by its invalid-action penalty: its own rule, for the estimators of a
+# mean baseline.
+_OWN_SCORE_HINT = (
+    ", or --traj-score own (each trajectory's first row in the statistics, every row centred on "
+    "its own score, as verl-agent does when its penalty makes rows differ)"
 )
 
 
@@ -176,7 +178,7 @@ def scores_disagree(low: pl.Expr, high: pl.Expr) -> pl.Expr:
 
 
 def _check_consistent_scores(
-    projection: pl.DataFrame, units: pl.DataFrame, naming: Naming, *, gigpo: bool
+    projection: pl.DataFrame, units: pl.DataFrame, naming: Naming, *, own_rule: bool
 ) -> None:
     offenders = units.filter(scores_disagree(pl.col("score_min"), pl.col("score_max")))
     if offenders.is_empty():
@@ -204,5 +206,5 @@ def _check_consistent_scores(
     raise AdvcliError(
         f"{naming.locate(disagreeing)}: {trajectory} has rows with different scores {scores}; "
         f"choose a rule with --traj-score first|last|mean|max|sum{naming.turn_hint}"
-        + (_OWN_ROW_HINT if gigpo else "")
+        + (_OWN_SCORE_HINT if own_rule else "")
     )

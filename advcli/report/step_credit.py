@@ -19,7 +19,7 @@ import polars as pl
 from advcli.advantages.statistics import batch_key
 from advcli.advantages.units import Trajectories
 from advcli.keys import ANCHOR, GROUP, SCORE, TRAJECTORY, TURN
-from advcli.settings.config import AdvantageConfig, AnchorScope, Level
+from advcli.settings.config import AdvantageConfig, AnchorScope, Level, TrajScore
 from advcli.settings.rules import STD_DDOF
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ def _episode_rule(config: AdvantageConfig) -> str:
     score = "R(τ), the sum of its step rewards" if step.episode_from_steps else "its score"
     if config.level is Level.TURN:
         return f"every row in its group's statistics, with {score}"
-    if step.own_row_scores:
+    if config.traj_score is TrajScore.OWN:
         return "each trajectory's first row in the statistics, every row centred on its own score"
     return f"each trajectory once in its group's statistics, with {score}"
 

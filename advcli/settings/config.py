@@ -88,12 +88,10 @@ class AnchorScope(str, Enum):
 class StepTerm:
     """GiGPO's step term and how its episode term departs from the estimators' shared rules.
 
-    ``own_row_scores``: at trajectory level (at turn level every row is in the statistics and
-    centred on its own score already), the episode statistics come from each trajectory's
-    first row (in row order) and every row is centred on its own score (verl-agent's rule for
-    rows that disagree by the invalid-action penalty); a row of a group whose first rows tie
-    (std 0) is divided by 1 + ε, never by ε. ``episode_from_steps``: a trajectory's episode
-    score is the sum of its step rewards (Trinity-RFT). ``min_std``: under ``mean_std``, a group
+    ``own_row_scores``: the episode term is verl-agent's own rule for rows that disagree by
+    its invalid-action penalty, ``--traj-score own`` (which the config takes from it).
+    ``episode_from_steps``: a trajectory's episode score is the sum of its step rewards
+    (Trinity-RFT). ``min_std``: under ``mean_std``, a group
     whose std is at most this gets 0, an episode group as a step group (ROLL's normalization
     serves both terms; its ``mean`` divides by nothing and floors nothing); None: only equal
     values do.
@@ -116,10 +114,10 @@ class StepTerm:
 
     def check_traj_score(self, rule: TrajScore) -> None:
         """Refuse a ``--traj-score`` rule the episode term's own rule would leave unread."""
-        if self.own_row_scores:
+        if self.own_row_scores and rule is not TrajScore.OWN:
             raise SettingsError(
                 f"--traj-score {rule.value} does not apply to the verl-agent-trajectory rule: "
-                "every row is centred on its own score"
+                "every row is centred on its own score (--traj-score own)"
             )
         if self.episode_from_steps and rule is not TrajScore.SUM:
             raise SettingsError(
@@ -205,13 +203,24 @@ class PerTurn:
 
 
 class TrajScore(str, Enum):
-    """How a trajectory's score is made from its rows' scores when they differ."""
+    """How a trajectory's score is made from its rows' scores when they differ. ``own``:
+    verl-agent's rule (its estimators with ``compute_mean_std_cross_steps=False``): each
+    trajectory's first row (in row order) alone is in its group's statistics, and every row is
+    centred on its own score; a group whose first rows tie is divided by SINGLETON_STD + ε,
+    never by ε alone (a row that differs by a penalty would get −0.1 / ε). The estimators of a
+    mean baseline only (:data:`OWN_SCORE_ESTIMATORS`)."""
 
     FIRST = "first"
     LAST = "last"
     MEAN = "mean"
     MAX = "max"
     SUM = "sum"
+    OWN = "own"
+
+
+# The estimators whose rule --traj-score own applies: a group mean centred on, a group std or
+# nothing divided by, no post-step.
+OWN_SCORE_ESTIMATORS = ("grpo", "drgrpo", "gigpo")
 
 
 class LossMode(str, Enum):
@@ -313,8 +322,24 @@ class AdvantageConfig:
                 "--gamma, --step-weight, --gigpo-norm, --anchor-scope and --recipe apply to "
                 f"gigpo, not to {self.estimator.value}"
             )
+        if self.step is not None and self.step.own_row_scores and self.traj_score is None:
+            # The recipe's episode term is verl-agent's own rule, the one --traj-score own names.
+            object.__setattr__(self, "traj_score", TrajScore.OWN)
         if self.step is not None and self.traj_score is not None:
             self.step.check_traj_score(self.traj_score)
+        if self.traj_score is TrajScore.OWN:
+            self._check_own_scores()
+
+    def _check_own_scores(self) -> None:
+        """``--traj-score own`` centres each row on its group's mean and divides by its group's
+        std or by nothing: the estimators of OWN_SCORE_ESTIMATORS, at their group scale."""
+        if self.estimator.value not in OWN_SCORE_ESTIMATORS:
+            raise SettingsError(
+                f"--traj-score own takes --estimator {', '.join(OWN_SCORE_ESTIMATORS)} (a group "
+                f"mean for a baseline), not {self.estimator.value}"
+            )
+        if self.effective_scale is Scale.BATCH:
+            raise SettingsError("--traj-score own divides by each group's std: not --scale batch")
 
     def _check_per_turn(self) -> None:
         """Per-turn rewards take the estimators of PER_TURN_ESTIMATORS, at turn level (each row

@@ -12,12 +12,19 @@ import torch
 from advcli.settings.config import AdvantageConfig, Level, TrajScore
 from advcli.settings.resolve import GivenSettings, gigpo_only, resolve_config
 from advcli.settings.rules import RULES
-from advcli.torch.groups import GroupCounts, unit_advantages, whiten
+from advcli.torch.groups import (
+    GroupCounts,
+    apply_table,
+    gigpo_divisor,
+    group_table,
+    own_score_divisor,
+    unit_advantages,
+    whiten,
+)
 from advcli.torch.ids import Codes, Ids, compact, raw_codes
 from advcli.torch.per_turn import per_turn_rows
 from advcli.torch.step_groups import (
     StepMetrics,
-    own_row_episode,
     step_advantages,
     step_values,
 )
@@ -292,12 +299,11 @@ def _episode(
     turn = turn_numbers(turn_index, n, device) if turn_index is not None else None
     trajectories: Trajectories | None = None
     group = compact(raw_codes(index, n, device, "index"), n)
-    own_rows = config.step is not None and config.step.own_row_scores
     if config.level is Level.TRAJECTORY and traj is not None:
         assert traj_index is not None
         trajectories = Trajectories.of(group, traj, n)
-        if own_rows:
-            advantage, counts = own_row_episode(scores, group, trajectories, config)
+        if config.traj_score is TrajScore.OWN:
+            advantage, counts = _own_scores(scores, group, trajectories, config)
             return _Episode(advantage, False, trajectories, group, turn, counts)
         unit_group = Codes(group.values.index_select(0, trajectories.first_rows), group.bound)
         units = trajectory_units(
@@ -322,6 +328,27 @@ def _episode(
         assert tokens is not None
         episode = replace(episode, advantage=whiten(episode.rows(), tokens), per_trajectory=False)
     return episode
+
+
+def _own_scores(
+    scores: torch.Tensor, group: Codes, trajectories: Trajectories, config: AdvantageConfig
+) -> tuple[torch.Tensor, GroupCounts]:
+    """Each row's advantage under ``--traj-score own``: each trajectory's first row (in batch
+    order) in its group's statistics, every row centred on its own score."""
+    first = trajectories.first_rows
+    table = group_table(
+        scores.index_select(0, first),
+        group.values.index_select(0, first),
+        group.bound,
+        RULES[config.estimator],
+        config.effective_scale,
+        config.singleton,
+        config.epsilon,
+    )
+    if config.step is not None:
+        table = gigpo_divisor(table, config)
+    table = own_score_divisor(table, config)
+    return apply_table(table, scores, group.values), table.counts()
 
 
 @dataclass(frozen=True)

@@ -237,22 +237,27 @@ def unit_advantages(units: Units, config: AdvantageConfig) -> tuple[torch.Tensor
         order,
     )
     if config.step is not None:
-        table = gigpo_divisor(table, config, own_rows=False)
+        table = gigpo_divisor(table, config)
     return apply_table_to_units(table, units.score, units.group, order), table.counts()
 
 
-def gigpo_divisor(table: GroupTable, config: AdvantageConfig, own_rows: bool) -> GroupTable:
+def gigpo_divisor(table: GroupTable, config: AdvantageConfig) -> GroupTable:
     """The table with GiGPO's episode divisor (``config.step.norm``): 1 + ε for every group
-    under ``mean``; under ``mean_std`` the std + ε, where ``own_rows`` (each row centred on its
-    own score) a group whose counted rows tie is divided by SINGLETON_STD + ε, never by ε
-    alone (a penalized row's −0.1 would become −1e5)."""
+    under ``mean``, the std + ε under ``mean_std``."""
     assert config.step is not None and table.divisor is not None
     if config.step.norm is GigpoNorm.MEAN:
         return replace(table, divisor=torch.full_like(table.count, SINGLETON_STD + config.epsilon))
-    if own_rows:
-        tied = table.divisor.masked_fill(table.all_equal, SINGLETON_STD + config.epsilon)
-        return replace(table, divisor=tied)
     return table
+
+
+def own_score_divisor(table: GroupTable, config: AdvantageConfig) -> GroupTable:
+    """The table under ``--traj-score own``, each row centred on its own score: a group whose
+    counted rows tie is divided by SINGLETON_STD + ε, never by ε alone (a penalized row's −0.1
+    would become −1e5)."""
+    if table.divisor is None:
+        return table
+    tied = table.divisor.masked_fill(table.all_equal, SINGLETON_STD + config.epsilon)
+    return replace(table, divisor=tied)
 
 
 def _top_units(

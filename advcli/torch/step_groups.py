@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from advcli.settings.config import (
-    AdvantageConfig,
     AnchorScope,
     Estimator,
     GigpoNorm,
@@ -23,9 +22,6 @@ from advcli.settings.config import (
 )
 from advcli.settings.rules import RULES, SINGLETON_STD, STEP_SINGLETON
 from advcli.torch.groups import (
-    GroupCounts,
-    apply_table,
-    gigpo_divisor,
     group_centred,
     group_table,
 )
@@ -230,24 +226,3 @@ def _step_metrics(count: torch.Tensor, n: int) -> StepMetrics:
         singleton_step_groups=singletons,
         singleton_step_row_share=singletons / n if n else 0.0,
     )
-
-
-def own_row_episode(
-    scores: torch.Tensor, group: Codes, trajectories: Trajectories, config: AdvantageConfig
-) -> tuple[torch.Tensor, GroupCounts]:
-    """The episode term with each trajectory's first row (in batch order) in its group's
-    statistics and every row centred on its own score (verl-agent's rule for rows that
-    disagree by the invalid-action penalty)."""
-    first = trajectories.first_rows
-    unit_group = group.values.index_select(0, first)
-    table = group_table(
-        scores.index_select(0, first),
-        unit_group,
-        group.bound,
-        RULES[config.estimator],
-        config.effective_scale,
-        config.singleton,
-        config.epsilon,
-    )
-    table = gigpo_divisor(table, config, own_rows=True)
-    return apply_table(table, scores, group.values), table.counts()

@@ -407,7 +407,7 @@ def _bias(
     if step is not None and step.episode_from_steps:
         # Trinity-RFT's episode term: the scores computed on are the step rewards.
         projection = projection.with_columns(pl.col(SCORE).alias(STEP_REWARD))
-    elif step is not None and not step.own_row_scores and config.traj_score is None:
+    elif step is not None and config.traj_score is None:
         # The episode term's bias: where a trajectory's rows disagree (verl-agent's
         # invalid-action penalty), its score at trajectory level is their mean.
         config = replace(config, traj_score=TrajScore.MEAN)

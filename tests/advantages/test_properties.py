@@ -380,7 +380,7 @@ def test_matches_reference(dump: Dump, level: Level, estimator: Estimator) -> No
 @given(
     dump=dumps(consistent=False),
     estimator=st.sampled_from(ESTIMATORS),
-    rule=st.sampled_from(list(TrajScore)),
+    rule=st.sampled_from([rule for rule in TrajScore if rule is not TrajScore.OWN]),
 )
 def test_traj_score_rules_match_reference(
     dump: Dump, estimator: Estimator, rule: TrajScore
@@ -389,6 +389,29 @@ def test_traj_score_rules_match_reference(
         return
     config = AdvantageConfig(
         level=Level.TRAJECTORY, estimator=estimator, epsilon=1e-6, traj_score=rule
+    )
+    _check_against_reference(dump, config, _run(dump, config))
+
+
+@settings(PROPERTY_SETTINGS, max_examples=40)
+@given(
+    dump=dumps(consistent=False),
+    estimator=st.sampled_from([Estimator.GRPO, Estimator.DRGRPO]),
+    scale=st.sampled_from([None, Scale.NONE]),
+)
+def test_own_score_rule_matches_reference(
+    dump: Dump, estimator: Estimator, scale: Scale | None
+) -> None:
+    """--traj-score own: each trajectory's first row in its group's statistics, each row
+    centred on its own score, a group whose first rows tie divided by 1 + ε."""
+    if estimator is Estimator.DRGRPO and scale is not None:
+        return
+    config = AdvantageConfig(
+        level=Level.TRAJECTORY,
+        estimator=estimator,
+        epsilon=1e-6,
+        traj_score=TrajScore.OWN,
+        scale=scale,
     )
     _check_against_reference(dump, config, _run(dump, config))
 
@@ -443,7 +466,8 @@ def test_trajectory_advantages_sum_to_zero_per_group(dump: Dump, estimator: Esti
 @given(
     dump=dumps(consistent=False),
     estimator=st.sampled_from(ESTIMATORS),
-    rule=st.sampled_from(list(TrajScore)),
+    # Not "own": under it each row is centred on its own score.
+    rule=st.sampled_from([rule for rule in TrajScore if rule is not TrajScore.OWN]),
 )
 def test_rows_of_a_trajectory_share_its_advantage(
     dump: Dump, estimator: Estimator, rule: TrajScore

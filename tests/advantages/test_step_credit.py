@@ -460,12 +460,12 @@ def test_the_own_row_recipe_gives_the_bias_of_verl_agents_episode_term(run, tmp_
     assert by_trajectory[2]["diff"] == pytest.approx(shift, abs=1e-12)
 
 
-def test_without_the_own_row_recipe_the_error_offers_it(run, tmp_path):
+def test_without_the_own_rule_the_error_offers_it(run, tmp_path):
     source = tmp_path / "in.parquet"
     PENALIZED.write_parquet(source)
     result = run("compare", source, "--estimator", "gigpo", "--json", "-", "-q")
     assert result.exit_code == 1
-    assert "--recipe verl-agent-trajectory" in result.stderr
+    assert "--traj-score own (each trajectory's first row in the statistics" in result.stderr
     assert result.stderr.count("\n") == 1 and result.stdout == ""
 
 

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import polars as pl
 import pytest
+from reference import reference_own_score
 
 from advcli.write.sample import GROUPS_PER_CHUNK, INVALID_ACTION_PENALTY, sample_table
 
@@ -193,6 +194,36 @@ def test_the_verl_agent_sample_is_read_with_no_flags_for_gigpo(run, tmp_path):
     assert "'anchor_obs' is the anchor column of verl-agent's dumps" in said
     assert "'rewards' is the step reward column of verl-agent's dumps" in said
     assert "duplicate rows │ 0" in said
+
+
+def test_the_verl_agent_sample_under_verl_agent_s_own_rule(run, tmp_path):
+    """Its rows differ by the invalid-action penalty; --traj-score own gives each row the
+    reference's advantage (first rows in the statistics, each row centred on its own score)."""
+    source = tmp_path / "steps.parquet"
+    frame = _verl_agent_sample(run, source, "--groups", "12", "--seed", "2")
+    output = tmp_path / "out.parquet"
+    result = run("compute", source, "-o", output, "--traj-score", "own", "-q")
+    assert result.exit_code == 0, result.stderr
+    expected = reference_own_score(
+        frame["score"].to_list(),
+        frame["uid"].to_list(),
+        frame["traj_uid"].to_list(),
+        estimator="grpo",
+        dedup=True,
+        tie_std=1.0,
+    )
+    written = pl.read_parquet(output)
+    assert written["score"].to_list() == pytest.approx(frame["score"].to_list(), abs=1e-6)
+    np.testing.assert_allclose(written["advantage"].to_numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "opo", "grpo_passk", "reinforce_pp_baseline"])
+def test_own_rule_with_another_estimator_is_a_usage_error(run, estimator, tmp_path):
+    source = tmp_path / "steps.parquet"
+    _verl_agent_sample(run, source, "--groups", "2")
+    result = run("compare", source, "--traj-score", "own", "--estimator", estimator)
+    assert result.exit_code == 2
+    assert "--traj-score own takes --estimator grpo, drgrpo, gigpo" in result.stderr
 
 
 @pytest.mark.process

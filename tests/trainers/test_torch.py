@@ -717,6 +717,42 @@ def test_matches_reference(batch, estimator, norm, cross, with_traj):
     check_against_reference(estimator, rewards, mask, index, traj if with_traj else None, **flags)
 
 
+@SETTINGS
+@given(batch=batches(), estimator=st.sampled_from(["grpo", "drgrpo"]))
+def test_own_score_rule_matches_reference(batch, estimator):
+    """traj_score="own": each trajectory's first row in its group's statistics, every row
+    centred on its own score, a group whose first rows tie divided by 1 + ε (not by ε)."""
+    rewards, mask, index, traj = batch
+    advantages, _ = compute_advantage(
+        rewards, mask, index, traj, estimator=estimator, traj_score="own"
+    )
+    scores = [math.fsum(row) for row in rewards.double().tolist()]
+    expected = reference_own_score(
+        scores, as_keys(index), as_keys(traj), estimator=estimator, dedup=True, tie_std=1.0
+    )
+    expected = np.array(
+        [[a * m for m in row] for a, row in zip(expected, mask.tolist(), strict=True)]
+    )
+    assert advantages.dtype == torch.float32
+    np.testing.assert_allclose(advantages.numpy(), expected, rtol=TOL, atol=TOL)
+
+
+def test_own_score_rule_by_hand():
+    """Group g: trajectory a's rows score 1 then 0.9 (a penalty), b's row 1: the first rows tie
+    (std 0), so each row is divided by 1 + ε: a's second row gets -0.1 / (1 + ε), not -1e5."""
+    rewards, mask = torch.tensor([[1.0], [1.0], [0.9]]), torch.ones(3, 1)
+    advantages, _ = compute_advantage(rewards, mask, ["g"] * 3, ["a", "b", "a"], traj_score="own")
+    expected = [0.0, 0.0, (0.9 - 1.0) / (1 + 1e-6)]
+    np.testing.assert_allclose(advantages[:, 0].double().numpy(), expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "opo", "grpo_passk", "reinforce_pp_baseline"])
+def test_own_score_rule_refuses_other_estimators(estimator):
+    rewards, mask = torch.tensor([[1.0], [0.0]]), torch.ones(2, 1)
+    with pytest.raises(ValueError, match="--traj-score own takes --estimator grpo, drgrpo, gigpo"):
+        compute_advantage(rewards, mask, [0, 0], [0, 1], estimator=estimator, traj_score="own")
+
+
 @settings(max_examples=40, deadline=None)
 @given(batch=batches(), seed=st.integers(0, 2**16))
 def test_dedup_with_consistent_trajectories_is_row_order_invariant(batch, seed):

@@ -318,7 +318,7 @@ IMPLEMENTED = (
         (
             {"traj_score": "median"},
             ValueError,
-            "traj_score='median' is not one of 'first', 'last', 'mean', 'max', 'sum'",
+            "traj_score='median' is not one of 'first', 'last', 'mean', 'max', 'sum', 'own'",
         ),
         (
             {"scale": "global"},
