@@ -154,7 +154,7 @@ def write_batch(  # noqa: PLR0913
         raise AdvcliError(
             f"{folder}: cannot make the folder for the batches: {error.strerror}"
         ) from None
-    said = FileRoles(tuple(role_of.items()))
+    said = FileRoles(tuple(role_of.items()), trainer=roles.dialect)
     if step is None:
         return _publish_next(frame, said, folder)
     return _publish(frame, said, folder / f"step-{step:08d}.parquet", if_exists)

@@ -55,6 +55,9 @@ class ColumnRoles:
     last_step: str | None = None
     trajectory_from_last_step: bool = False
     padding_ids: str | None = None
+    # The trainer whose own rule scores a trajectory whose rows differ (verl-agent's, see
+    # Dialect): --traj-score own stands where no rule is chosen. None: no such rule.
+    own_scores_of: str | None = None
     # GiGPO's roles (read for --estimator gigpo only): the anchor state, and a step's reward or
     # its already discounted return (one of the two).
     anchor: str | None = None
@@ -384,12 +387,15 @@ def with_steps(
     *,
     turn_rewards: bool = False,
 ) -> ColumnRoles:
-    """``roles`` with the step-wise columns of ``dialect`` (SkyRL's): the last-step flag, the
-    trajectories it delimits where no trajectory column is given, and the padding ids.
-    ``turn_rewards``: each row's reward is its own turn's, so the flag confirms where each
-    trajectory ends rather than which row holds its score."""
+    """``roles`` with what ``dialect`` says of its step-wise rows: SkyRL's last-step flag, the
+    trajectories it delimits where no trajectory column is given, and the padding ids; and
+    whether a trajectory's rows are scored by verl-agent's own rule. ``turn_rewards``: each
+    row's reward is its own turn's, so the flag confirms where each trajectory ends rather
+    than which row holds its score."""
     if dialect is None:
         return roles
+    if dialect.own_row_scores and roles.trajectory is not None:
+        roles = replace(roles, own_scores_of=dialect.trainer)
     flag = next((name for name in dialect.last_step if name in schema), None)
     if flag is None:
         return replace(roles, padding_ids=dialect.padding_ids)

@@ -57,6 +57,9 @@ class Dialect:
     last_step: tuple[str, ...] = ()
     # With no trajectory column: a trajectory is a run of rows ending at a last-step row.
     trajectory_from_last_step: bool = False
+    # A trajectory's rows may differ (verl-agent's invalid-action penalty): where no
+    # --traj-score is chosen, the trainer's own rule scores them, --traj-score own.
+    own_row_scores: bool = False
     # The ids (a regular expression, matched whole) of the rows a trainer pads its batch with.
     padding_ids: str | None = None
     # Whether a dump that speaks no dialect is looked at for this dialect's outcome names
@@ -110,6 +113,7 @@ DIALECTS = (
         step_return=("step_rewards",),
         # Its outcome, on every row's last token, is the episode's summed reward.
         turn_reward=("rewards",),
+        own_row_scores=True,
     ),
     Dialect("verl (v1 multi-trajectory)", ("uid", "session_id"), ("uid",), ("session_id",)),
     Dialect("verl", ("uid",), group=("uid",), trajectory=()),

@@ -6,8 +6,12 @@ batches) is never read as one.
 
 The value is JSON::
 
-    {"format": 1, "written_by": "advcli.dump.write_batch",
+    {"format": 1, "written_by": "advcli.dump.write_batch", "trainer": "verl-agent",
      "columns": {"data_id": "group", "rollout_id": "trajectory", ..., "step": "training_step"}}
+
+``trainer`` (absent for a batch of no trainer advcli knows) is the dialect the batch was read
+in: its rules that are not columns (verl-agent's own score rule) stand for the file as for the
+batch.
 
 A file whose ``advcli`` metadata advcli cannot read (another format, a role it does not know, a
 column the file lacks) is an error, never a file read by its names alone: the metadata was
@@ -24,7 +28,7 @@ from typing import Any
 import polars as pl
 
 from advcli.errors import AdvcliError
-from advcli.read.dialects import ROLES, STEP_ROLES
+from advcli.read.dialects import DIALECTS, ROLES, STEP_ROLES
 from advcli.settings.config import ColumnNames
 
 KEY = "advcli"
@@ -41,6 +45,8 @@ class FileRoles:
 
     columns: tuple[tuple[str, str], ...]
     written_by: str = WRITTEN_BY
+    # The dialect the written batch was read in, None for none.
+    trainer: str | None = None
 
     def column(self, role: str) -> str | None:
         """The column of ``role`` (or of ``training_step``), None where the file has none."""
@@ -51,14 +57,23 @@ class FileRoles:
         return self.column(TRAINING_STEP)
 
     @property
+    def own_scores_of(self) -> str | None:
+        """The trainer whose own rule scored the written batch's trajectories whose rows
+        differ (verl-agent's), None for none."""
+        dialect = next((d for d in DIALECTS if d.trainer == self.trainer), None)
+        return self.trainer if dialect is not None and dialect.own_row_scores else None
+
+    @property
     def source(self) -> str:
         """Where the roles were read from, as the reasons say it."""
         return "the file's advcli metadata"
 
     def metadata(self) -> dict[str, str]:
         """The Parquet key-value metadata that says these roles."""
-        value = {"format": FORMAT, "written_by": self.written_by, "columns": dict(self.columns)}
-        return {KEY: json.dumps(value)}
+        value: dict[str, Any] = {"format": FORMAT, "written_by": self.written_by}
+        if self.trainer is not None:
+            value["trainer"] = self.trainer
+        return {KEY: json.dumps({**value, "columns": dict(self.columns)})}
 
 
 def read_file_roles(
@@ -83,6 +98,9 @@ def read_file_roles(
     columns, written_by = value.get("columns"), value.get("written_by", WRITTEN_BY)
     if not isinstance(columns, dict) or not isinstance(written_by, str):
         raise AdvcliError(f"{bad} (no 'columns' mapping of column to role)")
+    trainer = value.get("trainer")
+    if trainer is not None and trainer not in (dialect.trainer for dialect in DIALECTS):
+        raise AdvcliError(f"{bad}: it names the trainer {trainer!r}, unknown to advcli")
     for name, role in columns.items():
         if role not in _KNOWN:
             raise AdvcliError(f"{bad}: column '{name}' has the role {role!r}, unknown to advcli")
@@ -95,7 +113,7 @@ def read_file_roles(
     repeated = next((role for role in roles if roles.count(role) > 1), None)
     if repeated is not None:
         raise AdvcliError(f"{bad}: two columns have the role {repeated!r}")
-    return FileRoles(tuple(columns.items()), written_by)
+    return FileRoles(tuple(columns.items()), written_by, trainer)
 
 
 def named_by_file(names: ColumnNames, roles: FileRoles | None) -> ColumnNames:

@@ -132,10 +132,12 @@ VERL_AGENT = Remedy(
     "default) a group whose trajectories' first rows tie (std 0) divides a later penalized row's "
     "-0.1 by epsilon: an advantage of -1e5. "
     "Replace the compute_advantage call in RayPPOTrainer.fit for GRPO with "
-    'advcli.verl.compute_advantage(batch, traj_score="mean"): the penalty makes an episode\'s '
-    "rows differ, and the mean is its reward less its share of penalties",
-    brief='advcli.verl.compute_advantage(batch, traj_score="mean") in place of '
-    "compute_advantage in RayPPOTrainer.fit (no config key does it)",
+    "advcli.verl.compute_advantage(batch, ...): it reads uid and traj_uid and computes "
+    "verl-agent's own rule for counting each trajectory once (its first row in the group "
+    "statistics, every row centred on its own score, so a penalized step keeps its penalty), "
+    "dividing a group whose first rows tie by 1 + epsilon, not by epsilon",
+    brief="advcli.verl.compute_advantage(batch, ...) in place of compute_advantage in "
+    "RayPPOTrainer.fit (no config key does it)",
     source="langfengQ/verl-agent@2716b30: verl/trainer/ppo/ray_trainer.py, compute_advantage, "
     "apply_invalid_action_penalty and RayPPOTrainer.fit; verl/trainer/ppo/core_algos.py, "
     "compute_grpo_outcome_advantage; gigpo/core_gigpo.py, episode_norm_reward; "

@@ -122,9 +122,8 @@ def compute(  # noqa: PLR0913
     ``output`` a Parquet dataset folder. ``by`` (``"file"`` or a column such as ``step``): each
     part its own batch, with ``"file"`` one file at a time (:mod:`advcli.run.compute_parts`) but for
     ``report_path`` and arrays. ``columns``: the input columns kept beside the new ones.
-    Duplicated rows (:mod:`advcli.read.duplicates`) count as the trainer counted them; with
-    ``drop_duplicates`` the statistics see the first row of each identical set only, each copy
-    written with the advantage of the row it copies.
+    Duplicated rows count as the trainer counted them; with ``drop_duplicates`` the statistics
+    see each identical set's first row only, each copy written with its original's advantage.
 
     Examples
     --------
@@ -163,6 +162,7 @@ def compute(  # noqa: PLR0913
             by=by,
             step_roles=config.compute_step_roles(report=report_path is not None),
         )
+        dump, config = dump.with_trainer_rule(config, both_levels=report_path is not None)
         stage("computing statistics")
         advantages = dump.advantages(config)
         report = None
@@ -379,6 +379,7 @@ def compare(  # noqa: PLR0913
             by=by,
             step_roles=config.compare_step_roles(),
         )
+        dump, config = dump.with_trainer_rule(config)
         settings = report_settings(dump, drop_duplicates)
         if config.per_turn is not None:
             termination = dump.termination_report(config, settings, duplicates)

@@ -119,6 +119,7 @@ def _computed(
         settings.names,
         lambda names: read(names=names),
     )
+    dump, config = dump.with_trainer_rule(config, both_levels=False)
     advantages = dump.advantages(config)
     counts.add(dump, advantages, duplicates)
     values = row_values(

@@ -31,7 +31,7 @@ from advcli.read.dataset import Dataset
 from advcli.read.dialects import DIALECTS, ROLES, STEP_ROLES
 from advcli.read.dtypes import is_enum
 from advcli.read.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
-from advcli.read.file_roles import named_by_file
+from advcli.read.file_roles import FileRoles, named_by_file
 from advcli.read.inputs import STDIN, open_dataset, unread_notes
 from advcli.read.projection import (
     check_consecutive_turns,
@@ -43,7 +43,14 @@ from advcli.read.roles import read_roles
 from advcli.read.turn_rewards import check_last_steps, check_turn_rewards
 from advcli.report.step_credit import not_measured, step_credit
 from advcli.report.termination import TerminationReport, termination_report
-from advcli.settings.config import AdvantageConfig, ColumnNames, Engine, Level, StepRoles
+from advcli.settings.config import (
+    AdvantageConfig,
+    ColumnNames,
+    Engine,
+    Level,
+    StepRoles,
+    TrajScore,
+)
 from advcli.write.outputs import check_not_written_into
 
 # What the library calls take as inputs: one path, or a sequence of them (``-``: standard input).
@@ -83,6 +90,27 @@ class LoadedDump:
     def batch(self) -> str | None:
         """With --by each step is its own batch, for the batch-wide quantities too."""
         return self.steps.name if self.steps is not None else None
+
+    def with_trainer_rule(
+        self, config: AdvantageConfig, *, both_levels: bool = True
+    ) -> tuple[LoadedDump, AdvantageConfig]:
+        """The dump and ``config`` with its trainer's rule for a trajectory whose rows differ,
+        where the settings choose none and the trajectory level is computed (``both_levels``,
+        else at ``config.level`` only): verl-agent's own, ``--traj-score own``, stated in the
+        reading. Where its rows agree the rule gives the numbers of any other."""
+        at_trajectory = both_levels or config.level is Level.TRAJECTORY
+        trainer = self.columns.own_scores_of
+        if trainer is None or not at_trajectory or not config.takes_own_scores:
+            return self, config
+        note = (
+            f"a trajectory's rows may differ by {trainer}'s invalid-action penalty: "
+            "at trajectory level each trajectory's first row is in its group's statistics and "
+            f"every row is centred on its own score, {trainer}'s rule for counting each "
+            "trajectory once (--traj-score own, a group whose first rows tie divided by 1 + ε; "
+            "another --traj-score replaces it)"
+        )
+        columns = replace(self.columns, notes=(*self.columns.notes, note))
+        return replace(self, columns=columns), replace(config, traj_score=TrajScore.OWN)
 
     def advantages(self, config: AdvantageConfig) -> Advantages:
         if config.per_turn is not None:
@@ -221,13 +249,8 @@ def load_dump(
         steps=step_roles,
         turn_rewards=turn_rewards,
     )
-    if training_step is not None:
-        assert dataset.file_roles is not None
-        note = (
-            f"'{training_step}' is the training step, as {dataset.file_roles.source} says "
-            f"(written by {dataset.file_roles.written_by}): never a turn"
-        )
-        columns = replace(columns, notes=(*columns.notes, note))
+    if dataset.file_roles is not None:
+        columns = _as_the_file_says(columns, dataset.file_roles, training_step)
     if by not in (None, "file") and names.turn is None:
         _check_by_is_not_the_turn(by, columns, dataset.describe())
     # A part of one value of --by is its value's rows alone.
@@ -476,6 +499,23 @@ def counted_rows(
 def report_settings(dump: LoadedDump, drop_duplicates: bool) -> dict[str, Any]:
     """What a bias report says of its input and of how its rows were counted."""
     return {**dump.report_settings(), "drop_duplicates": drop_duplicates}
+
+
+def _as_the_file_says(
+    columns: ColumnRoles, file_roles: FileRoles, training_step: str | None
+) -> ColumnRoles:
+    """The roles of a file advcli wrote with what its metadata says besides the columns: its
+    training step is never a turn, and its trainer's rule (verl-agent's own score rule) stands
+    for the file as for the batch it was written from."""
+    if training_step is not None:
+        note = (
+            f"'{training_step}' is the training step, as {file_roles.source} says "
+            f"(written by {file_roles.written_by}): never a turn"
+        )
+        columns = replace(columns, notes=(*columns.notes, note))
+    if columns.trajectory is not None and columns.own_scores_of is None:
+        columns = replace(columns, own_scores_of=file_roles.own_scores_of)
+    return columns
 
 
 def _check_by_is_not_the_turn(by: str, columns: ColumnRoles, where: str) -> None:

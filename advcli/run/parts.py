@@ -245,17 +245,18 @@ def _run(dataset: Dataset, task: PartTask) -> PartResult:
         # A value's rows are loaded as --by loads them: its groups keyed by (step, group).
         by=None if task.step is None else task.step.column,
     )
+    dump, config = dump.with_trainer_rule(task.config)
     settings = report_settings(dump, task.drop_duplicates)
     columns = dump.columns
     turn, trajectory = both_levels(
-        dump.projection, task.config, dump.naming, dump.trajectories, dump.batch
+        dump.projection, config, dump.naming, dump.trajectories, dump.batch
     )
     del dump
     release_freed_memory()
     report, figures = part_report(
         turn,
         trajectory.without_index(),
-        config=task.config,
+        config=config,
         settings=settings,
         version=__version__,
         top=task.top,

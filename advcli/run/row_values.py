@@ -29,7 +29,7 @@ def row_values(
     values = advantages.rows(dump.projection).select(
         ROW, pl.col(SCORE, "advantage").cast(pl.Float32)
     )
-    if dump is not every_row:
+    if dump.projection is not every_row.projection:  # its copies were dropped
         values = duplicates.spread_to_copies(values)
     if loss_weight is not None:
         # Over every row: the weights are of the batch as written, copies included.

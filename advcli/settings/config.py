@@ -331,15 +331,34 @@ class AdvantageConfig:
             self._check_own_scores()
 
     def _check_own_scores(self) -> None:
-        """``--traj-score own`` centres each row on its group's mean and divides by its group's
-        std or by nothing: the estimators of OWN_SCORE_ESTIMATORS, at their group scale."""
+        refusal = self._own_scores_refusal()
+        if refusal is not None:
+            raise SettingsError(refusal)
+
+    def _own_scores_refusal(self) -> str | None:
+        """Why ``--traj-score own`` does not apply, None where it does: it centres each row on
+        its group's mean and divides by its group's std or by nothing, so it takes the
+        estimators of OWN_SCORE_ESTIMATORS at their group scale."""
         if self.estimator.value not in OWN_SCORE_ESTIMATORS:
-            raise SettingsError(
+            return (
                 f"--traj-score own takes --estimator {', '.join(OWN_SCORE_ESTIMATORS)} (a group "
                 f"mean for a baseline), not {self.estimator.value}"
             )
         if self.effective_scale is Scale.BATCH:
-            raise SettingsError("--traj-score own divides by each group's std: not --scale batch")
+            return "--traj-score own divides by each group's std: not --scale batch"
+        return None
+
+    @property
+    def takes_own_scores(self) -> bool:
+        """Whether ``--traj-score own`` would apply to these settings as they are: no rule
+        chosen, outcome rewards, an estimator and scale it takes (and, for gigpo, not Trinity-RFT's
+        episode score, the sum of the step rewards)."""
+        return (
+            self.traj_score is None
+            and self.per_turn is None
+            and not (self.step is not None and self.step.episode_from_steps)
+            and self._own_scores_refusal() is None
+        )
 
     def _check_per_turn(self) -> None:
         """Per-turn rewards take the estimators of PER_TURN_ESTIMATORS, at turn level (each row

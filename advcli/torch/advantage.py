@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from advcli.settings.config import AdvantageConfig, Level, TrajScore
+from advcli.settings.config import OWN_SCORE_ESTIMATORS, AdvantageConfig, Level, TrajScore
 from advcli.settings.resolve import GivenSettings, gigpo_only, resolve_config
 from advcli.settings.rules import RULES
 from advcli.torch.groups import (
@@ -310,7 +310,8 @@ def _episode(
             scores, tokens, unit_group, trajectories, turn, config, unit_tokens
         )
         if config.traj_score is None:
-            check_consistent(scores, units.score, trajectories, index, traj_index)
+            own_rule = config.estimator.value in OWN_SCORE_ESTIMATORS
+            check_consistent(scores, units.score, trajectories, index, traj_index, own_rule)
     else:
         if traj is not None:
             trajectories = Trajectories.of(group, traj, n)

@@ -212,8 +212,10 @@ def check_consistent(
     trajectories: Trajectories,
     index: Ids,
     traj_index: Ids,
+    own_rule: bool,
 ) -> None:
-    """Refuse a trajectory whose rows carry different scores (the command line's tolerance)."""
+    """Refuse a trajectory whose rows carry different scores (the command line's tolerance);
+    ``own_rule``: the estimator takes ``traj_score="own"`` too, which the message offers."""
     if torch.equal(trajectories.to_rows(unit_score), scores):
         return  # every row carries exactly its trajectory's score: the usual case, one pass
     low = trajectories.per_slot(scores, "amin", math.inf)
@@ -224,10 +226,14 @@ def check_consistent(
     rows = torch.nonzero(trajectories.to_rows(disagree.to(torch.float64)) > 0).squeeze(1)
     row = int(rows[0])
     values = torch.unique(scores[trajectories.slot == trajectories.slot[row]]).tolist()
+    rules = (
+        "'first', 'last', 'mean', 'max', 'sum' or 'own'"
+        if own_rule
+        else ("'first', 'last', 'mean', 'max' or 'sum'")
+    )
     raise ValueError(
         f"row {row}: trajectory {id_at(traj_index, row)!r} of group {id_at(index, row)!r} "
-        f"has rows with different scores {values}; pass traj_score "
-        "('first', 'last', 'mean', 'max' or 'sum')"
+        f"has rows with different scores {values}; pass traj_score ({rules})"
     )
 
 

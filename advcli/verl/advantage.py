@@ -41,6 +41,7 @@ from advcli.read.picker import Options
 from advcli.report.bias import bias_report
 from advcli.report.termination import termination_report
 from advcli.settings.config import Estimator, TrajScore
+from advcli.settings.resolve import SETTING_NAMES, resolve_config
 from advcli.settings.rules import RULES
 from advcli.torch import AdvantageResult, RewardError, compute_advantage_with_metrics
 from advcli.verl.keywords import (
@@ -166,10 +167,11 @@ def compute_advantage(  # noqa: PLR0913
     gigpo reads the anchor (``anchor_obs``) and step returns (``step_rewards``) or rewards
     (``rewards``) too, and takes :data:`advcli.verl_keywords.GIGPO_KEYWORDS`. The rest is
     :func:`advcli.torch.compute_advantage`'s (rows of a trajectory that disagree are refused
-    unless ``traj_score`` picks a rule); rewards no advantage can be computed from raise
-    :class:`advcli.torch.RewardError` naming the batch's keys, the row and the token. Every
-    error leaves the batch as it was. ``reward_mode="per-turn"``, ``step_groups``: per-turn
-    rewards (:func:`advcli.verl_keywords.per_turn_keywords`; the bias figures its report's).
+    unless ``traj_score`` picks a rule; verl-agent's batch takes its own, "own"); rewards no
+    advantage can be computed from raise :class:`advcli.torch.RewardError` naming the batch's
+    keys, the row and the token. Every error leaves the batch as it was.
+    ``reward_mode="per-turn"``, ``step_groups``: per-turn rewards
+    (:func:`advcli.verl_keywords.per_turn_keywords`; the bias figures its report's).
 
     The metrics: ``{prefix}rows``, ``trajectories``, ``multi_row_trajectories``,
     ``max_rows_per_trajectory``, ``groups``, ``singleton_groups``, ``zero_std_groups`` (at
@@ -191,20 +193,18 @@ def compute_advantage(  # noqa: PLR0913
     step_arguments = gigpo_arguments(entries, roles, gamma, config, gigpo) if steps else {}
     if turn:
         step_arguments = per_turn_keywords(entries, roles, turn)
+    settings: dict[str, Any] = {"estimator": name.value, "level": level, "scale": scale}
+    settings |= {"singleton": singleton, "epsilon": epsilon}
+    settings["traj_score"] = traj_score or _trainer_rule(roles, {**settings, **step_arguments})
     try:
         result = compute_advantage_with_metrics(
             entries[roles.reward],
             entries[roles.mask],
             entries[roles.group],
             entries[roles.trajectory] if roles.trajectory is not None else None,
-            estimator=name.value,
-            level=level,
-            scale=scale,
-            singleton=singleton,
-            traj_score=traj_score,
             turn_index=entries[roles.turn] if roles.turn is not None else None,
-            epsilon=epsilon,
             unit_tokens=unit_tokens,
+            **settings,
             **step_arguments,
         )
     except RewardError as error:
@@ -214,6 +214,16 @@ def compute_advantage(  # noqa: PLR0913
         ) from None
     _publish(data, entries, roles, result, bias_metrics, metrics_prefix, step_arguments)
     return data
+
+
+def _trainer_rule(roles: ColumnRoles, given: Mapping[str, Any]) -> str | None:
+    """The batch's trainer's own rule for a trajectory whose rows differ (verl-agent's invalid
+    action penalty), ``traj_score="own"``, where the settings ``given`` (among the batch's
+    other keywords) take it, as ``advcli compare`` reads its dumps; None otherwise."""
+    if roles.own_scores_of is None:
+        return None
+    settings = {name: value for name, value in given.items() if name in SETTING_NAMES}
+    return TrajScore.OWN.value if resolve_config(settings).takes_own_scores else None
 
 
 def _check_data(data: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -215,6 +216,60 @@ def test_the_verl_agent_sample_under_verl_agent_s_own_rule(run, tmp_path):
     written = pl.read_parquet(output)
     assert written["score"].to_list() == pytest.approx(frame["score"].to_list(), abs=1e-6)
     np.testing.assert_allclose(written["advantage"].to_numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def _compare_json(run, *args) -> dict:
+    result = run("compare", *args, "--json", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+OWN_RULE_NOTE = "a trajectory's rows may differ by verl-agent's invalid-action penalty"
+
+
+def test_the_verl_agent_sample_is_compared_with_no_flags(run, tmp_path):
+    """Its rows differ by the penalty: read in verl-agent's layout, the trajectory level takes
+    verl-agent's own rule, the reading says so, and the figures are --traj-score own's."""
+    source = tmp_path / "steps.parquet"
+    _verl_agent_sample(run, source, "--groups", "12", "--seed", "3")
+    plain = _compare_json(run, source)
+    assert plain["settings"]["traj_score"] == "own"
+    notes = plain["settings"]["reading"]["notes"]
+    assert [note for note in notes if note.startswith(OWN_RULE_NOTE)] == notes
+    chosen = _compare_json(run, source, "--traj-score", "own")
+    # Chosen, the rule is the option's: the reading says nothing of it.
+    assert chosen["settings"]["reading"].pop("notes") == []
+    plain["settings"]["reading"].pop("notes")
+    assert chosen == plain
+    # Another rule replaces it, and the reading no longer says it.
+    mean = _compare_json(run, source, "--traj-score", "mean")
+    assert mean["settings"]["traj_score"] == "mean"
+    assert mean["settings"]["reading"]["notes"] == []
+    assert mean["trajectories"] != plain["trajectories"]
+
+
+def test_the_verl_agent_sample_is_computed_with_no_flags_as_under_the_own_rule(run, tmp_path):
+    source = tmp_path / "steps.parquet"
+    _verl_agent_sample(run, source, "--groups", "12", "--seed", "3")
+    plain, chosen = tmp_path / "plain.parquet", tmp_path / "own.parquet"
+    result = run("compute", source, "-o", plain)
+    assert result.exit_code == 0, result.stderr
+    assert OWN_RULE_NOTE in " ".join(result.stderr.split())
+    assert run("compute", source, "-o", chosen, "--traj-score", "own", "-q").exit_code == 0
+    assert pl.read_parquet(plain).equals(pl.read_parquet(chosen))
+    # At turn level every row is its own unit: no rule for a trajectory's score is read.
+    turn = run("compute", source, "-o", tmp_path / "turn.parquet", "--level", "turn")
+    assert turn.exit_code == 0, turn.stderr
+    assert "invalid-action penalty" not in " ".join(turn.stderr.split())
+
+
+def test_an_estimator_without_the_own_rule_still_asks_for_one(run, tmp_path):
+    source = tmp_path / "steps.parquet"
+    _verl_agent_sample(run, source, "--groups", "12", "--seed", "3")
+    result = run("compare", source, "--estimator", "rloo")
+    assert result.exit_code == 1
+    assert "choose a rule with --traj-score first|last|mean|max|sum" in result.stderr
+    assert "--traj-score own" not in result.stderr
 
 
 @pytest.mark.parametrize("estimator", ["rloo", "opo", "grpo_passk", "reinforce_pp_baseline"])

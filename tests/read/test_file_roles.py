@@ -70,6 +70,7 @@ def test_the_metadata_names_each_columns_role_and_the_training_step(tmp_path):
     assert said == {
         "format": 1,
         "written_by": "advcli.dump.write_batch",
+        "trainer": "verl-agent",
         "columns": {
             "data_id": "group",
             "rollout_id": "trajectory",
@@ -170,6 +171,10 @@ def test_an_option_naming_the_training_step_for_a_role_wins(tmp_path, run):
             b'{"format": 1, "columns": {"a": "group", "b": "group"}}',
             "two columns have the role 'group'",
         ),
+        (
+            b'{"format": 1, "trainer": "nemo", "columns": {"a": "group"}}',
+            "it names the trainer 'nemo', unknown to advcli",
+        ),
     ],
 )
 def test_metadata_advcli_cannot_read_is_an_error_naming_the_file(tmp_path, run, value, said):
@@ -194,6 +199,39 @@ def test_files_whose_metadata_differ_are_not_read_as_one_batch(tmp_path, run):
     assert result.exit_code == 1
     assert "the files' advcli metadata name different roles" in result.stderr
     assert f"{folder}/step-00000002.parquet: none" in result.stderr
+
+
+# verl-agent's invalid-action penalty: t0's second row and t4's lowered by 0.1, so that their
+# rows differ; g1's first rows tie (t3 and t4 at 1.0, t5 at 0.0 do not: g0's t0 and t2 differ).
+PENALIZED_ROWS = [
+    ("g0", "t0", 1.0),
+    ("g0", "t0", 0.9),
+    ("g0", "t1", 0.0),
+    ("g0", "t1", 0.0),
+    ("g1", "t3", 1.0),
+    ("g1", "t4", 1.0),
+    ("g1", "t4", 0.9),
+]
+
+
+def test_a_verl_agent_batch_written_is_read_with_verl_agents_own_rule(tmp_path, run):
+    """Written in advcli's schema, the file says whose batch it was: its rows that differ by
+    the penalty are scored by verl-agent's own rule with no flags, and the reading says so."""
+    folder = tmp_path / "run"
+    for step in (1, 2):
+        write_batch(_batch(PENALIZED_ROWS, prefix=f"s{step}-"), folder, step=step)
+    out = tmp_path / "out.parquet"
+    result = run("compute", folder, "--by", "file", "-o", out, "--report", "-")
+    assert result.exit_code == 0, result.stderr
+    settings = json.loads(result.stdout)["settings"]
+    assert settings["traj_score"] == "own"
+    assert any("verl-agent's invalid-action penalty" in n for n in settings["reading"]["notes"])
+    # By hand, per step: g0's first rows 1.0 and 0.0 (mean 0.5, std sqrt(0.5)), each row
+    # centred on its own score; g1's first rows tie at 1.0 (std 0): divided by 1 + ε.
+    std = 0.5**0.5 + 1e-6
+    one_step = [0.5 / std, 0.4 / std, -0.5 / std, -0.5 / std, 0.0, 0.0, -0.1 / (1 + 1e-6)]
+    written = pl.read_parquet(out)["advantage"].to_list()
+    assert written == pytest.approx(one_step * 2, abs=1e-6)
 
 
 def test_keys_cannot_overwrite_the_training_step(tmp_path):

@@ -108,7 +108,10 @@ def compare_json(run, path: Path) -> dict:
 
 # Each dialect's trainer as its advice names it, and words its change must hold.
 OWN_ADVICE = {
-    "verl-agent": ("verl-agent", ['traj_score="mean"', "RayPPOTrainer.fit", "-1e5"]),
+    "verl-agent": (
+        "verl-agent",
+        ["advcli.verl.compute_advantage(batch, ...)", "RayPPOTrainer.fit", "-1e5", "1 + epsilon"],
+    ),
     "agent-lightning": (
         "agent-lightning",
         [
@@ -187,7 +190,8 @@ def test_the_terminal_says_what_to_change(run, tmp_path):
     text = result.stdout
     table = text.split("What to change", 1)[1].split("Verdict", 1)[0]
     assert "verl-agent" in table and "advcli" in table and "agent-lightning" not in table
-    assert 'traj_score="mean"' in " ".join(table.split())
+    said = " ".join(table.split())
+    assert "in RayPPOTrainer.fit for GRPO with advcli.verl.compute_advantage(batch, ...)" in said
 
 
 @pytest.mark.parametrize("dump", ["advcli", "hand-named"])

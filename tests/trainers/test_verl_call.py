@@ -353,15 +353,17 @@ def test_a_trajectory_whose_rows_disagree_is_named_by_the_batchs_ids():
     argument names."""
     batch = _plain_batch(
         uid=np.array(["p", "p", "p"], dtype=object),
-        traj_uid=np.array(["a", "a", "b"], dtype=object),
+        session_id=np.array(["a", "a", "b"], dtype=object),
     )
     batch.batch["token_level_rewards"][1, 1] = 0.0
     with pytest.raises(ValueError) as caught:
         compute_advantage(batch)
     assert str(caught.value) == (
         "row 0: trajectory 'a' of group 'p' has rows with different scores [1.0, 2.0]; pass "
-        "traj_score ('first', 'last', 'mean', 'max' or 'sum')"
+        "traj_score ('first', 'last', 'mean', 'max', 'sum' or 'own')"
     )
+    with pytest.raises(ValueError, match=r"pass traj_score \('first', 'last', 'mean', 'max' or"):
+        compute_advantage(batch, "rloo")
 
 
 def test_rloo_takes_verls_flag_without_reading_it():
@@ -435,3 +437,51 @@ def test_key_errors_name_the_librarys_arguments():
         compute_advantage(no_reward)
     assert "or name one with reward_key=" in str(caught.value)
     assert "--" not in str(caught.value)
+
+
+def _penalized_agent_batch() -> DataProto:
+    """verl-agent's batch with its invalid-action penalty: t0's second step and t4's lowered by
+    0.1; in g1 the first rows tie at 1.0."""
+    rows = [
+        ("g0", "t0", 1.0),
+        ("g0", "t0", 0.9),
+        ("g0", "t1", 0.0),
+        ("g0", "t1", 0.0),
+        ("g1", "t3", 1.0),
+        ("g1", "t4", 1.0),
+        ("g1", "t4", 0.9),
+    ]
+    uids = {key: str(uuid.uuid4()) for key in {row[0] for row in rows} | {row[1] for row in rows}}
+    rewards = torch.zeros(len(rows), 2)
+    rewards[:, -1] = torch.tensor([score for _, _, score in rows])
+    return DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": torch.ones(len(rows), 2)},
+        non_tensors={
+            "uid": np.array([uids[group] for group, _, _ in rows], dtype=object),
+            "traj_uid": np.array([uids[traj] for _, traj, _ in rows], dtype=object),
+        },
+    )
+
+
+def test_a_verl_agent_batch_takes_verl_agents_own_rule_with_no_keyword(run, tmp_path):
+    """Rows that differ by the penalty: each trajectory's first row in the statistics, each row
+    centred on its own score, a tie divided by 1 + ε, not by ε (verl-agent's -1e5); the bias
+    metrics are compare's on the batch written, read with no flags."""
+    batch = compute_advantage(_penalized_agent_batch(), "grpo")
+    std = math.sqrt(0.5) + 1e-6
+    by_hand = [0.5 / std, 0.4 / std, -0.5 / std, -0.5 / std, 0.0, 0.0, -0.1 / (1 + 1e-6)]
+    assert batch.batch["advantages"][:, -1].tolist() == pytest.approx(by_hand, abs=1e-6)
+    chosen = compute_advantage(_penalized_agent_batch(), "grpo", traj_score="own")
+    assert torch.equal(chosen.batch["advantages"], batch.batch["advantages"])
+    mean = compute_advantage(_penalized_agent_batch(), "grpo", traj_score="mean")
+    assert not torch.equal(mean.batch["advantages"], batch.batch["advantages"])
+
+    write_batch(_penalized_agent_batch(), tmp_path / "dump", step=1)
+    result = run("compare", tmp_path / "dump", "--json", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    metrics = batch.meta_info["metrics"]
+    diff = report["trajectories"]["advantage_diff_mean"]
+    assert metrics["advcli/trajectories/advantage_diff_mean"] == pytest.approx(diff, abs=1e-6)
+    shift = report["groups"]["baseline_shift_mean"]
+    assert metrics["advcli/groups/baseline_shift_mean"] == pytest.approx(shift, abs=1e-6)
