@@ -25,6 +25,10 @@ PADDING = "padding"
 ANCHOR = "anchor"
 STEP_REWARD = "step_reward"
 STEP_RETURN = "step_return"
+# The row a duplicated row copies (:mod:`advcli.read.duplicates`), and in the projection, where
+# a trainer's padding copies are counted as it counted them (ROLL's), each copy's original
+# (null for the other rows): the trainer discounted the step rewards before it padded.
+COPY_OF = "copy_of"
 
 
 def repeated_turn() -> pl.Expr:

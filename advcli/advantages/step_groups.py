@@ -19,7 +19,7 @@ from advcli.advantages.statistics import batch_key
 from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import Trajectories, sorted_sum
 from advcli.errors import AdvcliError
-from advcli.keys import ANCHOR, GROUP, ROW, SCORE, STEP_RETURN, STEP_REWARD, TURN
+from advcli.keys import ANCHOR, COPY_OF, GROUP, ROW, SCORE, STEP_RETURN, STEP_REWARD, TURN
 from advcli.settings.config import (
     AdvantageConfig,
     AnchorScope,
@@ -54,7 +54,7 @@ def gigpo_advantages(
     returns = (
         projection[STEP_RETURN].to_numpy()
         if STEP_RETURN in projection.columns
-        else step_returns(projection, trajectories, step.gamma)
+        else _returns_with_copies(projection, trajectories, step.gamma)
     )
     steps = step_advantages(
         projection, pl.Series(STEP_RETURN, returns), step, config.epsilon, batch
@@ -120,8 +120,8 @@ def step_returns(
     rewards = projection[STEP_REWARD].cast(pl.Float64).to_numpy()
     if gamma == 0:
         return rewards.copy()
-    n = len(rewards)
     order = turn_order(projection, trajectories) if order is None else order
+    n = len(order)
     trajectory = trajectories.of_row[order]
     value = rewards[order]
     last = np.ones(n, dtype=bool)
@@ -137,9 +137,25 @@ def step_returns(
             value = value + factor * ahead_value
             factor = factor * ahead_factor
             shift *= 2
-    returns = np.empty(n)
+    returns = np.full(len(rewards), np.nan)  # rows not in ``order`` have none
     returns[order] = value
     return returns
+
+
+def _returns_with_copies(
+    projection: pl.DataFrame, trajectories: Trajectories, gamma: float
+) -> np.ndarray:
+    """:func:`step_returns`, where the rows hold a trainer's padding copies counted as it
+    counted them (``copy_of``, ROLL's): it discounted the step rewards before it padded, so the
+    returns are those of the rows less the copies, each copy taking its original's."""
+    if COPY_OF not in projection.columns:
+        return step_returns(projection, trajectories, gamma)
+    original = projection[COPY_OF].is_null().to_numpy()
+    order = turn_order(projection, trajectories)
+    returns = step_returns(projection, trajectories, gamma, order[original[order]])
+    of_row = pl.DataFrame([projection[ROW].alias(COPY_OF), pl.Series("return", returns)])
+    copied = projection.select(COPY_OF).join(of_row, on=COPY_OF, how="left", maintain_order="left")
+    return np.where(original, returns, copied["return"].to_numpy())
 
 
 def _sums_to_the_end(value: np.ndarray, last: np.ndarray) -> np.ndarray:

@@ -318,7 +318,7 @@ def _checks_table(summary: dict[str, Any]) -> tuple[Table, list[Any]]:
     duplicates = summary["duplicate_rows"]
     checks.add_row(
         "duplicated rows (a copy of an earlier row)"
-        if duplicates["token_ids_compared"]
+        if duplicates["confirmed_by"] is not None
         else "possible duplicated rows (alike in keys, score and tokens: no token ids)",
         f"{duplicates['count']:,}",
         "; ".join(f"{copy['row']} = {copy['copy_of_row']}" for copy in duplicates["first"]),

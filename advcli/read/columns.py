@@ -58,6 +58,8 @@ class ColumnRoles:
     # The trainer whose own rule scores a trajectory whose rows differ (verl-agent's, see
     # Dialect): --traj-score own stands where no rule is chosen. None: no such rule.
     own_scores_of: str | None = None
+    # The trainer whose padding copies repeat a turn (ROLL's, see Dialect), None for none.
+    turn_copies_of: str | None = None
     # GiGPO's roles (read for --estimator gigpo only): the anchor state, and a step's reward or
     # its already discounted return (one of the two).
     anchor: str | None = None
@@ -389,13 +391,15 @@ def with_steps(
 ) -> ColumnRoles:
     """``roles`` with what ``dialect`` says of its step-wise rows: SkyRL's last-step flag, the
     trajectories it delimits where no trajectory column is given, and the padding ids; and
-    whether a trajectory's rows are scored by verl-agent's own rule. ``turn_rewards``: each
-    row's reward is its own turn's, so the flag confirms where each trajectory ends rather
-    than which row holds its score."""
+    whether a trajectory's rows are scored by verl-agent's own rule and whether its padding
+    copies repeat a turn (ROLL's). ``turn_rewards``: each row's reward is its own turn's, so
+    the flag confirms where each trajectory ends rather than which row holds its score."""
     if dialect is None:
         return roles
     if dialect.own_row_scores and roles.trajectory is not None:
         roles = replace(roles, own_scores_of=dialect.trainer)
+    if dialect.copies_repeat_turns and roles.turn is not None:
+        roles = replace(roles, turn_copies_of=dialect.trainer)
     flag = next((name for name in dialect.last_step if name in schema), None)
     if flag is None:
         return replace(roles, padding_ids=dialect.padding_ids)

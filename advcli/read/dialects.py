@@ -60,6 +60,10 @@ class Dialect:
     # A trajectory's rows may differ (verl-agent's invalid-action penalty): where no
     # --traj-score is chosen, the trainer's own rule scores them, --traj-score own.
     own_row_scores: bool = False
+    # The trainer pads its batch with copies of whole rows, each repeating its row's turn, and
+    # repeats a turn no other way (ROLL's batch_adjust_mode copy): rows alike in every key and
+    # in reward and mask are such copies, token ids or not.
+    copies_repeat_turns: bool = False
     # The ids (a regular expression, matched whole) of the rows a trainer pads its batch with.
     padding_ids: str | None = None
     # Whether a dump that speaks no dialect is looked at for this dialect's outcome names
@@ -170,6 +174,7 @@ DIALECTS = (
         anchor=("state_hash",),
         step_reward=("step_scores",),
         turn_reward=("step_scores",),
+        copies_repeat_turns=True,
     ),
     Dialect(
         "OpenRLHF",

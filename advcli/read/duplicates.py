@@ -9,7 +9,9 @@ Two rows are duplicates when they are alike in every key (group, trajectory, tur
 their token content: the reward and mask columns' values (lists element by element) and each of
 :data:`TOKEN_COLUMNS` the dump has. A dump whose rows are whole trajectories (no trajectory id)
 has none: its trajectory key is the row itself, and a second rollout that happened to write the
-same response is no copy.
+same response is no copy. A trainer whose rows repeat a turn only by copying (ROLL,
+:attr:`advcli.read.dialects.Dialect.copies_repeat_turns`) confirms its copies without token
+ids: rows alike in every key, the turn among them, and in reward and mask.
 
 Stage 1 reads only small columns, so the token columns are read only when the key projection
 has candidates (rows alike in keys, score and token count), and only for those rows. A dump with
@@ -27,7 +29,7 @@ from typing import Any
 import polars as pl
 
 from advcli.errors import AdvcliError, first_line
-from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, rows_sharing
+from advcli.keys import COPY_OF, GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN, rows_sharing
 from advcli.read.columns import ColumnRoles, unused_name
 from advcli.read.dataset import Dataset
 from advcli.read.scan import closing_sources
@@ -44,7 +46,6 @@ TOKEN_COLUMNS = (
 )
 # How many copies the report lists.
 EXAMPLES = 5
-COPY_OF = "copy_of"
 _CONTENT_HASH = "content_hash"
 
 
@@ -59,12 +60,27 @@ class DuplicateRows:
     copies: pl.DataFrame
     sets: int
     compared: tuple[str, ...] = ()
+    # The trainer whose rows repeat a turn only by copying, which confirms the copies that
+    # repeat one (ROLL's); None where only token ids can.
+    turn_copies_of: str | None = None
+
+    @property
+    def token_ids_compared(self) -> bool:
+        return any(name in TOKEN_COLUMNS for name in self.compared)
+
+    @property
+    def confirmed_by(self) -> str | None:
+        """What makes the copies sure ones, None where they are only possible copies (two
+        turns alike in score and tokens could be taken for one another)."""
+        if self.token_ids_compared:
+            return "token ids"
+        if self.turn_copies_of is not None and self.compared:
+            return f"{self.turn_copies_of} repeats a turn only in its padding copies"
+        return None
 
     @property
     def confirmed(self) -> bool:
-        """Whether the copies share their token ids (else two turns alike in score and tokens
-        could be taken for one another)."""
-        return any(name in TOKEN_COLUMNS for name in self.compared)
+        return self.confirmed_by is not None
 
     @property
     def count(self) -> int:
@@ -77,7 +93,8 @@ class DuplicateRows:
         return {
             "count": self.count,
             "compared": list(self.compared),
-            "token_ids_compared": self.confirmed,
+            "token_ids_compared": self.token_ids_compared,
+            "confirmed_by": self.confirmed_by,
             "first": [
                 {
                     "row": locate(copy[ROW]),
@@ -128,7 +145,8 @@ def find_duplicates(
     candidates = rows_sharing(projection, keys).select(ROW, *keys)
     if candidates.is_empty():
         return _none_in(projection, content)
-    if not any(name in TOKEN_COLUMNS for name in content):
+    by_turn = columns.turn_copies_of if TURN in keys else None
+    if not any(name in TOKEN_COLUMNS for name in content) and by_turn is None:
         # Without token ids no read could confirm a copy (two turns alike in reward and mask
         # look the same), so none is made: the candidates are the possible copies.
         return _copies(candidates, keys, keys, ())
@@ -152,18 +170,22 @@ def find_duplicates(
         how="left",
         maintain_order="left",
     )
-    return _copies(exact, keys, [*keys, *values], tuple(content))
+    return _copies(exact, keys, [*keys, *values], tuple(content), by_turn)
 
 
 def _copies(
-    rows: pl.DataFrame, keys: list[str], alike: list[str], compared: tuple[str, ...]
+    rows: pl.DataFrame,
+    keys: list[str],
+    alike: list[str],
+    compared: tuple[str, ...],
+    turn_copies_of: str | None = None,
 ) -> DuplicateRows:
     """The rows of ``rows`` alike in ``alike`` to an earlier one, each with that first row."""
     first = rows.with_columns(pl.col(ROW).min().over(pl.struct(*alike)).alias(COPY_OF))
     copies = first.filter(pl.col(ROW) != pl.col(COPY_OF)).select(
         ROW, COPY_OF, *(name for name in (GROUP, TRAJECTORY, TURN) if name in keys)
     )
-    return DuplicateRows(copies, copies[COPY_OF].n_unique(), compared)
+    return DuplicateRows(copies, copies[COPY_OF].n_unique(), compared, turn_copies_of)
 
 
 def _content_columns(schema: pl.Schema, columns: ColumnRoles) -> list[str]:

@@ -252,7 +252,7 @@ def _duplicate_rows_line(summary: BiasSummary) -> list[tuple[str, str]]:
     count = summary.get("duplicate_rows", {}).get("count", 0)
     if not count:
         return []
-    if not summary["duplicate_rows"]["token_ids_compared"]:
+    if summary["duplicate_rows"]["confirmed_by"] is None:
         return [("possible duplicated rows", f"{count:,} (no token ids to confirm them)")]
     if summary["settings"].get("drop_duplicates"):
         return [("duplicated rows", f"{count:,}, each set counted once (--drop-duplicates)")]

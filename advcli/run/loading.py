@@ -25,7 +25,7 @@ from advcli.advantages.step_groups import gigpo_advantages
 from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import Trajectories, count_trajectories, index_trajectories
 from advcli.errors import AdvcliError, UsageError
-from advcli.keys import ANCHOR, GROUP, ROW
+from advcli.keys import ANCHOR, COPY_OF, GROUP, ROW
 from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
 from advcli.read.dialects import DIALECTS, ROLES, STEP_ROLES
@@ -168,6 +168,13 @@ class LoadedDump:
         outcome score repeated on every turn (unless ``confirmed``: an option named the reward
         column), and its reading notes saying which order the rewards-to-go follow."""
         columns = self.columns
+        if COPY_OF in self.projection.columns:
+            copies = self.projection[COPY_OF].is_not_null().sum()
+            raise AdvcliError(
+                f"{self.dataset.describe()}: per-turn rewards take each turn once, and the "
+                f"dump holds {copies:,} of {columns.turn_copies_of}'s padding copies, which "
+                "repeat a turn: pass --drop-duplicates to count each once"
+            )
         if columns.turn is not None:
             check_consecutive_turns(
                 self.projection, self.dataset, columns, self.trajectories.of_row
@@ -251,6 +258,8 @@ def load_dump(
     )
     if dataset.file_roles is not None:
         columns = _as_the_file_says(columns, dataset.file_roles, training_step)
+    # A trainer's padding copies repeat a turn: the turns are checked once they are found.
+    unique_turns = unique_turns and columns.turn_copies_of is None
     if by not in (None, "file") and names.turn is None:
         _check_by_is_not_the_turn(by, columns, dataset.describe())
     # A part of one value of --by is its value's rows alone.
@@ -476,6 +485,8 @@ def counted_rows(
     )
     duplicates = find_duplicates(dataset, every_row.columns, every_row.projection)
     confirmed = names.reward is not None
+    if every_row.columns.turn_copies_of is not None and not drop_duplicates:
+        every_row = _with_counted_copies(every_row, duplicates)
     if not drop_duplicates:
         every_row = every_row.with_turn_rewards(confirmed) if turn_rewards else every_row
         return every_row, every_row, duplicates
@@ -494,6 +505,29 @@ def counted_rows(
         # pads its batch with copies of whole rows).
         check_unique_turns(dump.projection, dump.dataset, dump.columns)
     return every_row, dump.with_turn_rewards(confirmed) if turn_rewards else dump, duplicates
+
+
+def _with_counted_copies(dump: LoadedDump, duplicates: DuplicateRows) -> LoadedDump:
+    """A dump whose trainer's padding copies repeat a turn (ROLL's), the copies counted as the
+    trainer counted them: any other repeated turn is an error, each copy names the row it
+    copies (``copy_of``), and the reading says how many there are."""
+    if not duplicates.count or not duplicates.confirmed:
+        check_unique_turns(dump.projection, dump.dataset, dump.columns)
+        return dump
+    copies = duplicates.copies
+    projection = dump.projection.join(
+        copies.select(ROW, COPY_OF), on=ROW, how="left", maintain_order="left"
+    )
+    check_unique_turns(projection.filter(pl.col(COPY_OF).is_null()), dump.dataset, dump.columns)
+    trainer = dump.columns.turn_copies_of
+    note = (
+        f"{copies.height:,} rows repeat an earlier row's group, trajectory and turn "
+        f"('{dump.columns.turn}') and its reward and mask: {trainer}'s padding copies "
+        f"(batch_adjust_mode copy), counted as {trainer} counted them (--drop-duplicates "
+        "counts each once)"
+    )
+    columns = replace(dump.columns, notes=(*dump.columns.notes, note))
+    return replace(dump, columns=columns, projection=projection)
 
 
 def report_settings(dump: LoadedDump, drop_duplicates: bool) -> dict[str, Any]:

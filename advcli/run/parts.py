@@ -361,5 +361,6 @@ def _duplicates(run: dict[str, Any], file: int | None, report: dict[str, Any]) -
         "count": run["count"] + report["count"],
         "compared": run["compared"],
         "token_ids_compared": run["token_ids_compared"] and report["token_ids_compared"],
+        "confirmed_by": run["confirmed_by"] if report["confirmed_by"] is not None else None,
         "first": [*run["first"], *first][:EXAMPLES],
     }

@@ -114,6 +114,7 @@ def test_inspect_counts_the_copies_and_names_the_first(run, padded):
         "count": len(copied),
         "compared": ["token_level_rewards", "response_mask", "responses", "prompts"],
         "token_ids_compared": True,
+        "confirmed_by": "token ids",
         "first": expected_first(path, rows, copied),
     }
 
@@ -156,6 +157,7 @@ def test_compare_counts_the_copies_as_asked(run, padded, tmp_path, drop):
         "count": len(copied),
         "compared": ["token_level_rewards", "response_mask", "responses", "prompts"],
         "token_ids_compared": True,
+        "confirmed_by": "token ids",
         "first": expected_first(path, rows, copied),
     }
     assert report["settings"]["drop_duplicates"] is drop
@@ -239,6 +241,7 @@ def test_turns_alike_but_for_their_responses_are_not_duplicates(run, write_dump)
         "count": 0,
         "compared": ["token_level_rewards", "response_mask", "responses"],
         "token_ids_compared": True,
+        "confirmed_by": "token ids",
         "first": [],
     }
 
@@ -249,6 +252,7 @@ def test_without_token_columns_the_keys_reward_and_mask_decide(run, write_dump):
         "count": 1,
         "compared": [],
         "token_ids_compared": False,
+        "confirmed_by": None,
         "first": [
             {
                 "row": f"{path} row 1",
@@ -309,6 +313,7 @@ def test_copies_with_a_turn_column_stop_compute_and_inspect_finds_them(run, writ
         "count": 1,
         "compared": [],
         "token_ids_compared": False,
+        "confirmed_by": None,
         "first": [
             {
                 "row": f"{path} row 3",

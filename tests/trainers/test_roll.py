@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from gigpo_reference import GigpoRow, gigpo_recipe
+from gigpo_reference import GigpoRow, gigpo_recipe, step_returns
+from reference import reference_advantages
 
 EPS = 1e-6
 TOKENS = 3
@@ -181,27 +182,95 @@ def test_the_remedys_torch_route_counts_each_trajectory_once():
     assert drgrpo[:, 0].tolist() == [0.5, 0.5, -0.5, -0.5, -0.5, 0.0]
 
 
-def test_rolls_padding_copies_repeat_a_turn_and_are_counted_once_when_asked(run, tmp_path):
-    """ROLL pads its batch with copies of whole rows (batch_adjust_mode copy): the copy repeats
-    its step. Without --drop-duplicates that is the duplicate-turn error, which names the flag;
-    with it the copy is counted once and the report is that of the dump without it."""
-    frame = (
-        pl.DataFrame(roll_rows(0))
-        .with_row_index("responses")
-        .with_columns(pl.concat_list(pl.col("responses").cast(pl.Int64)))
+def _padded(frame: pl.DataFrame, copied: list[int]) -> pl.DataFrame:
+    """The batch as ROLL's adjust_batch(mode="copy") leaves it: copies of the rows ``copied``
+    appended at the end (whole rows, each repeating its step)."""
+    return pl.concat([frame, frame[copied]])
+
+
+def _report(run, path: Path, *options: str) -> dict:
+    result = run("compare", path, "--json", "-", "-q", *options)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("token_ids", [False, True], ids=["no token ids", "token ids"])
+def test_rolls_padding_copies_are_read_with_no_flags_and_counted_as_roll_counts_them(
+    run, tmp_path, token_ids
+):
+    """A copy repeats its step: ROLL repeats a step no other way, so with or without token ids
+    the copies are read as ROLL's padding, counted as ROLL counted them (the reading says so),
+    and --drop-duplicates counts each once (the report of the dump without them)."""
+    frame = pl.DataFrame(roll_rows(0))
+    if token_ids:
+        frame = frame.with_row_index("responses").with_columns(
+            pl.concat_list(pl.col("responses").cast(pl.Int64))
+        )
+    frame.write_parquet(tmp_path / "plain.parquet")
+    _padded(frame, [0, 5, 0]).write_parquet(tmp_path / "padded.parquet")
+    counted = _report(run, tmp_path / "padded.parquet")
+    assert counted["duplicate_rows"]["count"] == 3
+    assert counted["duplicate_rows"]["confirmed_by"] == (
+        "token ids" if token_ids else "ROLL repeats a turn only in its padding copies"
+    )
+    notes = counted["settings"]["reading"]["notes"]
+    assert any(note.startswith("3 rows repeat an earlier row's group") for note in notes)
+    assert counted["counts"]["rows"] == frame.height + 3
+    # Each copy counts at turn level, as ROLL's group normalization counts it.
+    rows = [
+        (r["traj_group_id"], r["traj_id"], r["step"], r["episode_scores"], 2)
+        for r in _padded(frame, [0, 5, 0]).iter_rows(named=True)
+    ]
+    out = tmp_path / "out.parquet"
+    assert run("compute", tmp_path / "padded.parquet", "-o", out, "--level", "turn").exit_code == 0
+    expected = reference_advantages(rows, level="turn", estimator="grpo")
+    assert pl.read_parquet(out)["advantage"].to_list() == pytest.approx(expected, abs=1e-5)
+    plain = _report(run, tmp_path / "plain.parquet", "--recipe", "roll")
+    dropped = _report(run, tmp_path / "padded.parquet", "--recipe", "roll", "--drop-duplicates")
+    for key in ("counts", "groups", "trajectories", "step_credit"):
+        assert dropped[key] == plain[key]
+
+
+def test_rolls_gigpo_counts_its_copies_with_their_originals_step_returns(run, tmp_path):
+    """ROLL discounts the step rewards (compute_discounted_returns) before it pads the batch:
+    a copy carries its original's return, and the normalization counts it."""
+    frame = pl.DataFrame(roll_rows(1))
+    copied = [2, 7]
+    padded = _padded(frame, copied)
+    _, got = _compute(run, tmp_path, padded, "--recipe", "roll")
+    before = step_returns(_reference_rows(frame), 0.95)
+    returns = before + [before[index] for index in copied]
+    expected = gigpo_recipe(
+        _reference_rows(padded), "ROLL", norm="mean_std", gamma=0.95, step_returns_given=returns
+    )
+    assert got == pytest.approx(expected, abs=1e-5)
+
+
+def test_a_repeated_step_that_is_no_copy_is_still_refused(run, tmp_path):
+    frame = pl.DataFrame(roll_rows(0))
+    other = frame[:1].with_columns(pl.col("episode_scores") + 1.0)
+    pl.concat([frame, other]).write_parquet(tmp_path / "odd.parquet")
+    result = run("compare", tmp_path / "odd.parquet", "-q")
+    assert result.exit_code == 1
+    assert "duplicate turn" in result.stderr
+
+
+def test_per_turn_rewards_on_rolls_copies_ask_to_count_each_once(run, tmp_path):
+    frame = pl.DataFrame(roll_rows(0))
+    _padded(frame, [3]).write_parquet(tmp_path / "padded.parquet")
+    refused = run("compare", tmp_path / "padded.parquet", "--reward-mode", "per-turn", "-q")
+    assert refused.exit_code == 1
+    assert refused.stderr == (
+        f"Error: {tmp_path / 'padded.parquet'}: per-turn rewards take each turn once, and the "
+        "dump holds 1 of ROLL's padding copies, which repeat a turn: pass --drop-duplicates "
+        "to count each once\n"
     )
     frame.write_parquet(tmp_path / "plain.parquet")
-    pl.concat([frame, frame[:1]]).write_parquet(tmp_path / "padded.parquet")
-    refused = run("compare", tmp_path / "padded.parquet", "--recipe", "roll", "-q")
-    assert refused.exit_code == 1
-    assert "duplicate turn" in refused.stderr and "pass --drop-duplicates" in refused.stderr
-
-    def report(name: str, *options: str) -> dict:
-        result = run("compare", tmp_path / name, "--recipe", "roll", "--json", "-", "-q", *options)
-        assert result.exit_code == 0, result.stderr
-        return json.loads(result.stdout)
-
-    plain, padded = report("plain.parquet"), report("padded.parquet", "--drop-duplicates")
-    assert padded["duplicate_rows"]["count"] == 1
-    for key in ("counts", "groups", "trajectories", "step_credit"):
-        assert padded[key] == plain[key]
+    options = ("--reward-mode", "per-turn")
+    dropped = _report(run, tmp_path / "padded.parquet", *options, "--drop-duplicates")
+    plain = _report(run, tmp_path / "plain.parquet", *options)
+    assert dropped["groupings"].keys() == plain["groupings"].keys()
+    for name, figures in plain["groupings"].items():
+        for key, value in figures.items():
+            if isinstance(value, float):
+                assert dropped["groupings"][name][key] == pytest.approx(value, rel=1e-9), key
