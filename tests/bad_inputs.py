@@ -924,6 +924,17 @@ CASES += [
         expected="--gamma must be in [0, 1], got nan",
     ),
     gigpo_usage(
+        "gigpo gamma beside step returns",
+        "--estimator",
+        "gigpo",
+        "--step-return-col",
+        "step_reward",
+        "--gamma",
+        "0.5",
+        expected="--gamma discounts step rewards, and --step-return-col names returns "
+        "discounted already ('step_reward'): give one of the two",
+    ),
+    gigpo_usage(
         "gigpo step weight negative",
         "--estimator",
         "gigpo",

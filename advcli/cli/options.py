@@ -16,7 +16,7 @@ import typer
 
 from advcli.cli.option_table import SAVED_KEYS, option
 from advcli.cli.saved_options import read_config
-from advcli.errors import UsageError
+from advcli.errors import SettingsError, UsageError
 from advcli.settings.config import (
     AdvantageConfig,
     AnchorScope,
@@ -349,7 +349,15 @@ def dump_settings(ctx: typer.Context) -> DumpSettings:
     --level, inspect's estimator options) is not given.
     """
     given = {name: ctx.params[name] for name in SETTING_NAMES if _given(ctx, name)}
-    return DumpSettings(_column_names(ctx), resolve_config(given, OPTION_WORDS))
+    names = _column_names(ctx)
+    if "gamma" in given and names.step_return is not None:
+        gamma = f"'gamma' in {ctx.params['config_path']}" if _saved(ctx, "gamma") else "--gamma"
+        returns = names.named_in.get("step_return", "--step-return-col")
+        raise SettingsError(
+            f"{gamma} discounts step rewards, and {returns} names returns discounted already "
+            f"('{names.step_return}'): give one of the two (a step reward column for rewards)"
+        )
+    return DumpSettings(names, resolve_config(given, OPTION_WORDS))
 
 
 def _given(ctx: typer.Context, parameter: str) -> bool:
