@@ -9,10 +9,11 @@ id. Needs torch (the ``advcli[torch]`` extra), as the rest of :mod:`advcli.torch
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
 import numpy as np
 import torch
@@ -67,6 +68,9 @@ def raw_codes(ids: Ids, n: int, device: torch.device, name: str) -> Codes:
         check_length(tensor, n, name)
         tensor = tensor.detach().to(device)
         if tensor.is_floating_point() or tensor.is_complex():
+            nan = torch.isnan(tensor)
+            if bool(nan.any()):
+                _refuse_id(name, int(nan.to(torch.uint8).argmax()), math.nan)
             return dense(Codes(tensor, 0))
         if tensor.dtype == torch.uint64:
             # Reinterpret as int64: a bijection, so equal ids keep equal codes.
@@ -99,7 +103,21 @@ def raw_codes(ids: Ids, n: int, device: torch.device, name: str) -> Codes:
         )
     except TypeError as error:
         raise TypeError(f"{name}: ids must be hashable ({error})") from None
+    # Looked for among the distinct ids only: far fewer than the rows.
+    for value, row in first_row_of.items():
+        if value is None or (isinstance(value, float | np.floating) and math.isnan(value)):
+            _refuse_id(name, row, value)
     return Codes(torch.from_numpy(first_rows).to(device), n, first_rows=True)
+
+
+def _refuse_id(name: str, row: int, value: Any) -> NoReturn:
+    """A null or NaN id names no group or trajectory: NaN is equal to no id, itself included,
+    so each of its rows would be a group of its own; None would make the rows that lack an id
+    one group."""
+    raise ValueError(
+        f"{name}: row {row} has the id {value!r}, which names no group or trajectory (NaN "
+        "equals no id, not even itself; None is no id)"
+    )
 
 
 _positions_cache: list[int] = []

@@ -746,6 +746,47 @@ def test_own_score_rule_by_hand():
     np.testing.assert_allclose(advantages[:, 0].double().numpy(), expected, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize(
+    ("ids", "said"),
+    [
+        (np.array([1.0, np.nan, 1.0]), "nan"),
+        (torch.tensor([1.0, float("nan"), 1.0]), "nan"),
+        ([1.0, float("nan"), 1.0], "nan"),
+        (np.array(["a", None, "a"], dtype=object), "None"),
+        (np.array([np.float32(1), np.float32("nan"), np.float32(1)], dtype=object), "nan"),
+    ],
+    ids=["numpy float", "tensor", "list", "object None", "object numpy nan"],
+)
+@pytest.mark.parametrize("argument", ["index", "traj_index"])
+def test_a_null_or_nan_id_is_refused_naming_its_row(ids, said, argument):
+    """NaN equals no id (each of its rows would be a group of one) and None is no id: either
+    is an error naming the argument and the row, never a silent grouping."""
+    rewards, mask = torch.tensor([[1.0], [0.0], [1.0]]), torch.ones(3, 1)
+    given = {"index": [0, 0, 0], "traj_index": [0, 1, 2], argument: ids}
+    with pytest.raises(ValueError, match=rf"^{argument}: row 1 has the id .*{said}"):
+        compute_advantage(rewards, mask, given["index"], given["traj_index"])
+
+
+@pytest.mark.parametrize(
+    ("rewards", "mask", "said"),
+    [
+        (torch.empty(2, 1, device="meta"), None, "token_level_rewards is on the meta device"),
+        (None, torch.empty(2, 1, device="meta"), "response_mask is on the meta device"),
+        (torch.ones(2, 1, dtype=torch.complex64), None, "token_level_rewards holds complex"),
+        (None, torch.ones(2, 1, dtype=torch.complex64), "response_mask holds complex"),
+        (torch.ones(2, 1).to_sparse(), None, "token_level_rewards must be a dense tensor"),
+    ],
+    ids=["meta rewards", "meta mask", "complex rewards", "complex mask", "sparse rewards"],
+)
+def test_tensors_that_hold_no_real_values_are_refused_by_name(rewards, mask, said):
+    """Each one a ValueError naming the argument, not torch's own error from deep inside (a
+    meta tensor's .item(), complex values silently cast to real)."""
+    rewards = torch.ones(2, 1) if rewards is None else rewards
+    mask = torch.ones(2, 1) if mask is None else mask
+    with pytest.raises(ValueError, match=f"^{said}"):
+        compute_advantage(rewards, mask, [0, 0])
+
+
 @pytest.mark.parametrize("estimator", ["rloo", "opo", "grpo_passk", "reinforce_pp_baseline"])
 def test_own_score_rule_refuses_other_estimators(estimator):
     rewards, mask = torch.tensor([[1.0], [0.0]]), torch.ones(2, 1)
