@@ -183,7 +183,18 @@ def anchor_column(name: str, value: Any) -> pl.Series:
     array = _numpy(value)
     if array.dtype.kind == "O" and len(array) and not isinstance(array[0], str | int | bool):
         # Python objects have no vectorized form: each is made canonical in turn.
-        series = _one_column(name, lambda: pl.Series(name, [_canonical(v) for v in array]))
+        canonical = [_canonical(name, v) for v in array]
+        series = _one_column(name, lambda: pl.Series(name, canonical))
+        # Polars makes one type of the rows' values, a 1 among strings becoming "1": a state
+        # changed so would join another's.
+        read = series.to_list()
+        changed = next((i for i, v in enumerate(read) if v != canonical[i]), None)
+        if changed is not None:
+            raise AdvcliError(
+                f"the batch's '{name}' (anchor) holds values of more than one type: row "
+                f"{changed}'s {array[changed]!r} would be read as {read[changed]!r}; give its "
+                "values one type"
+            )
     elif array.ndim == 2:
         series = pl.Series(name, array.tolist())
     else:
@@ -208,15 +219,22 @@ def anchor_codes(name: str, value: Any) -> np.ndarray:
     return pl.DataFrame([series]).select(anchor_key(name, series.dtype)).to_series().to_numpy()
 
 
-def _canonical(value: Any) -> Any:
+def _canonical(name: str, value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.ravel().tolist()
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, Mapping):
-        return {str(key): _canonical(value[key]) for key in sorted(value, key=str)}
+        key = next((key for key in value if not isinstance(key, str)), None)
+        if key is not None:
+            # A column's struct names its fields by strings: {1: x} and {"1": x} would be one.
+            raise AdvcliError(
+                f"the batch's '{name}' (anchor) has a dict with the key {key!r}, not a string; "
+                "an anchor's dict keys must be strings"
+            )
+        return {key: _canonical(name, value[key]) for key in sorted(value)}
     if isinstance(value, list | tuple):
-        return [_canonical(element) for element in value]
+        return [_canonical(name, element) for element in value]
     return value
 
 

@@ -19,6 +19,7 @@ pytest.importorskip("verl")
 from verl import DataProto  # noqa: E402
 
 from advcli.dump import write_batch  # noqa: E402
+from advcli.errors import AdvcliError  # noqa: E402
 from advcli.verl import compute_advantage  # noqa: E402
 
 pytestmark = pytest.mark.peers
@@ -205,6 +206,30 @@ def test_float_anchors_are_refused():
         batch.non_tensor_batch["anchor_obs"] = anchors
         with pytest.raises(ValueError, match=message):
             compute_advantage(batch, "gigpo")
+
+
+@pytest.mark.parametrize(
+    ("states", "message"),
+    [
+        (({1: "a"}, {"1": "a"}), "has a dict with the key 1, not a string"),
+        (([1], ["1"]), "row 1's \\['1'\\] would be read as \\[1\\]"),
+        (({"k": [1]}, {"k": ["1"]}), "holds values of more than one type"),
+    ],
+    ids=["int and str dict keys", "int and str list items", "nested"],
+)
+def test_anchors_that_one_column_would_merge_are_refused(states, message, tmp_path):
+    """Two different states that one column would make one (a struct's field names are strings;
+    Polars makes one type of a column's values): an error, in the call and in write_batch,
+    never a merged step group."""
+    rows = agent_rows(10)
+    anchors = np.empty(len(rows), dtype=object)
+    anchors[:] = [states[index % 2] for index in range(len(rows))]
+    batch = agent_batch(rows)
+    batch.non_tensor_batch["anchor_obs"] = anchors
+    with pytest.raises(ValueError, match=message):
+        compute_advantage(batch, "gigpo")
+    with pytest.raises(AdvcliError, match=message):
+        write_batch(batch, tmp_path / "dump")
 
 
 def test_a_batch_without_anchors_is_refused_for_gigpo():
