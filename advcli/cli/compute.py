@@ -249,8 +249,9 @@ def _summary_table(summary: ComputeSummary) -> Table:
         table.add_row(name, Text(value))
     if summary.padding_rows:
         table.add_row("padding rows (advantage 0)", f"{summary.padding_rows:,}")
-    if summary.replaced:
-        table.add_row("replaced input columns", Text(", ".join(map(shown, summary.replaced))))
+    if summary.earlier_outputs:
+        named = ", ".join(map(shown, summary.earlier_outputs))
+        table.add_row("input columns named like outputs", Text(f"{named} (not kept)"))
     return table
 
 

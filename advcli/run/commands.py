@@ -65,7 +65,7 @@ from advcli.write.outputs import (
     report_format_for,
     write_rows,
 )
-from advcli.write.rows import replaced_columns
+from advcli.write.rows import earlier_outputs
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,8 @@ class ComputeSummary:
     output_format: OutputFormat
     seconds: float
     threads: int
-    replaced: list[str] = field(default_factory=list)
+    # The input columns named like outputs (an earlier run's), none of which the output keeps.
+    earlier_outputs: list[str] = field(default_factory=list)
     report: Report | None = None
     duplicate_rows: int = 0
     duplicates_dropped: bool = False
@@ -246,7 +247,7 @@ def _summary(
         output_format=fmt,
         seconds=0.0,
         threads=pl.thread_pool_size(),
-        replaced=replaced_columns(dataset.schema.names()),
+        earlier_outputs=earlier_outputs(dataset.schema.names()),
         report=report,
         duplicate_rows=counts.duplicate_rows,
         duplicates_dropped=drop_duplicates,

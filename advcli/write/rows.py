@@ -137,7 +137,7 @@ def output_frame(
         for name in row_values.columns
         if name in EXTRA_COLUMNS
     }
-    kept = kept_columns(dataset.schema.names(), columns, output_columns, extra)
+    kept = kept_columns(dataset.schema.names(), columns, output_columns)
     if kept and arrays:
         _check_array_columns(dataset.schema, kept, output_format, output)
     frame = output_rows(
@@ -199,20 +199,17 @@ def _write(  # noqa: PLR0913
 
 
 def kept_columns(
-    names: Iterable[str],
-    columns: ColumnRoles,
-    output_columns: OutputColumns,
-    extra: Iterable[str] = (),
+    names: Iterable[str], columns: ColumnRoles, output_columns: OutputColumns
 ) -> list[str] | None:
-    """The input columns ``output_columns`` writes, in input order: None for every one (``all``),
-    the group, trajectory and turn columns for ``keys`` (but one the output replaces), none for
-    ``none``."""
+    """The input columns ``output_columns`` writes, in input order: None for every one (``all``,
+    but those named like an output), the group, trajectory and turn columns for ``keys`` (but
+    one named like an output), none for ``none``."""
     if output_columns is OutputColumns.ALL:
         return None
     if output_columns is OutputColumns.NONE:
         return []
     names = list(names)
-    roles = {columns.group, columns.trajectory, columns.turn} - set(replaced_columns(names, extra))
+    roles = {columns.group, columns.trajectory, columns.turn} - set(earlier_outputs(names))
     return [name for name in names if name in roles]
 
 
@@ -266,12 +263,12 @@ def output_rows(
     tokens: bool,
     extra: dict[str, pl.Expr] | None = None,
 ) -> Rows:
-    """The output's rows, for both engines: every input column but those the output replaces,
-    then ``score`` and ``advantage`` as float32, any ``extra`` columns (``loss_weight``) and,
-    with ``tokens``, the per-token ``advantages``."""
+    """The output's rows, for both engines: every input column but those named like an output
+    (an earlier run's, which this run writes again or not at all), then ``score`` and
+    ``advantage`` as float32, any ``extra`` columns (``loss_weight``) and, with ``tokens``, the
+    per-token ``advantages``."""
     extra = extra or {}
-    replaced = replaced_columns(rows.collect_schema().names(), extra)
-    out = rows.drop(replaced).with_columns(
+    out = rows.drop(earlier_outputs(rows.collect_schema().names())).with_columns(
         score.cast(pl.Float32).alias("score"),
         advantage.cast(pl.Float32).alias("advantage"),
         *(value.alias(name) for name, value in extra.items()),
@@ -281,15 +278,16 @@ def output_rows(
     return out
 
 
-def replaced_columns(names: Iterable[str], extra: Iterable[str] = ()) -> list[str]:
-    """The input columns that the output's ``score``, ``advantage``, ``advantages`` (and any
-    ``extra`` output column) replace."""
-    present = set(names)
-    return [name for name in (*OUTPUT_COLUMNS, *extra) if name in present]
-
-
 # Per-row output columns a run may add: ``compute --loss-weight``'s.
 EXTRA_COLUMNS = ("loss_weight",)
+
+
+def earlier_outputs(names: Iterable[str]) -> list[str]:
+    """The input columns named like a column ``compute`` writes (an earlier run's output, when
+    a run reads one): never written on, whether this run writes that column again (its own
+    values replace them) or not (a stale ``loss_weight`` would pass for this run's)."""
+    present = set(names)
+    return [name for name in (*OUTPUT_COLUMNS, *EXTRA_COLUMNS) if name in present]
 
 
 def per_token_advantages(columns: ColumnRoles) -> pl.Expr:

@@ -121,12 +121,42 @@ def test_rerun_on_an_output_replaces_the_added_columns(write_dump, run, tmp_path
     assert run("compute", write_dump(BIAS_EXAMPLE.rows), "-o", first).exit_code == 0
     result = run("compute", first, "-o", second, "--level", "turn")
     assert result.exit_code == 0, result.output
-    assert "replaced" in result.stderr and "advantages" in result.stderr
+    said = " ".join(result.stderr.split())
+    assert "input columns named like outputs │ score, advantage, advantages (not kept)" in said
     out = pl.read_parquet(second)
     assert out.columns.count("advantage") == 1
     np.testing.assert_allclose(
         out["advantage"].to_numpy(), BIAS_EXAMPLE.expected[("turn", "grpo")], rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".npz"])
+def test_an_earlier_runs_loss_weight_is_not_carried_into_a_run_that_writes_none(
+    write_dump, run, tmp_path, suffix
+):
+    """A rerun on an output written with --loss-weight: its stale loss_weight would pass for
+    this run's (in the Parquet rows and the .npz arrays alike); it is not kept, and the
+    summary says so."""
+    source = write_dump(BIAS_EXAMPLE.rows)
+    first, second = tmp_path / "first.parquet", tmp_path / f"second{suffix}"
+    written = run("compute", source, "-o", first, "--loss-weight", "token-mean")
+    assert written.exit_code == 0, written.stderr
+    result = run("compute", first, "-o", second)
+    assert result.exit_code == 0, result.stderr
+    assert "advantages, loss_weight (not kept)" in " ".join(result.stderr.split())
+    if suffix == ".npz":
+        with np.load(second) as arrays:
+            assert "loss_weight" not in arrays
+    else:
+        assert "loss_weight" not in pl.read_parquet(second).columns
+    # Asked for again, the weights are this run's: those of a run on the original dump.
+    again, fresh = tmp_path / "again.parquet", tmp_path / "fresh.parquet"
+    mode = ("--loss-weight", "seq-mean-token-sum-norm", "--loss-scale-factor", "4")
+    assert run("compute", first, "-o", again, *mode).exit_code == 0
+    assert run("compute", source, "-o", fresh, *mode).exit_code == 0
+    weights = pl.read_parquet(again)["loss_weight"]
+    assert weights.equals(pl.read_parquet(fresh)["loss_weight"])
+    assert not weights.equals(pl.read_parquet(first)["loss_weight"])
 
 
 def test_no_tokens(write_dump, run, tmp_path):
