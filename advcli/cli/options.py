@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple, TypeVar, cast
@@ -33,7 +33,7 @@ from advcli.settings.config import (
     StepTerm,
     TrajScore,
 )
-from advcli.settings.recipes import PER_TURN_RECIPES, RECIPES, Recipe
+from advcli.settings.recipes import PER_TURN_RECIPES, RECIPES, Recipe, recipe_sets
 from advcli.settings.resolve import DEFAULTS, OPTION_WORDS, SETTING_NAMES, resolve_config
 
 # More threads than this only cost memory on any machine advcli runs on.
@@ -349,6 +349,10 @@ def dump_settings(ctx: typer.Context) -> DumpSettings:
     --level, inspect's estimator options) is not given.
     """
     given = {name: ctx.params[name] for name in SETTING_NAMES if _given(ctx, name)}
+    if "recipe" in given and not _saved(ctx, "recipe"):
+        for name in recipe_sets(Recipe(given["recipe"])):
+            if name in given and _saved(ctx, name):
+                del given[name]
     names = _column_names(ctx)
     if "gamma" in given and names.step_return is not None:
         gamma = f"'gamma' in {ctx.params['config_path']}" if _saved(ctx, "gamma") else "--gamma"
@@ -357,7 +361,24 @@ def dump_settings(ctx: typer.Context) -> DumpSettings:
             f"{gamma} discounts step rewards, and {returns} names returns discounted already "
             f"('{names.step_return}'): give one of the two (a step reward column for rewards)"
         )
-    return DumpSettings(names, resolve_config(given, OPTION_WORDS))
+    try:
+        return DumpSettings(names, resolve_config(given, OPTION_WORDS))
+    except SettingsError as error:
+        raise SettingsError(_saved_named(ctx, str(error), given)) from None
+
+
+def _saved_named(ctx: typer.Context, message: str, given: Mapping[str, Any]) -> str:
+    """``message``, saying where each option it names came from when it was saved, not typed
+    (a message that names ``--level`` blames a flag the user may never have typed)."""
+    saved = [
+        option
+        for name in given
+        if _saved(ctx, name) and (option := OPTION_WORDS.name(name)) in message
+    ]
+    if not saved:
+        return message
+    where = ", ".join(f"{option} is '{option.removeprefix('--')}'" for option in saved)
+    return f"{message} ({where} in {ctx.params['config_path']})"
 
 
 def _given(ctx: typer.Context, parameter: str) -> bool:

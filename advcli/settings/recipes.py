@@ -137,6 +137,24 @@ PER_TURN_RECIPES: dict[Recipe, PerTurnRecipe] = {
 }
 
 
+def recipe_sets(recipe: Recipe) -> tuple[str, ...]:
+    """The settings (by keyword name) ``recipe`` sets: where the recipe is typed, a saved one
+    gives way to it, as a saved option gives way to the same option typed."""
+    turn = PER_TURN_RECIPES.get(recipe)
+    if turn is not None:
+        return ("reward_mode", "step_groups", "estimator", "epsilon", "singleton")
+    base = RECIPES[recipe]
+    return (
+        "estimator",
+        "level",
+        "gamma",
+        "gigpo_norm",
+        "anchor_scope",
+        *(("epsilon",) if base.mean_epsilon is not None else ()),
+        *(("singleton",) if base.singleton is not None else ()),
+    )
+
+
 def gigpo_settings(
     recipe: Recipe | None,
     *,

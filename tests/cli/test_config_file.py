@@ -135,6 +135,47 @@ def test_command_line_wins_over_the_file(run, dump, tmp_path):
     np.testing.assert_allclose(advantages(tmp_path / "out.parquet"), expected("opo"))
 
 
+@pytest.mark.parametrize(
+    ("saved", "typed", "level"),
+    [
+        ('level = "trajectory"\n', ["--recipe", "verl-agent"], "turn"),
+        ('estimator = "grpo"\nlevel = "trajectory"\n', ["--recipe", "roll"], "turn"),
+        ('level = "turn"\n', ["--recipe", "verl-agent-trajectory"], "trajectory"),
+        (
+            'level = "trajectory"\n',
+            ["--recipe", "verl-agent", "--level", "trajectory"],
+            "trajectory",
+        ),
+        ('recipe = "verl-agent"\nlevel = "trajectory"\n', [], "trajectory"),
+    ],
+    ids=["saved level", "saved estimator", "saved level turn", "typed level wins", "both saved"],
+)
+def test_a_typed_recipe_wins_over_the_saved_settings_it_sets(
+    run, dump, tmp_path, saved, typed, level
+):
+    """A recipe is a bundle of settings: typed, it wins over each one it sets that was saved,
+    as a typed option wins over the same one saved; an option typed beside it wins over it,
+    and one saved beside a saved recipe wins over it too (an option given beside it)."""
+    frame = pl.read_parquet(dump).with_columns(
+        anchor=pl.lit("s"), step_reward=pl.col("token_level_rewards").list.sum()
+    )
+    frame.write_parquet(dump)
+    (tmp_path / "advcli.toml").write_text(saved)
+    result = run("compute", dump, "-o", "out.parquet", *typed)
+    assert result.exit_code == 0, result.stderr
+    assert f"│ level │ {level} │" in " ".join(result.stderr.split())
+
+
+def test_an_error_on_a_saved_option_says_it_was_saved(run, dump, tmp_path):
+    (tmp_path / "advcli.toml").write_text('scale = "batch"\n')
+    result = run("compute", dump, "-o", "out.parquet", "--estimator", "rloo")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1] == (
+        "Error: Invalid value: --scale applies to grpo and grpo_passk, not to rloo (--scale is "
+        "'scale' in advcli.toml)"
+    )
+
+
 def test_the_file_is_read_before_every_other_option(run, dump, tmp_path):
     """--config is eager, so the file is read before any other option takes its value: found
     with no --config, it reaches the options declared before --config (estimator, level) as
