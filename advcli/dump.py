@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
-from advcli.errors import AdvcliError
+from advcli.errors import AdvcliError, first_line
 from advcli.read.batch import anchor_column, batch_column, batch_entries, batch_roles
 from advcli.read.columns import ColumnRoles
 from advcli.read.file_roles import TRAINING_STEP, FileRoles
@@ -220,7 +220,7 @@ def _publish(frame: pl.DataFrame, roles: FileRoles, path: Path, if_exists: IfExi
             force=if_exists == "replace",
             replace_hint="if_exists='replace' writes the batch in its place",
         ) as partial:
-            frame.write_parquet(partial, metadata=roles.metadata())
+            _write(frame, roles, partial, path)
     except OutputAppeared:
         if if_exists == "skip":
             return BatchFile(path, "skipped")
@@ -236,10 +236,20 @@ def _publish_next(frame: pl.DataFrame, roles: FileRoles, folder: Path) -> BatchF
         path = folder / _next_name(folder)
         try:
             with atomic_output(path, replace_hint="the batch goes under the next name") as partial:
-                frame.write_parquet(partial, metadata=roles.metadata())
+                _write(frame, roles, partial, path)
         except OutputAppeared:
             continue
         return BatchFile(path, "written")
+
+
+def _write(frame: pl.DataFrame, roles: FileRoles, partial: Path, path: Path) -> None:
+    """The batch's Parquet bytes into ``partial``; a write that fails (a full disk, a file-size
+    limit) is an error naming ``path``, and the partial file goes with it."""
+    try:
+        frame.write_parquet(partial, metadata=roles.metadata())
+    except (OSError, pl.exceptions.PolarsError) as error:
+        reason = error.strerror if isinstance(error, OSError) else first_line(error)
+        raise AdvcliError(f"{path}: cannot write the batch ({reason})") from None
 
 
 def _row_count(entries: Mapping[str, Any]) -> int:

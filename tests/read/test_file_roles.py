@@ -318,3 +318,42 @@ def test_two_processes_writing_batches_without_a_step_keep_every_batch(tmp_path)
     kept = pl.read_parquet(folder).select("data_id", "rollout_id").sort("data_id", "rollout_id")
     assert kept.height == 240
     assert kept.unique().height == 240
+
+
+FULL_WRITER = """
+import resource, signal, sys
+import numpy as np
+from advcli.dump import write_batch
+from advcli.errors import AdvcliError
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+n = 4000
+batch = {"data_id": np.arange(n) // 8, "rollout_id": np.arange(n), "score": np.arange(n) / n}
+for step in (1, None):
+    try:
+        write_batch(batch, sys.argv[1], step=step)
+    except AdvcliError as error:
+        print(error)
+"""
+
+
+@pytest.mark.process
+def test_a_batch_that_cannot_be_written_is_an_error_naming_its_file(tmp_path):
+    """A file-size limit (as a full disk): one AdvcliError naming the file, for a step's name
+    and for the next free one, and no partial file left; not Polars' own error."""
+    folder = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-c", FULL_WRITER, str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(": cannot write the batch (")[0] for line in lines] == [
+        f"{folder}/step-00000001.parquet",
+        f"{folder}/batch-000000.parquet",
+    ]
+    assert all("File too large" in line for line in lines)
+    assert list(folder.iterdir()) == []
