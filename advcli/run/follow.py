@@ -45,6 +45,9 @@ class _Watch:
     settle: float
     changing: dict[Path, tuple[tuple[int, int], float]] = field(default_factory=dict)
     taken: set[Path] = field(default_factory=set)
+    # The files taken once unchanged for ``settle`` seconds (not published whole), with their
+    # (size, modification time) then.
+    settled: dict[Path, tuple[int, int]] = field(default_factory=dict)
 
     def complete(self, folder: Path) -> list[Path]:
         """The files of ``folder`` that are complete now and were not taken before, in the
@@ -65,14 +68,30 @@ class _Watch:
             state = (info.st_size, info.st_mtime_ns)
             last = self.changing.get(path)
             since = last[1] if last is not None and last[0] == state else now
-            if published_whole(path) or now - since >= self.settle:
+            if published_whole(path):
                 ready.append(path)
+            elif now - since >= self.settle:
+                ready.append(path)
+                self.settled[path] = state
             else:
                 changing[path] = (state, since)
         # A file removed before it settled is forgotten.
         self.changing = changing
         self.taken.update(ready)
         return ready
+
+    def written_since(self, path: Path) -> bool:
+        """Whether ``path``, taken once it settled, has changed since: it was still being
+        written (its writer paused longer than ``settle``), so it is watched again."""
+        taken = self.settled.get(path)
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            return False
+        if taken is None or (info.st_size, info.st_mtime_ns) == taken:
+            return False
+        self.taken.discard(path)
+        return True
 
 
 class FollowedStep(StepEntry):
@@ -127,7 +146,18 @@ def follow_steps(
     watch, reading = _Watch(settle), ReadAlike()
     while True:
         for path in watch.complete(folder):
-            yield _step(path, folder, config, names, drop_duplicates, reading)
+            try:
+                step = _step(path, folder, config, names, drop_duplicates, reading)
+            except AdvcliError as error:
+                if watch.written_since(path):
+                    continue
+                if path not in watch.settled:
+                    raise
+                raise AdvcliError(
+                    f"{error} (the file was taken once unchanged for --settle {settle:g} s: "
+                    "if it was still being written, a longer --settle waits for it)"
+                ) from None
+            yield step
         if not folder.is_dir():
             raise AdvcliError(
                 f"{shown_path(folder)}: the watched folder was removed (or replaced by a file); "

@@ -240,6 +240,29 @@ def test_a_bad_step_file_ends_it_with_one_error_naming_the_file(follower, write_
     assert [json.loads(line)["step"] for line in lines] == [0]
     assert stderr.startswith(f"Error: {folder / 'step-1.parquet'}")
     assert stderr.count("\n") == 1 and "Traceback" not in stderr
+    # Taken once it settled, not published whole: it may have been still being written.
+    assert stderr.endswith(
+        "(the file was taken once unchanged for --settle 0 s: if it was still being written, a "
+        "longer --settle waits for it)\n"
+    )
+
+
+def test_a_settled_file_written_again_is_watched_again(tmp_path):
+    """A writer that paused longer than --settle: the file taken (its read then failing) has
+    changed since, so it is watched again, not reported as broken; one unchanged is not."""
+    from advcli.run.follow import _Watch
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    half = folder / "step-1.parquet"
+    half.write_bytes(b"PAR1 half")
+    watch = _Watch(settle=0.0)
+    assert watch.complete(folder) == [half]
+    assert not watch.written_since(half)
+    with half.open("ab") as handle:
+        handle.write(b" and the rest")
+    assert watch.written_since(half)
+    assert watch.complete(folder) == [half]
 
 
 @pytest.mark.process
