@@ -160,8 +160,9 @@ def resolve_columns(
         taken=(group_col, trajectory_col, *not_turns),
         by_name=not rows_are_trajectories,
     )
-    reward_col = _reward_column(pick, names.reward, turn_rewards)
-    mask_col = pick("mask", names.mask, required=mask_needed_for)
+    keys = (group_col, trajectory_col, turn_col)
+    reward_col = _reward_column(pick, names.reward, turn_rewards, keys)
+    mask_col = pick("mask", names.mask, required=mask_needed_for, taken=keys)
     anchor_col, step_reward_col, step_return_col = (
         _step_columns(pick, names, steps) if steps else (None, None, None)
     )
@@ -215,18 +216,21 @@ def resolve_columns(
     return with_steps(roles, schema, where, pick.dialect, turn_rewards=turn_rewards)
 
 
-def _reward_column(pick: RolePicker, chosen: str | None, turn_rewards: bool) -> str | None:
+def _reward_column(
+    pick: RolePicker, chosen: str | None, turn_rewards: bool, keys: tuple[str | None, ...]
+) -> str | None:
     """The reward column. Under ``turn_rewards`` (``--reward-mode per-turn``, each row's reward
     its own turn's) and without an option naming it, the dialect's per-turn reward column (ROLL's
     ``step_scores``) where the dump has it, saying which outcome column is left unread; else the
     reward as under outcome rewards (whose values
-    :func:`advcli.read.turn_rewards.check_turn_rewards` then looks at)."""
+    :func:`advcli.read.turn_rewards.check_turn_rewards` then looks at), never one of the ``keys``
+    columns."""
     dialect = pick.dialect
     name = None
     if turn_rewards and chosen is None and dialect is not None:
         name = next((name for name in dialect.turn_reward if name in pick.schema), None)
     if dialect is None or name is None:
-        return pick("reward", chosen)
+        return pick("reward", chosen, taken=keys)
     outcome = [other for other in dialect.reward if other in pick.schema and other != name]
     unread = f"; its outcome column '{outcome[0]}' is not read" if outcome else ""
     pick.reasons["reward"] = (

@@ -127,6 +127,7 @@ class RolePicker:
             )
         dialect = self.dialect
         names, present = self._known_names(role)
+        present = [name for name in present if name not in taken]
         if len(present) > 1:
             raise AdvcliError(
                 f"{self.where}: two columns could be the {role.replace('_', ' ')}: "

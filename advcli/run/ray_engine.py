@@ -41,7 +41,7 @@ from advcli.read.projection import KeyExpressions
 from advcli.settings.config import AdvantageConfig, Estimator, Level, OutputColumns
 from advcli.settings.rules import RULES
 from advcli.write.atomic import atomic_output
-from advcli.write.rows import kept_columns, output_rows
+from advcli.write.rows import check_roles_kept, kept_columns, output_rows
 
 
 def start(address: str | None) -> None:
@@ -279,6 +279,7 @@ def write_advantages(
     the blocks read only the columns the lookup and the output need."""
     dataset.check_unchanged()  # before the blocks read the inputs again
     columns = dump.columns
+    check_roles_kept(columns, dataset.describe())
     keys = lookup_keys(config, columns)
     kept = kept_columns(dataset.schema.names(), columns, output_columns)
     read = None

@@ -120,6 +120,7 @@ def output_frame(
     """The output rows of one part of :func:`write_advantages`, as a frame to stream, and the
     input columns it keeps (None: every one), once the inputs and ``row_values`` are checked."""
     dataset.check_unchanged()
+    check_roles_kept(columns, dataset.describe())
     if not row_values[ROW].equals(
         pl.Series(ROW, range(dataset.num_rows), dtype=row_values[ROW].dtype)
     ):
@@ -280,6 +281,28 @@ def output_rows(
 
 # Per-row output columns a run may add: ``compute --loss-weight``'s.
 EXTRA_COLUMNS = ("loss_weight",)
+
+
+def check_roles_kept(columns: ColumnRoles, where: str) -> None:
+    """Refuse a key or mask column named like an output column: the output would replace its
+    values (a group id column ``score`` would hold scores), and a run on the output would read
+    them as the key. A scalar reward named ``score`` is the one kept out of this: the output's
+    score is that reward, as float32."""
+    roles = {
+        "group": columns.group,
+        "trajectory": columns.trajectory,
+        "turn": columns.turn,
+        "mask": columns.mask,
+        "anchor": columns.anchor,
+        "step reward": columns.step_reward,
+        "step return": columns.step_return,
+    }
+    for role, name in roles.items():
+        if name is not None and name in (*OUTPUT_COLUMNS, *EXTRA_COLUMNS):
+            raise AdvcliError(
+                f"{where}: the {role} column '{name}' has the name of a column the output "
+                "writes, which would replace it; rename it in the input"
+            )
 
 
 def earlier_outputs(names: Iterable[str]) -> list[str]:

@@ -159,6 +159,37 @@ def test_an_earlier_runs_loss_weight_is_not_carried_into_a_run_that_writes_none(
     assert not weights.equals(pl.read_parquet(first)["loss_weight"])
 
 
+@pytest.mark.parametrize(
+    ("renamed", "option"),
+    [
+        ({"data_id": "score"}, "--group-col"),
+        ({"rollout_id": "advantage"}, "--traj-col"),
+        ({"turn_index": "loss_weight"}, "--turn-col"),
+        ({"response_mask": "advantages"}, "--mask-col"),
+    ],
+    ids=["group", "trajectory", "turn", "mask"],
+)
+def test_a_key_column_named_like_an_output_is_refused_by_compute(
+    write_dump, run, tmp_path, renamed, option
+):
+    """The output would replace its values (group ids become scores), and a run on the output
+    would read them as the key; compare writes no rows and reads it. A column an option names
+    for one role is never a candidate for another (a group column 'score' is no reward)."""
+    (new,) = renamed.values()
+    source = tmp_path / "renamed.parquet"
+    pl.read_parquet(write_dump(BIAS_EXAMPLE.rows)).rename(renamed).write_parquet(source)
+    result = run("compute", source, "-o", tmp_path / "out.parquet", option, new)
+    assert result.exit_code == 1
+    role = {"--group-col": "group", "--traj-col": "trajectory", "--turn-col": "turn"}
+    assert result.stderr == (
+        f"Error: {source}: the {role.get(option, 'mask')} column '{new}' has the name of a "
+        "column the output writes, which would replace it; rename it in the input\n"
+    )
+    assert not (tmp_path / "out.parquet").exists()
+    compared = run("compare", source, option, new, "-q")
+    assert compared.exit_code == 0, compared.stderr
+
+
 def test_no_tokens(write_dump, run, tmp_path):
     output = tmp_path / "out.parquet"
     assert run("compute", write_dump(BIAS_EXAMPLE.rows), "-o", output, "--no-tokens").exit_code == 0
