@@ -155,3 +155,28 @@ TWO_GROUPS = Case(
 )
 
 CASES = [BIAS_EXAMPLE, MULTI_TURN_SINGLETON, SINGLE_ROW, IDENTICAL_SCORES, MIXED_TURNS, TWO_GROUPS]
+
+
+# verl-agent's invalid-action penalty (--traj-score own), as (group, trajectory, score) rows in
+# collection order: t0's second step and t4's second lowered by 0.1. By hand: g0's first rows
+# score 1.0 and 0.0 (mean 0.5, std sqrt(0.5)), each row centred on its own score; g1's first
+# rows tie at 1.0 (std 0), so each row is divided by 1 + ε.
+PENALIZED_ROWS = [
+    ("g0", "t0", 1.0),
+    ("g0", "t0", 0.9),
+    ("g0", "t1", 0.0),
+    ("g0", "t1", 0.0),
+    ("g1", "t3", 1.0),
+    ("g1", "t4", 1.0),
+    ("g1", "t4", 0.9),
+]
+_G0_STD = math.sqrt(0.5) + EPS
+PENALIZED_OWN_RULE = [
+    0.5 / _G0_STD,
+    0.4 / _G0_STD,
+    -0.5 / _G0_STD,
+    -0.5 / _G0_STD,
+    0.0,
+    0.0,
+    -0.1 / (1 + EPS),
+]

@@ -780,13 +780,8 @@ main()
 """
 
 
-@pytest.mark.parametrize(
-    "script",
-    [INTERRUPTED_IN_SET_NAME, ERROR_AFTER_INTERRUPT, INTERRUPTED_IN_WEAKREF_CALLBACK],
-    ids=["wrapped in another error", "an advcli error it caused", "dropped by Python"],
-)
-def test_an_interrupt_turned_into_something_else_still_ends_as_one(script, mplconfig, tmp_path):
-    out, tmp = folders(tmp_path)
+def _run_script(script: str, out: Path, tmp: Path, mplconfig: Path) -> Run:
+    """``python -c script`` in ``out``, as the tests' advcli processes run."""
     finished = subprocess.run(
         [sys.executable, "-c", script],
         cwd=out,
@@ -794,7 +789,17 @@ def test_an_interrupt_turned_into_something_else_still_ends_as_one(script, mplco
         capture_output=True,
         timeout=60,
     )
-    result = Run(["-c"], finished.returncode, text(finished.stdout), text(finished.stderr))
+    return Run(["-c"], finished.returncode, text(finished.stdout), text(finished.stderr))
+
+
+@pytest.mark.parametrize(
+    "script",
+    [INTERRUPTED_IN_SET_NAME, ERROR_AFTER_INTERRUPT, INTERRUPTED_IN_WEAKREF_CALLBACK],
+    ids=["wrapped in another error", "an advcli error it caused", "dropped by Python"],
+)
+def test_an_interrupt_turned_into_something_else_still_ends_as_one(script, mplconfig, tmp_path):
+    out, tmp = folders(tmp_path)
+    result = _run_script(script, out, tmp, mplconfig)
 
     assert result.returncode == 130, f"exit code is not 130{result}"
     assert result.stderr.splitlines() == [INTERRUPTED], f"stderr is not the one line{result}"
@@ -804,14 +809,7 @@ def test_an_interrupt_turned_into_something_else_still_ends_as_one(script, mplco
 
 def test_a_waiting_signal_outranks_the_error_it_raced(mplconfig, tmp_path):
     out, tmp = folders(tmp_path)
-    finished = subprocess.run(
-        [sys.executable, "-c", ERROR_RACED_BY_A_WAITING_SIGNAL],
-        cwd=out,
-        env=child_env(tmp, mplconfig),
-        capture_output=True,
-        timeout=60,
-    )
-    result = Run(["-c"], finished.returncode, text(finished.stdout), text(finished.stderr))
+    result = _run_script(ERROR_RACED_BY_A_WAITING_SIGNAL, out, tmp, mplconfig)
 
     assert result.returncode == 143, f"exit code is not 143{result}"
     assert result.stderr.splitlines() == [TERMINATED], f"stderr is not the one line{result}"

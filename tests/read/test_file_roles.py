@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from cases import PENALIZED_OWN_RULE, PENALIZED_ROWS
 from reference import reference_advantages
 
 from advcli.dump import write_batch
@@ -201,19 +202,6 @@ def test_files_whose_metadata_differ_are_not_read_as_one_batch(tmp_path, run):
     assert f"{folder}/step-00000002.parquet: none" in result.stderr
 
 
-# verl-agent's invalid-action penalty: t0's second row and t4's lowered by 0.1, so that their
-# rows differ; g1's first rows tie (t3 and t4 at 1.0, t5 at 0.0 do not: g0's t0 and t2 differ).
-PENALIZED_ROWS = [
-    ("g0", "t0", 1.0),
-    ("g0", "t0", 0.9),
-    ("g0", "t1", 0.0),
-    ("g0", "t1", 0.0),
-    ("g1", "t3", 1.0),
-    ("g1", "t4", 1.0),
-    ("g1", "t4", 0.9),
-]
-
-
 def test_a_verl_agent_batch_written_is_read_with_verl_agents_own_rule(tmp_path, run):
     """Written in advcli's schema, the file says whose batch it was: its rows that differ by
     the penalty are scored by verl-agent's own rule with no flags, and the reading says so."""
@@ -226,12 +214,8 @@ def test_a_verl_agent_batch_written_is_read_with_verl_agents_own_rule(tmp_path, 
     settings = json.loads(result.stdout)["settings"]
     assert settings["traj_score"] == "own"
     assert any("verl-agent's invalid-action penalty" in n for n in settings["reading"]["notes"])
-    # By hand, per step: g0's first rows 1.0 and 0.0 (mean 0.5, std sqrt(0.5)), each row
-    # centred on its own score; g1's first rows tie at 1.0 (std 0): divided by 1 + ε.
-    std = 0.5**0.5 + 1e-6
-    one_step = [0.5 / std, 0.4 / std, -0.5 / std, -0.5 / std, 0.0, 0.0, -0.1 / (1 + 1e-6)]
     written = pl.read_parquet(out)["advantage"].to_list()
-    assert written == pytest.approx(one_step * 2, abs=1e-6)
+    assert written == pytest.approx(PENALIZED_OWN_RULE * 2, abs=1e-6)
 
 
 def test_keys_cannot_overwrite_the_training_step(tmp_path):

@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
+from cases import PENALIZED_OWN_RULE, PENALIZED_ROWS
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
@@ -440,17 +441,8 @@ def test_key_errors_name_the_librarys_arguments():
 
 
 def _penalized_agent_batch() -> DataProto:
-    """verl-agent's batch with its invalid-action penalty: t0's second step and t4's lowered by
-    0.1; in g1 the first rows tie at 1.0."""
-    rows = [
-        ("g0", "t0", 1.0),
-        ("g0", "t0", 0.9),
-        ("g0", "t1", 0.0),
-        ("g0", "t1", 0.0),
-        ("g1", "t3", 1.0),
-        ("g1", "t4", 1.0),
-        ("g1", "t4", 0.9),
-    ]
+    """verl-agent's batch with its invalid-action penalty (tests/cases.py's PENALIZED_ROWS)."""
+    rows = PENALIZED_ROWS
     uids = {key: str(uuid.uuid4()) for key in {row[0] for row in rows} | {row[1] for row in rows}}
     rewards = torch.zeros(len(rows), 2)
     rewards[:, -1] = torch.tensor([score for _, _, score in rows])
@@ -468,9 +460,8 @@ def test_a_verl_agent_batch_takes_verl_agents_own_rule_with_no_keyword(run, tmp_
     centred on its own score, a tie divided by 1 + ε, not by ε (verl-agent's -1e5); the bias
     metrics are compare's on the batch written, read with no flags."""
     batch = compute_advantage(_penalized_agent_batch(), "grpo")
-    std = math.sqrt(0.5) + 1e-6
-    by_hand = [0.5 / std, 0.4 / std, -0.5 / std, -0.5 / std, 0.0, 0.0, -0.1 / (1 + 1e-6)]
-    assert batch.batch["advantages"][:, -1].tolist() == pytest.approx(by_hand, abs=1e-6)
+    advantages = batch.batch["advantages"][:, -1].tolist()
+    assert advantages == pytest.approx(PENALIZED_OWN_RULE, abs=1e-6)
     chosen = compute_advantage(_penalized_agent_batch(), "grpo", traj_score="own")
     assert torch.equal(chosen.batch["advantages"], batch.batch["advantages"])
     mean = compute_advantage(_penalized_agent_batch(), "grpo", traj_score="mean")
