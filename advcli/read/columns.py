@@ -140,8 +140,7 @@ def resolve_columns(
     ``turn_rewards``: each row's reward is its own turn's (:func:`_reward_column`).
 
     The readings that assume something (each row a trajectory, groups as blocks of rows) are
-    taken here from the schema; :func:`advcli.read.roles.read_roles` then checks them against the
-    values.
+    taken here; :func:`advcli.read.roles.read_roles` checks them against the values.
     """
     reasons: dict[str, str] = {}
     pick = RolePicker(schema, where, reasons, names.named_in, options)

@@ -12,6 +12,7 @@ first was, or the watch ends with an error naming both. Each path is reported on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -94,6 +95,10 @@ class _Watch:
         return True
 
 
+class _Unreadable(AdvcliError):
+    """A step file that could not be opened as data (a half-written one among them)."""
+
+
 class FollowedStep(StepEntry):
     """A step of the run as ``watch`` reports it: its ``compare --by file`` entry and how it
     was read (None for a file without rows)."""
@@ -113,7 +118,11 @@ def _step(
     was read (``reading``: the watch's roles, which every step must be read with), named by
     its step where its name within ``folder`` says one, as in a whole-folder run; a file
     without rows keeps its place with no figures and no reading, as there."""
-    with opened([str(path)], empty_ok=True) as dataset:
+    with contextlib.ExitStack() as stack:
+        try:
+            dataset = stack.enter_context(opened([str(path)], empty_ok=True))
+        except AdvcliError as error:
+            raise _Unreadable(str(error)) from None
         said = step_in_name(os.path.relpath(path, folder))
         label = said if said is not None else dataset.label(0)
         if dataset.num_rows == 0:
@@ -148,11 +157,11 @@ def follow_steps(
         for path in watch.complete(folder):
             try:
                 step = _step(path, folder, config, names, drop_duplicates, reading)
-            except AdvcliError as error:
+            except _Unreadable as error:
                 if watch.written_since(path):
                     continue
                 if path not in watch.settled:
-                    raise
+                    raise AdvcliError(str(error)) from None
                 raise AdvcliError(
                     f"{error} (the file was taken once unchanged for --settle {settle:g} s: "
                     "if it was still being written, a longer --settle waits for it)"
