@@ -2,8 +2,8 @@
 the Polars path (:mod:`advcli.advantages.step_groups`) reads: each row's step return over its
 trajectory in turn order (:func:`step_returns`), its step group, the rows of one anchor within
 a group or batch-wide (:func:`step_groups`), and its return normalized there
-(:func:`step_advantages`); and the episode term's one departure from the estimators' kernel,
-each row centred on its own score (:func:`own_row_episode`)."""
+(:func:`step_advantages`). The episode term is the estimators' kernel's, ``--traj-score own``
+among its rules (:mod:`advcli.torch.advantage`)."""
 
 from __future__ import annotations
 
