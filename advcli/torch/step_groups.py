@@ -36,7 +36,7 @@ from advcli.torch.ids import (
     raw_codes,
     unique_codes,
 )
-from advcli.torch.tensors import RewardError
+from advcli.torch.tensors import RewardError, check_holds_numbers
 from advcli.torch.trajectories import Trajectories
 
 
@@ -57,8 +57,11 @@ def step_values(values: object, n: int, device: torch.device, name: str) -> torc
     """A step reward or return per row as float64 on ``device`` (a tensor, a numpy array, an
     object array of numbers, a list), refused where one is NaN or infinite, naming the row."""
     if isinstance(values, torch.Tensor):
+        check_holds_numbers(values, name)
         tensor = values.detach()
     else:
+        if np.iscomplexobj(np.asarray(values)):
+            raise ValueError(f"{name} holds complex numbers; it takes real ones")
         try:
             tensor = torch.from_numpy(np.asarray(values, dtype=np.float64))
         except (TypeError, ValueError):

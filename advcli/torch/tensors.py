@@ -46,8 +46,8 @@ def row_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -
     """Each row's score, the sum of its token-level rewards, in float64, after the checks that
     no reward or mask value can make a NaN or a rounded score (:func:`_check_integers`,
     :func:`_check_scores`, :func:`_check_mask`)."""
-    _check_holds_numbers(token_level_rewards, "token_level_rewards")
-    _check_holds_numbers(response_mask, "response_mask")
+    check_holds_numbers(token_level_rewards, "token_level_rewards")
+    check_holds_numbers(response_mask, "response_mask")
     if token_level_rewards.dim() != 2:
         raise ValueError(
             "token_level_rewards must be (bs, response_length), got shape "
@@ -67,7 +67,7 @@ def row_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -
     return scores
 
 
-def _check_holds_numbers(tensor: torch.Tensor, name: str) -> None:
+def check_holds_numbers(tensor: torch.Tensor, name: str) -> None:
     """Refuse a tensor whose values cannot be read as real numbers: one on the meta device
     holds none, a sparse one is not laid out as (bs, response_length), and a complex one would
     lose its imaginary part."""

@@ -787,6 +787,30 @@ def test_tensors_that_hold_no_real_values_are_refused_by_name(rewards, mask, sai
         compute_advantage(rewards, mask, [0, 0])
 
 
+@pytest.mark.parametrize(
+    ("values", "said"),
+    [
+        (torch.ones(2, dtype=torch.complex64), "step_rewards holds complex numbers"),
+        (np.ones(2, dtype=complex), "step_rewards holds complex numbers"),
+        ([1j, 0], "step_rewards holds complex numbers"),
+        (torch.empty(2, device="meta"), "step_rewards is on the meta device"),
+    ],
+    ids=["complex tensor", "complex numpy", "complex list", "meta tensor"],
+)
+def test_step_rewards_that_hold_no_real_values_are_refused_by_name(values, said):
+    rewards, mask = torch.ones(2, 1), torch.ones(2, 1)
+    with pytest.raises(ValueError, match=f"^{said}"):
+        compute_advantage(
+            rewards,
+            mask,
+            [0, 0],
+            [0, 1],
+            estimator="gigpo",
+            anchor_index=[0, 0],
+            step_rewards=values,
+        )
+
+
 @pytest.mark.parametrize("estimator", ["rloo", "opo", "grpo_passk", "reinforce_pp_baseline"])
 def test_own_score_rule_refuses_other_estimators(estimator):
     rewards, mask = torch.tensor([[1.0], [0.0]]), torch.ones(2, 1)
