@@ -20,7 +20,7 @@ import polars as pl
 from advcli.errors import AdvcliError, first_line
 from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
 from advcli.read.columns import ColumnRoles
-from advcli.read.dialects import ADVCLI, DIALECTS, STEP_NAMES, Role
+from advcli.read.dialects import ADVCLI, DIALECTS, STEP_NAMES, Role, dialect_named
 from advcli.read.dtypes import is_anchor_type
 from advcli.read.picker import Options
 from advcli.read.projection import anchor_key
@@ -147,7 +147,7 @@ def _trainer_key(
         if key not in entries:
             raise AdvcliError(f"the batch has no '{key}' ({argument})")
         return key
-    dialect = next((d for d in DIALECTS if d.trainer == roles.dialect), None)
+    dialect = dialect_named(roles.dialect)
     names = dialect.names(role) if dialect is not None else ()
     return next((name for name in names if name in entries), None)
 

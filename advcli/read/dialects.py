@@ -228,6 +228,11 @@ def named_like(role: Role, name: str) -> bool:
     return NAME_PATTERNS[role].fullmatch(re.sub(r"[^a-z0-9]", "", name.lower())) is not None
 
 
+def dialect_named(trainer: str | None) -> Dialect | None:
+    """The dialect of ``trainer`` (as :attr:`Dialect.trainer` names it), None for none."""
+    return next((dialect for dialect in DIALECTS if dialect.trainer == trainer), None)
+
+
 def dialect_of(schema: pl.Schema) -> tuple[Dialect | None, tuple[Dialect, Dialect] | None]:
     """The dialect with the widest signature the schema has (and None), or, when two tie,
     (None, the two)."""

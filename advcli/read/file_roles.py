@@ -28,7 +28,7 @@ from typing import Any
 import polars as pl
 
 from advcli.errors import AdvcliError
-from advcli.read.dialects import DIALECTS, ROLES, STEP_ROLES
+from advcli.read.dialects import ROLES, STEP_ROLES, dialect_named
 from advcli.settings.config import ColumnNames
 
 KEY = "advcli"
@@ -60,7 +60,7 @@ class FileRoles:
     def own_scores_of(self) -> str | None:
         """The trainer whose own rule scored the written batch's trajectories whose rows
         differ (verl-agent's), None for none."""
-        dialect = next((d for d in DIALECTS if d.trainer == self.trainer), None)
+        dialect = dialect_named(self.trainer)
         return self.trainer if dialect is not None and dialect.own_row_scores else None
 
     @property
@@ -99,7 +99,7 @@ def read_file_roles(
     if not isinstance(columns, dict) or not isinstance(written_by, str):
         raise AdvcliError(f"{bad} (no 'columns' mapping of column to role)")
     trainer = value.get("trainer")
-    if trainer is not None and trainer not in (dialect.trainer for dialect in DIALECTS):
+    if trainer is not None and dialect_named(trainer) is None:
         raise AdvcliError(f"{bad}: it names the trainer {trainer!r}, unknown to advcli")
     for name, role in columns.items():
         if role not in _KNOWN:

@@ -11,7 +11,7 @@ from advcli.errors import AdvcliError
 from advcli.keys import GROUP, LAST_STEP, ROW, TRAJECTORY, TURN
 from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
-from advcli.read.dialects import DIALECTS
+from advcli.read.dialects import dialect_named
 
 
 def check_turn_rewards(
@@ -32,7 +32,7 @@ def check_turn_rewards(
         return
     first = several.sort("first_row").row(0, named=True)
     row, turns, value = first["first_row"], first["turns"], first["score_min"]
-    dialect = next((d for d in DIALECTS if d.trainer == columns.dialect), None)
+    dialect = dialect_named(columns.dialect)
     own = dialect.turn_reward if dialect is not None else ()
     where = (
         f"{dialect.trainer}'s dumps keep it in {' or '.join(repr(n) for n in own)}, which this "

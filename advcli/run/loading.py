@@ -28,7 +28,7 @@ from advcli.errors import AdvcliError, UsageError
 from advcli.keys import ANCHOR, COPY_OF, GROUP, ROW
 from advcli.read.columns import ColumnRoles
 from advcli.read.dataset import Dataset
-from advcli.read.dialects import DIALECTS, ROLES, STEP_ROLES
+from advcli.read.dialects import ROLES, STEP_ROLES, dialect_named
 from advcli.read.dtypes import is_enum
 from advcli.read.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
 from advcli.read.file_roles import FileRoles, named_by_file
@@ -555,7 +555,7 @@ def _as_the_file_says(
 def _check_by_is_not_the_turn(by: str, columns: ColumnRoles, where: str) -> None:
     """Refuse ``--by`` on the column the dump's trainer keeps its turn in (ROLL's ``step``):
     each part would be one turn of every trajectory, not a training step."""
-    dialect = next((d for d in DIALECTS if d.trainer == columns.dialect), None)
+    dialect = dialect_named(columns.dialect)
     if dialect is not None and by in dialect.turn:
         raise AdvcliError(
             f"{where}: '{by}' is the turn column of {dialect.trainer}'s dumps, so --by {by} "
