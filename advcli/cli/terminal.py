@@ -6,7 +6,7 @@ module only lays them out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console, Group
@@ -20,6 +20,7 @@ from advcli.report.views import (
     REMEDY_HEADERS,
     SETTINGS_HEADERS,
     SHORTENED_NOTE,
+    SHOWN_CHARS,
     STEP_HEADERS,
     STEP_SIZE_HEADERS,
     STEP_TURN_HEADERS,
@@ -27,6 +28,7 @@ from advcli.report.views import (
     TOP_TRAJECTORY_HEADERS,
     assessment_line,
     by_turns_rows,
+    distinct_chars,
     fmt,
     headline_rows,
     loss_weight_table,
@@ -60,6 +62,8 @@ def _add_rows(table: Table, rows: Sequence[Sequence[str]]) -> None:
 
 def render_terminal(report: BiasReport, console: Console) -> None:
     """The report as rich tables, with the verdict last."""
+    groups, groups_cut = _top_group_table(report, console.width)
+    trajectories, trajectories_cut = _top_trajectory_table(report, console.width)
     parts: list[Any] = [
         _reading_table(report),
         "",
@@ -69,9 +73,9 @@ def render_terminal(report: BiasReport, console: Console) -> None:
         "",
         _by_turns_table(report),
         "",
-        _top_group_table(report),
+        groups,
         "",
-        _top_trajectory_table(report),
+        trajectories,
         "",
     ]
     weights = _loss_weight_table(report)
@@ -83,12 +87,20 @@ def render_terminal(report: BiasReport, console: Console) -> None:
     parts += _step_credit_tables(report)
     if shortened(report):
         parts += [Text(SHORTENED_NOTE), ""]
+    elif groups_cut or trajectories_cut:
+        parts += [Text(WIDTH_NOTE), ""]
     remedies = remedy_rows(report.summary)
     if remedies:
         parts += [_remedy_table(remedies), ""]
     verdict = report.summary["verdict"] + "\n\n" + assessment_line(report)
     parts.append(Panel(Text(verdict), title="Verdict", title_align="left"))
     console.print(Group(*parts))
+
+
+WIDTH_NOTE = (
+    "Ids too long for the terminal's width are shown shortened (head…tail); "
+    "the JSON report holds them whole."
+)
 
 
 def _remedy_table(rows: Sequence[Sequence[str]]) -> Table:
@@ -140,17 +152,68 @@ def _by_turns_table(report: BiasReport) -> Table:
     return _right_aligned(title, BY_TURNS_HEADERS, by_turns_rows(report))
 
 
-def _top_group_table(report: BiasReport) -> Table:
-    title = "Most affected groups (baseline shift)"
-    # Ids are folded, not cut at the column's width: two uuids that share a prefix must stay
-    # apart.
-    return _right_aligned(title, TOP_GROUP_HEADERS, top_group_rows(report), overflow="fold")
+def _top_group_table(report: BiasReport, width: int) -> tuple[Table, bool]:
+    groups = [group["group"] for group in report.summary["top_groups"]]
+    return _id_table(
+        "Most affected groups (baseline shift)",
+        TOP_GROUP_HEADERS,
+        lambda chars: top_group_rows(report, chars),
+        [groups],
+        width,
+    )
 
 
-def _top_trajectory_table(report: BiasReport) -> Table:
-    title = "Most affected trajectories (|diff|)"
-    rows = top_trajectory_rows(report)
-    return _right_aligned(title, TOP_TRAJECTORY_HEADERS, rows, overflow="fold")
+def _top_trajectory_table(report: BiasReport, width: int) -> tuple[Table, bool]:
+    entries = report.summary["top_trajectories"]
+    return _id_table(
+        "Most affected trajectories (|diff|)",
+        TOP_TRAJECTORY_HEADERS,
+        lambda chars: top_trajectory_rows(report, chars),
+        [[entry["group"] for entry in entries], [entry["trajectory"] for entry in entries]],
+        width,
+    )
+
+
+# An id is shown with at least this many characters however narrow the terminal: head and tail
+# of a uuid still tell it apart, where a narrower column is worth a wrapped row.
+FEWEST_ID_CHARS = 12
+
+
+def _id_table(
+    title: str,
+    headers: Sequence[str],
+    rows_of: Callable[[int], list[list[str]]],
+    id_columns: Sequence[Sequence[Any]],
+    width: int,
+) -> tuple[Table, bool]:
+    """A table of right-aligned columns whose first columns hold the ids of ``id_columns``, each
+    shown with ``rows_of(chars)`` at as many characters as fit a row in ``width`` beside the
+    number columns (each as wide as its widest cell or header word, with the table's padding
+    and rules), but never fewer than :data:`FEWEST_ID_CHARS` nor so few that two ids of a column
+    look alike. Ids that then do not fit are folded over lines, never cut. Also whether an id is
+    shown shortened for the width (and not only past :data:`SHOWN_CHARS`, which the documents'
+    note covers)."""
+    numbers = sum(
+        max(
+            len(word)
+            for text in (header, *(row[column] for row in rows_of(SHOWN_CHARS)))
+            for word in text.split()
+        )
+        for column, header in enumerate(headers)
+        if column >= len(id_columns)
+    )
+    room = (width - numbers - 3 * len(headers)) // len(id_columns)
+    chars = max(distinct_chars(ids, max(FEWEST_ID_CHARS, room)) for ids in id_columns)
+    table = Table(title=title, title_justify="left", show_edge=False)
+    for column, header in enumerate(headers):
+        # An id column as wide as its ids when they fit: the number headers wrap first.
+        wide = column < len(id_columns) and chars <= room
+        table.add_column(
+            header, justify="right", overflow="fold", min_width=chars if wide else None
+        )
+    _add_rows(table, rows_of(chars))
+    cut = any(chars < len(str(value)) <= SHOWN_CHARS for ids in id_columns for value in ids)
+    return table, cut
 
 
 def _right_aligned(

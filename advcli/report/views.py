@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from advcli.names import NOT_UTF8_ESCAPES
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     # Only a type here: `advcli sample` shows its path through this module without Polars.
     from advcli.report.bias import BiasReport
     from advcli.report.summary import BiasSummary, StepEntry
@@ -79,14 +81,24 @@ def visible(value: Any) -> str:
     return str(value).translate(_ESCAPES)
 
 
-def shown(value: Any) -> str:
+def shown(value: Any, chars: int = SHOWN_CHARS) -> str:
     """An id or a name from the data as the views show it: :func:`visible`, and at most
-    :data:`SHOWN_CHARS` characters of it."""
+    ``chars`` characters of it."""
     text = str(value)
-    if len(text) > SHOWN_CHARS:
-        head = (SHOWN_CHARS - 1) // 2
-        text = text[:head] + "…" + text[len(text) - (SHOWN_CHARS - 1 - head) :]
+    if len(text) > chars:
+        head = (chars - 1) // 2
+        text = text[:head] + "…" + text[len(text) - (chars - 1 - head) :]
     return visible(text)
+
+
+def distinct_chars(values: Sequence[Any], chars: int) -> int:
+    """The fewest characters, from ``chars`` up to :data:`SHOWN_CHARS`, at which
+    :func:`shown` keeps ``values`` as many distinct as they are whole: two ids that differ
+    only in their middle are shown with enough of it to tell them apart."""
+    whole = len({str(value) for value in values})
+    while chars < SHOWN_CHARS and len({shown(value, chars) for value in values}) < whole:
+        chars += 1
+    return chars
 
 
 def too_long(values: Any) -> bool:
@@ -139,10 +151,10 @@ def by_turns_rows(report: BiasReport) -> list[list[str]]:
     ]
 
 
-def top_group_rows(report: BiasReport) -> list[list[str]]:
+def top_group_rows(report: BiasReport, id_chars: int = SHOWN_CHARS) -> list[list[str]]:
     return [
         [
-            shown(group["group"]),
+            shown(group["group"], id_chars),
             fmt(group["rows"]),
             fmt(group["trajectories"]),
             fmt(group["baseline_turn"]),
@@ -155,11 +167,11 @@ def top_group_rows(report: BiasReport) -> list[list[str]]:
     ]
 
 
-def top_trajectory_rows(report: BiasReport) -> list[list[str]]:
+def top_trajectory_rows(report: BiasReport, id_chars: int = SHOWN_CHARS) -> list[list[str]]:
     return [
         [
-            shown(entry["group"]),
-            shown(entry["trajectory"]),
+            shown(entry["group"], id_chars),
+            shown(entry["trajectory"], id_chars),
             fmt(entry["turns"]),
             fmt(entry["score"]),
             fmt(entry["advantage_turn"]),

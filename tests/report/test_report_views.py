@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from advcli.cli.app import app
 from advcli.report.verdict import THRESHOLDS, assess
+from advcli.report.views import distinct_chars
 
 SAMPLE = ROOT / "sample_data" / "rollouts.parquet"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -174,36 +175,98 @@ def test_help_keeps_brackets_and_defaults(run):
     assert not re.search(r"\s\.\s*$", text, flags=re.M)
 
 
-def test_uuid_ids_are_never_cut(run, tmp_path):
-    ids = [str(uuid.UUID(int=i + 1)) for i in range(4)]
+def _uuid_dump(tmp_path: Path, ids: list[str]) -> Path:
+    """Two trajectories of one and two turns in each group of ``ids``, trajectory ids made by
+    suffixing the group's."""
     rows = [
         (ids[g], f"{ids[g]}-r{r}", t, float((g + r + t) % 2), 2)
-        for g in range(4)
+        for g in range(len(ids))
         for r in range(2)
         for t in range(r + 1)
     ]
-    frame = pl.DataFrame(
-        {
-            "data_id": [r[0] for r in rows],
-            "rollout_id": [r[1] for r in rows],
-            "turn_index": [r[2] for r in rows],
-            "score": [r[3] for r in rows],
-            "response_length": [r[4] for r in rows],
-        }
-    )
     path = tmp_path / "uuids.parquet"
-    frame.write_parquet(path)
-    # An 80-column terminal, where a table of uuids is narrower than its ids.
+    pl.DataFrame(
+        rows,
+        schema=["data_id", "rollout_id", "turn_index", "score", "response_length"],
+        orient="row",
+    ).write_parquet(path)
+    return path
+
+
+def _terminal_table(stdout: str, title: str) -> list[list[str]]:
+    """The cells of the rows of a terminal table, each row one line."""
+    table = stdout.split(title)[1].split("\n\n")[0]
+    rows = [line for line in table.splitlines() if "│" in line]
+    return [[cell.strip() for cell in row.split("│")] for row in rows]
+
+
+def test_long_ids_fit_an_80_column_terminal_and_stay_apart(tmp_path):
+    ids = [str(uuid.UUID(int=i + 1)) for i in range(4)]
     result = CliRunner(env={"COLUMNS": "80"}).invoke(
+        app, ["compare", str(_uuid_dump(tmp_path, ids)), "--traj-score", "last"]
+    )
+    assert result.exit_code == 0, result.output
+    groups = _terminal_table(result.stdout, "Most affected groups")
+    trajectories = _terminal_table(result.stdout, "Most affected trajectories")
+    # One line a row: a row with a folded id would add lines with an empty number cell.
+    assert len(groups) == len(ids) and all(row[1] for row in groups)
+    assert len(trajectories) == 2 * len(ids) and all(row[2] for row in trajectories)
+    assert all(len(line) <= 80 for line in result.stdout.splitlines())
+    # Each shown id is the head and tail of exactly one whole id, and no two look alike.
+    for shown_ids, whole in (
+        ([row[0] for row in groups], ids),
+        ([row[1] for row in trajectories], [f"{i}-r{r}" for i in ids for r in range(2)]),
+    ):
+        found = []
+        for text in shown_ids:
+            head, tail = text.split("…")
+            found += [[w for w in whole if w.startswith(head) and w.endswith(tail)]]
+        assert all(len(one) == 1 for one in found), found
+        assert len({one[0] for one in found}) == len(set(shown_ids))
+    note = "Ids too long for the terminal's width are shown shortened (head…tail)"
+    assert note in " ".join(result.stdout.split())
+
+
+def test_ids_alike_but_in_their_middle_are_folded_whole(tmp_path):
+    # Shortened to what an 80-column row has room for, these would all look alike.
+    ids = [f"{'a' * 20}{i}{'b' * 20}" for i in range(4)]
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(
+        app, ["compare", str(_uuid_dump(tmp_path, ids)), "--traj-score", "last"]
+    )
+    assert result.exit_code == 0, result.output
+    # Folded, an id continues on the next lines of its cell: the group column of the groups
+    # table, read top to bottom, holds every id whole.
+    column = "".join(row[0] for row in _terminal_table(result.stdout, "Most affected groups"))
+    assert "…" not in column and all(i in column for i in ids)
+
+
+@pytest.mark.parametrize(
+    ("ids", "chars", "expected"),
+    [
+        # uuids counted up differ in their last character: the tail tells them apart at once.
+        ([str(uuid.UUID(int=i + 1)) for i in range(3)], 12, 12),
+        # Differing at index 6: a head of (chars - 1) // 2 characters holds it from 15 on.
+        ([f"aaaaaa{i}{'b' * 30}" for i in range(3)], 12, 15),
+        # Alike as whole ids too: nothing to tell apart.
+        (["x" * 40, "x" * 40], 12, 12),
+        # Never past the documents' limit, where the JSON is the place to read them.
+        ([f"{'a' * 40}{i}{'b' * 40}" for i in range(2)], 12, 64),
+    ],
+)
+def test_distinct_chars_widens_until_ids_stay_apart(ids, chars, expected):
+    assert distinct_chars(ids, chars) == expected
+
+
+def test_long_ids_are_whole_on_a_wide_terminal(tmp_path):
+    ids = [str(uuid.UUID(int=i + 1)) for i in range(4)]
+    path = _uuid_dump(tmp_path, ids)
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(
         app, ["compare", str(path), "--traj-score", "last"], catch_exceptions=False
     )
     assert result.exit_code == 0, result.output
-    assert "…" not in result.stdout
-    # Folded, an id continues on the next lines of its cell: the group column of the groups
-    # table, read top to bottom, holds every id whole.
-    table = result.stdout.split("Most affected groups")[1].split("\n\n")[0]
-    first_column = "".join(line.split("│")[0].strip() for line in table.splitlines() if "│" in line)
-    assert all(i in first_column for i in ids)
+    assert "…" not in result.stdout and "shortened" not in result.stdout
+    groups = _terminal_table(result.stdout, "Most affected groups")
+    assert sorted(row[0] for row in groups) == sorted(ids)
 
 
 def test_inspect_shows_trajectory_level_scores(run, tmp_path):
