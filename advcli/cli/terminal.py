@@ -87,7 +87,7 @@ def render_terminal(report: BiasReport, console: Console) -> None:
     parts += _step_credit_tables(report)
     if shortened(report):
         parts += [Text(SHORTENED_NOTE), ""]
-    elif groups_cut or trajectories_cut:
+    if groups_cut or trajectories_cut:
         parts += [Text(WIDTH_NOTE), ""]
     remedies = remedy_rows(report.summary)
     if remedies:
@@ -189,10 +189,10 @@ def _id_table(
     """A table of right-aligned columns whose first columns hold the ids of ``id_columns``, each
     shown with ``rows_of(chars)`` at as many characters as fit a row in ``width`` beside the
     number columns (each as wide as its widest cell or header word, with the table's padding
-    and rules), but never fewer than :data:`FEWEST_ID_CHARS` nor so few that two ids of a column
-    look alike. Ids that then do not fit are folded over lines, never cut. Also whether an id is
-    shown shortened for the width (and not only past :data:`SHOWN_CHARS`, which the documents'
-    note covers)."""
+    and rules): from :data:`FEWEST_ID_CHARS` up to :data:`SHOWN_CHARS`, and never so few that two
+    ids of a column look alike. Ids that then do not fit are folded over lines, never cut. Also
+    whether an id is shown shortened for the width (and not only past :data:`SHOWN_CHARS`,
+    which the documents' note covers)."""
     numbers = sum(
         max(
             len(word)
@@ -203,7 +203,8 @@ def _id_table(
         if column >= len(id_columns)
     )
     room = (width - numbers - 3 * len(headers)) // len(id_columns)
-    chars = max(distinct_chars(ids, max(FEWEST_ID_CHARS, room)) for ids in id_columns)
+    fewest = min(max(FEWEST_ID_CHARS, room), SHOWN_CHARS)
+    chars = max(distinct_chars(ids, fewest) for ids in id_columns)
     table = Table(title=title, title_justify="left", show_edge=False)
     for column, header in enumerate(headers):
         # An id column as wide as its ids when they fit: the number headers wrap first.
