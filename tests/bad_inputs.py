@@ -826,13 +826,18 @@ def _roll(frame: pl.DataFrame) -> pl.DataFrame:
     ).with_columns(episode_scores=pl.Series([1.0, 1.0, 0.0, 0.5]))
 
 
-def _gigpo_json(folder: Path) -> list[str]:
-    path = folder / "dump.jsonl"
-    lines = GIGPO.with_columns(anchor=pl.Series([None] * 4, dtype=pl.String)).to_dicts()
-    lines[0]["anchor"], lines[1]["anchor"] = "s0", 0
-    lines[2]["anchor"] = lines[3]["anchor"] = "s1"
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return [str(path)]
+def _gigpo_json(*anchors: object) -> Callable[[Path], list[str]]:
+    """The GiGPO dump as JSON lines with these four anchors."""
+
+    def build(folder: Path) -> list[str]:
+        path = folder / "dump.jsonl"
+        lines = GIGPO.with_columns(anchor=pl.Series([None] * 4, dtype=pl.String)).to_dicts()
+        for line, anchor in zip(lines, anchors, strict=True):
+            line["anchor"] = anchor
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return [str(path)]
+
+    return build
 
 
 CASES += [
@@ -850,10 +855,27 @@ CASES += [
     ),
     BadInput(
         "gigpo anchor mixing JSON strings and numbers",
-        _gigpo_json,
+        _gigpo_json("s0", 0, "s1", "s1"),
         ("dump.jsonl", "line 2: column 'anchor' mixes JSON strings with other values"),
         options=("--estimator", "gigpo"),
         commands=("compute",),
+    ),
+    # Inside a list or an object Polars reads the text of a number where other lines hold a
+    # string there: [1] and ["1"] would be one state.
+    *(
+        BadInput(
+            f"gigpo anchor mixing JSON strings and numbers inside {kind}",
+            _gigpo_json(*anchors),
+            ("dump.jsonl", f"line {line}: column 'anchor' holds 1 inside its list or object"),
+            options=("--estimator", "gigpo"),
+            commands=("compute",),
+        )
+        for kind, line, anchors in (
+            ("lists", 1, ([1], ["1"], ["2"], ["2"])),
+            ("objects", 2, ({"k": "1"}, {"k": 1}, {"k": "2"}, {"k": "2"})),
+            ("lists of lists", 3, ([["0"]], [["2"]], [[1, "3"]], [["1"]])),
+            ("lists of objects", 4, ([{"k": "1"}], [{"k": "2"}], [{"k": "2"}], [{"k": 1}])),
+        )
     ),
     gigpo_case(
         "gigpo step reward NaN",

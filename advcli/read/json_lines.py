@@ -64,13 +64,22 @@ def check_json_lines(dataset: Dataset, ids: Sequence[str], reward: str) -> None:
     - An id column read as strings that also holds other JSON values: Polars turns ``0``,
       ``true``, ``[1]`` or ``{"k": 1}`` into the text ``"0"``, ``"true"``…, so they would join
       the group of that string.
+    - The same inside a list or an object (an anchor ``[1]`` beside ``["1"]``, ``{"k": 1}``
+      beside ``{"k": "1"}``): where other lines hold a string, Polars reads the text of the
+      value.
     - A float reward column holding an integer literal beyond 2^53: it is rounded when read.
 
     Polars reads each file once more as plain lines and finds the candidates with a regular
-    expression (a key followed by something other than a string; an integer literal of 16 digits
-    or more); only those lines are parsed, to look at their top-level values.
+    expression (a key followed by something other than a string; a nested value that holds
+    something other than strings and nulls; an integer literal of 16 digits or more); only those
+    lines are parsed, to look at their values.
     """
     string_ids = [name for name in ids if dataset.schema[name] == pl.String]
+    nested_ids = [
+        name
+        for name in ids
+        if dataset.schema[name].is_nested() and _holds_text(dataset.schema[name])
+    ]
     reward_type = dataset.schema[reward]
     float_reward = reward_type == pl.Float64 or reward_type == pl.List(pl.Float64)
     for index, path in enumerate(dataset.files):
@@ -79,6 +88,17 @@ def check_json_lines(dataset: Dataset, ids: Sequence[str], reward: str) -> None:
                 value = json.loads(line).get(name)
                 if value is not None and not isinstance(value, str):
                     raise AdvcliError(f"{dataset.label(index)} {_mixed_ids(path, name, line)}")
+        for name in nested_ids:
+            for line in _nested_candidates(dataset.source(index), name):
+                found = _not_text(json.loads(line).get(name), dataset.schema[name])
+                if found is not None:
+                    raise AdvcliError(
+                        f"{dataset.label(index)} line {_line_number(path, line)}: column "
+                        f"'{name}' holds {json.dumps(found)} inside its list or object where "
+                        "other lines hold JSON strings; advcli would read it as the text "
+                        f"{json.dumps(str(found))}, alike to that string: give the values one "
+                        "JSON type"
+                    )
         if float_reward:
             for line in _lines_matching(dataset.source(index), LONG_INTEGER):
                 too_large = _beyond_exact(json.loads(line).get(reward))
@@ -99,10 +119,61 @@ def _value_after_key(name: str) -> str:
     return re.escape(json.dumps(name, ensure_ascii=False)) + r"\s*:\s*[^\"\sn]"
 
 
-def _lines_matching(source: str, pattern: str) -> Iterator[str]:
+def _holds_text(dtype: pl.DataType) -> bool:
+    """Whether a column of ``dtype`` holds strings at some depth."""
+    if dtype == pl.String:
+        return True
+    if isinstance(dtype, pl.List | pl.Array):
+        return _holds_text(dtype.inner)
+    if isinstance(dtype, pl.Struct):
+        return any(_holds_text(field.dtype) for field in dtype.fields)
+    return False
+
+
+def _not_text(value: Any, dtype: pl.DataType) -> Any:
+    """The first value inside ``value`` that Polars would turn into text: not a string (nor
+    null) where ``dtype`` holds a string; None when there is none."""
+    if value is None:
+        return None
+    if dtype == pl.String:
+        return None if isinstance(value, str) else value
+    if isinstance(dtype, pl.List | pl.Array):
+        items = value if isinstance(value, list) else [value]
+        return next((f for item in items if (f := _not_text(item, dtype.inner)) is not None), None)
+    if isinstance(dtype, pl.Struct):
+        fields = value if isinstance(value, dict) else {}
+        return next(
+            (
+                found
+                for field in dtype.fields
+                if (found := _not_text(fields.get(field.name), field.dtype)) is not None
+            ),
+            None,
+        )
+    return None
+
+
+# A JSON string (with its escapes), and what is left of a nested value of strings and nulls once
+# they are taken out: brackets, braces, commas, colons and blanks.
+JSON_STRING = r'"(?:[^"\\]|\\.)*"'
+ONLY_STRUCTURE = r"^[\[\]{},:\s]*$"
+
+
+def _nested_candidates(source: str, name: str) -> Iterator[str]:
+    """The lines whose value for key ``name`` (a list or an object) may hold something other
+    than strings and nulls: its text, read by Polars' JSONPath, keeps more than the structure
+    once its strings and nulls are taken out (or the path cannot read it)."""
+    value = pl.col("line").str.json_path_match("$[" + json.dumps(name, ensure_ascii=False) + "]")
+    structure = value.str.replace_all(JSON_STRING, "").str.replace_all("null", "")
+    candidate = value.is_null() | ~structure.str.contains(ONLY_STRUCTURE)
+    key = re.escape(json.dumps(name, ensure_ascii=False)) + r"\s*:\s*[\[{]"
+    yield from _lines_matching(source, key, candidate)
+
+
+def _lines_matching(source: str, pattern: str, also: pl.Expr | None = None) -> Iterator[str]:
     """The lines of a text file (by its native name: :class:`NativeNames`) that match
-    ``pattern``, found by Polars batch by batch (a NUL byte, the separator, cannot occur in JSON
-    text)."""
+    ``pattern`` (and ``also``), found by Polars batch by batch (a NUL byte, the separator, cannot
+    occur in JSON text)."""
     lines = pl.scan_csv(
         source,
         glob=False,
@@ -112,7 +183,8 @@ def _lines_matching(source: str, pattern: str) -> Iterator[str]:
         new_columns=["line"],
         schema={"line": pl.String},
     )
-    for batch in lines.filter(pl.col("line").str.contains(pattern)).collect_batches():
+    matching = pl.col("line").str.contains(pattern)
+    for batch in lines.filter(matching if also is None else matching & also).collect_batches():
         yield from batch["line"]
 
 

@@ -570,3 +570,27 @@ def test_a_folders_files_that_are_not_read_are_named_in_the_reading(run, tmp_pat
         f"{folder}: 2 files not read (only its Parquet files are): config.json, logs/train.jsonl"
         in notes
     )
+
+
+@pytest.mark.parametrize(
+    ("anchors", "step_groups"),
+    [
+        # Strings with nulls and escaped quotes inside lists: nothing Polars would change.
+        ([["a", None], ["a", None], ['x"y'], ['x"y'], ["x\\y"]], 3),
+        # Numbers only: read as numbers, no string for them to be taken for.
+        ([[1], [1], [2], [2], [3, 4]], 3),
+        # An object whose string field holds nulls beside strings.
+        ([{"k": "1"}, {"k": None}, {"k": None}, {"k": "1"}, {"k": "2"}], 3),
+    ],
+    ids=["strings", "numbers", "objects"],
+)
+def test_nested_json_anchors_of_one_type_are_read(run, tmp_path, anchors, step_groups):
+    path = tmp_path / "dump.jsonl"
+    lines = [
+        {"uid": "g", "traj_uid": f"t{i}", "anchor_obs": anchor, "reward": float(i % 2)}
+        for i, anchor in enumerate(anchors)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = run("inspect", path, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["step_groups"]["step_groups"] == step_groups
