@@ -8,13 +8,16 @@ import json
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from advcli.errors import AdvcliError
 from advcli.read.dataset import Dataset
 from advcli.settings.rules import EXACT_INTEGER_LIMIT
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
 
 
 def first_bad_line(path: Path) -> str | None:
@@ -119,7 +122,7 @@ def _value_after_key(name: str) -> str:
     return re.escape(json.dumps(name, ensure_ascii=False)) + r"\s*:\s*[^\"\sn]"
 
 
-def _holds_text(dtype: pl.DataType) -> bool:
+def _holds_text(dtype: PolarsDataType) -> bool:
     """Whether a column of ``dtype`` holds strings at some depth."""
     if dtype == pl.String:
         return True
@@ -130,7 +133,7 @@ def _holds_text(dtype: pl.DataType) -> bool:
     return False
 
 
-def _not_text(value: Any, dtype: pl.DataType) -> Any:
+def _not_text(value: Any, dtype: PolarsDataType) -> Any:
     """The first value inside ``value`` that Polars would turn into text: not a string (nor
     null) where ``dtype`` holds a string; None when there is none."""
     if value is None:
