@@ -41,8 +41,9 @@ TOKEN_REWARDS, SCORE, MASK, LENGTH = (
     "response_length",
 )
 
-# A role given as values rather than a key is stored under this name while the roles are found.
-_GIVEN = "__advcli_given_{}"
+# A role given as values rather than a key is stored under this name while the roles are found:
+# the argument it came from, as an error about its values names it ('turn=').
+_GIVEN = "{}="
 
 IfExists = Literal["error", "replace", "skip"]
 

@@ -122,7 +122,9 @@ def _trajectory_in_values(
     turn_like = [
         name
         for name in schema.names()
-        if name not in taken and is_number(schema[name]) and _says("turn", name)
+        if name not in taken
+        and is_number(schema[name])
+        and (_says("turn", name) or name == roles.turn)
     ]
     if not trajectory_like and not turn_like:
         return None

@@ -139,6 +139,31 @@ def test_verl_v1_turns_from_row_keys(tmp_path):
     assert written["turn_index"].to_list() == [0, 1, 0, 0]
 
 
+def test_verl_v1_turns_without_the_session_are_refused(tmp_path):
+    """The batch of v1's `_compute_advantage` holds no session: its rows written one a
+    trajectory, with the turns given, would be trajectories of one row each numbered 0 and 1,
+    and compare would find no bias in them."""
+    keys = ["u0_0_0", "u0_0_1", "u0_1_0", "u1_0_0"]
+    scores, mask = _padded([1, 2, 3, 4], [1.0, 1.0, 0.0, 0.5], torch.float32)
+    batch = DataProto.from_dict(
+        tensors={"token_level_rewards": scores, "response_mask": mask},
+        non_tensors={"uid": np.array([k.split("_")[0] for k in keys], dtype=object)},
+    )
+    turns = [int(k.rsplit("_", 1)[1]) for k in keys]
+    with pytest.raises(AdvcliError) as raised:
+        write_batch(batch, tmp_path, turn=turns)
+    assert str(raised.value) == (
+        "the batch: verl's dumps keep a trajectory in one row, but column 'turn=' numbers turns "
+        "within groups (2 distinct values) and no column says which trajectory a row belongs "
+        "to; name the trajectory column with trajectory="
+    )
+    assert list(tmp_path.iterdir()) == []
+    sessions = [k.split("_")[1] for k in keys]
+    written = pl.read_parquet(write_batch(batch, tmp_path, trajectory=sessions, turn=turns).path)
+    assert written["rollout_id"].to_list() == ["0", "0", "1", "0"]
+    assert written["turn_index"].to_list() == [0, 1, 0, 0]
+
+
 def test_unnumbered_files_take_the_next_free_name(tmp_path):
     batch = {
         "data_id": [0, 0],
