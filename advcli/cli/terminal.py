@@ -205,14 +205,16 @@ def _id_table(
     room = (width - numbers - 3 * len(headers)) // len(id_columns)
     fewest = min(max(FEWEST_ID_CHARS, room), SHOWN_CHARS)
     chars = max(distinct_chars(ids, fewest) for ids in id_columns)
+    rows = rows_of(chars)
     table = Table(title=title, title_justify="left", show_edge=False)
     for column, header in enumerate(headers):
         # An id column as wide as its ids when they fit: the number headers wrap first.
+        widest = max((len(row[column]) for row in rows), default=0)
         wide = column < len(id_columns) and chars <= room
         table.add_column(
-            header, justify="right", overflow="fold", min_width=chars if wide else None
+            header, justify="right", overflow="fold", min_width=widest if wide else None
         )
-    _add_rows(table, rows_of(chars))
+    _add_rows(table, rows)
     cut = any(chars < len(str(value)) <= SHOWN_CHARS for ids in id_columns for value in ids)
     return table, cut
 

@@ -37,7 +37,7 @@ from advcli.report.summary import (
     TopTrajectory,
     TurnsPerTrajectory,
 )
-from advcli.report.verdict import assess, verdict
+from advcli.report.verdict import SAME_BASELINE, assess, verdict
 
 # What each part sums by turn count, for the by-turns figures and the diff's mean.
 _SUMS = {
@@ -48,11 +48,16 @@ _SUMS = {
     "diff": pl.col("diff"),
     "abs_diff": pl.col("diff").abs(),
 }
+_DROP = pl.col("baseline_trajectory") - pl.col("baseline_turn")
 _GROUP_SHIFTS = {
     "baseline_shift": pl.col("baseline_shift"),
     "std_shift": pl.col("std_shift"),
     # Signed: positive when counting every turn lowers the baselines.
-    "baseline_drop": pl.col("baseline_trajectory") - pl.col("baseline_turn"),
+    "baseline_drop": _DROP,
+    # The groups whose baseline falls, and those whose baseline rises (by their rise): their
+    # count and the most each way, for a verdict that says both when they differ.
+    "baseline_fall": pl.when(_DROP > SAME_BASELINE).then(_DROP),
+    "baseline_rise": pl.when(_DROP < -SAME_BASELINE).then(-_DROP),
 }
 Moments = tuple[int, float, float, float, float, float]
 
@@ -301,6 +306,10 @@ def _group_figures(figures: PartFigures) -> GroupFigures:
         "std_shift_max": number(figures.groups["std_shift"][2]),
         "std_shift_mean": mean("std_shift"),
         "baseline_drop_mean": mean("baseline_drop"),
+        "baseline_fall_groups": figures.groups["baseline_fall"][1],
+        "baseline_fall_max": number(figures.groups["baseline_fall"][2]),
+        "baseline_rise_groups": figures.groups["baseline_rise"][1],
+        "baseline_rise_max": number(figures.groups["baseline_rise"][2]),
     }
 
 

@@ -36,6 +36,12 @@ class GroupFigures(TypedDict):
     std_shift_max: float | None
     std_shift_mean: float | None
     baseline_drop_mean: float | None
+    # The groups whose baseline falls (rises) by more than SAME_BASELINE when every turn
+    # counts, and the largest fall (rise).
+    baseline_fall_groups: int
+    baseline_fall_max: float | None
+    baseline_rise_groups: int
+    baseline_rise_max: float | None
 
 
 class TrajectoryFigures(TypedDict):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from advcli.report.summary import Assessment, RemedyAdvice, SummaryFigures
+from advcli.report.summary import Assessment, GroupFigures, RemedyAdvice, SummaryFigures
 
 # Where the bias stops being negligible and becomes severe, in the advantage's own units (the
 # group std for grpo): the mean |trajectory − turn level advantage| over trajectories, and the
@@ -314,6 +314,31 @@ def remedy(trainer: str | None, estimator: str | None = None) -> RemedyAdvice:
     return {"trainer": trainer, "advice": [entry.entry() for entry in advice]}
 
 
+# A group's baseline that moves less than this between the levels is the same at both.
+SAME_BASELINE = 5e-4
+
+
+def _baseline_sentence(groups: GroupFigures) -> str:
+    """How the group baselines move when every turn counts: the mean move, and the largest; the
+    groups that fall and those that rise apart when there are both."""
+    drop = groups["baseline_drop_mean"] or 0.0
+    falls, rises = groups["baseline_fall_groups"], groups["baseline_rise_groups"]
+    if not falls and not rises:
+        return "Group baselines are the same at both levels."
+    if falls and rises:
+        return (
+            f"When every turn counts, the baselines of {falls:,} group{'s' * (falls > 1)} fall "
+            f"(by up to {groups['baseline_fall_max']:.3f}) and of {rises:,} "
+            f"rise (by up to {groups['baseline_rise_max']:.3f}): "
+            f"{abs(drop):.3f} {'lower' if drop > 0 else 'higher'} on average."
+        )
+    most = groups["baseline_fall_max"] if falls else groups["baseline_rise_max"]
+    return (
+        f"When every turn counts, group baselines {'fall' if falls else 'rise'} by "
+        f"{abs(drop):.3f} on average (up to {most:.3f})."
+    )
+
+
 # The mean diff of the trajectories of at least a turn count and of those of fewer turns.
 DiffMeans = Callable[[int], tuple[float | None, float | None]]
 
@@ -328,14 +353,7 @@ def verdict(
     ``assessment`` says; the remedy ``estimator``'s); ``means``: the trajectories' mean diff on
     either side of a turn count."""
     counts, spread, groups = summary["counts"], summary["turns_per_trajectory"], summary["groups"]
-    drop = groups["baseline_drop_mean"] or 0.0
-    if (groups["baseline_shift_max"] or 0.0) < 5e-4:
-        sentences = ["Group baselines are the same at both levels."]
-    else:
-        sentences = [
-            f"When every turn counts, group baselines {'fall' if drop > 0 else 'rise'} by "
-            f"{abs(drop):.3f} on average (up to {groups['baseline_shift_max']:.3f})."
-        ]
+    sentences = [_baseline_sentence(groups)]
     if spread["min"] == spread["max"]:
         sentences.append(
             f"Every trajectory has {spread['min']} turn(s), so all weigh alike at both levels."

@@ -30,7 +30,8 @@ ROWS = [
 # Trajectory level. A: units [1, .4, 0], baseline 1.4/3 = 14/30; a(t1) = 16/30, a(t2) = -2/30,
 #   a(t3) = -14/30. B: a singleton -> baseline 0, a(s) = 3.
 # diff = a_traj - a_turn: -7/30 for t1, t2, t3; 3 for s. Sign flip: t2 only (5/30 vs -2/30).
-# |diff|: max 3, mean (3 * 7/30 + 3) / 4 = 0.925. Baseline shift: A 7/30, B 3.
+# |diff|: max 3, mean (3 * 7/30 + 3) / 4 = 0.925. Baseline shift: A 7/30, B 3; signed
+#   (trajectory - turn): A falls by 7/30 when every turn counts, B rises by 3.
 # corr(turns [1, 1, 4, 3], diff): mean turns 2.25, mean diff 0.575; cov sum 2.425;
 #   squared deviations: turns 6.75, diff 7.840833;
 #   2.425 / sqrt(6.75 * 7.840833) = 2.425 / 7.275 = 1/3.
@@ -49,6 +50,11 @@ EXPECTED_DRGRPO = {
         "baseline_shift_mean": (7 / 30 + 3) / 2,
         "std_shift_max": 0.0,
         "std_shift_mean": 0.0,
+        "baseline_drop_mean": (7 / 30 - 3) / 2,
+        "baseline_fall_groups": 1,
+        "baseline_fall_max": 7 / 30,
+        "baseline_rise_groups": 1,
+        "baseline_rise_max": 3.0,
     },
     "trajectories": {
         "sign_flips": 1,
@@ -162,6 +168,11 @@ def test_terminal_report_and_verdict(write_dump, run):
         assert heading in text
     assert "1 of 4" in text  # sign flips
     assert "25.0% of trajectories (1) change sign" in " ".join(text.split())
+    # A's baseline falls by 7/30, B's rises by 3: each way apart, then the mean (7/30 - 3) / 2.
+    assert (
+        "When every turn counts, the baselines of 1 group fall (by up to 0.233) and of 1 rise "
+        "(by up to 3.000): 1.383 higher on average."
+    ) in " ".join(text.split())
 
 
 def test_markdown_and_plot(write_dump, run, tmp_path):

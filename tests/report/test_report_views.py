@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from advcli.cli.app import app
 from advcli.report.verdict import THRESHOLDS, assess
-from advcli.report.views import distinct_chars
+from advcli.report.views import TOP_GROUP_HEADERS, TOP_TRAJECTORY_HEADERS, distinct_chars
 
 SAMPLE = ROOT / "sample_data" / "rollouts.parquet"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -225,6 +225,24 @@ def test_long_ids_fit_an_80_column_terminal_and_stay_apart(tmp_path):
         assert len({one[0] for one in found}) == len(set(shown_ids))
     note = "Ids too long for the terminal's width are shown shortened (head…tail)"
     assert note in " ".join(result.stdout.split())
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 140])
+@pytest.mark.parametrize("long_ids", [False, True], ids=["short", "uuids"])
+def test_the_id_tables_keep_every_column_within_the_width(tmp_path, width, long_ids):
+    ids = [str(uuid.UUID(int=i + 1)) if long_ids else f"g{i}" for i in range(4)]
+    result = CliRunner(env={"COLUMNS": str(width)}).invoke(
+        app, ["compare", str(_uuid_dump(tmp_path, ids)), "--traj-score", "last"]
+    )
+    assert result.exit_code == 0, result.output
+    assert max(len(line) for line in result.stdout.splitlines()) <= width
+    for title, headers in (
+        ("Most affected groups", TOP_GROUP_HEADERS),
+        ("Most affected trajectories", TOP_TRAJECTORY_HEADERS),
+    ):
+        # Each line of the header has a rule between every two of the columns.
+        head = result.stdout.split(title)[1].split("━")[0].splitlines()[1:]
+        assert head and all(line.count("┃") == len(headers) - 1 for line in head), head
 
 
 def test_ids_alike_but_in_their_middle_are_folded_whole(tmp_path):
