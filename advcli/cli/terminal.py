@@ -17,7 +17,6 @@ from rich.text import Text
 from advcli.report.views import (
     BY_TURNS_HEADERS,
     READING_HEADERS,
-    REMEDY_HEADERS,
     SETTINGS_HEADERS,
     SHORTENED_NOTE,
     SHOWN_CHARS,
@@ -91,7 +90,7 @@ def render_terminal(report: BiasReport, console: Console) -> None:
         parts += [Text(WIDTH_NOTE), ""]
     remedies = remedy_rows(report.summary)
     if remedies:
-        parts += [_remedy_table(remedies), ""]
+        parts += [_remedy_list(remedies), ""]
     verdict = report.summary["verdict"] + "\n\n" + assessment_line(report)
     parts.append(Panel(Text(verdict), title="Verdict", title_align="left"))
     console.print(Group(*parts))
@@ -103,13 +102,14 @@ WIDTH_NOTE = (
 )
 
 
-def _remedy_table(rows: Sequence[Sequence[str]]) -> Table:
-    """Each trainer's change; its source is in the JSON, Markdown and HTML reports."""
-    table = Table(title="What to change", title_justify="left", show_edge=False)
-    for header in REMEDY_HEADERS[:2]:
-        table.add_column(header, overflow="fold")
-    _add_rows(table, [row[:2] for row in rows])
-    return table
+def _remedy_list(rows: Sequence[Sequence[str]]) -> Group:
+    """Each trainer's change as a paragraph under its name, wrapped at spaces only: a config key
+    folded at a table column's edge would be copied wrong. Its source is in the JSON, Markdown
+    and HTML reports."""
+    parts: list[Any] = [Text("What to change", style="italic")]
+    for trainer, change, _ in rows:
+        parts += [Text.assemble((trainer, "bold"), ": ", change), ""]
+    return Group(*parts[:-1])
 
 
 def _reading_table(report: BiasReport) -> Table:

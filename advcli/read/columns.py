@@ -46,6 +46,9 @@ class ColumnRoles:
     group_size: int | None = None
     # The trainer whose dialect the dump was read in, None for a dump that speaks none.
     dialect: str | None = None
+    # The trainer whose batch advcli.dump.write_batch wrote the file from, as the file's
+    # metadata says (its columns are in advcli's layout): the trainer the dump's remedy is for.
+    written_from: str | None = None
     # The roles whose column was taken for its name alone (named_like), not a trainer's name.
     by_name: tuple[str, ...] = ()
     # What else the reading says of the dump (groups that span files, say).
@@ -78,10 +81,21 @@ class ColumnRoles:
             "mask": self.mask,
         }
 
+    @property
+    def trainer(self) -> str | None:
+        """The trainer the dump comes from, as far as advcli can tell: the one whose batch
+        advcli wrote the file from, else the dialect's."""
+        return self.written_from or self.dialect
+
     def read_as(self) -> str:
         """The layout the dump was read in, in words."""
         if self.dialect is None:
             return "no trainer's layout: columns by their names and the options"
+        if self.written_from is not None:
+            return (
+                f"{self.dialect}'s layout, written by advcli.dump.write_batch from "
+                f"{self.written_from}'s batch"
+            )
         return f"{self.dialect}'s layout"
 
     def reading(self) -> dict[str, Any]:
@@ -89,7 +103,7 @@ class ColumnRoles:
         its column (None where an assumption stands in for it) and why."""
         read = (*ROLES, *(role for role in STEP_ROLES if getattr(self, role) is not None))
         return {
-            "trainer": self.dialect,
+            "trainer": self.trainer,
             "read_as": self.read_as(),
             "roles": {
                 role: {"column": getattr(self, role), "why": self.reasons.get(role, "")}

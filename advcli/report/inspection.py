@@ -119,7 +119,7 @@ def inspect_dump(
         "inputs": {
             "files": inputs,
             "format": input_format,
-            "trainer": columns.dialect,
+            "trainer": columns.trainer,
             "read_as": columns.read_as(),
             "notes": list(columns.notes),
         },

@@ -539,8 +539,9 @@ def _as_the_file_says(
     columns: ColumnRoles, file_roles: FileRoles, training_step: str | None
 ) -> ColumnRoles:
     """The roles of a file advcli wrote with what its metadata says besides the columns: its
-    training step is never a turn, and its trainer's rule (verl-agent's own score rule) stands
-    for the file as for the batch it was written from."""
+    training step is never a turn, and its trainer (whose remedy the report gives) and that
+    trainer's rule (verl-agent's own score rule) stand for the file as for the batch it was
+    written from."""
     if training_step is not None:
         note = (
             f"'{training_step}' is the training step, as {file_roles.source} says "
@@ -549,6 +550,8 @@ def _as_the_file_says(
         columns = replace(columns, notes=(*columns.notes, note))
     if columns.trajectory is not None and columns.own_scores_of is None:
         columns = replace(columns, own_scores_of=file_roles.own_scores_of)
+    if file_roles.trainer is not None and file_roles.trainer != columns.dialect:
+        columns = replace(columns, written_from=file_roles.trainer)
     return columns
 
 

@@ -18,7 +18,10 @@ import polars as pl
 import pytest
 from conftest import ROOT
 from reference import reference_advantages
+from typer.testing import CliRunner
 
+from advcli.cli.app import app
+from advcli.dump import write_batch
 from advcli.read.dialects import DIALECTS
 from advcli.report.verdict import GIGPO_REMEDIES, REMEDIES, remedies_for
 
@@ -192,6 +195,38 @@ def test_the_terminal_says_what_to_change(run, tmp_path):
     assert "verl-agent" in table and "advcli" in table and "agent-lightning" not in table
     said = " ".join(table.split())
     assert "in RayPPOTrainer.fit for GRPO with advcli.verl.compute_advantage(batch, ...)" in said
+
+
+@pytest.mark.parametrize("trainer", ["agent-lightning", "verl-agent", "ROLL"])
+def test_the_terminal_keeps_every_config_key_of_a_change_on_one_line(run, tmp_path, trainer):
+    # An 80-column terminal: a table column would fold a long key (
+    # actor_rollout_ref.actor.policy_loss.loss_mode=per_rollout_mean) over two lines.
+    dump = dialect_dump(trainer, tmp_path / "dump.parquet")
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["compare", str(dump)])
+    assert result.exit_code == 0, result.output
+    section = result.stdout.split("What to change", 1)[1].split("Verdict", 1)[0]
+    lines = section.splitlines()
+    for entry in compare_json(run, dump)["assessment"]["remedy"]["advice"]:
+        assert any(line.startswith(f"{entry['trainer']}: ") for line in lines)
+        for word in entry["change"].split():
+            assert any(word in line for line in lines), word
+
+
+@pytest.mark.parametrize("trainer", ["verl-agent", "agent-lightning", "ROLL"])
+def test_a_batch_advcli_wrote_gets_its_trainers_change(run, tmp_path, trainer):
+    # write_batch writes the batch in advcli's layout; its metadata names the trainer whose
+    # batch it was, and the report's advice is that trainer's.
+    batch = pl.read_parquet(dialect_dump(trainer, tmp_path / "dump.parquet")).to_dict()
+    write_batch({name: column.to_list() for name, column in batch.items()}, tmp_path / "steps")
+    report = compare_json(run, tmp_path / "steps")
+    reading = report["settings"]["reading"]
+    assert reading["trainer"] == trainer
+    assert reading["read_as"] == (
+        f"advcli's layout, written by advcli.dump.write_batch from {trainer}'s batch"
+    )
+    advice = report["assessment"]["remedy"]["advice"]
+    assert [entry["trainer"] for entry in advice] == [trainer, "advcli"]
+    assert f"count each trajectory once ({trainer}: " in report["verdict"]
 
 
 @pytest.mark.parametrize("dump", ["advcli", "hand-named"])
