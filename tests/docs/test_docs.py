@@ -100,6 +100,18 @@ def test_every_page_is_in_the_navigation():
     assert listed == {str(page.relative_to(DOCS)) for page in DOCS.rglob("*.md")}
 
 
+@pytest.mark.parametrize("front", ["README.md", "docs/index.md"])
+def test_every_trainer_page_is_linked_from_the_front_pages(front):
+    text = (ROOT / front).read_text()
+    prefix = "docs/trainers/" if front == "README.md" else "trainers/"
+    missing = [
+        page.name
+        for page in (DOCS / "trainers").glob("*.md")
+        if f"({prefix}{page.name})" not in text
+    ]
+    assert not missing
+
+
 def test_the_command_line_reference_is_current():
     spec = importlib.util.spec_from_file_location(
         "make_cli_reference", DOCS / "make_cli_reference.py"
