@@ -192,7 +192,7 @@ def _stage_progress(enabled: bool) -> Iterator[Callable[[str], None] | None]:
 def _print_summary(summary: ComputeSummary, config_path: Path | None, report: Path | None) -> None:
     """The run's table on stderr, then what it noticed about duplicated rows and where the report
     went."""
-    from advcli.report.views import visible
+    from advcli.report.views import counted, visible
     from advcli.write.outputs import goes_to_stdout
 
     table = _summary_table(summary)
@@ -201,12 +201,12 @@ def _print_summary(summary: ComputeSummary, config_path: Path | None, report: Pa
     stderr.print(table)
     if summary.duplicate_rows and not summary.duplicates_confirmed:
         stderr.print(
-            f"{summary.duplicate_rows:,} rows alike in keys, score and tokens: possible "
-            "copies (the dump has no token ids to confirm them), counted as rows"
+            f"{counted(summary.duplicate_rows, 'row')} alike in keys, score and tokens: "
+            "possible copies (the dump has no token ids to confirm them), counted as rows"
         )
     elif summary.duplicate_rows and not summary.duplicates_dropped:
         stderr.print(
-            f"{summary.duplicate_rows:,} duplicated rows counted as the trainer did; "
+            f"{counted(summary.duplicate_rows, 'duplicated row')} counted as the trainer did; "
             "--drop-duplicates to count each once"
         )
     if report is not None:

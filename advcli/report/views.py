@@ -124,6 +124,12 @@ def shortened(report: BiasReport) -> bool:
     )
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` (with thousands separators) and ``noun``, in the plural (``plural``, else
+    ``noun`` + s) unless the count is one: ``1 row``, ``1,024 copies``."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
+
+
 def fmt(value: Any, digits: int = 4) -> str:
     """A figure as the tables show it: floats to ``digits`` places, counts with thousands
     separators, a missing figure as n/a."""

@@ -43,6 +43,7 @@ from advcli.read.roles import read_roles
 from advcli.read.turn_rewards import check_last_steps, check_turn_rewards
 from advcli.report.step_credit import not_measured, step_credit
 from advcli.report.termination import TerminationReport, termination_report
+from advcli.report.views import counted
 from advcli.settings.config import (
     AdvantageConfig,
     ColumnNames,
@@ -495,8 +496,8 @@ def counted_rows(
         raise AdvcliError(
             f"{dump.dataset.describe()}: --drop-duplicates needs the rows' token ids "
             f"({', '.join(TOKEN_COLUMNS)}) to tell a copy from a turn alike in score and tokens; "
-            f"the dump has none, so its {duplicates.count:,} rows alike in keys, score and tokens "
-            "are only possible copies"
+            f"the dump has none, so its {counted(duplicates.count, 'row')} alike in keys, score "
+            "and tokens are only possible copies"
         )
     if duplicates.count:
         dump = replace(dump, projection=duplicates.drop_from(dump.projection))
@@ -521,7 +522,8 @@ def _with_counted_copies(dump: LoadedDump, duplicates: DuplicateRows) -> LoadedD
     check_unique_turns(projection.filter(pl.col(COPY_OF).is_null()), dump.dataset, dump.columns)
     trainer = dump.columns.turn_copies_of
     note = (
-        f"{copies.height:,} rows repeat an earlier row's group, trajectory and turn "
+        f"{counted(copies.height, 'row')} {'repeats' if copies.height == 1 else 'repeat'} an "
+        "earlier row's group, trajectory and turn "
         f"('{dump.columns.turn}') and its reward and mask: {trainer}'s padding copies "
         f"(batch_adjust_mode copy), counted as {trainer} counted them (--drop-duplicates "
         "counts each once)"

@@ -276,7 +276,7 @@ def test_possible_copies_are_not_dropped(run, write_dump, tmp_path):
     assert "--drop-duplicates needs the rows' token ids" in result.stderr
     computed = run("compute", path, "-o", tmp_path / "out.parquet")
     assert computed.exit_code == 0, computed.stderr
-    assert "1 rows alike in keys, score and tokens: possible copies" in computed.stderr
+    assert "1 row alike in keys, score and tokens: possible copies" in computed.stderr
 
 
 def test_a_row_copied_twice_is_two_duplicates_of_one_row(run, write_dump):

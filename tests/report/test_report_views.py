@@ -20,7 +20,12 @@ from typer.testing import CliRunner
 
 from advcli.cli.app import app
 from advcli.report.verdict import THRESHOLDS, assess
-from advcli.report.views import TOP_GROUP_HEADERS, TOP_TRAJECTORY_HEADERS, distinct_chars
+from advcli.report.views import (
+    TOP_GROUP_HEADERS,
+    TOP_TRAJECTORY_HEADERS,
+    counted,
+    distinct_chars,
+)
 
 SAMPLE = ROOT / "sample_data" / "rollouts.parquet"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -319,3 +324,17 @@ def test_terminal_view_holds_every_section(run):
         "What to change",
     ):
         assert heading in " ".join(text.split()) or heading in text, heading
+
+
+@pytest.mark.parametrize(
+    ("count", "noun", "plural", "said"),
+    [
+        (1, "row", None, "1 row"),
+        (0, "row", None, "0 rows"),
+        (2, "duplicated row", None, "2 duplicated rows"),
+        (1_024, "copy", "copies", "1,024 copies"),
+        (1, "copy", "copies", "1 copy"),
+    ],
+)
+def test_counted_says_one_thing_in_the_singular(count, noun, plural, said):
+    assert counted(count, noun, plural) == said
