@@ -17,7 +17,8 @@ Stage 1 reads only small columns, so the token columns are read only when the ke
 has candidates (rows alike in keys, score and token count), and only for those rows. A dump with
 no token ids cannot tell a copy from a turn alike in reward and mask, so nothing is read: its
 rows alike in keys, score and tokens are reported as possible copies, and ``--drop-duplicates``
-refuses them.
+refuses them; but for a trainer that pads with padding rows of its own (SkyRL), which adds no
+copies, they are its steps.
 """
 
 from __future__ import annotations
@@ -147,6 +148,10 @@ def find_duplicates(
         return _none_in(projection, content)
     by_turn = columns.turn_copies_of if TURN in keys else None
     if not any(name in TOKEN_COLUMNS for name in content) and by_turn is None:
+        if columns.padding_ids is not None:
+            # A trainer that pads with rows of its own (SkyRL's pad0, pad1, …) adds no copies:
+            # its steps alike in score and tokens are steps, not possible copies.
+            return _none_in(projection, content)
         # Without token ids no read could confirm a copy (two turns alike in reward and mask
         # look the same), so none is made: the candidates are the possible copies.
         return _copies(candidates, keys, keys, ())

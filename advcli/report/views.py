@@ -230,6 +230,7 @@ def headline_rows(report: BiasReport) -> list[tuple[str, str]]:
             f"{settings['singleton']}, epsilon {settings['epsilon']:g})",
         ),
         ("rows", fmt(counts["rows"])),
+        *_padding_rows_line(settings),
         ("groups", fmt(counts["groups"])),
         ("trajectories", fmt(counts["trajectories"])),
         ("tokens", fmt(counts["tokens"])),
@@ -263,6 +264,13 @@ def headline_rows(report: BiasReport) -> list[tuple[str, str]]:
 
 def _difference(one: float | None, other: float | None) -> float | None:
     return None if one is None or other is None else one - other
+
+
+def _padding_rows_line(settings: dict[str, Any]) -> list[tuple[str, str]]:
+    """The headline's line on a trainer's padding rows (SkyRL's), when the dump has any: they are
+    in no group, so in none of the counts."""
+    padding = settings.get("padding_rows", 0)
+    return [("padding rows (not counted)", fmt(padding))] if padding else []
 
 
 def _duplicate_rows_line(summary: BiasSummary) -> list[tuple[str, str]]:

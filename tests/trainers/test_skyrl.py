@@ -133,6 +133,7 @@ def test_inspect_and_compare_leave_padding_out(version, run, tmp_path):
     report_path = tmp_path / "r.json"
     compared = run("compare", dump, "--json", report_path)
     assert compared.exit_code == 0, compared.stderr
+    assert table_row(compared.stdout, "padding rows (not counted)") == [str(PADS)]
     summary = json.loads(report_path.read_text())
     assert summary["settings"]["padding_rows"] == PADS
     assert summary["counts"]["rows"] == len(rows)
@@ -280,3 +281,22 @@ def test_write_batch_refuses_a_skyrl_step_wise_batch(tmp_path):
     with pytest.raises(AdvcliError, match=r"SkyRL step-wise batch \('is_last_step'\)"):
         write_dump_of_batch(batch, tmp_path / "dumps")
     assert not (tmp_path / "dumps").exists()
+
+
+def test_steps_alike_in_reward_and_mask_are_no_possible_copies(run, tmp_path):
+    """SkyRL pads with rows of its own (pad0, …), never with copies: a trajectory's steps with
+    the same reward (0 before the last) and the same mask are steps, not possible copies."""
+    rows = [
+        {"uids": "0", "is_last_step": last, "rewards": [0.0, float(last)], "loss_mask": [1, 1]}
+        for last in (False, False, True, False, True)
+    ]
+    rows.append({"uids": "pad0", "is_last_step": True, "rewards": [0.0, 0.0], "loss_mask": [0, 0]})
+    dump = tmp_path / "dump.parquet"
+    pl.DataFrame(rows).write_parquet(dump)
+    inspected = run("inspect", dump, "--json")
+    assert inspected.exit_code == 0, inspected.stderr
+    assert json.loads(inspected.stdout)["duplicate_rows"]["count"] == 0
+    compared = run("compare", dump)
+    assert compared.exit_code == 0, compared.stderr
+    assert "duplicated rows" not in compared.stdout
+    assert table_row(compared.stdout, "padding rows (not counted)") == ["1"]
