@@ -380,7 +380,10 @@ def _checks_table(summary: dict[str, Any]) -> tuple[Table, list[Any]]:
     ):
         entry = summary[key]
         examples += _example_values(entry["examples"])
-        checks.add_row(label, f"{entry['count']:,}", Text(_examples(entry["examples"])))
+        shown_examples = _examples(entry["examples"])
+        if entry["count"] and "rule" in entry:
+            shown_examples = f"{entry['rule']}: {shown_examples}"
+        checks.add_row(label, f"{entry['count']:,}", Text(shown_examples))
     duplicates = summary["duplicate_rows"]
     checks.add_row(
         "duplicated rows (a copy of an earlier row)"

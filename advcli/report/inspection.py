@@ -14,7 +14,7 @@ import polars as pl
 
 from advcli.advantages.statistics import group_statistics
 from advcli.advantages.unit_scores import Naming, build_units, scores_disagree
-from advcli.advantages.units import index_trajectories
+from advcli.advantages.units import Trajectories, index_trajectories
 from advcli.keys import (
     ANCHOR,
     GROUP,
@@ -56,10 +56,46 @@ class Roles(Protocol):
     @property
     def trainer(self) -> str | None: ...
     @property
+    def own_scores_of(self) -> str | None: ...
+    @property
     def notes(self) -> Sequence[str]: ...
     @property
     def reasons(self) -> Mapping[str, str]: ...
     def read_as(self) -> str: ...
+
+
+def _inconsistent_trajectories(
+    projection: pl.DataFrame, trajectories: Trajectories, columns: Roles
+) -> dict[str, Any]:
+    """How many trajectories' rows disagree on the score, the rule compute scores them by, and
+    the first few, each with its rows' distinct scores in input order."""
+    disagree = scores_disagree(pl.col("score_min"), pl.col("score_max"))
+    inconsistent = trajectories.table.with_row_index("position").filter(disagree)
+    examples = inconsistent.head(EXAMPLES)
+    scores = (
+        projection.select(pl.Series("position", trajectories.of_row), SCORE)
+        .filter(pl.col("position").is_in(examples["position"].implode()))
+        .group_by("position", maintain_order=True)
+        .agg(pl.col(SCORE).unique(maintain_order=True).alias("scores"))
+    )
+    examples = examples.join(scores, on="position", how="left", maintain_order="left")
+    return {
+        "count": inconsistent.height,
+        "rule": _disagreeing_scores_rule(columns, LAST_STEP in projection.columns),
+        "examples": [
+            {"group": r[GROUP], "trajectory": r[TRAJECTORY], "scores": r["scores"]}
+            for r in examples.iter_rows(named=True)
+        ],
+    }
+
+
+def _disagreeing_scores_rule(columns: Roles, last_step: bool) -> str:
+    """What compute does with a trajectory whose rows' scores disagree in this dump."""
+    if last_step:
+        return f"scored by its last step's reward, {columns.trainer}'s rule"
+    if columns.own_scores_of is not None:
+        return f"scored by {columns.own_scores_of}'s own rule (--traj-score own)"
+    return "compute asks for a --traj-score rule"
 
 
 def inspect_dump(
@@ -96,18 +132,8 @@ def inspect_dump(
     per_group = group_statistics(per_trajectory)
     singleton = per_group.filter(pl.col("units") == 1)
     zero_std = per_group.filter(pl.col("zero_std"))
-    # ... and the trajectories whose rows' scores disagree, each listed with its rows' distinct
-    # scores in input order (only for the few examples shown).
-    disagree = scores_disagree(pl.col("score_min"), pl.col("score_max"))
-    inconsistent = trajectories.table.with_row_index("position").filter(disagree)
-    examples = inconsistent.head(EXAMPLES)
-    scores = (
-        projection.select(pl.Series("position", trajectories.of_row), SCORE)
-        .filter(pl.col("position").is_in(examples["position"].implode()))
-        .group_by("position", maintain_order=True)
-        .agg(pl.col(SCORE).unique(maintain_order=True).alias("scores"))
-    )
-    examples = examples.join(scores, on="position", how="left", maintain_order="left")
+    # ... and the trajectories whose rows' scores disagree.
+    inconsistent = _inconsistent_trajectories(projection, trajectories, columns)
     del trajectories
 
     # Each trajectory counted once (its score as compute reads it when its rows agree, or, in
@@ -151,13 +177,7 @@ def inspect_dump(
             "count": zero_std.height,
             "examples": zero_std[GROUP].head(EXAMPLES).to_list(),
         },
-        "inconsistent_trajectories": {
-            "count": inconsistent.height,
-            "examples": [
-                {"group": r[GROUP], "trajectory": r[TRAJECTORY], "scores": r["scores"]}
-                for r in examples.iter_rows(named=True)
-            ],
-        },
+        "inconsistent_trajectories": inconsistent,
         "duplicate_turns": duplicates,
         "padding_rows": padding_rows,
     }

@@ -216,6 +216,9 @@ def test_a_verl_agent_batch_written_is_read_with_verl_agents_own_rule(tmp_path, 
     assert any("verl-agent's invalid-action penalty" in n for n in settings["reading"]["notes"])
     written = pl.read_parquet(out)["advantage"].to_list()
     assert written == pytest.approx(PENALIZED_OWN_RULE * 2, abs=1e-6)
+    inspected = json.loads(run("inspect", folder, "--json").stdout)
+    rule = inspected["inconsistent_trajectories"]["rule"]
+    assert rule == "scored by verl-agent's own rule (--traj-score own)"
 
 
 def test_keys_cannot_overwrite_the_training_step(tmp_path):

@@ -242,6 +242,7 @@ def test_inspect_reports_every_item(run, tmp_path):
     assert report["zero_std_groups"] == {"count": 1, "examples": ["g3"]}
     assert report["inconsistent_trajectories"] == {
         "count": 1,
+        "rule": "compute asks for a --traj-score rule",
         "examples": [{"group": "g1", "trajectory": "t1", "scores": [1.0, 0.0]}],
     }
     assert report["duplicate_turns"]["count"] == 1

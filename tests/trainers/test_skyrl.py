@@ -107,6 +107,10 @@ def test_inspect_and_compare_leave_padding_out(version, run, tmp_path):
     assert inspected.exit_code == 0, inspected.stderr
     report = json.loads(inspected.stdout)
     assert report["padding_rows"] == PADS
+    rule = report["inconsistent_trajectories"]["rule"]
+    assert (
+        rule == f"scored by its last step's reward, SkyRL{' 0.4.0' * (version == '0.4.0')}'s rule"
+    )
     assert report["counts"]["rows"] == len(rows)
     assert report["counts"]["groups"] == len({row[0] for row in rows})
     assert report["counts"]["trajectories"] == trajectory_count(rows)
