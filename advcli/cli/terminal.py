@@ -6,6 +6,7 @@ module only lays them out.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -77,7 +78,7 @@ def render_terminal(report: BiasReport, console: Console) -> None:
         trajectories,
         "",
     ]
-    weights = _loss_weight_table(report)
+    weights = _loss_weight_table(report, console.width)
     if weights is not None:
         parts += [weights, ""]
     steps = _step_table(report)
@@ -233,20 +234,37 @@ def _right_aligned(
     return table
 
 
-def _loss_weight_table(report: BiasReport) -> Table | None:
-    """The loss weights by turn count, when the dump has a mask column."""
+def _loss_weight_table(report: BiasReport, width: int) -> Table | None:
+    """The loss weights by turn count, when the dump has a mask column. A loss mode's name is
+    broken after its hyphens where the columns share ``width`` (``seq-mean-`` / ``token-sum``),
+    never inside a word."""
     loss = loss_weight_table(report)
     if loss is None:
         return None
+    headers, rows = loss
     weights = Table(
         title="Loss weight by turn count (a trajectory's weight ÷ an equal share)",
         title_justify="left",
         show_edge=False,
     )
-    for header in loss[0]:
-        weights.add_column(header, justify="right", overflow="fold")
-    _add_rows(weights, loss[1])
+    turns = max(len(text) for text in [headers[0], *(row[0] for row in rows)])
+    share = (width - turns - 3 * len(headers)) // (len(headers) - 1)
+    weights.add_column(headers[0], justify="right", overflow="fold")
+    for header in headers[1:]:
+        weights.add_column(_broken_at_hyphens(header, share), justify="right", overflow="fold")
+    _add_rows(weights, rows)
     return weights
+
+
+def _broken_at_hyphens(name: str, width: int) -> str:
+    """``name`` in lines of at most ``width`` characters where its hyphens allow, each line but
+    the last ending at a hyphen; a piece longer than ``width`` keeps a line of its own."""
+    lines = [""]
+    for piece in re.findall(r"[^-]*-|[^-]+$", name):
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(lines)
 
 
 def _step_credit_tables(report: BiasReport) -> list[Any]:

@@ -338,3 +338,28 @@ def test_terminal_view_holds_every_section(run):
 )
 def test_counted_says_one_thing_in_the_singular(count, noun, plural, said):
     assert counted(count, noun, plural) == said
+
+
+@pytest.mark.parametrize("width", [80, 100, 140])
+def test_loss_mode_names_break_only_after_their_hyphens(width):
+    result = CliRunner(env={"COLUMNS": str(width)}).invoke(app, ["compare", str(SAMPLE)])
+    assert result.exit_code == 0, result.output
+    table = result.stdout.split("Loss weight by turn count", 1)[1]
+    head = table.split("━")[0].splitlines()[1:]
+    columns = zip(*([cell.strip() for cell in line.split("┃")] for line in head), strict=True)
+    names = []
+    for column in columns:
+        pieces = [piece for piece in column if piece]
+        # Every line of a name but its last ends at one of its hyphens.
+        assert all(piece.endswith("-") for piece in pieces[:-1]), pieces
+        names.append("".join(pieces))
+    assert names == [
+        "turns",
+        "token-mean",
+        "token-sum",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+        "per-rollout-mean",
+    ]
+    assert max(len(line) for line in result.stdout.splitlines()) <= width
