@@ -31,6 +31,7 @@ from advcli.report.views import (
     distinct_chars,
     fmt,
     headline_rows,
+    id_text,
     loss_weight_table,
     reading_rows,
     remedy_rows,
@@ -188,35 +189,37 @@ def _id_table(
     width: int,
 ) -> tuple[Table, bool]:
     """A table of right-aligned columns whose first columns hold the ids of ``id_columns``, each
-    shown with ``rows_of(chars)`` at as many characters as fit a row in ``width`` beside the
+    shown with ``rows_of(chars)`` at as many characters as let a row fit ``width`` beside the
     number columns (each as wide as its widest cell or header word, with the table's padding
     and rules): from :data:`FEWEST_ID_CHARS` up to :data:`SHOWN_CHARS`, and never so few that two
     ids of a column look alike. Ids that then do not fit are folded over lines, never cut. Also
     whether an id is shown shortened for the width (and not only past :data:`SHOWN_CHARS`,
     which the documents' note covers)."""
-    numbers = sum(
-        max(
-            len(word)
-            for text in (header, *(row[column] for row in rows_of(SHOWN_CHARS)))
-            for word in text.split()
-        )
-        for column, header in enumerate(headers)
-        if column >= len(id_columns)
-    )
-    room = (width - numbers - 3 * len(headers)) // len(id_columns)
-    fewest = min(max(FEWEST_ID_CHARS, room), SHOWN_CHARS)
-    chars = max(distinct_chars(ids, fewest) for ids in id_columns)
-    rows = rows_of(chars)
+    ids = len(id_columns)
+
+    def widest(rows: list[list[str]], column: int, words: bool = False) -> int:
+        texts = [headers[column], *(row[column] for row in rows)]
+        return max(len(part) for text in texts for part in (text.split() if words else [text]))
+
+    def id_widths(chars: int) -> int:
+        rows = rows_of(chars)
+        return sum(max((len(row[column]) for row in rows), default=0) for column in range(ids))
+
+    rows = rows_of(SHOWN_CHARS)
+    numbers = sum(widest(rows, column, words=True) for column in range(ids, len(headers)))
+    room = width - numbers - 3 * len(headers)
+    chars = SHOWN_CHARS
+    while chars > FEWEST_ID_CHARS and id_widths(chars) > room:
+        chars -= 1
+    chars = max(distinct_chars(column, chars) for column in id_columns)
+    # Ids that fit are never wrapped, so the number headers wrap first; rich would otherwise
+    # narrow the widest column, an id's, before them.
+    fits = id_widths(chars) <= room
     table = Table(title=title, title_justify="left", show_edge=False)
     for column, header in enumerate(headers):
-        # An id column as wide as its ids when they fit: the number headers wrap first.
-        widest = max((len(row[column]) for row in rows), default=0)
-        wide = column < len(id_columns) and chars <= room
-        table.add_column(
-            header, justify="right", overflow="fold", min_width=widest if wide else None
-        )
-    _add_rows(table, rows)
-    cut = any(chars < len(str(value)) <= SHOWN_CHARS for ids in id_columns for value in ids)
+        table.add_column(header, justify="right", overflow="fold", no_wrap=fits and column < ids)
+    _add_rows(table, rows_of(chars))
+    cut = any(chars < len(id_text(v)) <= SHOWN_CHARS for column in id_columns for v in column)
     return table, cut
 
 

@@ -81,10 +81,18 @@ def visible(value: Any) -> str:
     return str(value).translate(_ESCAPES)
 
 
+def id_text(value: Any) -> str:
+    """An id as text: a key of several columns (a group within a step of ``--by``) as its
+    ``name=value`` pairs, ``step=0, group=40``; any other value as itself."""
+    if isinstance(value, dict):
+        return ", ".join(f"{name}={id_text(item)}" for name, item in value.items())
+    return str(value)
+
+
 def shown(value: Any, chars: int = SHOWN_CHARS) -> str:
-    """An id or a name from the data as the views show it: :func:`visible`, and at most
-    ``chars`` characters of it."""
-    text = str(value)
+    """An id or a name from the data as the views show it: its :func:`id_text`,
+    :func:`visible`, and at most ``chars`` characters of it."""
+    text = id_text(value)
     if len(text) > chars:
         head = (chars - 1) // 2
         text = text[:head] + "…" + text[len(text) - (chars - 1 - head) :]
@@ -95,7 +103,7 @@ def distinct_chars(values: Sequence[Any], chars: int) -> int:
     """The fewest characters, from ``chars`` up to :data:`SHOWN_CHARS`, at which
     :func:`shown` keeps ``values`` as many distinct as they are whole: two ids that differ
     only in their middle are shown with enough of it to tell them apart."""
-    whole = len({str(value) for value in values})
+    whole = len({id_text(value) for value in values})
     while chars < SHOWN_CHARS and len({shown(value, chars) for value in values}) < whole:
         chars += 1
     return chars
@@ -103,7 +111,7 @@ def distinct_chars(values: Sequence[Any], chars: int) -> int:
 
 def too_long(values: Any) -> bool:
     """Whether a view shows any of ``values`` shortened."""
-    return any(len(str(value)) > SHOWN_CHARS for value in values)
+    return any(len(id_text(value)) > SHOWN_CHARS for value in values)
 
 
 def shortened(report: BiasReport) -> bool:

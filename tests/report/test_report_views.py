@@ -233,12 +233,17 @@ def test_long_ids_fit_an_80_column_terminal_and_stay_apart(tmp_path):
 
 
 @pytest.mark.parametrize("width", [60, 80, 100, 140])
-@pytest.mark.parametrize("long_ids", [False, True], ids=["short", "uuids"])
-def test_the_id_tables_keep_every_column_within_the_width(tmp_path, width, long_ids):
-    ids = [str(uuid.UUID(int=i + 1)) if long_ids else f"g{i}" for i in range(4)]
-    result = CliRunner(env={"COLUMNS": str(width)}).invoke(
-        app, ["compare", str(_uuid_dump(tmp_path, ids)), "--traj-score", "last"]
-    )
+@pytest.mark.parametrize("ids", ["short", "uuids", "by step"])
+def test_the_id_tables_keep_every_column_within_the_width(tmp_path, width, ids):
+    names = [str(uuid.UUID(int=i + 1)) if ids == "uuids" else f"g{i}" for i in range(4)]
+    path = _uuid_dump(tmp_path, names)
+    options = ["--traj-score", "last"]
+    if ids == "by step":
+        # Two steps of the same groups: each group keyed by its step and its id.
+        frame = pl.read_parquet(path)
+        pl.concat([frame.with_columns(step=pl.lit(step)) for step in (0, 1)]).write_parquet(path)
+        options += ["--by", "step"]
+    result = CliRunner(env={"COLUMNS": str(width)}).invoke(app, ["compare", str(path), *options])
     assert result.exit_code == 0, result.output
     assert max(len(line) for line in result.stdout.splitlines()) <= width
     for title, headers in (
@@ -248,6 +253,11 @@ def test_the_id_tables_keep_every_column_within_the_width(tmp_path, width, long_
         # Each line of the header has a rule between every two of the columns.
         head = result.stdout.split(title)[1].split("━")[0].splitlines()[1:]
         assert head and all(line.count("┃") == len(headers) - 1 for line in head), head
+    if ids == "by step" and width >= 80:
+        groups = _terminal_table(result.stdout, "Most affected groups")
+        assert {row[0] for row in groups} == {
+            f"step={t}, group=g{g}" for t in (0, 1) for g in range(4)
+        }
 
 
 def test_ids_alike_but_in_their_middle_are_folded_whole(tmp_path):
