@@ -41,10 +41,22 @@ app = typer.Typer(
     # markup tags and vanish.
     rich_markup_mode=None,
 )
+# Each command's line in `advcli --help`, whole in an 80-column terminal (click cuts a longer
+# first sentence of the docstring with "...").
 app.command("compute", cls=PanelledCommand)(compute_command)
-app.command("compare", cls=PanelledCommand)(compare_command)
-app.command("watch", cls=PanelledCommand)(watch_command)
-app.command("inspect", cls=PanelledCommand)(inspect_command)
+app.command(
+    "compare",
+    cls=PanelledCommand,
+    short_help="Report how counting every turn biases baselines and advantages.",
+)(compare_command)
+app.command(
+    "watch", cls=PanelledCommand, short_help="Report each step file of a run as it is written."
+)(watch_command)
+app.command(
+    "inspect",
+    cls=PanelledCommand,
+    short_help="Look at a dump before computing: roles, counts, checks.",
+)(inspect_command)
 app.command("sample", cls=PanelledCommand)(sample_command)
 
 

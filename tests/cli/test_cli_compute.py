@@ -11,6 +11,7 @@ import pytest
 from cases import BIAS_EXAMPLE, MIXED_TURNS
 from conftest import dump_frame
 from polars.testing import assert_frame_equal
+from typer.testing import CliRunner
 
 from advcli.cli.app import app
 from advcli.run.commands import compute
@@ -27,6 +28,15 @@ def test_every_command_has_help(run):
         result = run(command.name, "--help")
         assert result.exit_code == 0
         assert "Example" in result.stdout
+
+
+def test_the_command_list_is_whole_in_an_80_column_terminal():
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["--help"])
+    assert result.exit_code == 0
+    commands = result.stdout.split("Commands:", 1)[1].splitlines()
+    listed = [line for line in commands if line.strip()]
+    assert len(listed) == len(app.registered_commands)
+    assert not [line for line in listed if line.rstrip().endswith("...")]
 
 
 def test_version(run):
