@@ -44,7 +44,7 @@ from advcli.run.loading import (
     report_settings,
     start_engine,
 )
-from advcli.run.parts import by_parts, compare_parts, step_order
+from advcli.run.parts import by_parts, compare_parts, in_one_pass, step_order
 from advcli.run.row_values import row_values
 from advcli.settings.config import (
     AdvantageConfig,
@@ -341,7 +341,8 @@ def compare(  # noqa: PLR0913
 
     ``by="file"`` (or a column name, e.g. ``step``) also reports each input file (each value of
     the column) on its own, as a series over training steps in ``summary["by_step"]``
-    (:func:`advcli.parts.by_parts` says when one part at a time, in ``jobs`` processes).
+    (:func:`advcli.run.parts.by_parts` and :func:`~advcli.run.parts.in_one_pass` say when
+    one part at a time, in ``jobs`` processes).
 
     ``summary["duplicate_rows"]`` counts the duplicated rows (:mod:`advcli.read.duplicates`), which
     both levels count as the trainer did, or, with ``drop_duplicates``, once.
@@ -365,7 +366,7 @@ def compare(  # noqa: PLR0913
         check_outputs([files.json, files.markdown, files.plot, files.html], dataset, force=force)
         check_by(dataset, by)
         start_engine(engine, address)
-        if parts:
+        if parts and not in_one_pass(dataset, by or "", jobs, engine):
             assert by is not None
             report = compare_parts(dataset, by, config, names, top, drop_duplicates, jobs, engine)
             _write_report_files(report, files, force=force)

@@ -22,8 +22,16 @@ from test_parts import assert_same
 from advcli.errors import AdvcliError
 from advcli.read.dataset import StepRows
 from advcli.read.inputs import open_dataset
+from advcli.run import parts
 from advcli.run.parts import column_steps
 from advcli.write.sample import sample_table
+
+
+@pytest.fixture(autouse=True)
+def a_value_at_a_time(monkeypatch):
+    """Each value read as a part of its own, however few the rows (a dump of fewer than
+    ONE_PASS_ROWS is compared in one grouped pass: test_a_small_dump_goes_in_one_pass)."""
+    monkeypatch.setattr(parts, "ONE_PASS_ROWS", 0)
 
 
 def run_of_steps(order: str) -> pl.DataFrame:
@@ -117,6 +125,30 @@ def test_the_one_pass_kept_for_the_plot_gives_the_same_report(run, tmp_path):
     one_pass = report(run, dump, "--by", "step", "--plot", tmp_path / "run.png")
     assert parts["by_step"] == one_pass["by_step"]
     assert_same(parts, one_pass)
+
+
+@pytest.mark.parametrize("order", ["contiguous", "interleaved"])
+def test_a_small_dump_goes_in_one_pass_with_the_parts_report(run, tmp_path, monkeypatch, order):
+    """Below ONE_PASS_ROWS the values are not read one at a time (a part's reading and report
+    cost the same whatever its rows): the series is the parts' to the bit, the whole-run figures
+    the parts' but for the last places of the float sums, and an error names its row without
+    the value."""
+    dump = tmp_path / "run.parquet"
+    run_of_steps(order).write_parquet(dump)
+    by_parts = report(run, dump, "--by", "step")
+    monkeypatch.setattr(parts, "ONE_PASS_ROWS", 1_000_000)
+    one_pass = report(run, dump, "--by", "step")
+    assert one_pass["by_step"] == by_parts["by_step"]
+    assert_same(one_pass, by_parts)
+    frame = run_of_steps(order)
+    null = pl.int_range(pl.len()) == 50
+    frame.with_columns(
+        pl.when(null).then(None).otherwise(pl.col("data_id")).alias("data_id")
+    ).write_parquet(dump)
+    result = run("compare", dump, "--by", "step", "-q")
+    assert result.stderr.splitlines() == [
+        f"Error: {dump} row 50: column 'data_id' (group id) is null"
+    ]
 
 
 def test_a_value_that_spans_two_files_is_one_part(run, tmp_path):
