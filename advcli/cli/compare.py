@@ -36,6 +36,7 @@ from advcli.cli.options import (
     dump_settings,
     with_options,
 )
+from advcli.cli.progress_bar import progress_bar
 from advcli.cli.watch import (
     MOVED,
     FollowOpt,
@@ -152,19 +153,21 @@ def compare_command(  # noqa: PLR0913
     file_on_stdout = any(map(goes_to_stdout, files.options().values()))
     if not quiet and not file_on_stdout:
         require_stdout("the report (pass --quiet)")
-    report = compare(
-        inputs or [],
-        settings.config,
-        names=settings.names,
-        top=top,
-        files=files,
-        force=force,
-        engine=engine,
-        address=address,
-        by=by,
-        drop_duplicates=drop_duplicates,
-        jobs=jobs,
-    )
+    with progress_bar(not quiet, "opening") as on_stage:
+        report = compare(
+            inputs or [],
+            settings.config,
+            names=settings.names,
+            top=top,
+            files=files,
+            force=force,
+            engine=engine,
+            address=address,
+            by=by,
+            drop_duplicates=drop_duplicates,
+            jobs=jobs,
+            on_stage=on_stage,
+        )
     if not quiet:
         _show(report, stderr if file_on_stdout else stdout(), config_path)
     tripped = [

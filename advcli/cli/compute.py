@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -31,6 +28,7 @@ from advcli.cli.options import (
     dump_settings,
     with_options,
 )
+from advcli.cli.progress_bar import progress_bar
 from advcli.settings.config import Engine, LossMode, OutputColumns, OutputFormat
 
 if TYPE_CHECKING:
@@ -97,9 +95,6 @@ ByOpt = Annotated[
 ForceOpt = Annotated[bool, option("--force", help="Replace an existing output.")]
 QuietOpt = Annotated[bool, option("--quiet", "-q", help="No summary on stderr.")]
 
-# Progress shows only on a terminal, and only once the work has lasted this long.
-PROGRESS_DELAY_SECONDS = 1.0
-
 
 @with_options(LEVEL_OPTION, *SETTING_OPTIONS, *COLUMN_OPTIONS, *STEP_COLUMN_OPTIONS)
 @reports_errors
@@ -133,7 +128,7 @@ def compute_command(  # noqa: PLR0913
 
         load_numpy_bridge()
 
-    with _stage_progress(not quiet) as on_stage:
+    with progress_bar(not quiet, "reading keys") as on_stage:
         summary = compute(
             inputs or [],
             output,
@@ -154,39 +149,6 @@ def compute_command(  # noqa: PLR0913
         )
     if not quiet:
         _print_summary(summary, config_path, report)
-
-
-@contextlib.contextmanager
-def _stage_progress(enabled: bool) -> Iterator[Callable[[str], None] | None]:
-    """Yield a callback that names the stage being worked on, shown as a rich progress bar on
-    stderr; yield None when stderr is not a terminal or output is quiet."""
-    if not enabled or not stderr.is_terminal:
-        yield None
-        return
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    stages = ("reading keys", "computing statistics", "writing output")
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("stage {task.completed:.0f}/{task.total:.0f}"),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-    )
-    task = progress.add_task(stages[0], total=len(stages))
-
-    def on_stage(stage: str) -> None:
-        progress.update(task, description=stage, completed=stages.index(stage))
-
-    timer = threading.Timer(PROGRESS_DELAY_SECONDS, progress.start)
-    timer.start()
-    try:
-        yield on_stage
-    finally:
-        timer.cancel()
-        progress.stop()
 
 
 def _print_summary(summary: ComputeSummary, config_path: Path | None, report: Path | None) -> None:

@@ -28,6 +28,7 @@ from advcli.cli.options import (
     dump_settings,
     with_options,
 )
+from advcli.cli.progress_bar import progress_bar
 from advcli.names import printable
 
 JsonOpt = Annotated[bool, option("--json", help="Print the report as JSON on stdout.")]
@@ -55,7 +56,13 @@ def inspect_command(
 
         load_numpy_bridge()
 
-    summary = inspect(inputs or [], dump_settings(ctx).names, anchor_scope=step_group_scope)
+    with progress_bar(True, "opening") as on_stage:
+        summary = inspect(
+            inputs or [],
+            dump_settings(ctx).names,
+            anchor_scope=step_group_scope,
+            on_stage=on_stage,
+        )
     if config_path is not None:
         summary["config"] = printable(str(config_path))
     if json_output:

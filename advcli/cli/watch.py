@@ -155,6 +155,7 @@ def run_watch(folder: Path, settings: DumpSettings, params: dict[str, Any], comm
     from advcli._runtime.process import load_numpy_bridge, require_stdout
     from advcli.cli.consoles import stderr, stdout
     from advcli.cli.terminal import reading_table
+    from advcli.report.views import visible
     from advcli.write.lines import JsonLines, check_lines_path
 
     jsonl, settle = params["jsonl"], params["settle"]
@@ -169,6 +170,14 @@ def run_watch(folder: Path, settings: DumpSettings, params: dict[str, Any], comm
         from advcli.run.follow import follow_steps
 
         load_numpy_bridge()
+    if show is not None and stderr.is_terminal:
+        # Nothing else shows until the first step file is complete.
+        stderr.print(
+            Text(
+                f"watching {visible(folder)} for step files, each reported as it is written "
+                "(Ctrl-C ends)"
+            )
+        )
     with JsonLines(jsonl, params["force"]) as write:
         steps = follow_steps(
             folder,

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from polars.io.plugins import register_io_source
 
+from advcli._runtime import progress
 from advcli.errors import AdvcliError, first_line
 
 # Parquet is read in Arrow record batches of about this many values of the columns read (list
@@ -206,10 +207,39 @@ def _frames(
     n_rows: int | None,
     miscounted: Callable[[ScannedFile, int], str],
 ) -> Generator[pl.DataFrame, None, None]:
+    """:func:`_read_frames`, with the rows it reads told to the progress bar
+    (:mod:`advcli._runtime.progress`): those of the files' windows (at most ``n_rows``) when it
+    starts, each batch's as it is read, and those it did not read when it ends (a row limit,
+    an error, a scan Polars stopped)."""
+    windows = sum((file.rows if file.stop is None else file.stop) - file.start for file in files)
+    announced = windows if n_rows is None else min(windows, n_rows)
+    progress.to_read(announced)
+    told = 0
+    try:
+        for frame, rows in _read_frames(files, batches, predicate, n_rows, miscounted):
+            # A row limit ends inside a batch: the rows past it were not to be read.
+            rows = min(rows, announced - told)
+            progress.read(rows)
+            told += rows
+            yield frame
+    finally:
+        progress.read(max(announced - told, 0))
+
+
+def _read_frames(
+    files: Sequence[ScannedFile],
+    batches: Callable[
+        [ScannedFile], contextlib.AbstractContextManager[tuple[int, Iterator[pa.RecordBatch]]]
+    ],
+    predicate: pl.Expr | None,
+    n_rows: int | None,
+    miscounted: Callable[[ScannedFile, int], str],
+) -> Generator[tuple[pl.DataFrame, int], None, None]:
     """Each file's ``batches`` (the selected columns, from the row number they give on), cut
     to the file's rows from ``start`` to ``stop``, validated in full, filtered and cut to
-    ``n_rows`` in all; a file that gives other rows than it held when it was opened (fewer
-    than ``stop``, when it is not read to the end) is refused with ``miscounted``'s message."""
+    ``n_rows`` in all, each with the rows of the file it was read from; a file that gives other
+    rows than it held when it was opened (fewer than ``stop``, when it is not read to the end)
+    is refused with ``miscounted``'s message."""
     remaining = n_rows
     for file in files:
         if remaining == 0:
@@ -227,12 +257,13 @@ def _frames(
                         )
                     batch.validate(full=True)
                     frame = _frame_of(batch)
+                    window = frame.height
                     if predicate is not None:
                         frame = frame.filter(predicate)
                     if remaining is not None:
                         frame = frame.head(remaining)
                         remaining -= frame.height
-                    yield frame
+                    yield frame, window
                     if remaining == 0 or end < read or end == file.stop:
                         break
         except (pa.ArrowException, OSError) as error:

@@ -334,10 +334,12 @@ def compare(  # noqa: PLR0913
     by: str | None = None,
     drop_duplicates: bool = False,
     jobs: int = 1,
+    on_stage: Callable[[str], None] | None = None,
 ) -> Report:
     """The bias report of ``config.estimator``: turn level against trajectory level, written to
-    ``files`` and returned. Under per-turn rewards (``config.per_turn``) the termination report:
-    every step grouping on the same rows against the zero-padded one (``by`` is refused).
+    ``files`` and returned; ``on_stage`` is told as each stage begins (the CLI's progress bar).
+    Under per-turn rewards (``config.per_turn``) the termination report: every step grouping on
+    the same rows against the zero-padded one (``by`` is refused).
 
     ``by="file"`` (or a column name, e.g. ``step``) also reports each input file (each value of
     the column) on its own, as a series over training steps in ``summary["by_step"]``
@@ -366,11 +368,14 @@ def compare(  # noqa: PLR0913
         check_outputs([files.json, files.markdown, files.plot, files.html], dataset, force=force)
         check_by(dataset, by)
         start_engine(engine, address)
+        stage = on_stage or (lambda name: None)
         if parts and not in_one_pass(dataset, by or "", jobs, engine):
             assert by is not None
+            stage(f"comparing each {'file' if by == 'file' else by + ' value'}")
             report = compare_parts(dataset, by, config, names, top, drop_duplicates, jobs, engine)
             _write_report_files(report, files, force=force)
             return report
+        stage("reading keys")
         _, dump, duplicates = counted_rows(
             dataset,
             names,
@@ -389,6 +394,7 @@ def compare(  # noqa: PLR0913
             _write_report_files(termination, files, force=force)
             return termination
         steps = step_order(dump, by) if by is not None else None
+        stage("comparing both levels")
         # The index is made first: its sort runs before the turn level's advantages are held.
         turn, trajectory = both_levels(
             dump.projection, config, dump.naming, dump.trajectories, dump.batch
@@ -441,10 +447,15 @@ def _write_report_files(report: Report, files: ReportFiles, *, force: bool) -> N
 
 
 def inspect(
-    inputs: Inputs, names: ColumnNames = ColumnNames(), *, anchor_scope: AnchorScope | None = None
+    inputs: Inputs,
+    names: ColumnNames = ColumnNames(),
+    *,
+    anchor_scope: AnchorScope | None = None,
+    on_stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """What a user should know about a dump before ``compute``, read from the key columns only;
-    ``anchor_scope``: where its step groups are taken (gigpo's default when None).
+    ``anchor_scope``: where its step groups are taken (gigpo's default when None); ``on_stage``
+    is told as each stage begins (the CLI's progress bar).
 
     Examples
     --------
@@ -452,8 +463,11 @@ def inspect(
     512
     """
     with opened(inputs) as dataset:
+        stage = on_stage or (lambda name: None)
+        stage("reading keys")
         dump = load_dump(dataset, names, unique_turns=False, step_roles="anchor")
         duplicates = find_duplicates(dataset, dump.columns, dump.projection)
+        stage("inspecting")
         summary = inspect_dump(
             dump.projection,
             dump.columns,

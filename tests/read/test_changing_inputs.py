@@ -163,10 +163,10 @@ def between_stages(monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]) 
     """The change when ``compute`` tells the CLI's progress display that stage 3 begins."""
 
     @contextlib.contextmanager
-    def progress(enabled: bool) -> Iterator[Callable[[str], None]]:
+    def progress(enabled: bool, first_stage: str) -> Iterator[Callable[[str], None]]:
         yield lambda stage: change() if stage == "writing output" else None
 
-    monkeypatch.setattr(cli_compute, "_stage_progress", progress)
+    monkeypatch.setattr(cli_compute, "progress_bar", progress)
 
 
 def in_stage_3(monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]) -> None:
