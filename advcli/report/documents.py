@@ -232,7 +232,10 @@ def html_page(sections: Sequence[str]) -> str:
         "<title>advcli compare</title><style>"
         "body{font-family:sans-serif;margin:2em;max-width:72em;color:#222}"
         "table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #bbb;padding:.25em .6em;text-align:right}"
+        "td,th{border:1px solid #bbb;padding:.25em .6em;text-align:right;overflow-wrap:anywhere}"
+        # A long path or config key breaks where it must (the page stays within its width); the
+        # first column, a name or a short id, never does.
+        "td:first-child,th:first-child{white-space:nowrap}"
         "img{max-width:100%}.verdict{font-size:1.1em;background:#f3f3f3;padding:1em}"
         "</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n"
     )

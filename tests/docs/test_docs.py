@@ -112,15 +112,30 @@ def test_every_trainer_page_is_linked_from_the_front_pages(front):
     assert not missing
 
 
-def test_the_command_line_reference_is_current():
-    spec = importlib.util.spec_from_file_location(
-        "make_cli_reference", DOCS / "make_cli_reference.py"
-    )
+def docs_script(name: str):
+    """One of the docs' scripts (``docs/NAME.py``) as a module."""
+    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert (DOCS / "cli.md").read_text() == module.reference(), (
+    return module
+
+
+def test_the_command_line_reference_is_current():
+    assert (DOCS / "cli.md").read_text() == docs_script("make_cli_reference").reference(), (
         "docs/cli.md is stale: run python docs/make_cli_reference.py"
+    )
+
+
+@pytest.mark.process
+def test_the_docs_pictures_are_of_the_report_compare_makes_now(tmp_path):
+    """The landing page's screenshot and the README's figure were made from the page whose digest
+    docs/images/report-page.sha256 holds: a report whose text changed since (advice, figures,
+    tables) fails here until docs/make_images.py redraws them."""
+    images = docs_script("make_images")
+    page = images.report_page(tmp_path / "report.html")
+    assert images.page_digest(page) == images.SOURCE.read_text().strip(), (
+        "docs/images are of an older report: run python docs/make_images.py"
     )
 
 
