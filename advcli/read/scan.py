@@ -198,11 +198,16 @@ def _stream_frames(
     return _frames(files, batches, predicate, n_rows, changed)
 
 
+# A file's record batches (the selected columns), opened for a scan and closed with it, and the
+# row number they start at.
+FileBatches = Callable[
+    [ScannedFile], contextlib.AbstractContextManager[tuple[int, Iterator[pa.RecordBatch]]]
+]
+
+
 def _frames(
     files: Sequence[ScannedFile],
-    batches: Callable[
-        [ScannedFile], contextlib.AbstractContextManager[tuple[int, Iterator[pa.RecordBatch]]]
-    ],
+    batches: FileBatches,
     predicate: pl.Expr | None,
     n_rows: int | None,
     miscounted: Callable[[ScannedFile, int], str],
@@ -228,9 +233,7 @@ def _frames(
 
 def _read_frames(
     files: Sequence[ScannedFile],
-    batches: Callable[
-        [ScannedFile], contextlib.AbstractContextManager[tuple[int, Iterator[pa.RecordBatch]]]
-    ],
+    batches: FileBatches,
     predicate: pl.Expr | None,
     n_rows: int | None,
     miscounted: Callable[[ScannedFile, int], str],
