@@ -95,6 +95,8 @@ ADVCLI = Dialect(
     anchor=("anchor",),
     step_reward=("step_reward",),
     step_return=("step_return",),
+    # A step's own reward (write_batch writes a trainer's per-step reward here) is its turn's.
+    turn_reward=("step_reward",),
 )
 DIALECTS = (
     ADVCLI,

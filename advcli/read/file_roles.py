@@ -64,6 +64,13 @@ class FileRoles:
         return self.trainer if dialect is not None and dialect.own_row_scores else None
 
     @property
+    def turn_copies_of(self) -> str | None:
+        """The trainer whose padding copies of whole rows the written batch holds, each
+        repeating its row's turn (ROLL's), None for none."""
+        dialect = dialect_named(self.trainer)
+        return self.trainer if dialect is not None and dialect.copies_repeat_turns else None
+
+    @property
     def source(self) -> str:
         """Where the roles were read from, as the reasons say it."""
         return "the file's advcli metadata"
@@ -116,8 +123,12 @@ def read_file_roles(
     return FileRoles(tuple(columns.items()), written_by, trainer)
 
 
-def named_by_file(names: ColumnNames, roles: FileRoles | None) -> ColumnNames:
-    """``names`` with the columns the file's metadata names for the roles no option named."""
+def named_by_file(
+    names: ColumnNames, roles: FileRoles | None, *, turn_rewards: bool = False
+) -> ColumnNames:
+    """``names`` with the columns the file's metadata names for the roles no option named.
+    Under per-turn rewards (``turn_rewards``) a step's own reward the file holds is each turn's
+    reward, in place of the trajectory's outcome the file names as the reward."""
     if roles is None:
         return names
     named: dict[str, Any] = {
@@ -125,6 +136,9 @@ def named_by_file(names: ColumnNames, roles: FileRoles | None) -> ColumnNames:
         for role in (*ROLES, *STEP_ROLES)
         if (column := roles.column(role)) is not None and getattr(names, role) is None
     }
+    step_reward = turn_rewards and "reward" in named and "step_reward" in named
+    if step_reward:
+        named["reward"] = named.pop("step_reward")
     if names.step_reward is not None or names.step_return is not None:
         # The two exclude each other: one named by option stands for both.
         named.pop("step_reward", None)
@@ -134,4 +148,6 @@ def named_by_file(names: ColumnNames, roles: FileRoles | None) -> ColumnNames:
     if not named:
         return names
     where = dict.fromkeys(named, roles.source)
+    if step_reward:
+        where["reward"] = f"{roles.source} as the step's own reward"
     return replace(names, **named, named_in={**names.named_in, **where})

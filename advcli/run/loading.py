@@ -244,7 +244,7 @@ def load_dump(
     (:mod:`advcli.read.file_roles`): they stand where no option names a role, and its training
     step is never read as the turn. Read as one batch, a group with rows of two training steps
     is an error: a group is one step's rollouts of a prompt."""
-    names = named_by_file(names, dataset.file_roles)
+    names = named_by_file(names, dataset.file_roles, turn_rewards=turn_rewards)
     training_step = _training_step(dataset, names)
     step_columns = (by,) if by not in (None, "file") else ()
     columns = read_roles(
@@ -542,8 +542,8 @@ def _as_the_file_says(
 ) -> ColumnRoles:
     """The roles of a file advcli wrote with what its metadata says besides the columns: its
     training step is never a turn, and its trainer (whose remedy the report gives) and that
-    trainer's rule (verl-agent's own score rule) stand for the file as for the batch it was
-    written from."""
+    trainer's rules (verl-agent's own score rule, ROLL's padding copies) stand for the file as
+    for the batch it was written from."""
     if training_step is not None:
         note = (
             f"'{training_step}' is the training step, as {file_roles.source} says "
@@ -552,6 +552,8 @@ def _as_the_file_says(
         columns = replace(columns, notes=(*columns.notes, note))
     if columns.trajectory is not None and columns.own_scores_of is None:
         columns = replace(columns, own_scores_of=file_roles.own_scores_of)
+    if columns.turn is not None and columns.turn_copies_of is None:
+        columns = replace(columns, turn_copies_of=file_roles.turn_copies_of)
     if file_roles.trainer is not None and file_roles.trainer != columns.dialect:
         columns = replace(columns, written_from=file_roles.trainer)
     return columns

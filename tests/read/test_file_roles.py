@@ -344,3 +344,31 @@ def test_a_batch_that_cannot_be_written_is_an_error_naming_its_file(tmp_path):
     ]
     assert all("File too large" in line for line in lines)
     assert list(folder.iterdir()) == []
+
+
+def test_per_turn_rewards_of_a_written_batch_are_its_step_rewards(tmp_path, run):
+    """A verl-agent batch written with its per-step rewards (the anchor's GiGPO roles): under
+    --reward-mode per-turn each turn's reward is that step's own, not the outcome the file
+    names as the reward, and the reading says so; the figures are those of naming it."""
+    batch = _batch(PENALIZED_ROWS)
+    batch["rewards"] = np.array([0.0, -0.1, 0.0, 0.0, 1.0, 0.0, 0.9], dtype=np.float32)
+    batch["anchor_obs"] = np.array([f"s{i % 3}" for i in range(len(PENALIZED_ROWS))], dtype=object)
+    write_batch(batch, tmp_path / "run", step=1)
+    report = json.loads(
+        run("compare", tmp_path / "run", "--reward-mode", "per-turn", "--json", "-", "-q").stdout
+    )
+    reward = report["settings"]["reading"]["roles"]["reward"]
+    assert reward["column"] == "step_reward"
+    assert "as the step's own reward" in reward["why"]
+    named = run(
+        "compare",
+        tmp_path / "run",
+        "--reward-mode",
+        "per-turn",
+        "--reward-col",
+        "step_reward",
+        "--json",
+        "-",
+        "-q",
+    )
+    assert json.loads(named.stdout)["groupings"] == report["groupings"]

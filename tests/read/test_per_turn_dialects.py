@@ -201,7 +201,7 @@ def test_an_outcome_repeated_on_every_turn_is_refused(frame, reward, where, run,
 
 
 def test_a_dump_of_no_trainer_with_constant_rewards_per_trajectory_is_refused(run, tmp_path):
-    """advcli's own names: the same rule, with no trainer's column to point to."""
+    """advcli's own names: the same rule, pointing to advcli's own per-step reward column."""
     frame = pl.DataFrame(
         {
             "data_id": [0, 0, 0],
@@ -215,7 +215,8 @@ def test_a_dump_of_no_trainer_with_constant_rewards_per_trajectory_is_refused(ru
     options = ("-o", tmp_path / "out.parquet", "--no-tokens", "--reward-mode", "per-turn")
     result = run("compute", source, *options)
     assert result.exit_code == 1
-    assert "; name the per-turn reward column with --reward-col, or pass --reward-col score " in (
-        result.stderr
-    )
+    assert (
+        "advcli's dumps keep it in 'step_reward', which this one does not have: name the "
+        "per-turn reward column with --reward-col, or pass --reward-col score "
+    ) in result.stderr
     assert run("compute", source, *options, "--reward-col", "score").exit_code == 0

@@ -26,6 +26,8 @@ import pytest
 from gigpo_reference import GigpoRow, gigpo_recipe, step_returns
 from reference import reference_advantages
 
+from advcli.dump import write_batch
+
 EPS = 1e-6
 TOKENS = 3
 
@@ -229,6 +231,29 @@ def test_rolls_padding_copies_are_read_with_no_flags_and_counted_as_roll_counts_
     dropped = _report(run, tmp_path / "padded.parquet", "--recipe", "roll", "--drop-duplicates")
     for key in ("counts", "groups", "trajectories", "step_credit"):
         assert dropped[key] == plain[key]
+
+
+def test_a_roll_batch_written_by_write_batch_keeps_rolls_copy_rule(run, tmp_path):
+    """write_batch writes ROLL's batch in advcli's layout, naming the trainer in the file: its
+    padding copies are read as ROLL's there too, with no flags and no token ids, and
+    --drop-duplicates counts each once (as on the batch's own columns)."""
+    frame = _padded(pl.DataFrame(roll_rows(0)), [0, 5, 0])
+    batch = {name: frame[name].to_list() for name in ("traj_group_id", "traj_id", "step")}
+    batch |= {"episode_scores": frame["episode_scores"].to_list()}
+    batch["response_mask"] = np.array(frame["response_mask"].to_list())
+    write_batch(batch, tmp_path / "run", step=3)
+    frame.write_parquet(tmp_path / "padded.parquet")
+    written = _report(run, tmp_path / "run")
+    assert written["settings"]["reading"]["trainer"] == "ROLL"
+    assert written["duplicate_rows"]["count"] == 3
+    assert written["duplicate_rows"]["confirmed_by"] == (
+        "ROLL repeats a turn only in its padding copies"
+    )
+    own = _report(run, tmp_path / "padded.parquet")
+    for key in ("counts", "groups", "trajectories"):
+        assert written[key] == own[key]
+    dropped = _report(run, tmp_path / "run", "--drop-duplicates")
+    assert dropped["counts"]["rows"] == frame.height - 3
 
 
 def test_rolls_gigpo_counts_its_copies_with_their_originals_step_returns(run, tmp_path):
