@@ -93,14 +93,16 @@ ADVCLI = Remedy(
 )
 VERL = Remedy(
     "verl",
-    "verl's agent loop keeps a conversation in one row, so its own batch has no turn bias; where "
-    "rows are turns (a trajectory column of your own), call advcli.verl.compute_advantage(data, "
-    "adv_estimator=..., ...) with the trajectory key in place of verl's advantage call: in the v1 "
-    "trainer (trainer.use_v1=true, 0.9.1's default) of compute_advantage_for_multi_trajectories "
-    "in TrainerBase._compute_advantage, after adding the trajectory column to the fields it "
-    "fetches; in the legacy RayPPOTrainer.fit of compute_advantage",
-    brief="advcli.verl.compute_advantage(data, ...) in place of verl's advantage call in "
-    "TrainerBase._compute_advantage (v1) or RayPPOTrainer.fit (legacy)",
+    "verl's agent loop keeps a conversation in one row, so its own batch has no turn bias. "
+    "Where rows are turns, with a trajectory column of your own: in the legacy "
+    "RayPPOTrainer.fit, replace compute_advantage with advcli.verl.compute_advantage(batch, "
+    "adv_estimator=..., ...), which reads that column; in the v1 trainer (trainer.use_v1=true, "
+    "0.9.1's default), GRPO already counts each session once (compute_advantage_for_multi_"
+    "trajectories scores its final output), and for the other estimators replace that call in "
+    "TrainerBase._compute_advantage with advcli.verl.compute_advantage(data, ...), giving data "
+    "each row's session from its key first (see verl (v1 multi-trajectory))",
+    brief="advcli.verl.compute_advantage(batch, ...) in place of compute_advantage in the "
+    "legacy RayPPOTrainer.fit; in the v1 trainer GRPO already counts each session once",
     source="verl 0.9.1 (PyPI): verl/trainer/config/ppo_trainer.yaml, trainer.use_v1; "
     "verl/trainer/ppo/v1/trainer_base.py, TrainerBase._compute_advantage; "
     "verl/trainer/ppo/ray_trainer.py, compute_advantage and RayPPOTrainer.fit",
