@@ -433,10 +433,20 @@ def _examples(examples: list[Any]) -> str:
     parts = []
     for example in examples:
         if isinstance(example, dict):
-            parts.append(", ".join(f"{k}={shown(v)}" for k, v in example.items() if k != "where"))
+            parts.append(
+                ", ".join(f"{k}={_example_value(v)}" for k, v in example.items() if k != "where")
+            )
         else:
             parts.append(shown(example))
     return "; ".join(parts)
+
+
+def _example_value(value: Any) -> str:
+    """An id as :func:`shown`; a list of scores with the report's six significant digits (a
+    float32 -0.1 read as float64 is -0.10000000149011612; the JSON keeps every digit)."""
+    if isinstance(value, list) and all(isinstance(item, float) for item in value):
+        return "[" + ", ".join(f"{item:.6g}" for item in value) + "]"
+    return shown(value)
 
 
 def render_termination(report: TerminationReport, console: Console) -> None:

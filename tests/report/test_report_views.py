@@ -373,3 +373,24 @@ def test_loss_mode_names_break_only_after_their_hyphens(width):
         "per-rollout-mean",
     ]
     assert max(len(line) for line in result.stdout.splitlines()) <= width
+
+
+def test_inspect_shows_float32_scores_as_the_report_shows_numbers(run, tmp_path):
+    # float32 -0.1 is -0.10000000149011612 once widened: the terminal shows six significant
+    # digits, the JSON every digit.
+    path = tmp_path / "f32.parquet"
+    pl.DataFrame(
+        {
+            "data_id": [0, 0, 0],
+            "rollout_id": ["a", "a", "b"],
+            "turn_index": [0, 1, 0],
+            "score": pl.Series([0.0, -0.1, 1.0], dtype=pl.Float32),
+        }
+    ).write_parquet(path)
+    text = " ".join(run("inspect", path).stdout.split())
+    assert "group=0, trajectory=a, scores=[0, -0.1]" in text
+    summary = json.loads(run("inspect", path, "--json").stdout)
+    assert summary["inconsistent_trajectories"]["examples"][0]["scores"] == [
+        0.0,
+        float(np.float32(-0.1)),
+    ]
