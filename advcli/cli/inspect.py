@@ -32,6 +32,14 @@ from advcli.cli.progress_bar import progress_bar
 from advcli.names import printable
 
 JsonOpt = Annotated[bool, option("--json", help="Print the report as JSON on stdout.")]
+InspectByOpt = Annotated[
+    str | None,
+    option(
+        "--by",
+        help="Each input file ('file') or each value of a column (e.g. step) is its own "
+        "batch: groups are keyed by it, so ids that repeat across training steps stay apart.",
+    ),
+]
 
 
 @with_options(*COLUMN_OPTIONS)
@@ -41,6 +49,7 @@ def inspect_command(
     inputs: Inputs = None,
     # Not anchor_scope: dump_settings reads that as an advantage setting, which inspect has none of.
     step_group_scope: AnchorScopeOpt = None,
+    by: InspectByOpt = None,
     json_output: JsonOpt = False,
     threads: ThreadsOpt = None,
     config_path: ConfigOpt = None,
@@ -61,6 +70,7 @@ def inspect_command(
             inputs or [],
             dump_settings(ctx).names,
             anchor_scope=step_group_scope,
+            by=by,
             on_stage=on_stage,
         )
     if config_path is not None:

@@ -451,11 +451,13 @@ def inspect(
     names: ColumnNames = ColumnNames(),
     *,
     anchor_scope: AnchorScope | None = None,
+    by: str | None = None,
     on_stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """What a user should know about a dump before ``compute``, read from the key columns only;
-    ``anchor_scope``: where its step groups are taken (gigpo's default when None); ``on_stage``
-    is told as each stage begins (the CLI's progress bar).
+    ``anchor_scope``: where its step groups are taken (gigpo's default when None); ``by``
+    (``"file"`` or a column): each part its own batch, its groups keyed by ``(step, group)``;
+    ``on_stage`` is told as each stage begins (the CLI's progress bar).
 
     Examples
     --------
@@ -463,9 +465,10 @@ def inspect(
     512
     """
     with opened(inputs) as dataset:
+        check_by(dataset, by)
         stage = on_stage or (lambda name: None)
         stage("reading keys")
-        dump = load_dump(dataset, names, unique_turns=False, step_roles="anchor")
+        dump = load_dump(dataset, names, unique_turns=False, step_roles="anchor", by=by)
         duplicates = find_duplicates(dataset, dump.columns, dump.projection)
         stage("inspecting")
         summary = inspect_dump(

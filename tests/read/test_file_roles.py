@@ -372,3 +372,22 @@ def test_per_turn_rewards_of_a_written_batch_are_its_step_rewards(tmp_path, run)
         "-q",
     )
     assert json.loads(named.stdout)["groupings"] == report["groupings"]
+
+
+@pytest.mark.parametrize("by", ["step", "file"])
+def test_inspect_reads_each_step_as_its_own_batch_with_by(tmp_path, run, by):
+    """A run whose group ids repeat across steps: read as one batch inspect refuses it and says
+    to pass --by step, which it takes, keying each group by its step."""
+    folder = tmp_path / "run"
+    _steps_written(folder, (1, 2), same_ids=True)
+    refused = run("inspect", folder)
+    assert refused.exit_code == 1
+    assert refused.stderr.rstrip().endswith("pass --by step to read each step as its own batch")
+    one_step = json.loads(run("inspect", folder / "step-00000001.parquet", "--json").stdout)
+    result = run("inspect", folder, "--by", by, "--json")
+    assert result.exit_code == 0, result.stderr
+    counts = json.loads(result.stdout)["counts"]
+    # Each step's groups and trajectories apart: twice one step's.
+    assert one_step["counts"]["groups"] == len({group for group, _, _ in TURN_ROWS})
+    for key in ("rows", "groups", "trajectories", "tokens"):
+        assert counts[key] == 2 * one_step["counts"][key], key
