@@ -76,6 +76,9 @@ class Remedy:
     brief: str
     source: str
     config_keys: tuple[str, ...] = ()
+    # advcli's own remedy named after a trainer's (whose change says how its training step
+    # changes): the command alone, without the verl call of ``brief``.
+    command: str | None = None
 
     def entry(self) -> dict[str, str]:
         """The remedy as the JSON's ``assessment.remedy.advice`` lists it."""
@@ -90,6 +93,7 @@ ADVCLI = Remedy(
     brief="advcli compute --level trajectory, or advcli.verl.compute_advantage(batch) in the "
     "training step",
     source="advcli: advcli/verl/advantage.py, compute_advantage",
+    command="advcli compute --level trajectory",
 )
 VERL = Remedy(
     "verl",
@@ -263,6 +267,7 @@ ADVCLI_GIGPO = Remedy(
     brief="advcli compute --estimator gigpo --recipe verl-agent-trajectory, or "
     'advcli.verl.compute_advantage(batch, adv_estimator="gigpo", recipe="verl-agent-trajectory") '
     "in the training step",
+    command="advcli compute --estimator gigpo --recipe verl-agent-trajectory",
     source=(
         "advcli: advcli/settings/recipes.py, RECIPES; advcli/verl/advantage.py, compute_advantage"
     ),
@@ -388,8 +393,14 @@ def verdict(
         sentences.append("The bias is negligible here: either level gives about the same numbers.")
     else:
         advice = remedies_for(summary["settings"]["reading"]["trainer"], estimator)
+        # After a trainer's own change (how its training step changes), advcli's is its command.
+        own = advice[0].trainer != "advcli"
         named = [
-            entry.brief if entry.trainer == "advcli" else f"{entry.trainer}: {entry.brief}"
+            f"{entry.trainer}: {entry.brief}"
+            if entry.trainer != "advcli"
+            else (entry.command or entry.brief)
+            if own
+            else entry.brief
             for entry in advice
         ]
         if len(named) > 2:
