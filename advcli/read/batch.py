@@ -44,6 +44,7 @@ WRITE_BATCH_OPTIONS = Options(
     keywords=True,
     by=None,
     holder="batch",
+    rows_without_trajectory=True,
 )
 
 

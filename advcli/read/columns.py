@@ -160,11 +160,7 @@ def resolve_columns(
     pick = RolePicker(schema, where, reasons, names.named_in, options)
     trainer = pick.dialect.trainer if pick.dialect is not None else "the"
     group_col = _group_column(pick, names, trainer)
-    trajectory_col = pick("trajectory", names.trajectory, taken=(group_col,))
-    if trajectory_col is None and "trajectory" not in pick.missing:
-        reasons["trajectory"] = (
-            f"{trainer}'s dumps keep a whole trajectory in one row: each row is a trajectory"
-        )
+    trajectory_col = _trajectory_column(pick, names, options, group_col, trainer)
     rows_are_trajectories = trajectory_col is None and names.trajectory is None
     turn_col = pick(
         "turn",
@@ -294,6 +290,26 @@ def _check_step_types(schema: pl.Schema, where: str, roles: ColumnRoles) -> None
                 f"{where}: column '{name}' ({role}) has type {schema[name]}; expected one "
                 "number a row"
             )
+
+
+def _trajectory_column(
+    pick: RolePicker, names: ColumnNames, options: Options, group_col: str | None, trainer: str
+) -> str | None:
+    """The trajectory's column; None where each row is a trajectory (the dialect keeps one in a
+    row, or the caller's holder has none: ``options.rows_without_trajectory``), saying so."""
+    trajectory_col = pick(
+        "trajectory",
+        names.trajectory,
+        required=None if options.rows_without_trajectory else True,
+        taken=(group_col,),
+    )
+    if trajectory_col is None and "trajectory" not in pick.missing:
+        pick.reasons["trajectory"] = (
+            f"{trainer}'s dumps keep a whole trajectory in one row: each row is a trajectory"
+            if pick.dialect is not None and not pick.dialect.trajectory
+            else f"the {options.holder} has no trajectory column: each row is a trajectory"
+        )
+    return trajectory_col
 
 
 def _group_column(pick: RolePicker, names: ColumnNames, trainer: str) -> str | None:

@@ -35,12 +35,15 @@ class Options:
     line's flags (``--traj-col NAME``, the default) or a library call's keywords
     (``trajectory_key='NAME'``). ``by``: the option that reads each training step as its own
     batch, None where the caller has none (a trainer's batch is one step). ``holder``: what
-    holds the columns, for the list of them."""
+    holds the columns, for the list of them. ``rows_without_trajectory``: a holder with no
+    trajectory column has a trajectory a row, whatever its dialect (``write_batch``'s batches,
+    as verl's agent loop keeps a conversation in one row), unless its values contradict it."""
 
     names: Mapping[Role, str] = field(default_factory=lambda: OPTIONS)
     keywords: bool = False
     by: str | None = "--by"
     holder: str = "file"
+    rows_without_trajectory: bool = False
 
     def giving(self, role: Role, column: str) -> list[str]:
         """The option naming ``column`` for ``role``, as command-line words."""

@@ -329,3 +329,24 @@ def test_the_anchor_and_step_reward_are_written_under_advcli_names(tmp_path):
     del batch["step_reward"]
     frame = pl.read_parquet(write_batch(batch, tmp_path / "b").path)
     assert "anchor" not in frame.columns
+
+
+@pytest.mark.parametrize("given", ["values", "key"])
+def test_a_batch_with_its_group_given_and_no_trajectory_key_has_a_trajectory_a_row(
+    run, tmp_path, given
+):
+    """OpenRLHF's or TRL's batch has no ids: the group given (as values or by key), each row is
+    a trajectory, its row number the trajectory id, as for verl's agent loop."""
+    groups = ["p0", "p0", "p1", "p1"]
+    batch: dict = {
+        "token_level_rewards": np.array([[0.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]]),
+        "response_mask": np.ones((4, 2)),
+    }
+    if given == "key":
+        batch["prompt_index"] = np.array(groups, dtype=object)
+    written = write_batch(batch, tmp_path, group="prompt_index" if given == "key" else groups)
+    frame = pl.read_parquet(written.path)
+    assert frame["data_id"].to_list() == groups
+    assert frame["rollout_id"].to_list() == [0, 1, 2, 3]
+    report = json.loads(run("compare", written.path, "--json", "-", "-q").stdout)
+    assert report["counts"]["groups"] == 2 and report["counts"]["trajectories"] == 4
