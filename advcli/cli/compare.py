@@ -95,7 +95,9 @@ JobsOpt = Annotated[
         min=1,
         help="With --by: how many parts (files, or values of the column) to compare at once, "
         "this process and N-1 worker processes, at most one a part and one a core (the report "
-        "is the same), each with the cores shared among them unless --threads says otherwise.",
+        "is the same, but for the last places of the whole run's float sums where one job "
+        "reads a small dump in one pass), each with the cores shared among them unless "
+        "--threads says otherwise.",
     ),
 ]
 ForceOpt = Annotated[bool, option("--force", help="Replace existing report files.")]
