@@ -324,9 +324,14 @@ def _group_column(pick: RolePicker, names: ColumnNames, trainer: str) -> str | N
         return None
     group_col = pick("group", names.group)
     if group_col is None and "group" not in pick.missing:
+        # A library call has no --group-size: it gives each row's group as values.
+        how = (
+            f"give {pick.options.named('group')} each row's prompt (one value per row)"
+            if pick.options.keywords
+            else "pass --group-size N (the rollouts per prompt)"
+        )
         pick.missing["group"] = (
-            f"{trainer}'s dumps hold no group id: a prompt's rollouts are consecutive rows; "
-            "pass --group-size N (the rollouts per prompt)"
+            f"{trainer}'s dumps hold no group id: a prompt's rollouts are consecutive rows; {how}"
         )
     return group_col
 

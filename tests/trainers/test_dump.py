@@ -350,3 +350,15 @@ def test_a_batch_with_its_group_given_and_no_trajectory_key_has_a_trajectory_a_r
     assert frame["rollout_id"].to_list() == [0, 1, 2, 3]
     report = json.loads(run("compare", written.path, "--json", "-", "-q").stdout)
     assert report["counts"]["groups"] == 2 and report["counts"]["trajectories"] == 4
+
+
+def test_a_trl_batch_without_a_group_is_told_to_give_one_by_its_keyword(tmp_path):
+    # write_batch has no --group-size: the error names its keyword, not the command line's flag.
+    batch = {"rewards": np.array([1.0, 0.0, 1.0, 0.0]), "completion_mask": np.ones((4, 3))}
+    with pytest.raises(AdvcliError) as raised:
+        write_batch(batch, tmp_path)
+    message = str(raised.value)
+    assert "TRL's dumps hold no group id" in message and "--group-size" not in message
+    assert "give group= each row's prompt (one value per row)" in message
+    written = write_batch(batch, tmp_path, group=[0, 0, 1, 1])
+    assert pl.read_parquet(written.path)["data_id"].to_list() == [0, 0, 1, 1]
