@@ -419,6 +419,18 @@ def _check_not_an_output_name(where: str, reward_col: str, options: Options) -> 
         )
 
 
+def with_trainer_rules(roles: ColumnRoles, dialect: Dialect) -> ColumnRoles:
+    """``roles`` with the rules of ``dialect``'s trainer that are no column, each where the role
+    it rests on has one and none is set yet: verl-agent's own score rule for a trajectory whose
+    rows differ, ROLL's padding copies that repeat a turn. A dump read in the dialect takes
+    them, and so does a file ``write_batch`` wrote from that trainer's batch."""
+    if dialect.own_row_scores and roles.trajectory is not None and roles.own_scores_of is None:
+        roles = replace(roles, own_scores_of=dialect.trainer)
+    if dialect.copies_repeat_turns and roles.turn is not None and roles.turn_copies_of is None:
+        roles = replace(roles, turn_copies_of=dialect.trainer)
+    return roles
+
+
 def with_steps(
     roles: ColumnRoles,
     schema: pl.Schema,
@@ -434,10 +446,7 @@ def with_steps(
     the flag confirms where each trajectory ends rather than which row holds its score."""
     if dialect is None:
         return roles
-    if dialect.own_row_scores and roles.trajectory is not None:
-        roles = replace(roles, own_scores_of=dialect.trainer)
-    if dialect.copies_repeat_turns and roles.turn is not None:
-        roles = replace(roles, turn_copies_of=dialect.trainer)
+    roles = with_trainer_rules(roles, dialect)
     flag = next((name for name in dialect.last_step if name in schema), None)
     if flag is None:
         return replace(roles, padding_ids=dialect.padding_ids)

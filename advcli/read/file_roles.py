@@ -57,20 +57,6 @@ class FileRoles:
         return self.column(TRAINING_STEP)
 
     @property
-    def own_scores_of(self) -> str | None:
-        """The trainer whose own rule scored the written batch's trajectories whose rows
-        differ (verl-agent's), None for none."""
-        dialect = dialect_named(self.trainer)
-        return self.trainer if dialect is not None and dialect.own_row_scores else None
-
-    @property
-    def turn_copies_of(self) -> str | None:
-        """The trainer whose padding copies of whole rows the written batch holds, each
-        repeating its row's turn (ROLL's), None for none."""
-        dialect = dialect_named(self.trainer)
-        return self.trainer if dialect is not None and dialect.copies_repeat_turns else None
-
-    @property
     def source(self) -> str:
         """Where the roles were read from, as the reasons say it."""
         return "the file's advcli metadata"

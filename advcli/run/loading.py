@@ -26,7 +26,7 @@ from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import Trajectories, count_trajectories, index_trajectories
 from advcli.errors import AdvcliError, UsageError
 from advcli.keys import ANCHOR, COPY_OF, GROUP, ROW
-from advcli.read.columns import ColumnRoles
+from advcli.read.columns import ColumnRoles, with_trainer_rules
 from advcli.read.dataset import Dataset
 from advcli.read.dialects import ROLES, STEP_ROLES, dialect_named
 from advcli.read.dtypes import is_enum
@@ -550,12 +550,11 @@ def _as_the_file_says(
             f"(written by {file_roles.written_by}): never a turn"
         )
         columns = replace(columns, notes=(*columns.notes, note))
-    if columns.trajectory is not None and columns.own_scores_of is None:
-        columns = replace(columns, own_scores_of=file_roles.own_scores_of)
-    if columns.turn is not None and columns.turn_copies_of is None:
-        columns = replace(columns, turn_copies_of=file_roles.turn_copies_of)
-    if file_roles.trainer is not None and file_roles.trainer != columns.dialect:
-        columns = replace(columns, written_from=file_roles.trainer)
+    trainer = dialect_named(file_roles.trainer)
+    if trainer is not None:
+        columns = with_trainer_rules(columns, trainer)
+        if trainer.trainer != columns.dialect:
+            columns = replace(columns, written_from=trainer.trainer)
     return columns
 
 
