@@ -14,7 +14,7 @@ from advcli.errors import AdvcliError, MissingRoles, UsageError
 from advcli.read.dialects import ROLES, STEP_ROLES, Dialect, named_like
 from advcli.read.dtypes import is_anchor_type, is_id_type, is_number, sequence_of
 from advcli.read.picker import COMMAND_LINE, Options, RolePicker
-from advcli.settings.config import ColumnNames, StepRoles
+from advcli.settings.config import ColumnNames, StepRoles, TrajScore
 
 # ColumnRoles that compute adds to its output.
 OUTPUT_COLUMNS = ("score", "advantage", "advantages")
@@ -63,6 +63,13 @@ class ColumnRoles:
     own_scores_of: str | None = None
     # The trainer whose padding copies repeat a turn (ROLL's, see Dialect), None for none.
     turn_copies_of: str | None = None
+    # A trainer's own rule for a trajectory whose rows' scores differ, where its dump says it
+    # (verl's v1 GRPO scores a session by its final output: --traj-score last), and that rule
+    # in words. None: no such rule.
+    traj_score_rule: tuple[TrajScore, str] | None = None
+    # The trainer's own dump the roles were read from (:mod:`advcli.read.trainer_dumps`), in
+    # words; None for a batch or a table.
+    read_from: str | None = None
     # GiGPO's roles (read for --estimator gigpo only): the anchor state, and a step's reward or
     # its already discounted return (one of the two).
     anchor: str | None = None
@@ -89,6 +96,8 @@ class ColumnRoles:
 
     def read_as(self) -> str:
         """The layout the dump was read in, in words."""
+        if self.read_from is not None:
+            return self.read_from
         if self.dialect is None:
             return "no trainer's layout: columns by their names and the options"
         if self.written_from is not None:

@@ -22,6 +22,7 @@ from advcli.read.file_roles import FileRoles
 from advcli.read.formats import InputFormat
 from advcli.read.scan import ScannedFile, closing_sources, scan_arrow_stream, scan_parquet
 from advcli.read.step_files import numbered_steps, steps_in_folder
+from advcli.read.trainer_dumps import TrainerDump
 
 GLOB_CHARS = frozenset("*?[")
 
@@ -112,15 +113,33 @@ class Dataset:
     native: NativeNames | None = field(default=None, compare=False, repr=False)
     identities: tuple[FileIdentity, ...] = ()
     step: StepRows | None = None
-    # The roles of the columns, as the files' advcli metadata names them (write_batch's files).
+    # The roles of the columns, as the files' advcli metadata names them (write_batch's files)
+    # or as a trainer's own dump is read (``view``).
     file_roles: FileRoles | None = None
+    # A trainer's own dump read in advcli's layout: its made columns are in ``schema`` (last)
+    # and in every scan, never in what the files hold (:attr:`stored_schema`).
+    view: TrainerDump | None = None
 
     @property
     def num_rows(self) -> int:
         """The rows of every input (a ``step``'s dataset's too)."""
         return sum(self.row_counts)
 
+    @property
+    def stored_schema(self) -> pl.Schema:
+        """The columns the files hold (``schema`` less the columns a ``view`` makes)."""
+        if self.view is None:
+            return self.schema
+        return pl.Schema(
+            (name, dtype) for name, dtype in self.schema.items() if name not in self.view.made
+        )
+
     def scan(self) -> pl.LazyFrame:
+        """The files as one LazyFrame, with the columns a ``view`` makes (see :meth:`_scan`)."""
+        frame = self._scan()
+        return frame if self.view is None else frame.with_columns(self.view.columns())
+
+    def _scan(self) -> pl.LazyFrame:
         """The files as one LazyFrame (Parquet decoded by Arrow: see :func:`scan_parquet`; an
         Arrow IPC stream, which Polars cannot scan: :func:`scan_arrow_stream`); with ``step``,
         only the rows from its start to its stop (files outside them, and Parquet row groups
@@ -130,7 +149,7 @@ class Dataset:
         files = [self.source(index) for index in range(len(self.files))]
         if self.input_format in ("json", "arrow"):
             frame = (
-                pl.scan_ndjson([as_pattern(name) for name in files], schema=self.schema)
+                pl.scan_ndjson([as_pattern(name) for name in files], schema=self.stored_schema)
                 if self.input_format == "json"
                 else pl.scan_ipc(files, glob=False)
             )
@@ -143,15 +162,15 @@ class Dataset:
         if self.step is not None:
             scanned = _windows(scanned, self.step.start, self.step.stop)
         if self.input_format == "arrow_stream":
-            return scan_arrow_stream(scanned, self.schema)
-        return scan_parquet(scanned, self.schema)
+            return scan_arrow_stream(scanned, self.stored_schema)
+        return scan_parquet(scanned, self.stored_schema)
 
     def column(self, name: str) -> pl.LazyFrame:
         """Column ``name`` of every row, alone. Parquet is scanned by Polars itself here: a read
         of one small column gains nothing from Arrow's decoding of lists, and Polars' own scan
         streams it in small pieces (through the Arrow source a large dump's column was held
         whole, several times over, on its way)."""
-        if self.input_format != "parquet" or self.step is not None:
+        if self.input_format != "parquet" or self.step is not None or self.view is not None:
             return self.scan().select(name)
         return pl.concat(
             pl.scan_parquet(self.source(index), glob=False).select(name)
@@ -241,6 +260,7 @@ class Dataset:
             identities=self.identities[index : index + 1],
             native=NativeNames(files, labels or [shown_path(files[0])]),
             file_roles=self.file_roles,
+            view=self.view,
         )
 
     def label(self, index: int) -> str:

@@ -47,6 +47,11 @@ class FileRoles:
     written_by: str = WRITTEN_BY
     # The dialect the written batch was read in, None for none.
     trainer: str | None = None
+    # Where the roles were read from, as the reasons say it.
+    source: str = "the file's advcli metadata"
+    # What a role's column holds, where the source says more than its name (a trainer's own
+    # dump read in advcli's layout: :mod:`advcli.read.trainer_dumps`), by role.
+    why: tuple[tuple[str, str], ...] = ()
 
     def column(self, role: str) -> str | None:
         """The column of ``role`` (or of ``training_step``), None where the file has none."""
@@ -56,10 +61,10 @@ class FileRoles:
     def training_step(self) -> str | None:
         return self.column(TRAINING_STEP)
 
-    @property
-    def source(self) -> str:
-        """Where the roles were read from, as the reasons say it."""
-        return "the file's advcli metadata"
+    def named_in(self, role: str) -> str:
+        """Where ``role``'s column was named, as its reason says it."""
+        why = dict(self.why).get(role)
+        return self.source if why is None else f"{self.source}: {why}"
 
     def metadata(self) -> dict[str, str]:
         """The Parquet key-value metadata that says these roles."""
@@ -133,7 +138,7 @@ def named_by_file(
         named.pop("group", None)
     if not named:
         return names
-    where = dict.fromkeys(named, roles.source)
+    where = {role: roles.named_in(role) for role in named}
     if step_reward:
         where["reward"] = f"{roles.source} as the step's own reward"
     return replace(names, **named, named_in={**names.named_in, **where})

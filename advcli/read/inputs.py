@@ -36,6 +36,7 @@ from advcli.read.json_lines import first_bad_line
 from advcli.read.scan import open_parquet
 from advcli.read.stdin import spool_stdin
 from advcli.read.step_files import number_order
+from advcli.read.trainer_dumps import TrainerDump, trainer_dump_of
 
 STDIN = "-"
 
@@ -182,16 +183,18 @@ def open_dataset(
         roles.append(file_roles)
     _check_schemas_agree(labels, schemas)
     _check_roles_agree(labels, roles)
+    schema, file_roles, view = _read_as(schemas[0], roles[0], labels[0])
     dataset = Dataset(
         tuple(files),
-        schemas[0],
+        schema,
         tuple(row_counts),
         input_format,
         labels,
         folders,
         native,
         tuple(identities),
-        file_roles=roles[0],
+        file_roles=file_roles,
+        view=view,
     )
     if dataset.num_rows == 0 and not empty_ok:
         raise AdvcliError(f"{dataset.describe()}: the input has no rows")
@@ -204,6 +207,19 @@ def _identity_at_open(path: Path, label: str) -> FileIdentity:
     if identity is None:
         raise AdvcliError(f"{label}: no such file (removed while advcli was starting)")
     return identity
+
+
+def _read_as(
+    schema: pl.Schema, file_roles: FileRoles | None, label: str
+) -> tuple[pl.Schema, FileRoles | None, TrainerDump | None]:
+    """The schema the readers see, the roles the files name and the trainer's dump they are
+    read as: a file advcli wrote is read as its metadata says; a trainer's own dump
+    (:mod:`advcli.read.trainer_dumps`) with the columns its reading makes."""
+    view = trainer_dump_of(schema, label) if file_roles is None else None
+    if view is None:
+        return schema, file_roles, None
+    made = pl.LazyFrame(schema=schema).with_columns(view.columns()).collect_schema()
+    return made, view.roles, view
 
 
 def _read_header(

@@ -105,15 +105,6 @@ class RolePicker:
                 )
             self.reasons[role] = f"named by {self.named_in.get(role, option)}"
             return chosen
-        if (
-            role == "group"
-            and _is_rollout_data_dir(self.schema)
-            and (self.dialect is None or not self.dialect.trajectory)
-        ):
-            # verl v1 writes a 'uid' there, but it is the row's own key, one per row: read as
-            # a group id (with each row a trajectory) it would make every row a group of its own.
-            # A dump that also names its trajectories is some trainer's own, read as such.
-            raise AdvcliError(f"{self.where}: {ROLLOUT_DATA_DIR}")
         if self.tie and role in ("group", "trajectory"):
             first, second = self.tie
             agreed = set(first.names(role)) & set(second.names(role)) & set(self.schema.names())
@@ -265,15 +256,3 @@ def _present(schema: pl.Schema, role: Role, names: Sequence[str]) -> list[str]:
         # the reward it was computed from, so that reward column is the one to read.
         present.remove("score")
     return present
-
-
-ROLLOUT_DATA_DIR = (
-    "this looks like verl's trainer.rollout_data_dir dump (input, output, score), which holds no "
-    "group or trajectory ids (its 'uid', where present, is each row's own key); write the batch "
-    "with advcli.dump.write_batch instead (docs: 'Inside a trainer'), or name "
-    "the group column with --group-col"
-)
-
-
-def _is_rollout_data_dir(schema: pl.Schema) -> bool:
-    return {"input", "output", "score"} <= set(schema.names())

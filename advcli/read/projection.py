@@ -7,6 +7,7 @@ the statistics never touch token data.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,11 +53,16 @@ class KeyExpressions:
 
     @classmethod
     def of(
-        cls, schema: pl.Schema, columns: ColumnRoles, row_number: str | None = None
+        cls,
+        schema: pl.Schema,
+        columns: ColumnRoles,
+        row_number: str | None = None,
+        file_rules: Sequence[tuple[pl.Expr, str]] = (),
     ) -> KeyExpressions:
         """``row_number`` names a column of global row numbers, which stand in for the group
         (blocks of ``group_size`` rows) or the trajectory (each row one) where the dump has no
-        such column."""
+        such column. ``file_rules``: (broken, message) of the rules of a trainer's dump
+        (:meth:`~advcli.read.trainer_dumps.TrainerDump.row_rules`), checked first."""
         rows_are_trajectories = columns.trajectory is None and not columns.trajectory_from_last_step
         if (columns.group is None or rows_are_trajectories) and row_number is None:
             raise ValueError("groups or trajectories made from rows need the row number")
@@ -91,7 +97,7 @@ class KeyExpressions:
             # 0/1 rule below, not as a failed cast.
             tokens = tokens.cast(pl.Int64, strict=False)
 
-        rules = _row_rules(schema, columns, score, tokens)
+        rules = [*file_rules, *_row_rules(schema, columns, score, tokens)]
         # One small code per row (0 = fine, k = the k-th rule broken) instead of a column per
         # rule, so the projection stays a handful of scalars per row.
         problem: Any = pl.when(rules[0][0]).then(pl.lit(1, dtype=pl.UInt8))
@@ -151,9 +157,12 @@ def key_projection(
         ids = [
             name for name in (columns.group, columns.trajectory, columns.anchor) if name is not None
         ]
+        if dataset.view is not None:  # the file's columns a trainer's dump's ids are made from
+            ids = list(dict.fromkeys(dataset.view.stored(name) for name in ids))
         check_json_lines(dataset, ids, columns.reward)
     row_number = unused_name(dataset.schema)
-    plan = KeyExpressions.of(dataset.schema, columns, row_number)
+    file_rules = dataset.view.row_rules() if dataset.view is not None else ()
+    plan = KeyExpressions.of(dataset.schema, columns, row_number, file_rules)
     try:
         with closing_sources():
             projection = (

@@ -58,6 +58,8 @@ class Roles(Protocol):
     @property
     def own_scores_of(self) -> str | None: ...
     @property
+    def traj_score_rule(self) -> tuple[Any, str] | None: ...
+    @property
     def notes(self) -> Sequence[str]: ...
     @property
     def reasons(self) -> Mapping[str, str]: ...
@@ -95,6 +97,9 @@ def _disagreeing_scores_rule(columns: Roles, last_step: bool) -> str:
         return f"scored by its last step's reward, {columns.trainer}'s rule"
     if columns.own_scores_of is not None:
         return f"scored by {columns.own_scores_of}'s own rule (--traj-score own)"
+    if columns.traj_score_rule is not None:
+        rule, why = columns.traj_score_rule
+        return f"{why} (--traj-score {rule.value})"
     return "compute asks for a --traj-score rule"
 
 
@@ -122,9 +127,11 @@ def inspect_dump(
         "empty_responses": int((projection[TOKENS] == 0).sum()) if tokens_known else None,
     }
     # The trajectories and groups as stage 2 sees them at trajectory level (score of the first
-    # turn, or SkyRL's last step, turns, tokens; each group's units, singleton and zero-std
-    # rules) ...
+    # turn, or SkyRL's last step, or the trainer's own rule its dump says; turns, tokens; each
+    # group's units, singleton and zero-std rules) ...
     traj_score = None if LAST_STEP in projection.columns else TrajScore.FIRST
+    if traj_score is not None and columns.traj_score_rule is not None:
+        traj_score = columns.traj_score_rule[0]
     config = AdvantageConfig(level=Level.TRAJECTORY, traj_score=traj_score)
     trajectories = index_trajectories(projection)
     naming = Naming(columns.group or GROUP, columns.trajectory or TRAJECTORY, locate)

@@ -33,6 +33,7 @@ from advcli.read.dtypes import is_enum
 from advcli.read.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
 from advcli.read.file_roles import FileRoles, named_by_file
 from advcli.read.inputs import STDIN, open_dataset, unread_notes
+from advcli.read.picker import COMMAND_LINE, Options
 from advcli.read.projection import (
     check_consecutive_turns,
     check_unique_turns,
@@ -40,6 +41,7 @@ from advcli.read.projection import (
     split_padding,
 )
 from advcli.read.roles import read_roles
+from advcli.read.trainer_dumps import TrainerDump
 from advcli.read.turn_rewards import check_last_steps, check_turn_rewards
 from advcli.report.step_credit import not_measured, step_credit
 from advcli.report.termination import TerminationReport, termination_report
@@ -100,6 +102,12 @@ class LoadedDump:
         else at ``config.level`` only): verl-agent's own, ``--traj-score own``, stated in the
         reading. Where its rows agree the rule gives the numbers of any other."""
         at_trajectory = both_levels or config.level is Level.TRAJECTORY
+        rule = self.columns.traj_score_rule
+        if rule is not None and at_trajectory and config.takes_trainer_score_rule:
+            score_rule, why = rule
+            note = f"{why} (--traj-score {score_rule.value}; another --traj-score replaces it)"
+            columns = replace(self.columns, notes=(*self.columns.notes, note))
+            return replace(self, columns=columns), replace(config, traj_score=score_rule)
         trainer = self.columns.own_scores_of
         if trainer is None or not at_trajectory or not config.takes_own_scores:
             return self, config
@@ -254,11 +262,11 @@ def load_dump(
         dataset.read_columns,
         mask_needed_for=mask_needed_for,
         not_turns=(*step_columns, *([training_step] if training_step else [])),
+        options=_options_for(dataset.view),
         steps=step_roles,
         turn_rewards=turn_rewards,
     )
-    if dataset.file_roles is not None:
-        columns = _as_the_file_says(columns, dataset.file_roles, training_step)
+    columns = _as_the_files_say(columns, dataset, training_step)
     # A trainer's padding copies repeat a turn: the turns are checked once they are found.
     unique_turns = unique_turns and columns.turn_copies_of is None
     if by not in (None, "file") and names.turn is None:
@@ -298,6 +306,7 @@ def load_dump(
             *columns.notes,
             *unread_notes(dataset.folders),
             *_spanning_files(dataset, projection),
+            *_dump_notes(dataset, projection),
         )
         return LoadedDump(dataset, replace(columns, notes=notes), projection, padding=padding)
     steps = _step_labels(dataset, by)
@@ -313,9 +322,9 @@ def load_dump(
     if unique_turns and columns.turn is not None:
         check_unique_turns(projection, dataset, columns)
     reasons = {**columns.reasons, "group": by_reason(columns.reasons["group"], by, steps.name)}
-    return LoadedDump(
-        dataset, replace(columns, reasons=reasons), projection, steps=steps, padding=padding
-    )
+    notes = (*columns.notes, *_dump_notes(dataset, projection))
+    columns = replace(columns, reasons=reasons, notes=notes)
+    return LoadedDump(dataset, columns, projection, steps=steps, padding=padding)
 
 
 def _check_blocks_within_parts(
@@ -537,6 +546,23 @@ def report_settings(dump: LoadedDump, drop_duplicates: bool) -> dict[str, Any]:
     return {**dump.report_settings(), "drop_duplicates": drop_duplicates}
 
 
+def _as_the_files_say(
+    columns: ColumnRoles, dataset: Dataset, training_step: str | None
+) -> ColumnRoles:
+    """The roles with what the files say besides the columns: a file advcli wrote, its
+    metadata; a trainer's own dump, its reading."""
+    if dataset.file_roles is not None:
+        columns = _as_the_file_says(columns, dataset.file_roles, training_step)
+    if dataset.view is not None:
+        columns = _as_the_dump_says(columns, dataset.view)
+    return columns
+
+
+def _dump_notes(dataset: Dataset, projection: pl.DataFrame) -> tuple[str, ...]:
+    """What a trainer's own dump's reading says of the groups it found."""
+    return dataset.view.notes_on(projection[GROUP]) if dataset.view is not None else ()
+
+
 def _as_the_file_says(
     columns: ColumnRoles, file_roles: FileRoles, training_step: str | None
 ) -> ColumnRoles:
@@ -555,6 +581,30 @@ def _as_the_file_says(
         columns = with_trainer_rules(columns, trainer)
         if trainer.trainer != columns.dialect:
             columns = replace(columns, written_from=trainer.trainer)
+    return columns
+
+
+def _options_for(view: TrainerDump | None) -> Options:
+    """The command line's options, for a trainer's dump that keeps a trajectory in a row with
+    a trajectory a row where it has no trajectory column."""
+    if view is None or not view.rows_are_trajectories:
+        return COMMAND_LINE
+    return replace(COMMAND_LINE, rows_without_trajectory=True)
+
+
+def _as_the_dump_says(columns: ColumnRoles, view: TrainerDump) -> ColumnRoles:
+    """The roles of a trainer's own dump with what its reading says besides the columns: the
+    layout it was read in, and the trainer's rule for a trajectory whose rows differ where the
+    reading found the trajectories the trainer scores by it."""
+    columns = replace(columns, read_from=view.layout)
+    if columns.trajectory is None and view.rows_are_trajectories:
+        why = view.roles.named_in("trajectory")
+        columns = replace(columns, reasons={**columns.reasons, "trajectory": why})
+    taken = all(
+        getattr(columns, role) == view.roles.column(role) for role in ("group", "trajectory")
+    )
+    if view.traj_score is not None and taken:
+        columns = replace(columns, traj_score_rule=(view.traj_score, view.traj_score_why))
     return columns
 
 

@@ -349,6 +349,13 @@ class AdvantageConfig:
         return None
 
     @property
+    def takes_trainer_score_rule(self) -> bool:
+        """Whether a trainer's own ``--traj-score`` rule would apply to these settings as they
+        are: no rule chosen, outcome rewards, and no step credit (whose episode term has rules
+        of its own)."""
+        return self.traj_score is None and self.per_turn is None and self.step is None
+
+    @property
     def takes_own_scores(self) -> bool:
         """Whether ``--traj-score own`` would apply to these settings as they are: no rule
         chosen, outcome rewards, an estimator and scale it takes (and, for gigpo, not Trinity-RFT's

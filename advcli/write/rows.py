@@ -226,7 +226,9 @@ def _input_rows(
     ones and (with ``mask``) the mask column. With no input column to read, the row numbers
     come from ``row_values``: a scan of no columns has no rows."""
     if kept is None:
-        return dataset.scan().with_row_index(row_number)
+        # The files' own columns: those a trainer's dump's reading makes are not written.
+        stored = dataset.stored_schema.names()
+        return dataset.scan().select(stored).with_row_index(row_number)
     read = [*kept, *([columns.mask] if mask and columns.mask and columns.mask not in kept else [])]
     if not read:
         return row_values.lazy().select(pl.col(ROW).alias(row_number))

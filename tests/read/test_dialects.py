@@ -234,24 +234,6 @@ def test_long_column_lists_are_cut():
         resolve_columns(schema, "dump", ColumnNames())
 
 
-def test_verls_rollout_data_dir_dump_is_recognised():
-    schema = _schema(
-        input=pl.String(), output=pl.String(), gts=pl.String(), score=pl.Float64(), step=pl.Int64()
-    )
-    with pytest.raises(AdvcliError, match=r"rollout_data_dir dump.*advcli.dump.write_batch"):
-        resolve_columns(schema, "dump", ColumnNames(), mask_needed_for=None)
-
-
-def test_verls_v1_rollout_data_dir_uid_is_not_read_as_a_group():
-    """verl v1 writes the row key `{uid}_{session}_{index}` as `uid` there (trainer_base.py's
-    _log_rollout_data): one per row, so read as a group every row would stand alone."""
-    schema = _schema(
-        input=pl.String(), output=pl.String(), score=pl.Float64(), step=pl.Int64(), uid=pl.String()
-    )
-    with pytest.raises(AdvcliError, match=r"rollout_data_dir dump .*'uid', where present"):
-        resolve_columns(schema, "dump", ColumnNames(), mask_needed_for=None)
-
-
 def test_group_size_stands_in_for_the_group():
     schema = _schema(rewards=pl.Float64(), completion_mask=MASK)
     with pytest.raises(AdvcliError, match=r"TRL's dumps hold no group id.*--group-size"):

@@ -516,19 +516,6 @@ def test_missing_trajectory_column_suggests_the_near_name(run, tmp_path):
     assert "did you mean 'rolout_id'" in line
 
 
-def test_verl_rollout_data_dir_jsonl_is_explained(run, tmp_path):
-    """verl 0.9.1 `_write_generations` (verl/trainer/ppo/ray_trainer.py): the
-    trainer.rollout_data_dir JSONL has input, output, gts, score, step and no ids."""
-    dump = tmp_path / "7.jsonl"
-    lines = [
-        {"input": "q1", "output": f"answer {i}", "gts": "4", "score": float(i % 2), "step": 7}
-        for i in range(4)
-    ]
-    dump.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    line = error_line(run("compute", dump, "-o", tmp_path / "out.parquet"))
-    assert "rollout_data_dir" in line and "advcli.dump.write_batch" in line
-
-
 def test_scalar_scores_without_a_mask(run, tmp_path):
     """OpenRLHF-like scalar rewards (trainers.md section 6) with no mask column: one advantage
     per row works, the per-token output cannot."""

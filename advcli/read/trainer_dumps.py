@@ -1,0 +1,202 @@
+"""Trainers' own dumps, the files a trainer writes as it trains (not its batch, which
+:func:`advcli.dump.write_batch` writes), read in advcli's layout with no options.
+
+Such a file names no role as a batch does: verl's ``trainer.rollout_data_dir`` file keeps a
+row's group, session and output index in one key, or keeps no group id at all. Each layout is a
+:class:`TrainerDump`: the columns it makes from the fields the trainer wrote (Polars expressions
+over the scan, so they stream as the file's own columns do and never reach an output), the role
+each column plays (a :class:`~advcli.read.file_roles.FileRoles`, as a file advcli wrote names
+them), the rules a row must keep for those columns to mean what they say, and the trainer's own
+rule for a trajectory's score where its rows differ. :func:`trainer_dump_of` tells the layout
+from a file's fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from advcli.errors import AdvcliError
+from advcli.read.dialects import dialect_of
+from advcli.read.file_roles import TRAINING_STEP, FileRoles
+from advcli.settings.config import TrajScore
+
+# verl's v1 trainer keys each output "{prompt uuid}_{session}_{output index}" and splits the key
+# with rsplit("_", 2): the uuid is everything before the last two underscores.
+_VERL_KEY = r"^(.*)_([^_]*)_([0-9]+)$"
+_VERL_FIELDS = frozenset(("input", "output", "score"))
+_VERL_SOURCE = "verl's trainer.rollout_data_dir dump"
+
+
+@dataclass(frozen=True)
+class TrainerDump:
+    """How one trainer's own dump is read in advcli's layout.
+
+    ``made`` names the columns :meth:`columns` adds to every row (each made from the file's
+    column ``made_from`` names); ``roles`` gives each its role, and the file's own columns
+    theirs (its score, its training step). ``traj_score`` is the trainer's rule for a
+    trajectory whose rows' scores differ, ``traj_score_why`` that rule in words."""
+
+    trainer: str
+    layout: str
+    roles: FileRoles
+    made: tuple[str, ...]
+    made_from: tuple[str, ...]
+    traj_score: TrajScore | None = None
+    traj_score_why: str = ""
+    # The trainer keeps a whole trajectory in a row: with no trajectory column each row is one.
+    rows_are_trajectories: bool = False
+
+    def columns(self) -> list[pl.Expr]:
+        """The made columns, as expressions over the file's columns."""
+        raise NotImplementedError
+
+    def row_rules(self) -> list[tuple[pl.Expr, str]]:
+        """(broken, message) for each rule a row of the file must keep, checked before the
+        rules of the roles' columns."""
+        return []
+
+    def notes_on(self, groups: pl.Series) -> tuple[str, ...]:
+        """What the reading says of the groups it found (``groups``: each row's group key)."""
+        return ()
+
+    def stored(self, name: str) -> str:
+        """The file's column a column of the reading is read from (itself, where not made)."""
+        if name in self.made:
+            return self.made_from[self.made.index(name)]
+        return name
+
+
+@dataclass(frozen=True)
+class _VerlKeyedRollouts(TrainerDump):
+    """verl's v1 trainer's rollout dump: each row one output, keyed in ``uid``."""
+
+    def columns(self) -> list[pl.Expr]:
+        key = pl.col("uid")
+        return [
+            key.str.extract(_VERL_KEY, 1).alias(self.made[0]),
+            key.str.extract(_VERL_KEY, 2).alias(self.made[1]),
+            key.str.extract(_VERL_KEY, 3).cast(pl.Int64, strict=False).alias(self.made[2]),
+        ]
+
+    def row_rules(self) -> list[tuple[pl.Expr, str]]:
+        key = pl.col("uid")
+        return [
+            (key.is_null(), "column 'uid' is null"),
+            (
+                ~key.str.contains(_VERL_KEY) | key.str.extract(_VERL_KEY, 3).str.len_chars().gt(18),
+                "column 'uid' is not verl's output key '{prompt uuid}_{session}_{output index}' "
+                "(an integer index)",
+            ),
+        ]
+
+
+@dataclass(frozen=True)
+class _VerlRollouts(TrainerDump):
+    """verl's legacy trainer's rollout dump: each row one trajectory, no ids, rows shuffled."""
+
+    def columns(self) -> list[pl.Expr]:
+        return [pl.col("input").hash().alias(self.made[0])]
+
+    def row_rules(self) -> list[tuple[pl.Expr, str]]:
+        return [(pl.col("input").is_null(), "column 'input' is null")]
+
+    def notes_on(self, groups: pl.Series) -> tuple[str, ...]:
+        sizes = groups.value_counts(name="rows").get_column("rows").value_counts(name="groups")
+        if sizes.height < 2:
+            return ()
+        listed = ", ".join(
+            f"{row['groups']:,} of {row['rows']:,} rows"
+            for row in sizes.sort("rows").iter_rows(named=True)
+        )
+        return (
+            f"the groups of one 'input' text differ in size ({listed}): verl's groups are "
+            "rollout.n rollouts of one prompt, so a larger group may be two prompts of the same "
+            "text, which verl keeps apart by an id this dump does not hold (a rollout it "
+            "dropped makes a smaller one)",
+        )
+
+
+def trainer_dump_of(schema: pl.Schema, label: str) -> TrainerDump | None:
+    """The trainer's dump a file with ``schema`` is (``label`` names it in errors), None for
+    one that is not a trainer's own: a batch, advcli's step files, any other table."""
+    dialect, tie = dialect_of(schema)
+    if not set(schema.names()) >= _VERL_FIELDS or tie is not None:
+        return None
+    if dialect is not None and dialect.trainer != "verl":
+        return None  # some trainer's batch that also holds decoded text
+    if "uid" in schema and schema["uid"] != pl.String:
+        raise AdvcliError(
+            f"{label}: column 'uid' holds {schema['uid']}, where verl's trainer.rollout_data_dir "
+            "dump keys each output '{prompt uuid}_{session}_{output index}'; name the roles' "
+            "columns with --group-col and --traj-col"
+        )
+    dump = _verl_keyed_rollouts(schema) if "uid" in schema else _verl_rollouts(schema)
+    clash = next((name for name in dump.made if name in schema), None)
+    if clash is not None:
+        raise AdvcliError(
+            f"{label}: a column is named '{clash}', the name advcli gives a column it reads "
+            f"from '{dump.stored(clash)}' in {dump.layout}; rename it"
+        )
+    return dump
+
+
+def _step(schema: pl.Schema) -> tuple[tuple[str, str], ...]:
+    return (("step", TRAINING_STEP),) if "step" in schema else ()
+
+
+def _verl_keyed_rollouts(schema: pl.Schema) -> TrainerDump:
+    layout = "verl's trainer.rollout_data_dir dump of the v1 trainer (each output keyed in 'uid')"
+    made = ("uid:prompt", "uid:session", "uid:output")
+    roles = FileRoles(
+        (
+            *zip(made, ("group", "trajectory", "turn"), strict=True),
+            ("score", "reward"),
+            *_step(schema),
+        ),
+        written_by="verl",
+        trainer="verl",
+        source=_VERL_SOURCE,
+        why=(
+            ("group", "the prompt uuid, the part of 'uid' before its last two '_'"),
+            ("trajectory", "the session, the part of 'uid' between its last two '_'"),
+            ("turn", "the output index, the part of 'uid' after its last '_'"),
+            ("reward", "each output's rm_scores summed"),
+        ),
+    )
+    return _VerlKeyedRollouts(
+        "verl",
+        layout,
+        roles,
+        made,
+        ("uid", "uid", "uid"),
+        TrajScore.LAST,
+        "a session's score is its final output's, as verl's v1 GRPO scores it "
+        "(compute_advantage_for_multi_trajectories)",
+    )
+
+
+def _verl_rollouts(schema: pl.Schema) -> TrainerDump:
+    layout = "verl's trainer.rollout_data_dir dump (no ids: each row a trajectory)"
+    made = ("input:hash",)
+    roles = FileRoles(
+        (("input:hash", "group"), ("score", "reward"), *_step(schema)),
+        written_by="verl",
+        trainer="verl",
+        source=_VERL_SOURCE,
+        why=(
+            (
+                "group",
+                "the rows of one 'input' text (its hash): the rollouts of one prompt, whose id "
+                "the dump does not hold",
+            ),
+            (
+                "trajectory",
+                "verl's legacy trainer keeps a whole trajectory in one row: each row is a "
+                "trajectory",
+            ),
+            ("reward", "each row's token_level_scores summed"),
+        ),
+    )
+    return _VerlRollouts("verl", layout, roles, made, ("input",), rows_are_trajectories=True)
