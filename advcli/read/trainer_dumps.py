@@ -27,6 +27,8 @@ from advcli.settings.config import TrajScore
 _VERL_KEY = r"^(.*)_([^_]*)_([0-9]+)$"
 _VERL_FIELDS = frozenset(("input", "output", "score"))
 _VERL_SOURCE = "verl's trainer.rollout_data_dir dump"
+# NeMo-RL's train_data_step{N}.jsonl (nemo_rl/algorithms/grpo.py, Logger.log_batched_dict_as_jsonl).
+_NEMO_RL_FIELDS = frozenset(("token_ids", "token_loss_mask", "rewards", "advantages", "idx"))
 
 
 @dataclass(frozen=True)
@@ -118,9 +120,53 @@ class _VerlRollouts(TrainerDump):
         )
 
 
+@dataclass(frozen=True)
+class _NemoRlTrainData(TrainerDump):
+    """NeMo-RL's ``train_data_step{N}.jsonl``: each row one trajectory, each field a one-row
+    slice of the step's batch (a list of one value), no group id."""
+
+    def columns(self) -> list[pl.Expr]:
+        reward, mask = (pl.col(name).list.first() for name in self.made_from[1:])
+        return [
+            _nemo_prompt().hash().alias(self.made[0]),
+            reward.alias(self.made[1]),
+            mask.alias(self.made[2]),
+        ]
+
+    def row_rules(self) -> list[tuple[pl.Expr, str]]:
+        rules = [
+            (
+                pl.col(name).list.len() != 1,
+                f"column '{name}' is not a list of one value, as NeMo-RL writes each field of "
+                "a row",
+            )
+            for name in dict.fromkeys(self.made_from)
+        ]
+        generated = pl.col("token_loss_mask").list.first().list.max()
+        rules.append(
+            (
+                generated.is_null() | (generated < 1),
+                "column 'token_loss_mask' marks no generated token, so the prompt that groups "
+                "the row (its tokens before the first generated one) cannot be told",
+            )
+        )
+        return rules
+
+
+def _nemo_prompt() -> pl.Expr:
+    """A row's prompt as NeMo-RL groups by it: its token ids before the first generated one
+    (the first 1 of its loss mask)."""
+    mask = pl.col("token_loss_mask").list.first()
+    return pl.col("token_ids").list.first().list.head(mask.list.arg_max())
+
+
 def trainer_dump_of(schema: pl.Schema, label: str) -> TrainerDump | None:
     """The trainer's dump a file with ``schema`` is (``label`` names it in errors), None for
     one that is not a trainer's own: a batch, advcli's step files, any other table."""
+    if set(schema.names()) >= _NEMO_RL_FIELDS and all(
+        isinstance(schema[name], pl.List) for name in _NEMO_RL_FIELDS - {"idx"}
+    ):
+        return _checked(_nemo_rl_train_data(schema), schema, label)
     dialect, tie = dialect_of(schema)
     if not set(schema.names()) >= _VERL_FIELDS or tie is not None:
         return None
@@ -132,7 +178,13 @@ def trainer_dump_of(schema: pl.Schema, label: str) -> TrainerDump | None:
             "dump keys each output '{prompt uuid}_{session}_{output index}'; name the roles' "
             "columns with --group-col and --traj-col"
         )
-    dump = _verl_keyed_rollouts(schema) if "uid" in schema else _verl_rollouts(schema)
+    return _checked(
+        _verl_keyed_rollouts(schema) if "uid" in schema else _verl_rollouts(schema), schema, label
+    )
+
+
+def _checked(dump: TrainerDump, schema: pl.Schema, label: str) -> TrainerDump:
+    """``dump``, where no column of the file has the name of one its reading makes."""
     clash = next((name for name in dump.made if name in schema), None)
     if clash is not None:
         raise AdvcliError(
@@ -200,3 +252,38 @@ def _verl_rollouts(schema: pl.Schema) -> TrainerDump:
         ),
     )
     return _VerlRollouts("verl", layout, roles, made, ("input",), rows_are_trajectories=True)
+
+
+def _nemo_rl_train_data(schema: pl.Schema) -> TrainerDump:
+    # With dynamic sampling, NeMo-RL writes the reward it trained on as 'filtered_rewards' and
+    # 'rewards' as the whole generation batch's.
+    reward = "filtered_rewards" if "filtered_rewards" in schema else "rewards"
+    made = ("token_ids:prompt", f"{reward}:0", "token_loss_mask:0")
+    layout = "NeMo-RL's train_data_step{N}.jsonl (no ids: each row a trajectory)"
+    roles = FileRoles(
+        (*zip(made, ("group", "reward", "mask"), strict=True),),
+        written_by="NeMo-RL",
+        source="NeMo-RL's train data dump",
+        why=(
+            (
+                "group",
+                "the rows of one prompt, its 'token_ids' before the first generated token (their "
+                "hash), as NeMo-RL groups them",
+            ),
+            (
+                "trajectory",
+                "NeMo-RL keeps a whole trajectory in one row (its 'token_loss_mask' covers every "
+                "generated turn): each row is a trajectory",
+            ),
+            ("reward", f"the one value of '{reward}'"),
+            ("mask", "the one list of 'token_loss_mask'"),
+        ),
+    )
+    return _NemoRlTrainData(
+        "NeMo-RL",
+        layout,
+        roles,
+        made,
+        ("token_ids", reward, "token_loss_mask"),
+        rows_are_trajectories=True,
+    )

@@ -597,6 +597,8 @@ def _as_the_dump_says(columns: ColumnRoles, view: TrainerDump) -> ColumnRoles:
     layout it was read in, and the trainer's rule for a trajectory whose rows differ where the
     reading found the trajectories the trainer scores by it."""
     columns = replace(columns, read_from=view.layout)
+    if columns.trainer is None:
+        columns = replace(columns, written_from=view.trainer)
     if columns.trajectory is None and view.rows_are_trajectories:
         why = view.roles.named_in("trajectory")
         columns = replace(columns, reasons={**columns.reasons, "trajectory": why})

@@ -149,7 +149,7 @@ def output_frame(
         # The padded arrays make their own per-token array.
         tokens=tokens and not arrays,
         extra=extra,
-    ).drop(row_number)
+    ).drop(row_number, *([] if arrays else _made_mask(dataset, columns, kept)))
     if kept is not None and not arrays:
         written = ("score", "advantage", *extra, *(["advantages"] if tokens else []))
         frame = frame.select(*kept, *written)
@@ -199,6 +199,15 @@ def _write(  # noqa: PLR0913
             raise
 
 
+def _made_mask(dataset: Dataset, columns: ColumnRoles, kept: list[str] | None) -> list[str]:
+    """The mask, where a trainer's dump's reading makes it and every input column is written
+    (the padded arrays write none): read for the per-token column, not written."""
+    view = dataset.view
+    if kept is None and view is not None and columns.mask in view.made:
+        return [columns.mask]
+    return []
+
+
 def kept_columns(
     names: Iterable[str], columns: ColumnRoles, output_columns: OutputColumns
 ) -> list[str] | None:
@@ -226,9 +235,12 @@ def _input_rows(
     ones and (with ``mask``) the mask column. With no input column to read, the row numbers
     come from ``row_values``: a scan of no columns has no rows."""
     if kept is None:
-        # The files' own columns: those a trainer's dump's reading makes are not written.
-        stored = dataset.stored_schema.names()
-        return dataset.scan().select(stored).with_row_index(row_number)
+        # The files' own columns (those a trainer's dump's reading makes are not written), and
+        # a mask it makes, read for the per-token column.
+        read = dataset.stored_schema.names()
+        if mask and columns.mask is not None and columns.mask not in read:
+            read.append(columns.mask)
+        return dataset.scan().select(read).with_row_index(row_number)
     read = [*kept, *([columns.mask] if mask and columns.mask and columns.mask not in kept else [])]
     if not read:
         return row_values.lazy().select(pl.col(ROW).alias(row_number))
