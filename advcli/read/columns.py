@@ -67,6 +67,9 @@ class ColumnRoles:
     # (verl's v1 GRPO scores a session by its final output: --traj-score last), and that rule
     # in words. None: no such rule.
     traj_score_rule: tuple[TrajScore, str] | None = None
+    # The column of the advantage the trainer computed for each row, where its own dump holds
+    # it (never read as a reward): what advcli's numbers are checked against.
+    trainer_advantage: str | None = None
     # The trainer's own dump the roles were read from (:mod:`advcli.read.trainer_dumps`), in
     # words; None for a batch or a table.
     read_from: str | None = None
@@ -110,7 +113,11 @@ class ColumnRoles:
     def reading(self) -> dict[str, Any]:
         """How the dump was read, for every output: the trainer's dialect and, for each role,
         its column (None where an assumption stands in for it) and why."""
-        read = (*ROLES, *(role for role in STEP_ROLES if getattr(self, role) is not None))
+        read: tuple[str, ...] = (
+            *ROLES,
+            *(role for role in STEP_ROLES if getattr(self, role) is not None),
+            *(["trainer_advantage"] if self.trainer_advantage is not None else []),
+        )
         return {
             "trainer": self.trainer,
             "read_as": self.read_as(),

@@ -49,6 +49,10 @@ class TrainerDump:
     traj_score_why: str = ""
     # The trainer keeps a whole trajectory in a row: with no trajectory column each row is one.
     rows_are_trajectories: bool = False
+    # The column of the advantage the trainer computed for each row (made or the file's own),
+    # and what it holds; None where the dump has none.
+    advantage: str | None = None
+    advantage_why: str = ""
 
     def columns(self) -> list[pl.Expr]:
         """The made columns, as expressions over the file's columns."""
@@ -126,11 +130,13 @@ class _NemoRlTrainData(TrainerDump):
     slice of the step's batch (a list of one value), no group id."""
 
     def columns(self) -> list[pl.Expr]:
-        reward, mask = (pl.col(name).list.first() for name in self.made_from[1:])
+        reward, mask, advantages = (pl.col(name).list.first() for name in self.made_from[1:])
         return [
             _nemo_prompt().hash().alias(self.made[0]),
             reward.alias(self.made[1]),
             mask.alias(self.made[2]),
+            # The row's advantage is on every token (its prompt's too): the first one.
+            advantages.list.first().alias(self.made[3]),
         ]
 
     def row_rules(self) -> list[tuple[pl.Expr, str]]:
@@ -258,10 +264,10 @@ def _nemo_rl_train_data(schema: pl.Schema) -> TrainerDump:
     # With dynamic sampling, NeMo-RL writes the reward it trained on as 'filtered_rewards' and
     # 'rewards' as the whole generation batch's.
     reward = "filtered_rewards" if "filtered_rewards" in schema else "rewards"
-    made = ("token_ids:prompt", f"{reward}:0", "token_loss_mask:0")
+    made = ("token_ids:prompt", f"{reward}:0", "token_loss_mask:0", "advantages:0")
     layout = "NeMo-RL's train_data_step{N}.jsonl (no ids: each row a trajectory)"
     roles = FileRoles(
-        (*zip(made, ("group", "reward", "mask"), strict=True),),
+        tuple(zip(made, ("group", "reward", "mask"), strict=False)),
         written_by="NeMo-RL",
         source="NeMo-RL's train data dump",
         why=(
@@ -284,6 +290,9 @@ def _nemo_rl_train_data(schema: pl.Schema) -> TrainerDump:
         layout,
         roles,
         made,
-        ("token_ids", reward, "token_loss_mask"),
+        ("token_ids", reward, "token_loss_mask", "advantages"),
         rows_are_trajectories=True,
+        advantage="advantages:0",
+        advantage_why="the first value of the one list of 'advantages', which NeMo-RL writes on "
+        "every token of the row",
     )

@@ -58,12 +58,18 @@ class Roles(Protocol):
     @property
     def own_scores_of(self) -> str | None: ...
     @property
+    def trainer_advantage(self) -> str | None: ...
+    @property
     def traj_score_rule(self) -> tuple[Any, str] | None: ...
     @property
     def notes(self) -> Sequence[str]: ...
     @property
     def reasons(self) -> Mapping[str, str]: ...
     def read_as(self) -> str: ...
+
+
+# The roles the inspection lists only where the dump has them.
+_ROLES_IF_READ = ("anchor", "trainer_advantage")
 
 
 def _inconsistent_trajectories(
@@ -158,8 +164,8 @@ def inspect_dump(
         },
         "columns": {
             role: {"column": getattr(columns, role), "why": columns.reasons.get(role, "")}
-            for role in ("group", "trajectory", "turn", "reward", "mask", "anchor")
-            if role != "anchor" or columns.anchor is not None
+            for role in ("group", "trajectory", "turn", "reward", "mask", *_ROLES_IF_READ)
+            if role not in _ROLES_IF_READ or getattr(columns, role) is not None
         },
         "counts": {
             "rows": counts["rows"],

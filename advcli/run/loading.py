@@ -599,6 +599,10 @@ def _as_the_dump_says(columns: ColumnRoles, view: TrainerDump) -> ColumnRoles:
     columns = replace(columns, read_from=view.layout)
     if columns.trainer is None:
         columns = replace(columns, written_from=view.trainer)
+    if view.advantage is not None:
+        why = f"{view.roles.source}: {view.advantage_why}; the trainer's, never read as a reward"
+        reasons = {**columns.reasons, "trainer_advantage": why}
+        columns = replace(columns, trainer_advantage=view.advantage, reasons=reasons)
     if columns.trajectory is None and view.rows_are_trajectories:
         why = view.roles.named_in("trajectory")
         columns = replace(columns, reasons={**columns.reasons, "trajectory": why})

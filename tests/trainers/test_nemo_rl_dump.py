@@ -86,6 +86,9 @@ def test_groups_are_the_rows_of_one_prompt(run, tmp_path):
     assert "before the first generated token" in reading["roles"]["group"]["why"]
     assert reading["roles"]["trajectory"]["column"] is None
     assert reading["roles"]["reward"]["column"] == "rewards:0"
+    # The advantages NeMo-RL wrote are its own, named for what they are, never the reward.
+    assert reading["roles"]["trainer_advantage"]["column"] == "advantages:0"
+    assert "never read as a reward" in reading["roles"]["trainer_advantage"]["why"]
 
 
 @pytest.mark.parametrize("seed", [1, 2])
