@@ -334,8 +334,9 @@ def _group_column(pick: RolePicker, names: ColumnNames, trainer: str) -> str | N
     if names.group_size is not None:
         if names.group is not None:
             raise UsageError("--group-size and --group-col exclude each other: give one")
-        pick.reasons["group"] = (
-            f"--group-size {names.group_size}: each block of {names.group_size} rows is a group"
+        pick.reasons["group"] = names.named_in.get(
+            "group",
+            f"--group-size {names.group_size}: each block of {names.group_size} rows is a group",
         )
         return None
     group_col = pick("group", names.group)

@@ -13,6 +13,7 @@ from a file's fields.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import polars as pl
@@ -35,10 +36,11 @@ _NEMO_RL_FIELDS = frozenset(("token_ids", "token_loss_mask", "rewards", "advanta
 class TrainerDump:
     """How one trainer's own dump is read in advcli's layout.
 
-    ``made`` names the columns :meth:`columns` adds to every row (each made from the file's
-    column ``made_from`` names); ``roles`` gives each its role, and the file's own columns
-    theirs (its score, its training step). ``traj_score`` is the trainer's rule for a
-    trajectory whose rows' scores differ, ``traj_score_why`` that rule in words."""
+    ``made`` names the columns :meth:`columns` adds to every row, from the file's columns
+    ``made_from`` (an id's from the one in its place: :meth:`stored`); ``roles`` gives each
+    its role, and the file's own columns theirs (its score, its training step).
+    ``traj_score`` is the trainer's rule for a trajectory whose rows' scores differ,
+    ``traj_score_why`` that rule in words."""
 
     trainer: str
     layout: str
@@ -49,6 +51,9 @@ class TrainerDump:
     traj_score_why: str = ""
     # The trainer keeps a whole trajectory in a row: with no trajectory column each row is one.
     rows_are_trajectories: bool = False
+    # The groups are blocks of consecutive rows of one value of this column, as many rows as
+    # every run of one value is a multiple of (TRL's num_generations, which it does not write).
+    blocks_of: str | None = None
     # The column of the advantage the trainer computed for each row (made or the file's own),
     # and what it holds; None where the dump has none.
     advantage: str | None = None
@@ -159,6 +164,38 @@ class _NemoRlTrainData(TrainerDump):
         return rules
 
 
+@dataclass(frozen=True)
+class _TrlCompletions(TrainerDump):
+    """TRL's ``completions_{step}.parquet``: each row one completion, a reward column per reward
+    function (NaN where it gave none), no group id."""
+
+    def columns(self) -> list[pl.Expr]:
+        # TRL sums the reward functions' values with nansum (its reward_weights default to 1).
+        known = [
+            pl.when(pl.col(name).is_nan()).then(None).otherwise(pl.col(name))
+            for name in self.made_from
+        ]
+        return [pl.sum_horizontal(known).alias(self.made[0])]
+
+    def row_rules(self) -> list[tuple[pl.Expr, str]]:
+        unscored = pl.all_horizontal(
+            pl.col(name).is_null() | pl.col(name).is_nan() for name in self.made_from
+        )
+        return [
+            (
+                unscored,
+                "every reward column is NaN or null: TRL leaves such a completion out of its "
+                "group's mean and std and gives it advantage 0, which advcli does not",
+            )
+        ]
+
+
+def blocks_size(runs: pl.Series) -> int:
+    """The length every run of equal consecutive values is a multiple of (``runs``: their
+    lengths): the size of groups made of blocks of consecutive rows of one value."""
+    return math.gcd(*runs.to_list())
+
+
 def _nemo_prompt() -> pl.Expr:
     """A row's prompt as NeMo-RL groups by it: its token ids before the first generated one
     (the first 1 of its loss mask)."""
@@ -169,6 +206,9 @@ def _nemo_prompt() -> pl.Expr:
 def trainer_dump_of(schema: pl.Schema, label: str) -> TrainerDump | None:
     """The trainer's dump a file with ``schema`` is (``label`` names it in errors), None for
     one that is not a trainer's own: a batch, advcli's step files, any other table."""
+    trl = _trl_completions(schema, label)
+    if trl is not None:
+        return _checked(trl, schema, label)
     if set(schema.names()) >= _NEMO_RL_FIELDS and all(
         isinstance(schema[name], pl.List) for name in _NEMO_RL_FIELDS - {"idx"}
     ):
@@ -295,4 +335,49 @@ def _nemo_rl_train_data(schema: pl.Schema) -> TrainerDump:
         advantage="advantages:0",
         advantage_why="the first value of the one list of 'advantages', which NeMo-RL writes on "
         "every token of the row",
+    )
+
+
+def _trl_completions(schema: pl.Schema, label: str) -> TrainerDump | None:
+    """TRL's completions file, whose columns are step, prompt, completion, one per reward
+    function (and any log_extra columns), advantage, in that order."""
+    names = schema.names()
+    if names[:3] != ["step", "prompt", "completion"] or names[-1:] != ["advantage"]:
+        return None
+    between = names[3:-1]
+    rewards = tuple(name for name in between if schema[name] in (pl.Float32, pl.Float64))
+    if not rewards:
+        raise AdvcliError(
+            f"{label}: TRL's completions file holds no reward column (a float column between "
+            "'completion' and 'advantage'); name the reward with --reward-col"
+        )
+    listed = ", ".join(f"'{name}'" for name in rewards)
+    layout = "TRL's completions_{step}.parquet (no ids: each row a trajectory)"
+    roles = FileRoles(
+        (("rewards:sum", "reward"), ("step", TRAINING_STEP)),
+        written_by="TRL",
+        source="TRL's completions file",
+        why=(
+            (
+                "trajectory",
+                "TRL keeps a whole completion in one row: each row is a trajectory",
+            ),
+            (
+                "reward",
+                f"the sum of {listed} (each float column between 'completion' and 'advantage', "
+                "NaN left out as TRL's nansum does, its reward_weights taken as 1; a log_extra "
+                "column among them would be summed too: name the reward with --reward-col)",
+            ),
+        ),
+    )
+    return _TrlCompletions(
+        "TRL",
+        layout,
+        roles,
+        ("rewards:sum",),
+        rewards,
+        rows_are_trajectories=True,
+        blocks_of="prompt",
+        advantage="advantage",
+        advantage_why="'advantage', the advantage TRL computed for the row",
     )

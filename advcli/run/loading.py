@@ -24,7 +24,7 @@ from advcli.advantages.per_turn import per_turn_advantages
 from advcli.advantages.step_groups import gigpo_advantages
 from advcli.advantages.unit_scores import Naming
 from advcli.advantages.units import Trajectories, count_trajectories, index_trajectories
-from advcli.errors import AdvcliError, UsageError
+from advcli.errors import AdvcliError, UsageError, first_line
 from advcli.keys import ANCHOR, COPY_OF, GROUP, ROW
 from advcli.read.columns import ColumnRoles, with_trainer_rules
 from advcli.read.dataset import Dataset
@@ -41,7 +41,8 @@ from advcli.read.projection import (
     split_padding,
 )
 from advcli.read.roles import read_roles
-from advcli.read.trainer_dumps import TrainerDump
+from advcli.read.scan import closing_sources
+from advcli.read.trainer_dumps import TrainerDump, blocks_size
 from advcli.read.turn_rewards import check_last_steps, check_turn_rewards
 from advcli.report.step_credit import not_measured, step_credit
 from advcli.report.termination import TerminationReport, termination_report
@@ -252,7 +253,7 @@ def load_dump(
     (:mod:`advcli.read.file_roles`): they stand where no option names a role, and its training
     step is never read as the turn. Read as one batch, a group with rows of two training steps
     is an error: a group is one step's rollouts of a prompt."""
-    names = named_by_file(names, dataset.file_roles, turn_rewards=turn_rewards)
+    names = _named_by_files(names, dataset, turn_rewards)
     training_step = _training_step(dataset, names)
     step_columns = (by,) if by not in (None, "file") else ()
     columns = read_roles(
@@ -582,6 +583,38 @@ def _as_the_file_says(
         if trainer.trainer != columns.dialect:
             columns = replace(columns, written_from=trainer.trainer)
     return columns
+
+
+def _named_by_files(names: ColumnNames, dataset: Dataset, turn_rewards: bool) -> ColumnNames:
+    """``names`` with the roles the files name (:func:`named_by_file`), and, for a trainer's
+    dump whose groups are blocks of rows of one value (TRL's), their size where no option
+    gives the groups."""
+    names = named_by_file(names, dataset.file_roles, turn_rewards=turn_rewards)
+    view = dataset.view
+    if view is None or view.blocks_of is None or names.group or names.group_size:
+        return names
+    column = view.blocks_of
+    try:
+        with closing_sources():
+            values = dataset.rows().select(pl.col(column).hash()).collect(engine="streaming")
+    except pl.exceptions.PolarsError as error:
+        raise AdvcliError(
+            f"{dataset.describe()}: cannot read the column '{column}' ({first_line(error)})"
+        ) from None
+    runs = values.to_series().rle().struct.field("len")
+    size = blocks_size(runs)
+    if size < 2:
+        lengths = ", ".join(str(length) for length in runs.unique(maintain_order=True).head(5))
+        raise AdvcliError(
+            f"{dataset.describe()}: the runs of rows of one '{column}' are {lengths} rows long, "
+            f"with no common length over 1: {view.trainer}'s groups are blocks of rows of one "
+            f"'{column}', as many as its group size; pass --group-size"
+        )
+    why = (
+        f"{view.roles.source}: blocks of {size} consecutive rows of one '{column}' (every run "
+        f"of rows of one '{column}' is a multiple of {size} rows; --group-size sets it)"
+    )
+    return replace(names, group_size=size, named_in={**names.named_in, "group": why})
 
 
 def _options_for(view: TrainerDump | None) -> Options:

@@ -1,0 +1,178 @@
+"""TRL's own ``completions/completions_{step:05d}.parquet``, read with no options.
+
+Written here as TRL writes it (huggingface/trl at f2cd577, ``trl/trainer/grpo_trainer.py``):
+with ``log_completions=True``, ``log()`` (l.3293-3327) builds ``{"step", "prompt", "completion",
+one column per reward function, the log_extra columns, "advantage"}`` and writes it with pandas'
+``to_parquet``. A reward function's None is NaN (pandas writes it as null). The rows are the
+last generation batch, each prompt's ``num_generations`` completions consecutive
+(RepeatSampler), and TRL's groups are blocks of that many rows (``rewards.view(-1,
+num_generations)``, l.2685); the file does not hold the number.
+
+The ``advantage`` column is TRL's formula (l.2676-2707) in plain Python: the rewards summed with
+NaN left out, the group's NaN-mean, its Bessel std, ``(r - mean) / (std + 1e-4)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import polars as pl
+import pytest
+from reference import reference_advantages
+
+pd = pytest.importorskip("pandas")
+
+STEP = 40
+
+
+def trl_rows(seed: int, prompts: list[str], generations: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for prompt in prompts:
+        for number in range(generations):
+            rows.append(
+                {
+                    "prompt": prompt,
+                    "completion": f"completion {number}",
+                    "accuracy_reward": float(rng.randint(0, 1)),
+                    "format_reward": rng.choice([1.0, 0.5, math.nan]),
+                }
+            )
+    return rows
+
+
+def trl_advantages(rewards: list[float], generations: int) -> list[float]:
+    """TRL's sum_then_normalize with scale_rewards="group", in plain Python."""
+    advantages = []
+    for start in range(0, len(rewards), generations):
+        group = rewards[start : start + generations]
+        mean = sum(group) / len(group)
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / (len(group) - 1))
+        advantages += [(r - mean) / (std + 1e-4) for r in group]
+    return advantages
+
+
+def summed(row: dict) -> float:
+    return sum(
+        row[name] for name in ("accuracy_reward", "format_reward") if not math.isnan(row[name])
+    )
+
+
+def write_completions(folder: Path, rows: list[dict], generations: int, step: int = STEP) -> Path:
+    """``log()``'s table, written with pandas as TRL writes it."""
+    table = {
+        "step": [step] * len(rows),
+        "prompt": [row["prompt"] for row in rows],
+        "completion": [row["completion"] for row in rows],
+        "accuracy_reward": [row["accuracy_reward"] for row in rows],
+        "format_reward": [row["format_reward"] for row in rows],
+        "advantage": trl_advantages([summed(row) for row in rows], generations),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"completions_{step:05d}.parquet"
+    pd.DataFrame(table).to_parquet(path)
+    return path
+
+
+# The second prompt is drawn twice in a row: one run of 8 rows, two of TRL's groups.
+PROMPTS = ["2+2?", "capital of France?", "capital of France?", "3*3?"]
+
+
+def test_groups_are_blocks_of_num_generations(run, tmp_path):
+    rows = trl_rows(1, PROMPTS, generations=4)
+    dump = write_completions(tmp_path / "completions", rows, generations=4)
+    result = run("compare", dump, "--json", "-")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["counts"]["groups"], report["counts"]["trajectories"]) == (4, 16)
+    reading = report["settings"]["reading"]
+    assert reading["trainer"] == "TRL"
+    assert "blocks of 4 consecutive rows of one 'prompt'" in reading["roles"]["group"]["why"]
+    assert reading["roles"]["reward"]["column"] == "rewards:sum"
+    assert "'accuracy_reward', 'format_reward'" in reading["roles"]["reward"]["why"]
+    assert reading["roles"]["trainer_advantage"]["column"] == "advantage"
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_advantages_are_trls_with_its_epsilon(run, tmp_path, seed):
+    rows = trl_rows(seed, PROMPTS, generations=4)
+    dump = write_completions(tmp_path / "completions", rows, generations=4)
+    trls = pl.read_parquet(dump)["advantage"].to_list()
+    out = tmp_path / "out.parquet"
+    result = run("compute", dump, "-o", out, "--no-tokens", "--epsilon", "1e-4", "-q")
+    assert result.exit_code == 0, result.stderr
+    written = pl.read_parquet(out)
+    assert written["advantage"].to_list() == pytest.approx(trls, abs=1e-5)
+    reference = reference_advantages(
+        [(row // 4, row, 0, summed(r), 0) for row, r in enumerate(rows)],
+        level="trajectory",
+        estimator="grpo",
+        epsilon=1e-4,
+    )
+    assert written["advantage"].to_list() == pytest.approx(reference, abs=1e-5)
+
+
+def test_group_size_given_stands(run, tmp_path):
+    rows = trl_rows(4, PROMPTS, generations=4)
+    dump = write_completions(tmp_path / "completions", rows, generations=4)
+    report = json.loads(run("compare", dump, "--group-size", "2", "--json", "-").stdout)
+    assert report["counts"]["groups"] == 8
+    assert report["settings"]["reading"]["roles"]["group"]["why"].startswith("--group-size 2")
+
+
+def error_line(result) -> str:
+    assert result.exit_code == 1, result.stdout
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    return lines[0]
+
+
+def test_an_unscored_completion_is_refused_at_its_row(run, tmp_path):
+    rows = trl_rows(1, ["a", "b"], generations=3)
+    rows[4]["accuracy_reward"] = rows[4]["format_reward"] = math.nan
+    # TRL leaves the row out of its group's statistics; the test's formula is not for that.
+    table = pd.DataFrame(
+        {
+            "step": [STEP] * 6,
+            "prompt": [row["prompt"] for row in rows],
+            "completion": [row["completion"] for row in rows],
+            "accuracy_reward": [row["accuracy_reward"] for row in rows],
+            "format_reward": [row["format_reward"] for row in rows],
+            "advantage": [0.0] * 6,
+        }
+    )
+    dump = tmp_path / "completions_00040.parquet"
+    table.to_parquet(dump)
+    line = error_line(run("compare", dump))
+    assert "completions_00040.parquet row 4: every reward column is NaN or null" in line
+
+
+def test_runs_with_no_common_length_are_refused(run, tmp_path):
+    rows = trl_rows(1, ["a", "b"], generations=3)[:5]  # runs of 3 and 2
+    table = pd.DataFrame(
+        {
+            "step": [STEP] * 5,
+            "prompt": [row["prompt"] for row in rows],
+            "completion": [row["completion"] for row in rows],
+            "accuracy_reward": [row["accuracy_reward"] for row in rows],
+            "advantage": [0.0] * 5,
+        }
+    )
+    dump = tmp_path / "completions_00040.parquet"
+    table.to_parquet(dump)
+    line = error_line(run("compare", dump))
+    assert "the runs of rows of one 'prompt' are 3, 2 rows long" in line
+    assert "pass --group-size" in line
+
+
+def test_a_folder_of_steps_by_file(run, tmp_path):
+    folder = tmp_path / "completions"
+    for step in (10, 20, 30):
+        write_completions(folder, trl_rows(step, PROMPTS, generations=4), 4, step=step)
+    result = run("compare", folder, "--by", "file", "--json", "-")
+    assert result.exit_code == 0, result.stderr
+    series = json.loads(result.stdout)["by_step"]["steps"]
+    assert [(entry["step"], entry["rows"]) for entry in series] == [(10, 16), (20, 16), (30, 16)]
