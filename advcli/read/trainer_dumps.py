@@ -28,6 +28,10 @@ from advcli.settings.config import TrajScore
 _VERL_KEY = r"^(.*)_([^_]*)_([0-9]+)$"
 _VERL_FIELDS = frozenset(("input", "output", "score"))
 _VERL_SOURCE = "verl's trainer.rollout_data_dir dump"
+# open-instruct's --save_traces records (open_instruct/rl_utils.py, RolloutRecord).
+_OPEN_INSTRUCT_FIELDS = frozenset(
+    ("step", "sample_idx", "prompt_idx", "response_tokens", "reward", "advantage")
+)
 # NeMo-RL's train_data_step{N}.jsonl (nemo_rl/algorithms/grpo.py, Logger.log_batched_dict_as_jsonl).
 _NEMO_RL_FIELDS = frozenset(("token_ids", "token_loss_mask", "rewards", "advantages", "idx"))
 
@@ -190,6 +194,24 @@ class _TrlCompletions(TrainerDump):
         ]
 
 
+@dataclass(frozen=True)
+class _OpenInstructRollouts(TrainerDump):
+    """open-instruct's ``{run}_rollouts_{shard}.jsonl``: each row one sample, its group the
+    position of its prompt in its step's batch."""
+
+    def columns(self) -> list[pl.Expr]:
+        return [
+            pl.concat_str(pl.col("step"), pl.col("prompt_idx"), separator=":").alias(self.made[0]),
+            pl.col("response_tokens").list.len().alias(self.made[1]),
+        ]
+
+    def row_rules(self) -> list[tuple[pl.Expr, str]]:
+        return [
+            (pl.col(name).is_null(), f"column '{name}' is null")
+            for name in ("step", "prompt_idx", "response_tokens")
+        ]
+
+
 def blocks_size(runs: pl.Series) -> int:
     """The length every run of equal consecutive values is a multiple of (``runs``: their
     lengths): the size of groups made of blocks of consecutive rows of one value."""
@@ -206,6 +228,8 @@ def _nemo_prompt() -> pl.Expr:
 def trainer_dump_of(schema: pl.Schema, label: str) -> TrainerDump | None:
     """The trainer's dump a file with ``schema`` is (``label`` names it in errors), None for
     one that is not a trainer's own: a batch, advcli's step files, any other table."""
+    if set(schema.names()) >= _OPEN_INSTRUCT_FIELDS:
+        return _checked(_open_instruct_rollouts(), schema, label)
     trl = _trl_completions(schema, label)
     if trl is not None:
         return _checked(trl, schema, label)
@@ -380,4 +404,41 @@ def _trl_completions(schema: pl.Schema, label: str) -> TrainerDump | None:
         blocks_of="prompt",
         advantage="advantage",
         advantage_why="'advantage', the advantage TRL computed for the row",
+    )
+
+
+def _open_instruct_rollouts() -> TrainerDump:
+    made = ("step:prompt_idx", "response_tokens:length")
+    roles = FileRoles(
+        (
+            ("step:prompt_idx", "group"),
+            ("reward", "reward"),
+            ("response_tokens:length", "mask"),
+            ("step", TRAINING_STEP),
+        ),
+        written_by="open-instruct",
+        source="open-instruct's rollouts file",
+        why=(
+            (
+                "group",
+                "'step' and 'prompt_idx' (the prompt's place in its step's batch, restarted "
+                "every step), as open-instruct forms its groups",
+            ),
+            (
+                "trajectory",
+                "open-instruct keeps a whole sample in one row: each row is a trajectory",
+            ),
+            ("reward", "'reward', the verifier's score"),
+            ("mask", "the length of 'response_tokens'"),
+        ),
+    )
+    return _OpenInstructRollouts(
+        "open-instruct",
+        "open-instruct's {run}_rollouts_{shard}.jsonl (each row a trajectory)",
+        roles,
+        made,
+        ("prompt_idx", "response_tokens"),
+        rows_are_trajectories=True,
+        advantage="advantage",
+        advantage_why="'advantage', the advantage open-instruct computed for the row",
     )
