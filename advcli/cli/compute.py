@@ -210,7 +210,8 @@ def _summary_table(summary: ComputeSummary) -> Table:
     ]:
         table.add_row(name, Text(value))
     if summary.padding_rows:
-        table.add_row("padding rows (advantage 0)", f"{summary.padding_rows:,}")
+        label = summary.columns.padding_label
+        table.add_row(f"{label} (advantage 0)", f"{summary.padding_rows:,}")
     if summary.earlier_outputs:
         named = ", ".join(map(shown, summary.earlier_outputs))
         table.add_row("input columns named like outputs", Text(f"{named} (not kept)"))

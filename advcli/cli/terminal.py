@@ -368,7 +368,8 @@ def _dump_table(summary: dict[str, Any]) -> Table:
     for name in ("rows", "groups", "trajectories", "tokens", "empty_responses"):
         facts.add_row(name.replace("_", " "), fmt(counts[name]))
     if summary["padding_rows"]:
-        facts.add_row("padding rows (not counted above)", fmt(summary["padding_rows"]))
+        label = summary.get("padding_label", "padding rows")
+        facts.add_row(f"{label} (not counted above)", fmt(summary["padding_rows"]))
     facts.add_row(
         "turns per trajectory (min / median / max)",
         f"{spread['min']} / {spread['median']:g} / {spread['max']}",

@@ -19,6 +19,9 @@ from advcli.settings.config import ColumnNames, StepRoles, TrajScore
 # ColumnRoles that compute adds to its output.
 OUTPUT_COLUMNS = ("score", "advantage", "advantages")
 
+# What the rows set apart from the groups are called, where a trainer's dump does not say.
+PADDING_LABEL = "padding rows"
+
 RewardKind = Literal["token_rewards", "scalar"]
 MaskKind = Literal["mask", "length"]
 
@@ -58,6 +61,10 @@ class ColumnRoles:
     last_step: str | None = None
     trajectory_from_last_step: bool = False
     padding_ids: str | None = None
+    # A column a trainer's own dump makes that flags the rows the trainer leaves out of its
+    # groups (prime-rl's errored traces): set apart as padding rows are, and so named.
+    left_out: str | None = None
+    padding_label: str = PADDING_LABEL
     # The trainer whose own rule scores a trajectory whose rows differ (verl-agent's, see
     # Dialect): --traj-score own stands where no rule is chosen. None: no such rule.
     own_scores_of: str | None = None

@@ -103,16 +103,19 @@ class KeyExpressions:
         problem: Any = pl.when(rules[0][0]).then(pl.lit(1, dtype=pl.UInt8))
         for code, (broken, _) in enumerate(rules[1:], start=2):
             problem = problem.when(broken).then(pl.lit(code, dtype=pl.UInt8))
-        exprs = [
-            *keys,
-            score.alias(SCORE),
-            tokens.alias(TOKENS),
-            problem.otherwise(pl.lit(0, dtype=pl.UInt8)).alias("problem"),
-        ]
+        problem = problem.otherwise(pl.lit(0, dtype=pl.UInt8))
+        if columns.left_out is not None:
+            # The rows the trainer leaves out (an errored trace) need no reward or mask.
+            problem = (
+                pl.when(pl.col(columns.left_out)).then(pl.lit(0, dtype=pl.UInt8)).otherwise(problem)
+            )
+        exprs = [*keys, score.alias(SCORE), tokens.alias(TOKENS), problem.alias("problem")]
         if columns.last_step is not None:
             exprs.append(pl.col(columns.last_step).alias(LAST_STEP))
         if columns.padding_ids is not None and columns.group is not None:
             exprs.append(_is_padding(schema, columns, tokens).alias(PADDING))
+        elif columns.left_out is not None:
+            exprs.append(pl.col(columns.left_out).alias(PADDING))
         exprs += _step_keys(schema, columns)
         return cls(exprs, [message for _, message in rules])
 
@@ -192,10 +195,14 @@ def split_padding(
     padding = projection.filter(padding_rows).drop(PADDING)
     projection = projection.filter(~padding_rows).drop(PADDING)
     if projection.is_empty():
-        raise AdvcliError(
-            f"{dataset.describe()}: every row is a padding row (ids like 'pad0' and no "
-            f"'{columns.mask}' tokens); there is nothing to compute"
+        what = (
+            f"one of the {columns.padding_label}"
+            if columns.left_out is not None
+            else f"a padding row (ids like 'pad0' and no '{columns.mask}' tokens)"
         )
+        raise AdvcliError(f"{dataset.describe()}: every row is {what}; there is nothing to compute")
+    if columns.left_out is not None:
+        return projection, padding
     # A padding row's ids on a row with tokens: the padding row would be part of a real
     # trajectory, so neither reading is safe.
     keys = [GROUP, TRAJECTORY]

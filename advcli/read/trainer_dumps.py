@@ -32,6 +32,12 @@ _VERL_SOURCE = "verl's trainer.rollout_data_dir dump"
 _OPEN_INSTRUCT_FIELDS = frozenset(
     ("step", "sample_idx", "prompt_idx", "response_tokens", "reward", "advantage")
 )
+# What prime-rl's effective/ files hold (orchestrator/train_sink.py, metrics.py).
+_EFFECTIVE = (
+    "these are the traces prime-rl trained on (effective/): it leaves out those whose "
+    "advantages are all zero (train.filter_zero_advantages), so a group's statistics here are "
+    "over the traces left, not every rollout of its prompt; the all/ file holds every one"
+)
 # NeMo-RL's train_data_step{N}.jsonl (nemo_rl/algorithms/grpo.py, Logger.log_batched_dict_as_jsonl).
 _NEMO_RL_FIELDS = frozenset(("token_ids", "token_loss_mask", "rewards", "advantages", "idx"))
 
@@ -55,6 +61,11 @@ class TrainerDump:
     traj_score_why: str = ""
     # The trainer keeps a whole trajectory in a row: with no trajectory column each row is one.
     rows_are_trajectories: bool = False
+    # What the reading says of every such dump.
+    notes: tuple[str, ...] = ()
+    # A made column that flags the rows the trainer leaves out of its groups, and what they are.
+    left_out: str | None = None
+    left_out_label: str = ""
     # The groups are blocks of consecutive rows of one value of this column, as many rows as
     # every run of one value is a multiple of (TRL's num_generations, which it does not write).
     blocks_of: str | None = None
@@ -218,6 +229,57 @@ def blocks_size(runs: pl.Series) -> int:
     return math.gcd(*runs.to_list())
 
 
+@dataclass(frozen=True)
+class _PrimeRlEpisodes(TrainerDump):
+    """prime-rl's ``traces.jsonl``: each line one verifiers Episode, its one trace (an agent's
+    run) the trajectory, its group ``group.id``. ``rewards``: the names of its traces'
+    rewards."""
+
+    rewards: tuple[str, ...] = ()
+
+    def columns(self) -> list[pl.Expr]:
+        trace = pl.col("traces").list.first()
+        rewards = trace.struct.field("rewards")
+        # A trace's reward is the sum of score x weight over its rewards that are not null.
+        reward = pl.sum_horizontal(
+            rewards.struct.field(name).struct.field("score")
+            * rewards.struct.field(name).struct.field("weight")
+            for name in self.rewards
+        )
+        sampled = pl.element().struct.field("mask").list.sum()
+        tokens = trace.struct.field("nodes").list.eval(sampled).list.sum().fill_null(0)
+        # prime-rl's GRPO counts the traces without errors, of a trainable agent, with a token
+        # to train on: the others are in no group's statistics and get no advantage.
+        counted = (
+            trace.struct.field("ok")
+            & trace.struct.field("agent").struct.field("trainable")
+            & (tokens > 0)
+        ).fill_null(False)
+        one_trace = pl.col("traces").list.len() == 1
+        columns = [
+            pl.col("group").struct.field("id").alias("group.id"),
+            reward.alias("traces:reward"),
+            tokens.cast(pl.Int64).alias("traces:tokens"),
+            (pl.col("traces").list.len().le(1) & ~(one_trace & counted)).alias("traces:left_out"),
+        ]
+        if "traces:advantage" in self.made:
+            info = trace.struct.field("info")
+            columns.append(info.struct.field("advantage").alias("traces:advantage"))
+        if "run.work.step" in self.made:
+            work = pl.col("run").struct.field("work")
+            columns.append(work.struct.field("step").alias("run.work.step"))
+        return columns
+
+    def row_rules(self) -> list[tuple[pl.Expr, str]]:
+        return [
+            (
+                pl.col("traces").list.len() > 1,
+                "the episode holds several traces (several agents' runs), which prime-rl pools "
+                "in its group; advcli reads episodes of one trace",
+            )
+        ]
+
+
 def _nemo_prompt() -> pl.Expr:
     """A row's prompt as NeMo-RL groups by it: its token ids before the first generated one
     (the first 1 of its loss mask)."""
@@ -228,6 +290,8 @@ def _nemo_prompt() -> pl.Expr:
 def trainer_dump_of(schema: pl.Schema, label: str) -> TrainerDump | None:
     """The trainer's dump a file with ``schema`` is (``label`` names it in errors), None for
     one that is not a trainer's own: a batch, advcli's step files, any other table."""
+    if _is_prime_rl(schema):
+        return _checked(_prime_rl_episodes(schema, label), schema, label)
     if set(schema.names()) >= _OPEN_INSTRUCT_FIELDS:
         return _checked(_open_instruct_rollouts(), schema, label)
     trl = _trl_completions(schema, label)
@@ -441,4 +505,86 @@ def _open_instruct_rollouts() -> TrainerDump:
         rows_are_trajectories=True,
         advantage="advantage",
         advantage_why="'advantage', the advantage open-instruct computed for the row",
+    )
+
+
+def _is_prime_rl(schema: pl.Schema) -> bool:
+    """A verifiers Episode a line (prime-rl's monitors/file.py): ids, its group, its traces."""
+    if not set(schema.names()) >= {"id", "group", "ok", "traces"}:
+        return False
+    group, traces = schema["group"], schema["traces"]
+    return (
+        isinstance(group, pl.Struct)
+        and "id" in {field.name for field in group.fields}
+        and isinstance(traces, pl.List)
+        and isinstance(traces.inner, pl.Struct)
+    )
+
+
+def _struct_fields(dtype: object) -> dict[str, object]:
+    """A struct type's fields by name (none for another type, or none at all)."""
+    if not isinstance(dtype, pl.Struct):
+        return {}
+    return {field.name: field.dtype for field in dtype.fields}
+
+
+def _prime_rl_episodes(schema: pl.Schema, label: str) -> TrainerDump:
+    traces_type = schema["traces"]
+    assert isinstance(traces_type, pl.List)
+    traces = _struct_fields(traces_type.inner)
+    rewards = tuple(_struct_fields(traces.get("rewards")))
+    for needed in ("ok", "agent", "nodes"):
+        if needed not in traces:
+            raise AdvcliError(
+                f"{label}: prime-rl's traces hold no '{needed}' field here, which advcli reads "
+                "to tell the traces prime-rl counts"
+            )
+    effective = "advantage" in _struct_fields(traces.get("info"))
+    stepped = "step" in _struct_fields(_struct_fields(schema.get("run")).get("work"))
+    made = (
+        "group.id",
+        "traces:reward",
+        "traces:tokens",
+        "traces:left_out",
+        *(["traces:advantage"] if effective else []),
+        *(["run.work.step"] if stepped else []),
+    )
+    names = ", ".join(f"'{name}'" for name in rewards) or "none"
+    roles = FileRoles(
+        (
+            ("group.id", "group"),
+            ("traces:reward", "reward"),
+            ("traces:tokens", "mask"),
+            *([("run.work.step", TRAINING_STEP)] if stepped else []),
+        ),
+        written_by="prime-rl",
+        source="prime-rl's traces file",
+        why=(
+            ("group", "'group.id', the rollout group prime-rl's GRPO normalizes over"),
+            (
+                "trajectory",
+                "each episode's one trace (an agent's run) is a trajectory: each row is one",
+            ),
+            ("reward", f"the trace's rewards ({names}), score x weight summed, null ones left out"),
+            ("mask", "the trace's sampled tokens (its nodes' masks summed)"),
+        ),
+    )
+    return _PrimeRlEpisodes(
+        "prime-rl",
+        "prime-rl's traces.jsonl (a verifiers Episode a line, each one trace)"
+        + (", effective: the traces it trained on" if effective else ""),
+        roles,
+        made,
+        ("group", "traces", "traces", "traces", *(["traces"] if effective else []), "run"),
+        rows_are_trajectories=True,
+        left_out="traces:left_out",
+        left_out_label="traces prime-rl leaves out",
+        notes=(
+            "prime-rl leaves out of its groups the traces with errors, of an agent not "
+            "trainable or with no sampled token, and so does advcli (counted apart)",
+            *([_EFFECTIVE] if effective else []),
+        ),
+        advantage="traces:advantage" if effective else None,
+        advantage_why="the trace's 'info.advantage', the advantage prime-rl trained it on",
+        rewards=rewards,
     )

@@ -60,6 +60,10 @@ class Roles(Protocol):
     @property
     def trainer_advantage(self) -> str | None: ...
     @property
+    def left_out(self) -> str | None: ...
+    @property
+    def padding_label(self) -> str: ...
+    @property
     def traj_score_rule(self) -> tuple[Any, str] | None: ...
     @property
     def notes(self) -> Sequence[str]: ...
@@ -193,6 +197,7 @@ def inspect_dump(
         "inconsistent_trajectories": inconsistent,
         "duplicate_turns": duplicates,
         "padding_rows": padding_rows,
+        **({"padding_label": columns.padding_label} if columns.left_out is not None else {}),
     }
     return summary | _step_groups(projection, anchor_scope)
 

@@ -278,7 +278,8 @@ def _padding_rows_line(settings: dict[str, Any]) -> list[tuple[str, str]]:
     """The headline's line on a trainer's padding rows (SkyRL's), when the dump has any: they are
     in no group, so in none of the counts."""
     padding = settings.get("padding_rows", 0)
-    return [("padding rows (not counted)", fmt(padding))] if padding else []
+    label = settings.get("padding_label", "padding rows")
+    return [(f"{label} (not counted)", fmt(padding))] if padding else []
 
 
 def _duplicate_rows_line(summary: BiasSummary) -> list[tuple[str, str]]:

@@ -215,6 +215,12 @@ class LoadedDump:
             "reading": self.columns.reading(),
             "inputs": [self.dataset.label(i) for i in range(len(self.dataset.files))],
             "padding_rows": self.padding.height,
+            # Rows a trainer's dump sets apart otherwise than as padding say what they are.
+            **(
+                {"padding_label": self.columns.padding_label}
+                if self.columns.left_out is not None
+                else {}
+            ),
         }
 
 
@@ -629,9 +635,11 @@ def _as_the_dump_says(columns: ColumnRoles, view: TrainerDump) -> ColumnRoles:
     """The roles of a trainer's own dump with what its reading says besides the columns: the
     layout it was read in, and the trainer's rule for a trajectory whose rows differ where the
     reading found the trajectories the trainer scores by it."""
-    columns = replace(columns, read_from=view.layout)
+    columns = replace(columns, read_from=view.layout, notes=(*columns.notes, *view.notes))
     if columns.trainer is None:
         columns = replace(columns, written_from=view.trainer)
+    if view.left_out is not None:
+        columns = replace(columns, left_out=view.left_out, padding_label=view.left_out_label)
     if view.advantage is not None:
         why = f"{view.roles.source}: {view.advantage_why}; the trainer's, never read as a reward"
         reasons = {**columns.reasons, "trainer_advantage": why}

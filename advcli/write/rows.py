@@ -141,6 +141,9 @@ def output_frame(
     kept = kept_columns(dataset.schema.names(), columns, output_columns)
     if kept and arrays:
         _check_array_columns(dataset.schema, kept, output_format, output)
+    if output_format == "parquet":
+        inputs = dataset.stored_schema.names() if kept is None else kept
+        _check_parquet_holds(dataset.schema, inputs, output)
     frame = output_rows(
         _input_rows(dataset, row_values, columns, kept, row_number, tokens or arrays),
         columns,
@@ -149,7 +152,7 @@ def output_frame(
         # The padded arrays make their own per-token array.
         tokens=tokens and not arrays,
         extra=extra,
-    ).drop(row_number, *([] if arrays else _made_mask(dataset, columns, kept)))
+    ).drop(row_number, *(_made_mask(dataset, columns, kept) if tokens and not arrays else []))
     if kept is not None and not arrays:
         written = ("score", "advantage", *extra, *(["advantages"] if tokens else []))
         frame = frame.select(*kept, *written)
@@ -197,6 +200,26 @@ def _write(  # noqa: PLR0913
             if isinstance(error, pl.exceptions.PolarsError):
                 raise AdvcliError(f"{output}: cannot write ({first_line(error)})") from None
             raise
+
+
+def _check_parquet_holds(schema: pl.Schema, names: list[str], output: Path) -> None:
+    """Refuse, before any row is read, a column Parquet has no type for: an empty JSON object
+    (a struct of no field, at any depth), which a trainer's JSON records may hold."""
+    for name in names:
+        if _has_empty_struct(schema[name]):
+            raise AdvcliError(
+                f"{output}: column '{name}' holds an empty JSON object (a struct of no field), "
+                "which Parquet cannot hold; write .arrow, or keep only the key columns with "
+                "--columns keys"
+            )
+
+
+def _has_empty_struct(dtype: object) -> bool:
+    if isinstance(dtype, pl.Struct):
+        return not dtype.fields or any(_has_empty_struct(field.dtype) for field in dtype.fields)
+    if isinstance(dtype, pl.List | pl.Array):
+        return _has_empty_struct(dtype.inner)
+    return False
 
 
 def _made_mask(dataset: Dataset, columns: ColumnRoles, kept: list[str] | None) -> list[str]:
