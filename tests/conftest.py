@@ -258,3 +258,14 @@ def write_read_otherwise(folder: Path, *, repeating_first: bool = False) -> tupl
     pl.DataFrame({**common, "traj_id": list(range(6))}).write_parquet(unique)
     pl.DataFrame({**common, "traj_id": [0, 0, 1, 2, 2, 3]}).write_parquet(repeating)
     return first, second
+
+
+def lines_within(path: Path, count: int, timeout: float = 120) -> list[str]:
+    """The first ``count`` lines of ``path``, once it has them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = path.read_text().splitlines() if path.exists() else []
+        if len(lines) >= count:
+            return lines[:count]
+        time.sleep(0.1)
+    raise AssertionError(f"{path} did not get {count} lines in {timeout} s")

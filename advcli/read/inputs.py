@@ -36,7 +36,7 @@ from advcli.read.json_lines import first_bad_line
 from advcli.read.scan import open_parquet
 from advcli.read.stdin import spool_stdin
 from advcli.read.step_files import number_order
-from advcli.read.trainer_dumps import TrainerDump, trainer_dump_of
+from advcli.read.trainer_dumps import STEP_FILE_NAMES, TrainerDump, trainer_dump_of
 
 STDIN = "-"
 
@@ -94,20 +94,25 @@ def _expand_path(path: Path, spec: str) -> list[Path]:
 def directory_files(path: Path) -> list[Path]:
     """A directory's input files, sorted by path with numbers as numbers (recursively:
     :func:`~advcli.read.step_files.number_order`): its Parquet files, failing those
-    its JSON-lines files (a stray config.json beside Parquet files is not data); none if it
-    holds neither."""
+    its JSON-lines files (a stray config.json beside Parquet files is not data), of those only
+    a trainer's step files where it holds any (NeMo-RL's log folder: its train data, not its
+    validation data); none if it holds neither."""
     return _read_and_not(path)[0]
 
 
-def _read_and_not(path: Path) -> tuple[list[Path], list[Path]]:
-    """A directory's files, listed once and sorted: those :func:`directory_files` reads, and
-    the others."""
+def _read_and_not(path: Path) -> tuple[list[Path], list[Path], str]:
+    """A directory's files, listed once and sorted: those :func:`directory_files` reads, the
+    others, and what those read are."""
     files = sorted((p for p in path.rglob("*") if p.is_file()), key=number_order)
-    for suffixes in (PARQUET_SUFFIXES, DIRECTORY_JSON_SUFFIXES):
+    for suffixes, kind in ((PARQUET_SUFFIXES, "Parquet"), (DIRECTORY_JSON_SUFFIXES, "JSON-lines")):
         found = [p for p in files if p.suffix in suffixes]
         if found:
-            return found, [p for p in files if p.suffix not in suffixes]
-    return [], files
+            for name, pattern in STEP_FILE_NAMES.items():
+                steps = [p for p in found if pattern.fullmatch(p.name)]
+                if steps:
+                    found, kind = steps, name
+            return found, [p for p in files if p not in found], f"{kind} files"
+    return [], files, ""
 
 
 # How many of a folder's files that are not read a note names.
@@ -119,13 +124,12 @@ def unread_notes(folders: Sequence[Path]) -> tuple[str, ...]:
     JSON lines beside Parquet, another format): a note naming them, for the reading."""
     notes = []
     for folder in folders:
-        read, unread = _read_and_not(folder)
+        read, unread, kind = _read_and_not(folder)
         if unread and read:
             names = ", ".join(shown_path(p.relative_to(folder)) for p in unread[:UNREAD_SHOWN])
             more = f" and {len(unread) - UNREAD_SHOWN:,} more" if len(unread) > UNREAD_SHOWN else ""
-            kind = "Parquet" if read[0].suffix in PARQUET_SUFFIXES else "JSON-lines"
             notes.append(
-                f"{shown_path(folder)}: {len(unread):,} files not read (only its {kind} files "
+                f"{shown_path(folder)}: {len(unread):,} files not read (only its {kind} "
                 f"are): {names}{more}"
             )
     return tuple(notes)
@@ -181,6 +185,7 @@ def open_dataset(
         row_counts.append(num_rows)
         schemas.append(schema)
         roles.append(file_roles)
+    _check_one_layout(labels, schemas, roles)
     _check_schemas_agree(labels, schemas)
     _check_roles_agree(labels, roles)
     schema, file_roles, view = _read_as(schemas[0], roles[0], labels[0])
@@ -207,6 +212,25 @@ def _identity_at_open(path: Path, label: str) -> FileIdentity:
     if identity is None:
         raise AdvcliError(f"{label}: no such file (removed while advcli was starting)")
     return identity
+
+
+def _check_one_layout(
+    labels: Sequence[str], schemas: Sequence[pl.Schema], roles: Sequence[FileRoles | None]
+) -> None:
+    """Refuse inputs that are two trainers' own dumps, or one trainer's dump beside another
+    table, naming the layout of each: their columns would differ for that reason."""
+    views = [
+        trainer_dump_of(schema, label) if role is None else None
+        for schema, label, role in zip(schemas, labels, roles, strict=True)
+    ]
+    layouts = [view.layout if view is not None else None for view in views]
+    other = next((i for i, layout in enumerate(layouts) if layout != layouts[0]), None)
+    if other is not None:
+        first, second = (layouts[i] or "no trainer's own dump" for i in (0, other))
+        raise AdvcliError(
+            f"{labels[other]}: {second}, but {labels[0]}: {first}; read one layout's files at "
+            "a time"
+        )
 
 
 def _read_as(

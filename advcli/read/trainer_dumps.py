@@ -14,6 +14,7 @@ from a file's fields.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import polars as pl
@@ -38,6 +39,10 @@ _EFFECTIVE = (
     "advantages are all zero (train.filter_zero_advantages), so a group's statistics here are "
     "over the traces left, not every rollout of its prompt; the all/ file holds every one"
 )
+# The names of a trainer's step files among other files of its folder, which a folder read
+# takes alone: NeMo-RL's log folder also holds val_data_step{N}.jsonl (validation, not a
+# training batch) and other logs.
+STEP_FILE_NAMES = {"NeMo-RL train_data_step{N}.jsonl": re.compile(r"train_data_step\d+\.jsonl")}
 # NeMo-RL's train_data_step{N}.jsonl (nemo_rl/algorithms/grpo.py, Logger.log_batched_dict_as_jsonl).
 _NEMO_RL_FIELDS = frozenset(("token_ids", "token_loss_mask", "rewards", "advantages", "idx"))
 

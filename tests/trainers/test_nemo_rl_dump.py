@@ -16,11 +16,15 @@ Expected advantages come from tests/reference.py over those groups.
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import ROOT, lines_within
 from reference import reference_advantages
 
 PAD = 0
@@ -155,7 +159,46 @@ def test_a_folder_of_steps_by_file(run, tmp_path):
     steps = {step: nemo_batch(step, [[1, 2], [3]], generations=3) for step in (1, 2, 12)}
     for step, rows in steps.items():
         write_train_data(folder / f"train_data_step{step}.jsonl", rows)
+    # The validation data NeMo-RL logs beside them (grpo.py l.4021): content and rewards only.
+    validation = {"content": [["q", "a"]], "rewards": [1.0], "idx": 0}
+    (folder / "val_data_step1.jsonl").write_text(json.dumps(validation) + "\n")
     result = run("compare", folder, "--by", "file", "--json", "-")
     assert result.exit_code == 0, result.stderr
-    series = json.loads(result.stdout)["by_step"]["steps"]
+    report = json.loads(result.stdout)
+    series = report["by_step"]["steps"]
     assert [(entry["step"], entry["rows"]) for entry in series] == [(1, 6), (2, 6), (12, 6)]
+    notes = report["settings"]["reading"]["notes"]
+    assert any(
+        "1 files not read (only its NeMo-RL train_data_step{N}.jsonl files are): "
+        "val_data_step1.jsonl" in note
+        for note in notes
+    )
+
+
+@pytest.mark.process
+def test_watch_takes_each_train_data_file(tmp_path):
+    folder = tmp_path / "logs" / "exp_001"
+    folder.mkdir(parents=True)
+    write_train_data(folder / "train_data_step1.jsonl", nemo_batch(1, [[1, 2], [3]], 3))
+    (folder / "val_data_step1.jsonl").write_text(
+        '{"content": [["q"]], "rewards": [1.0], "idx": 0}\n'
+    )
+    jsonl = tmp_path / "steps.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    watch = [sys.executable, "-m", "advcli", "watch", folder, "--settle", "0", "--jsonl", jsonl]
+    process = subprocess.Popen([*map(str, watch), "-q"], env=env, stderr=subprocess.PIPE)
+    try:
+        lines_within(jsonl, 1)
+        write_train_data(folder / "train_data_step2.jsonl", nemo_batch(2, [[1, 2], [3]], 2))
+        lines = lines_within(jsonl, 2)
+    finally:
+        process.kill()
+        process.wait()
+        assert process.stderr is not None
+        stderr = process.stderr.read().decode()
+        process.stderr.close()
+    assert stderr == ""
+    assert [(json.loads(line)["step"], json.loads(line)["rows"]) for line in lines] == [
+        (1, 6),
+        (2, 4),
+    ]

@@ -21,12 +21,11 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import ROOT
+from conftest import ROOT, lines_within
 from reference import reference_advantages
 
 STEP = 7
@@ -307,9 +306,9 @@ def test_watch_takes_each_step_file_as_verl_writes_it(tmp_path):
     watch = [sys.executable, "-m", "advcli", "watch", folder, "--settle", "0", "--jsonl", jsonl]
     process = subprocess.Popen([*map(str, watch), "-q"], env=env, stderr=subprocess.PIPE)
     try:
-        lines = _lines_within(jsonl, 1)
+        lines = lines_within(jsonl, 1)
         write_lines(folder / "2.jsonl", steps[2])
-        lines = _lines_within(jsonl, 2)
+        lines = lines_within(jsonl, 2)
     finally:
         process.kill()
         process.wait()
@@ -324,12 +323,18 @@ def test_watch_takes_each_step_file_as_verl_writes_it(tmp_path):
     assert reports[0]["reading"]["read_as"].startswith("verl's trainer.rollout_data_dir dump")
 
 
-def _lines_within(path: Path, count: int, timeout: float = 120) -> list[str]:
-    """The first ``count`` lines of ``path``, once it has them."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lines = path.read_text().splitlines() if path.exists() else []
-        if len(lines) >= count:
-            return lines[:count]
-        time.sleep(0.1)
-    raise AssertionError(f"{path} did not get {count} lines in {timeout} s")
+def test_a_folder_mixing_two_layouts_names_both(run, tmp_path):
+    """A v1 step file beside a legacy one (or another trainer's dump) in one folder."""
+    folder = tmp_path / "rollouts"
+    write_lines(folder / "1.jsonl", v1_lines(v1_outputs(seed=1), step=1))
+    legacy = [
+        {key: value for key, value in line.items() if key != "uid"}
+        for line in v1_lines(v1_outputs(seed=2), step=2)
+    ]
+    write_lines(folder / "2.jsonl", legacy)
+    line = error_line(run("compare", folder, "--by", "file"))
+    assert line == (
+        f"Error: {folder / '2.jsonl'}: verl's trainer.rollout_data_dir dump (no ids: each row a "
+        f"trajectory), but {folder / '1.jsonl'}: verl's trainer.rollout_data_dir dump of the v1 "
+        "trainer (each output keyed in 'uid'); read one layout's files at a time"
+    )
