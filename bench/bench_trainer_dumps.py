@@ -132,25 +132,39 @@ def compare(path: Path) -> list[str]:
     return [sys.executable, "-m", "advcli", "compare", str(path), "-q", "--json", os.devnull]
 
 
+MAKERS = {"nemo-rl": nemo_rl, "prime-rl": prime_rl}
+
+
+def write(folder: Path, trainer: str, rows: int) -> None:
+    """The trainer's dump as JSON lines and as Parquet, in ``folder``."""
+    frame = MAKERS[trainer](rows)
+    frame.write_ndjson(folder / f"{trainer}.jsonl")
+    frame.write_parquet(folder / f"{trainer}.parquet")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--write", nargs=2, metavar=("FOLDER", "TRAINER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.write:
+        write(Path(args.write[0]), args.write[1], args.rows)
+        return
     with tempfile.TemporaryDirectory(prefix="advcli-bench-dumps-") as folder:
-        for trainer, make in (("nemo-rl", nemo_rl), ("prime-rl", prime_rl)):
-            frame = make(args.rows)
+        for trainer in MAKERS:
+            # Written by a process of its own: a child's peak memory counts the pages of the
+            # process it was started from, which must stay small.
+            writer = [sys.executable, __file__, "--rows", str(args.rows), "--write", folder]
+            subprocess.run([*writer, trainer], check=True)
             jsonl, parquet = Path(folder, f"{trainer}.jsonl"), Path(folder, f"{trainer}.parquet")
-            frame.write_ndjson(jsonl)
-            frame.write_parquet(parquet)
-            del frame
             figures: dict[str, list[tuple[float, int]]] = {"compare": [], "scan": [], "parquet": []}
             for _ in range(args.runs):
                 figures["compare"].append(timed(compare(jsonl)))
                 figures["scan"].append(timed(scan(jsonl, FIELDS[trainer])))
                 figures["parquet"].append(timed(compare(parquet)))
-            seconds = {name: statistics.median(t for t, _ in runs) for name, runs in figures.items()}
-            peak = {name: statistics.median(m for _, m in runs) for name, runs in figures.items()}
+            seconds = {name: statistics.median(t for t, _ in figures[name]) for name in figures}
+            peak = {name: statistics.median(m for _, m in figures[name]) for name in figures}
             size = jsonl.stat().st_size / 2**20
             print(f"{trainer}: {args.rows:,} rows, {size:,.0f} MiB of JSON lines")
             for name in figures:
