@@ -269,3 +269,33 @@ def lines_within(path: Path, count: int, timeout: float = 120) -> list[str]:
             return lines[:count]
         time.sleep(0.1)
     raise AssertionError(f"{path} did not get {count} lines in {timeout} s")
+
+
+def error_line(result) -> str:
+    """The one ``Error:`` line of an in-process run that failed (exit 1)."""
+    assert result.exit_code == 1, result.stdout
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    return lines[0]
+
+
+def watched(folder: Path, count: int, write_next) -> list[str]:
+    """``advcli watch FOLDER`` in its own process until it has reported ``count`` steps (its
+    JSON lines), ``write_next()`` called once the first is in; its standard error must be
+    empty."""
+    jsonl = folder.parent / f"{folder.name}-steps.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    watch = [sys.executable, "-m", "advcli", "watch", folder, "--settle", "0", "--jsonl", jsonl]
+    process = subprocess.Popen([*map(str, watch), "-q"], env=env, stderr=subprocess.PIPE)
+    try:
+        lines_within(jsonl, 1)
+        write_next()
+        lines = lines_within(jsonl, count)
+    finally:
+        process.kill()
+        process.wait()
+        assert process.stderr is not None
+        stderr = process.stderr.read().decode()
+        process.stderr.close()
+    assert stderr == ""
+    return lines

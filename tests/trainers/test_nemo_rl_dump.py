@@ -16,15 +16,12 @@ Expected advantages come from tests/reference.py over those groups.
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import ROOT, lines_within
+from conftest import error_line, watched
 from reference import reference_advantages
 
 PAD = 0
@@ -124,13 +121,6 @@ def test_filtered_rewards_are_the_reward_when_written(run, tmp_path):
     assert report["settings"]["reading"]["roles"]["reward"]["column"] == "filtered_rewards:0"
 
 
-def error_line(result) -> str:
-    assert result.exit_code == 1, result.stdout
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    return lines[0]
-
-
 def test_a_field_of_two_values_is_refused_at_its_row(run, tmp_path):
     dump = write_train_data(tmp_path / "train_data_step1.jsonl", nemo_batch(1, [[1]], 2))
     lines = dump.read_text().splitlines()
@@ -183,21 +173,8 @@ def test_watch_takes_each_train_data_file(tmp_path):
     (folder / "val_data_step1.jsonl").write_text(
         '{"content": [["q"]], "rewards": [1.0], "idx": 0}\n'
     )
-    jsonl = tmp_path / "steps.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    watch = [sys.executable, "-m", "advcli", "watch", folder, "--settle", "0", "--jsonl", jsonl]
-    process = subprocess.Popen([*map(str, watch), "-q"], env=env, stderr=subprocess.PIPE)
-    try:
-        lines_within(jsonl, 1)
-        write_train_data(folder / "train_data_step2.jsonl", nemo_batch(2, [[1, 2], [3]], 2))
-        lines = lines_within(jsonl, 2)
-    finally:
-        process.kill()
-        process.wait()
-        assert process.stderr is not None
-        stderr = process.stderr.read().decode()
-        process.stderr.close()
-    assert stderr == ""
+    second = nemo_batch(2, [[1, 2], [3]], 2)
+    lines = watched(folder, 2, lambda: write_train_data(folder / "train_data_step2.jsonl", second))
     assert [(json.loads(line)["step"], json.loads(line)["rows"]) for line in lines] == [
         (1, 6),
         (2, 4),

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import error_line
 from reference import reference_advantages
 
 pd = pytest.importorskip("pandas")
@@ -61,15 +62,24 @@ def summed(row: dict) -> float:
     )
 
 
-def write_completions(folder: Path, rows: list[dict], generations: int, step: int = STEP) -> Path:
-    """``log()``'s table, written with pandas as TRL writes it."""
+def write_completions(
+    folder: Path, rows: list[dict], generations: int | None, step: int = STEP
+) -> Path:
+    """``log()``'s table, written with pandas as TRL writes it: the reward columns the rows
+    hold, and TRL's advantages over groups of ``generations`` rows (None: 0, for rows TRL's
+    formula here is not for)."""
+    rewards = [name for name in ("accuracy_reward", "format_reward") if name in rows[0]]
+    advantages = (
+        trl_advantages([summed(row) for row in rows], generations)
+        if generations is not None
+        else [0.0] * len(rows)
+    )
     table = {
         "step": [step] * len(rows),
         "prompt": [row["prompt"] for row in rows],
         "completion": [row["completion"] for row in rows],
-        "accuracy_reward": [row["accuracy_reward"] for row in rows],
-        "format_reward": [row["format_reward"] for row in rows],
-        "advantage": trl_advantages([summed(row) for row in rows], generations),
+        **{name: [row[name] for row in rows] for name in rewards},
+        "advantage": advantages,
     }
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"completions_{step:05d}.parquet"
@@ -123,46 +133,20 @@ def test_group_size_given_stands(run, tmp_path):
     assert report["settings"]["reading"]["roles"]["group"]["why"].startswith("--group-size 2")
 
 
-def error_line(result) -> str:
-    assert result.exit_code == 1, result.stdout
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    return lines[0]
-
-
 def test_an_unscored_completion_is_refused_at_its_row(run, tmp_path):
     rows = trl_rows(1, ["a", "b"], generations=3)
     rows[4]["accuracy_reward"] = rows[4]["format_reward"] = math.nan
     # TRL leaves the row out of its group's statistics; the test's formula is not for that.
-    table = pd.DataFrame(
-        {
-            "step": [STEP] * 6,
-            "prompt": [row["prompt"] for row in rows],
-            "completion": [row["completion"] for row in rows],
-            "accuracy_reward": [row["accuracy_reward"] for row in rows],
-            "format_reward": [row["format_reward"] for row in rows],
-            "advantage": [0.0] * 6,
-        }
-    )
-    dump = tmp_path / "completions_00040.parquet"
-    table.to_parquet(dump)
+    dump = write_completions(tmp_path, rows, generations=None)
     line = error_line(run("compare", dump))
     assert "completions_00040.parquet row 4: every reward column is NaN or null" in line
 
 
 def test_runs_with_no_common_length_are_refused(run, tmp_path):
     rows = trl_rows(1, ["a", "b"], generations=3)[:5]  # runs of 3 and 2
-    table = pd.DataFrame(
-        {
-            "step": [STEP] * 5,
-            "prompt": [row["prompt"] for row in rows],
-            "completion": [row["completion"] for row in rows],
-            "accuracy_reward": [row["accuracy_reward"] for row in rows],
-            "advantage": [0.0] * 5,
-        }
-    )
-    dump = tmp_path / "completions_00040.parquet"
-    table.to_parquet(dump)
+    for row in rows:
+        del row["format_reward"]
+    dump = write_completions(tmp_path, rows, generations=None)
     line = error_line(run("compare", dump))
     assert "the runs of rows of one 'prompt' are 3, 2 rows long" in line
     assert "pass --group-size" in line

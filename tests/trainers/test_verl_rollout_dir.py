@@ -17,15 +17,12 @@ reference's ``traj_score="last"``.
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import ROOT, lines_within
+from conftest import error_line, watched
 from reference import reference_advantages
 
 STEP = 7
@@ -220,13 +217,6 @@ def test_legacy_groups_of_unequal_size_are_said(run, tmp_path):
     assert any("differ in size (3 of 4 rows, 1 of 8 rows)" in note for note in notes)
 
 
-def error_line(result) -> str:
-    assert result.exit_code == 1, result.stdout
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    return lines[0]
-
-
 @pytest.mark.parametrize("key", ["nosplit", "u_0", "u_0_x", "u_0_99999999999999999999"])
 def test_a_key_verl_would_not_split_is_refused_at_its_line(run, tmp_path, key):
     lines = v1_lines([("u", 0, 0, 1.0), ("u", 1, 0, 0.0)])
@@ -301,21 +291,7 @@ def test_watch_takes_each_step_file_as_verl_writes_it(tmp_path):
     folder = tmp_path / "rollouts"
     steps = {step: v1_lines(v1_outputs(seed=step), step=step) for step in (1, 2)}
     write_lines(folder / "1.jsonl", steps[1])
-    jsonl = tmp_path / "steps.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    watch = [sys.executable, "-m", "advcli", "watch", folder, "--settle", "0", "--jsonl", jsonl]
-    process = subprocess.Popen([*map(str, watch), "-q"], env=env, stderr=subprocess.PIPE)
-    try:
-        lines = lines_within(jsonl, 1)
-        write_lines(folder / "2.jsonl", steps[2])
-        lines = lines_within(jsonl, 2)
-    finally:
-        process.kill()
-        process.wait()
-        assert process.stderr is not None
-        stderr = process.stderr.read().decode()
-        process.stderr.close()
-    assert stderr == ""
+    lines = watched(folder, 2, lambda: write_lines(folder / "2.jsonl", steps[2]))
     reports = [json.loads(line) for line in lines]
     assert [(report["step"], report["rows"]) for report in reports] == [
         (step, len(lines)) for step, lines in steps.items()
