@@ -13,6 +13,7 @@ import glob
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -108,7 +109,7 @@ def _read_and_not(path: Path) -> tuple[list[Path], list[Path], str]:
         found = [p for p in files if p.suffix in suffixes]
         if found:
             for name, pattern in STEP_FILE_NAMES.items():
-                steps = [p for p in found if pattern.fullmatch(p.name)]
+                steps = [p for p in found if pattern.fullmatch(p.relative_to(path).as_posix())]
                 if steps:
                     found, kind = steps, name
             return found, [p for p in files if p not in found], f"{kind} files"
@@ -129,7 +130,8 @@ def unread_notes(folders: Sequence[Path]) -> tuple[str, ...]:
             names = ", ".join(shown_path(p.relative_to(folder)) for p in unread[:UNREAD_SHOWN])
             more = f" and {len(unread) - UNREAD_SHOWN:,} more" if len(unread) > UNREAD_SHOWN else ""
             notes.append(
-                f"{shown_path(folder)}: {len(unread):,} files not read (only its {kind} "
+                f"{shown_path(folder)}: {len(unread):,} file{'s' if len(unread) > 1 else ''} not "
+                f"read (only its {kind} "
                 f"are): {names}{more}"
             )
     return tuple(notes)
@@ -186,6 +188,8 @@ def open_dataset(
         schemas.append(schema)
         roles.append(file_roles)
     _check_one_layout(labels, schemas, roles)
+    if input_format == "json":
+        schemas = [_json_schema(labels, schemas)] * len(schemas)
     _check_schemas_agree(labels, schemas)
     _check_roles_agree(labels, roles)
     schema, file_roles, view = _read_as(schemas[0], roles[0], labels[0])
@@ -242,7 +246,17 @@ def _read_as(
     view = trainer_dump_of(schema, label) if file_roles is None else None
     if view is None:
         return schema, file_roles, None
-    made = pl.LazyFrame(schema=schema).with_columns(view.columns()).collect_schema()
+    try:
+        made = pl.LazyFrame(schema=schema).with_columns(view.columns()).collect_schema()
+    except pl.exceptions.PolarsError as error:
+        # Polars names the whole expression after the reason: the reason alone says enough.
+        reason = first_line(error).split(" (lhs:")[0]
+        if isinstance(error, pl.exceptions.StructFieldNotFoundError):
+            reason = f"no field '{reason}'"
+        raise AdvcliError(
+            f"{label}: its fields are not of the types {view.trainer} writes, so advcli cannot "
+            f"read it as {view.layout} ({reason})"
+        ) from None
     return made, view.roles, view
 
 
@@ -369,6 +383,51 @@ def _unsupported_type(
         found = _unsupported_type(child, unsupported)
         if found is not None:
             return found
+    return None
+
+
+def _json_schema(files: Sequence[str], schemas: Sequence[pl.Schema]) -> pl.Schema:
+    """One schema for JSON-lines files whose types differ only where a file holds nothing but
+    nulls (a field null on every line of one step, ``[]`` for a list): the other file's type
+    stands there, and a struct takes the fields of each (a writer may leave out a null field).
+    Files whose columns differ, or whose types differ otherwise, are the schemas' conflict."""
+    _check_schemas_agree(files, [pl.Schema(dict.fromkeys(schema, pl.Null)) for schema in schemas])
+    merged = dict(schemas[0])
+    for path, schema in zip(files[1:], schemas[1:], strict=True):
+        for name, dtype in schema.items():
+            unified = _unified(merged[name], dtype)
+            if unified is None:
+                raise AdvcliError(
+                    f"schemas conflict: column '{name}' is {merged[name]} in {files[0]} but "
+                    f"{dtype} in {path}"
+                )
+            merged[name] = unified
+    return pl.Schema(merged)
+
+
+def _unified(one: Any, other: Any) -> Any:
+    """The type of a JSON field read as ``one`` in a file and ``other`` in another, where
+    nulls alone account for the difference; None where they conflict."""
+    if one == other:
+        return one
+    if one == pl.Null:
+        return other
+    if other == pl.Null:
+        return one
+    if isinstance(one, pl.List) and isinstance(other, pl.List):
+        inner = _unified(one.inner, other.inner)
+        return None if inner is None else pl.List(inner)
+    if isinstance(one, pl.Struct) and isinstance(other, pl.Struct):
+        fields = {field.name: field.dtype for field in one.fields}
+        for field in other.fields:
+            if field.name in fields:
+                unified = _unified(fields[field.name], field.dtype)
+                if unified is None:
+                    return None
+                fields[field.name] = unified
+            else:
+                fields[field.name] = field.dtype
+        return pl.Struct(fields)
     return None
 
 

@@ -31,7 +31,9 @@ def first_bad_line(path: Path) -> str | None:
                 try:
                     value = json.loads(line, parse_constant=_NotJson)
                 except json.JSONDecodeError as error:
-                    return f"line {number}: not valid JSON ({error.msg} at column {error.colno})"
+                    # Some of Python's messages end in "at" ("Unterminated string starting at").
+                    reason = error.msg.removesuffix(" at")
+                    return f"line {number}: not valid JSON ({reason} at column {error.colno})"
                 if not isinstance(value, dict):
                     return f"line {number}: not a JSON object"
                 for name, item in value.items():

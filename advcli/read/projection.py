@@ -164,7 +164,8 @@ def key_projection(
             ids = list(dict.fromkeys(dataset.view.stored(name) for name in ids))
         check_json_lines(dataset, ids, columns.reward)
     row_number = unused_name(dataset.schema)
-    file_rules = dataset.view.row_rules() if dataset.view is not None else ()
+    view = dataset.view
+    file_rules = view.row_rules() if view is not None and view.keys_taken(columns) else ()
     plan = KeyExpressions.of(dataset.schema, columns, row_number, file_rules)
     try:
         with closing_sources():

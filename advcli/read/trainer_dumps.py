@@ -17,6 +17,7 @@ import math
 import re
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from advcli.errors import AdvcliError
@@ -42,9 +43,18 @@ _EFFECTIVE = (
 # The names of a trainer's step files among other files of its folder, which a folder read
 # takes alone: NeMo-RL's log folder also holds val_data_step{N}.jsonl (validation, not a
 # training batch) and other logs.
-STEP_FILE_NAMES = {"NeMo-RL train_data_step{N}.jsonl": re.compile(r"train_data_step\d+\.jsonl")}
+STEP_FILE_NAMES = {
+    "NeMo-RL train_data_step{N}.jsonl": re.compile(r"(?:.*/)?train_data_step\d+\.jsonl"),
+    # open-instruct's folder: each run's shards beside its {run}_metadata.jsonl.
+    "open-instruct {run}_rollouts_{shard}.jsonl": re.compile(r"(?:.*/)?[^/]+_rollouts_\d+\.jsonl"),
+    # prime-rl's rollouts/: each step's training episodes, all of them (all/) and those it
+    # trained on (effective/), and its evaluations (eval/): a folder read takes all/.
+    "prime-rl step_{N}/train/all/traces.jsonl": re.compile(
+        r"(?:.*/)?step_\d+/train/all/traces\.jsonl"
+    ),
+}
 # NeMo-RL's train_data_step{N}.jsonl (nemo_rl/algorithms/grpo.py, Logger.log_batched_dict_as_jsonl).
-_NEMO_RL_FIELDS = frozenset(("token_ids", "token_loss_mask", "rewards", "advantages", "idx"))
+_NEMO_RL_FIELDS = frozenset(("token_ids", "token_loss_mask", "rewards", "idx"))
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,9 @@ class TrainerDump:
     # The groups are blocks of consecutive rows of one value of this column, as many rows as
     # every run of one value is a multiple of (TRL's num_generations, which it does not write).
     blocks_of: str | None = None
+    # Each file holds many training steps, told by a column (open-instruct's shards): a file
+    # is no step.
+    steps_in_rows: bool = False
     # The column of the advantage the trainer computed for each row (made or the file's own),
     # and what it holds; None where the dump has none.
     advantage: str | None = None
@@ -91,6 +104,37 @@ class TrainerDump:
     def notes_on(self, groups: pl.Series) -> tuple[str, ...]:
         """What the reading says of the groups it found (``groups``: each row's group key)."""
         return ()
+
+    def block_values(self) -> list[pl.Expr]:
+        """What :meth:`group_size` reads of every row: ``key``, the hash of ``blocks_of``."""
+        assert self.blocks_of is not None
+        return [pl.col(self.blocks_of).hash().alias("key")]
+
+    def group_size(self, values: pl.DataFrame, where: str) -> tuple[int, str]:
+        """The size of the groups made of blocks of rows of one ``blocks_of`` value, and why:
+        the length every run of one value is a multiple of (an error where that is 1)."""
+        runs = values["key"].rle().struct.field("len")
+        size = math.gcd(*runs.to_list())
+        column = self.blocks_of
+        if size < 2:
+            lengths = ", ".join(str(length) for length in runs.unique(maintain_order=True).head(5))
+            raise AdvcliError(
+                f"{where}: the runs of rows of one '{column}' are {lengths} rows long, with no "
+                f"common length over 1: {self.trainer}'s groups are blocks of rows of one "
+                f"'{column}', as many as its group size; pass --group-size"
+            )
+        return size, (
+            f"blocks of {size} consecutive rows of one '{column}' (every run of rows of one "
+            f"'{column}' is a multiple of {size} rows)"
+        )
+
+    def keys_taken(self, roles: object) -> bool:
+        """Whether the column roles ``roles`` read the ids as this dump's reading does (not as
+        options name them otherwise)."""
+        return all(
+            getattr(roles, role) == self.roles.column(role)
+            for role in ("group", "trajectory", "turn")
+        )
 
     def stored(self, name: str) -> str:
         """The file's column a column of the reading is read from (itself, where not made)."""
@@ -155,13 +199,13 @@ class _NemoRlTrainData(TrainerDump):
     slice of the step's batch (a list of one value), no group id."""
 
     def columns(self) -> list[pl.Expr]:
-        reward, mask, advantages = (pl.col(name).list.first() for name in self.made_from[1:])
+        reward, mask, *advantages = (pl.col(name).list.first() for name in self.made_from[1:])
         return [
             _nemo_prompt().hash().alias(self.made[0]),
             reward.alias(self.made[1]),
             mask.alias(self.made[2]),
             # The row's advantage is on every token (its prompt's too): the first one.
-            advantages.list.first().alias(self.made[3]),
+            *(values.list.first().alias(self.made[3]) for values in advantages),
         ]
 
     def row_rules(self) -> list[tuple[pl.Expr, str]]:
@@ -197,6 +241,30 @@ class _TrlCompletions(TrainerDump):
         ]
         return [pl.sum_horizontal(known).alias(self.made[0])]
 
+    def block_values(self) -> list[pl.Expr]:
+        return [*super().block_values(), pl.col(self.made[0]).alias("reward"), pl.col("advantage")]
+
+    def group_size(self, values: pl.DataFrame, where: str) -> tuple[int, str]:
+        """The runs' common length, or where a prompt was drawn twice in a row in every run
+        (which TRL's groups, blocks of num_generations rows, do not show), the one of its
+        divisors at which TRL's own 'advantage' column is what TRL's formula gives."""
+        longest, why = super().group_size(values, where)
+        rewards, trainers = values["reward"].to_numpy(), values["advantage"].to_numpy()
+        sizes = [size for size in range(2, longest + 1) if longest % size == 0]
+        fitting = [size for size in sizes if _trl_fits(rewards, trainers, size)]
+        if len(fitting) == 1 and fitting[0] != longest:
+            return fitting[0], (
+                f"blocks of {fitting[0]} consecutive rows of one 'prompt', the size at which "
+                f"TRL's own 'advantage' column is its formula's (every run of rows of one "
+                f"'prompt' is a multiple of {longest}: a prompt drawn twice in a row)"
+            )
+        if not fitting:
+            why += (
+                ", though TRL's own 'advantage' column fits no such block size (its "
+                "scale_rewards or multi_objective_aggregation is not one advcli knows)"
+            )
+        return longest, why
+
     def row_rules(self) -> list[tuple[pl.Expr, str]]:
         unscored = pl.all_horizontal(
             pl.col(name).is_null() | pl.col(name).is_nan() for name in self.made_from
@@ -226,12 +294,6 @@ class _OpenInstructRollouts(TrainerDump):
             (pl.col(name).is_null(), f"column '{name}' is null")
             for name in ("step", "prompt_idx", "response_tokens")
         ]
-
-
-def blocks_size(runs: pl.Series) -> int:
-    """The length every run of equal consecutive values is a multiple of (``runs``: their
-    lengths): the size of groups made of blocks of consecutive rows of one value."""
-    return math.gcd(*runs.to_list())
 
 
 @dataclass(frozen=True)
@@ -285,6 +347,20 @@ class _PrimeRlEpisodes(TrainerDump):
         ]
 
 
+def _trl_fits(rewards: np.ndarray, trainers: np.ndarray, size: int) -> bool:
+    """Whether TRL's advantages over blocks of ``size`` rows (sum_then_normalize: the
+    group's mean; divided by its Bessel std + 1e-4, the batch's, or nothing) are ``trainers``,
+    to the float32 TRL computes in."""
+    blocks = rewards.reshape(-1, size)
+    centred = (blocks - blocks.mean(axis=1, keepdims=True)).ravel()
+    group_std = np.repeat(blocks.std(axis=1, ddof=1), size)
+    batch_std = rewards.std(ddof=1) if len(rewards) > 1 else 0.0
+    return any(
+        np.allclose(advantages, trainers, rtol=1e-4, atol=1e-5)
+        for advantages in (centred / (group_std + 1e-4), centred / (batch_std + 1e-4), centred)
+    )
+
+
 def _nemo_prompt() -> pl.Expr:
     """A row's prompt as NeMo-RL groups by it: its token ids before the first generated one
     (the first 1 of its loss mask)."""
@@ -298,6 +374,12 @@ def trainer_dump_of(schema: pl.Schema, label: str) -> TrainerDump | None:
     if _is_prime_rl(schema):
         return _checked(_prime_rl_episodes(schema, label), schema, label)
     if set(schema.names()) >= _OPEN_INSTRUCT_FIELDS:
+        for name in ("step", "prompt_idx"):
+            if not schema[name].is_integer():
+                raise AdvcliError(
+                    f"{label}: column '{name}' holds {schema[name]}, where open-instruct writes "
+                    "integers: its groups are (step, prompt_idx)"
+                )
         return _checked(_open_instruct_rollouts(), schema, label)
     trl = _trl_completions(schema, label)
     if trl is not None:
@@ -397,7 +479,9 @@ def _nemo_rl_train_data(schema: pl.Schema) -> TrainerDump:
     # With dynamic sampling, NeMo-RL writes the reward it trained on as 'filtered_rewards' and
     # 'rewards' as the whole generation batch's.
     reward = "filtered_rewards" if "filtered_rewards" in schema else "rewards"
-    made = ("token_ids:prompt", f"{reward}:0", "token_loss_mask:0", "advantages:0")
+    # Its advantages, where the file holds them (they are the trainer's, never read).
+    advantages = ["advantages"] if "advantages" in schema else []
+    made = ("token_ids:prompt", f"{reward}:0", "token_loss_mask:0", *(f"{a}:0" for a in advantages))
     layout = "NeMo-RL's train_data_step{N}.jsonl (no ids: each row a trajectory)"
     roles = FileRoles(
         tuple(zip(made, ("group", "reward", "mask"), strict=False)),
@@ -423,9 +507,9 @@ def _nemo_rl_train_data(schema: pl.Schema) -> TrainerDump:
         layout,
         roles,
         made,
-        ("token_ids", reward, "token_loss_mask", "advantages"),
+        ("token_ids", reward, "token_loss_mask", *advantages),
         rows_are_trajectories=True,
-        advantage="advantages:0",
+        advantage="advantages:0" if advantages else None,
         advantage_why="the first value of the one list of 'advantages', which NeMo-RL writes on "
         "every token of the row",
     )
@@ -508,6 +592,7 @@ def _open_instruct_rollouts() -> TrainerDump:
         made,
         ("prompt_idx", "response_tokens"),
         rows_are_trajectories=True,
+        steps_in_rows=True,
         advantage="advantage",
         advantage_why="'advantage', the advantage open-instruct computed for the row",
     )

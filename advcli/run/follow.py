@@ -28,7 +28,7 @@ from advcli.read.step_files import step_in_name
 from advcli.report.by_step import empty_step
 from advcli.report.summary import StepEntry
 from advcli.report.views import steps_of
-from advcli.run.loading import check_engine, opened
+from advcli.run.loading import check_by, check_engine, opened
 from advcli.run.parts import compare_parts
 from advcli.settings.config import AdvantageConfig, ColumnNames, Engine
 from advcli.write.atomic import PARTIAL_SUFFIX, published_whole
@@ -127,6 +127,7 @@ def _step(
         label = said if said is not None else dataset.label(0)
         if dataset.num_rows == 0:
             return {**empty_step(label), "reading": None}
+        check_by(dataset, "file")
         # A step's entry lists no groups or trajectories: the top kept is one of each.
         report = compare_parts(dataset, "file", config, names, 1, drop, reading=reading)
     step = steps_of(report.summary)[0]

@@ -42,7 +42,7 @@ from advcli.read.projection import (
 )
 from advcli.read.roles import read_roles
 from advcli.read.scan import closing_sources
-from advcli.read.trainer_dumps import TrainerDump, blocks_size
+from advcli.read.trainer_dumps import TrainerDump
 from advcli.read.turn_rewards import check_last_steps, check_turn_rewards
 from advcli.report.step_credit import not_measured, step_credit
 from advcli.report.termination import TerminationReport, termination_report
@@ -594,32 +594,24 @@ def _as_the_file_says(
 def _named_by_files(names: ColumnNames, dataset: Dataset, turn_rewards: bool) -> ColumnNames:
     """``names`` with the roles the files name (:func:`named_by_file`), and, for a trainer's
     dump whose groups are blocks of rows of one value (TRL's), their size where no option
-    gives the groups."""
-    names = named_by_file(names, dataset.file_roles, turn_rewards=turn_rewards)
-    view = dataset.view
+    gives the groups. Where options name ids, a trainer's dump's ids are not read (its other
+    roles are)."""
+    view, roles = dataset.view, dataset.file_roles
+    if view is not None and roles is not None and (names.group or names.trajectory or names.turn):
+        ids = ("group", "trajectory", "turn")
+        roles = replace(roles, columns=tuple(c for c in roles.columns if c[1] not in ids))
+    names = named_by_file(names, roles, turn_rewards=turn_rewards)
     if view is None or view.blocks_of is None or names.group or names.group_size:
         return names
-    column = view.blocks_of
     try:
         with closing_sources():
-            values = dataset.rows().select(pl.col(column).hash()).collect(engine="streaming")
+            values = dataset.rows().select(view.block_values()).collect(engine="streaming")
     except pl.exceptions.PolarsError as error:
         raise AdvcliError(
-            f"{dataset.describe()}: cannot read the column '{column}' ({first_line(error)})"
+            f"{dataset.describe()}: cannot read the column '{view.blocks_of}' ({first_line(error)})"
         ) from None
-    runs = values.to_series().rle().struct.field("len")
-    size = blocks_size(runs)
-    if size < 2:
-        lengths = ", ".join(str(length) for length in runs.unique(maintain_order=True).head(5))
-        raise AdvcliError(
-            f"{dataset.describe()}: the runs of rows of one '{column}' are {lengths} rows long, "
-            f"with no common length over 1: {view.trainer}'s groups are blocks of rows of one "
-            f"'{column}', as many as its group size; pass --group-size"
-        )
-    why = (
-        f"{view.roles.source}: blocks of {size} consecutive rows of one '{column}' (every run "
-        f"of rows of one '{column}' is a multiple of {size} rows; --group-size sets it)"
-    )
+    size, why = view.group_size(values, dataset.describe())
+    why = f"{view.roles.source}: {why}; --group-size sets it"
     return replace(names, group_size=size, named_in={**names.named_in, "group": why})
 
 
@@ -634,7 +626,14 @@ def _options_for(view: TrainerDump | None) -> Options:
 def _as_the_dump_says(columns: ColumnRoles, view: TrainerDump) -> ColumnRoles:
     """The roles of a trainer's own dump with what its reading says besides the columns: the
     layout it was read in, and the trainer's rule for a trajectory whose rows differ where the
-    reading found the trajectories the trainer scores by it."""
+    reading found the trajectories the trainer scores by it. Where the options name other ids,
+    the dump is read by them, and the reading says so."""
+    if not view.keys_taken(columns):
+        note = (
+            f"the options name the ids, so the file is read by them and its columns' names, "
+            f"not as {view.layout}"
+        )
+        return replace(columns, notes=(*columns.notes, note))
     columns = replace(columns, read_from=view.layout, notes=(*columns.notes, *view.notes))
     if columns.trainer is None:
         columns = replace(columns, written_from=view.trainer)
@@ -647,10 +646,7 @@ def _as_the_dump_says(columns: ColumnRoles, view: TrainerDump) -> ColumnRoles:
     if columns.trajectory is None and view.rows_are_trajectories:
         why = view.roles.named_in("trajectory")
         columns = replace(columns, reasons={**columns.reasons, "trajectory": why})
-    taken = all(
-        getattr(columns, role) == view.roles.column(role) for role in ("group", "trajectory")
-    )
-    if view.traj_score is not None and taken:
+    if view.traj_score is not None:
         columns = replace(columns, traj_score_rule=(view.traj_score, view.traj_score_why))
     return columns
 
@@ -669,7 +665,15 @@ def _check_by_is_not_the_turn(by: str, columns: ColumnRoles, where: str) -> None
 
 def check_by(dataset: Dataset, by: str | None) -> None:
     """Refuse a ``--by`` column that is missing or not integers or strings, before any work
-    (None: no ``--by``)."""
+    (None: no ``--by``), and ``--by file`` (or ``watch``) over files that each hold many
+    training steps (open-instruct's shards)."""
+    view = dataset.view
+    if by == "file" and view is not None and view.steps_in_rows:
+        raise AdvcliError(
+            f"{dataset.describe()}: each of {view.trainer}'s files holds many training steps (its "
+            "'step' column), so --by file and watch would take a file for a step: --by step "
+            "reads each step as its own batch"
+        )
     if by is None or by == "file":
         return
     if by not in dataset.schema:

@@ -159,7 +159,7 @@ def test_a_folder_of_steps_by_file(run, tmp_path):
     assert [(entry["step"], entry["rows"]) for entry in series] == [(1, 6), (2, 6), (12, 6)]
     notes = report["settings"]["reading"]["notes"]
     assert any(
-        "1 files not read (only its NeMo-RL train_data_step{N}.jsonl files are): "
+        "1 file not read (only its NeMo-RL train_data_step{N}.jsonl files are): "
         "val_data_step1.jsonl" in note
         for note in notes
     )

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import error_line
 from reference import reference_advantages
 
 SAMPLES = 3  # num_samples_per_prompt_rollout
@@ -115,3 +116,35 @@ def test_a_nan_logprob_is_refused_at_its_line(run, tmp_path):
     result = run("compare", dump)
     assert result.exit_code == 1
     assert result.stderr.startswith(f"Error: {dump} line 2: column 'logprobs' holds NaN")
+
+
+def test_a_shard_is_no_step(run, tmp_path):
+    """A shard holds many steps: --by file (and watch) would make it one."""
+    dump = write_shard(tmp_path / "run_rollouts_000000.jsonl", records(3, [7, 8], prompts=2))
+    line = error_line(run("compare", dump, "--by", "file"))
+    assert line.endswith(
+        "each of open-instruct's files holds many training steps (its 'step' column), so --by "
+        "file and watch would take a file for a step: --by step reads each step as its own batch"
+    )
+
+
+def test_a_group_key_of_another_type_is_refused(run, tmp_path):
+    lines = records(1, steps=[0], prompts=2)
+    lines[2]["prompt_idx"] = 0.5
+    dump = write_shard(tmp_path / "run_rollouts_000000.jsonl", lines)
+    assert error_line(run("compare", dump)) == (
+        f"Error: {dump}: column 'prompt_idx' holds Float64, where open-instruct writes "
+        "integers: its groups are (step, prompt_idx)"
+    )
+
+
+def test_a_folder_reads_the_shards_alone(run, tmp_path):
+    write_shard(tmp_path / "run__1__17_rollouts_000000.jsonl", records(1, [0, 1], prompts=2))
+    write_shard(tmp_path / "run__1__17_rollouts_000001.jsonl", records(2, [2], prompts=2))
+    metadata = {"run_name": "run__1__17", "git_commit": "abc", "model_name": "m", "timestamp": "t"}
+    (tmp_path / "run__1__17_metadata.jsonl").write_text(json.dumps(metadata) + "\n")
+    result = run("compare", tmp_path, "--by", "step", "--json", "-")
+    assert result.exit_code == 0, result.stderr
+    assert [entry["step"] for entry in json.loads(result.stdout)["by_step"]["steps"]] == [0, 1, 2]
+    notes = json.loads(run("compare", tmp_path, "--json", "-").stdout)["settings"]["reading"]
+    assert any("run__1__17_metadata.jsonl" in note for note in notes["notes"])

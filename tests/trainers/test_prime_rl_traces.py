@@ -22,6 +22,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import error_line
 from reference import reference_advantages
 
 
@@ -230,9 +231,42 @@ def test_an_episode_without_traces_is_left_out(run, tmp_path):
 
 def test_steps_by_file(run, tmp_path):
     for step in (3, 4, 11):
-        write_traces(tmp_path / f"rollouts/step_{step}/train/all/traces.jsonl", step_episodes(step))
+        episodes = step_episodes(step)
+        if step == 4:  # no errors in this step: its 'errors' lists are all empty
+            episodes = [record for record in episodes if record["ok"]]
+        write_traces(tmp_path / f"rollouts/step_{step}/train/all/traces.jsonl", episodes)
     pattern = tmp_path / "rollouts/step_*/train/all/traces.jsonl"
     result = run("compare", pattern, "--by", "file", "--json", "-")
     assert result.exit_code == 0, result.stderr
     series = json.loads(result.stdout)["by_step"]["steps"]
-    assert [entry["step"] for entry in series] == [3, 4, 11]
+    assert [(entry["step"], entry["rows"]) for entry in series] == [(3, 15), (4, 15), (11, 15)]
+    jobs = run("compare", pattern, "--by", "file", "--jobs", "2", "--json", "-")
+    assert json.loads(jobs.stdout)["by_step"] == json.loads(result.stdout)["by_step"]
+
+
+def test_a_reward_of_another_type_is_one_error(run, tmp_path):
+    episodes = step_episodes(1, groups=1)
+    episodes[0]["traces"][0]["rewards"]["correct"]["score"] = "1"
+    dump = write_traces(tmp_path / "traces.jsonl", episodes)
+    line = error_line(run("compare", dump))
+    assert line == (
+        f"Error: {dump}: its fields are not of the types prime-rl writes, so advcli cannot read "
+        "it as prime-rl's traces.jsonl (a verifiers Episode a line, each one trace) (arithmetic "
+        "on dtypes str and f64 is not allowed)"
+    )
+
+
+def test_a_rollouts_folder_reads_each_steps_all_file(run, tmp_path):
+    rollouts = tmp_path / "rollouts"
+    for step in (1, 2):
+        episodes = step_episodes(step)
+        write_traces(rollouts / f"step_{step}/train/all/traces.jsonl", episodes)
+        write_traces(rollouts / f"step_{step}/train/effective/traces.jsonl", effective(episodes))
+    result = run("compare", rollouts, "--by", "file", "--json", "-")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [(entry["step"], entry["rows"]) for entry in report["by_step"]["steps"]] == [
+        (1, 15),
+        (2, 15),
+    ]
+    assert "effective" not in report["settings"]["reading"]["read_as"]

@@ -160,3 +160,23 @@ def test_a_folder_of_steps_by_file(run, tmp_path):
     assert result.exit_code == 0, result.stderr
     series = json.loads(result.stdout)["by_step"]["steps"]
     assert [(entry["step"], entry["rows"]) for entry in series] == [(10, 16), (20, 16), (30, 16)]
+
+
+def test_every_prompt_drawn_twice_is_told_by_trls_own_advantages(run, tmp_path):
+    """Runs of 8 rows of one prompt everywhere: blocks of 8 or of 4? TRL's 'advantage' column
+    is its formula's over blocks of 4 only."""
+    rows = trl_rows(7, ["a", "a", "b", "b"], generations=4)
+    for row in rows:  # rewards that differ within each block of 4
+        row["format_reward"] = 0.5
+    rows[0]["accuracy_reward"], rows[1]["accuracy_reward"] = 1.0, 0.0
+    dump = write_completions(tmp_path, rows, generations=4)
+    report = json.loads(run("compare", dump, "--json", "-").stdout)
+    assert report["counts"]["groups"] == 4
+    assert (
+        "the size at which TRL's own 'advantage' column is its formula's"
+        in (report["settings"]["reading"]["roles"]["group"]["why"])
+    )
+    out = tmp_path / "out.parquet"
+    assert run("compute", dump, "-o", out, "--no-tokens", "--epsilon", "1e-4", "-q").exit_code == 0
+    trls = pl.read_parquet(dump)["advantage"].to_list()
+    assert pl.read_parquet(out)["advantage"].to_list() == pytest.approx(trls, abs=1e-5)

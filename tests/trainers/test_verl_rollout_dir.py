@@ -314,3 +314,27 @@ def test_a_folder_mixing_two_layouts_names_both(run, tmp_path):
         f"trajectory), but {folder / '1.jsonl'}: verl's trainer.rollout_data_dir dump of the v1 "
         "trainer (each output keyed in 'uid'); read one layout's files at a time"
     )
+
+
+def test_options_naming_the_ids_read_the_file_by_them(run, tmp_path):
+    """A dump of one's own with verl's text fields and a 'uid' of its own: the options win."""
+    lines = [
+        {
+            "input": "q",
+            "output": "a",
+            "score": float(row % 2),
+            "uid": f"p{row // 4}",
+            "rollout": row,
+        }
+        for row in range(8)
+    ]
+    dump = write_lines(tmp_path / "mine.jsonl", lines)
+    result = run("compare", dump, "--group-col", "uid", "--traj-col", "rollout", "--json", "-")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["counts"]["groups"], report["counts"]["trajectories"]) == (2, 8)
+    reading = report["settings"]["reading"]
+    assert reading["read_as"] == "verl's layout"
+    assert any(
+        "the options name the ids, so the file is read by them" in n for n in reading["notes"]
+    )
