@@ -160,9 +160,11 @@ def key_projection(
         ids = [
             name for name in (columns.group, columns.trajectory, columns.anchor) if name is not None
         ]
-        if dataset.view is not None:  # the file's columns a trainer's dump's ids are made from
+        reward = columns.reward
+        if dataset.view is not None:  # the file's columns a trainer's dump's roles are made from
             ids = list(dict.fromkeys(dataset.view.stored(name) for name in ids))
-        check_json_lines(dataset, ids, columns.reward)
+            reward = dataset.view.stored(reward)
+        check_json_lines(dataset, ids, reward)
     row_number = unused_name(dataset.schema)
     view = dataset.view
     file_rules = view.row_rules() if view is not None and view.keys_taken(columns) else ()

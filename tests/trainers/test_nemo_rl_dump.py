@@ -179,3 +179,15 @@ def test_watch_takes_each_train_data_file(tmp_path):
         (1, 6),
         (2, 4),
     ]
+
+
+def test_a_reward_beyond_float64s_integers_is_refused_at_its_line(run, tmp_path):
+    dump = write_train_data(tmp_path / "train_data_step1.jsonl", nemo_batch(1, [[1]], 2))
+    lines = dump.read_text().splitlines()
+    second = json.loads(lines[1])
+    second["rewards"] = [2**53 + 1]  # float64 reads it as 2**53
+    lines[1] = json.dumps(second)
+    dump.write_text("\n".join(lines) + "\n")
+    line = error_line(run("compare", dump))
+    said = "train_data_step1.jsonl line 2: column 'rewards' holds the integer 9007199254740993"
+    assert said in line
