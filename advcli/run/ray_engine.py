@@ -122,6 +122,11 @@ def _stop_local_cluster(folder: str) -> None:
 def _read(dataset: Dataset, names: list[str] | None = None) -> Any:
     if dataset.input_format != "parquet":
         raise AdvcliError(f"{dataset.describe()}: --engine ray reads Parquet inputs")
+    if dataset.view is not None:
+        raise AdvcliError(
+            f"{dataset.describe()}: --engine ray does not read {dataset.view.layout}, whose "
+            "columns are made as the file is read; use the local engine"
+        )
     for index, path in enumerate(dataset.files):
         if not is_utf8(path):  # its workers open the files by a name, which Arrow takes as UTF-8
             raise AdvcliError(

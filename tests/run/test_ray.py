@@ -101,6 +101,27 @@ def test_ray_engine_needs_parquet_and_a_folder(cluster, parts, run, tmp_path):
     assert "--engine ray reads Parquet inputs" in result.stderr
 
 
+def test_ray_engine_refuses_a_trainers_own_dump(cluster, run, tmp_path):
+    """verl's v1 rollout lines as Parquet: its ids are made from 'uid' as the file is read."""
+    dump = tmp_path / "7.parquet"
+    pl.DataFrame(
+        {
+            "input": ["q"] * 4,
+            "output": ["a"] * 4,
+            "score": [1.0, 0.0, 1.0, 0.0],
+            "step": [7] * 4,
+            "uid": ["u_0_0", "u_1_0", "v_0_0", "v_1_0"],
+        }
+    ).write_parquet(dump)
+    result = run("compare", dump, "--engine", "ray", "-q")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {dump}: --engine ray does not read verl's trainer.rollout_data_dir dump of the "
+        "v1 trainer (each output keyed in 'uid'), whose columns are made as the file is read; "
+        "use the local engine\n"
+    )
+
+
 def test_force_replaces_only_an_output_folder_advcli_wrote(cluster, parts, run, tmp_path):
     output = tmp_path / "ray-out"
     first = run("compute", *parts, "-o", output, "-q", "--engine", "ray")
