@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
@@ -24,6 +25,9 @@ from advcli.errors import AdvcliError
 from advcli.read.dialects import dialect_of
 from advcli.read.file_roles import TRAINING_STEP, FileRoles
 from advcli.settings.config import TrajScore
+
+if TYPE_CHECKING:
+    from advcli.read.columns import ColumnRoles
 
 # verl's v1 trainer keys each output "{prompt uuid}_{session}_{output index}" and splits the key
 # with rsplit("_", 2): the uuid is everything before the last two underscores.
@@ -128,9 +132,9 @@ class TrainerDump:
             f"'{column}' is a multiple of {size} rows)"
         )
 
-    def keys_taken(self, roles: object) -> bool:
-        """Whether the column roles ``roles`` read the ids as this dump's reading does (not as
-        options name them otherwise)."""
+    def keys_taken(self, roles: ColumnRoles) -> bool:
+        """Whether ``roles`` read the ids as this dump's reading does (not as options name
+        them otherwise)."""
         return all(
             getattr(roles, role) == self.roles.column(role)
             for role in ("group", "trajectory", "turn")
