@@ -596,7 +596,7 @@ CASES += [
     BadInput(
         "inputs of two formats",
         _mixed_formats,
-        ("a.parquet", "inputs mix formats (json, parquet)"),
+        ("a.parquet", "inputs mix formats (JSON-lines, Parquet)"),
     ),
     BadInput(
         "duplicate turn across files",

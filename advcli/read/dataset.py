@@ -119,6 +119,16 @@ class Dataset:
     # A trainer's own dump read in advcli's layout: its made columns are in ``schema`` (last)
     # and in every scan, never in what the files hold (:attr:`stored_schema`).
     view: TrainerDump | None = None
+    # What each file was translated from (a trainer's container: :mod:`advcli.read.containers`),
+    # the paths the user has; empty where the files are the inputs themselves.
+    origins: tuple[Path, ...] = ()
+    # What those were ("rLLM episode files"), for the reports.
+    container: str | None = None
+
+    @property
+    def inputs(self) -> tuple[Path, ...]:
+        """The inputs as the user has them: each file, or what it was translated from."""
+        return self.origins or self.files
 
     @property
     def num_rows(self) -> int:
@@ -261,6 +271,8 @@ class Dataset:
             native=NativeNames(files, labels or [shown_path(files[0])]),
             file_roles=self.file_roles,
             view=self.view,
+            origins=self.origins[index : index + 1],
+            container=self.container,
         )
 
     def label(self, index: int) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,12 @@ import pyarrow as pa
 from advcli._runtime.signals import held
 from advcli.errors import AdvcliError, InputChanged, first_line
 from advcli.names import NativeNames, shown_path
+from advcli.read.containers import (
+    RLLM_TRAINING_FOLDER,
+    Translated,
+    is_rllm_episode,
+    translated,
+)
 from advcli.read.dataset import GLOB_CHARS, Dataset, FileIdentity, as_pattern
 from advcli.read.file_roles import FileRoles, read_file_roles
 from advcli.read.formats import (
@@ -84,8 +90,8 @@ def _expand_path(path: Path, spec: str) -> list[Path]:
         if found:
             return found
         raise AdvcliError(
-            f"{spec}: the directory holds no Parquet file (*.parquet, *.pq) "
-            "or JSON-lines file (*.jsonl, *.ndjson)"
+            f"{spec}: the directory holds no Parquet file (*.parquet, *.pq), JSON-lines file "
+            "(*.jsonl, *.ndjson) or rLLM episode file (episode_*.json)"
         )
     if not path.exists():
         raise AdvcliError(f"{spec}: no such file or directory")
@@ -97,7 +103,8 @@ def directory_files(path: Path) -> list[Path]:
     :func:`~advcli.read.step_files.number_order`): its Parquet files, failing those
     its JSON-lines files (a stray config.json beside Parquet files is not data), of those only
     a trainer's step files where it holds any (NeMo-RL's log folder: its train data, not its
-    validation data); none if it holds neither."""
+    validation data), failing those rLLM's episode files (its training steps' where it holds
+    any); none if it holds none of these."""
     return _read_and_not(path)[0]
 
 
@@ -113,7 +120,12 @@ def _read_and_not(path: Path) -> tuple[list[Path], list[Path], str]:
                 if steps:
                     found, kind = steps, name
             return found, [p for p in files if p not in found], f"{kind} files"
-    return [], files, ""
+    found = [p for p in files if is_rllm_episode(p)]
+    training = [p for p in found if RLLM_TRAINING_FOLDER.fullmatch(p.parent.name)]
+    if training:
+        found = training
+    kind = "rLLM train_step_{N}_epoch_{E}/episode_*.json" if training else "rLLM episode_*.json"
+    return found, [p for p in files if p not in found], f"{kind} files" if found else ""
 
 
 # How many of a folder's files that are not read a note names.
@@ -138,27 +150,26 @@ def unread_notes(folders: Sequence[Path]) -> tuple[str, ...]:
 
 
 def open_dataset(
-    specs: Sequence[str], *, spool: Path | None = None, empty_ok: bool = False
+    specs: Sequence[str], *, spool: Callable[[], Path] | None = None, empty_ok: bool = False
 ) -> Dataset:
     """Resolve the inputs, read each file's schema and row count, and check that they agree;
     inputs without rows are an error unless ``empty_ok``.
 
     ``-`` reads standard input (Parquet, an Arrow IPC stream or JSON lines, told apart by their
-    first bytes); it is copied to a file in ``spool`` (a temporary folder the caller removes),
-    since the data flow reads its input twice.
+    first bytes); it is copied to a file in ``spool()`` (a temporary folder the caller makes on
+    the call and removes), since the data flow reads its input twice. A trainer's dump that is
+    no table (:mod:`advcli.read.containers`) is translated into one there.
     """
     if STDIN in specs:
         if list(specs) != [STDIN]:
             raise AdvcliError("'-' (standard input) cannot be combined with other inputs")
-        if spool is None:
-            raise ValueError("reading standard input needs a spool folder")
-        files = [spool_stdin(spool)]
-        labels: tuple[str, ...] = ("<stdin>",)
+        spooled = spool_stdin(_spool(spool)())
+        inputs = Translated((spooled,), ("<stdin>",), (spooled,), (None,))
         folders: tuple[Path, ...] = ()
     else:
-        files = resolve_inputs(specs)
-        labels = tuple(shown_path(path) for path in files)
+        inputs = translated(resolve_inputs(specs), _spool(spool))
         folders = input_folders(specs)
+    files, labels = list(inputs.files), inputs.labels
     for path, label in zip(files, labels, strict=True):
         kind = not_read(path)
         if kind is not None:
@@ -166,12 +177,16 @@ def open_dataset(
                 f"{label}: {kind}, which advcli does not read: convert it (Polars reads most "
                 f"formats and writes Parquet); advcli reads {READ}"
             )
-    formats = {input_format_of(path) for path in files}
+    formats = {
+        container or FORMAT_NAMES[input_format_of(path)]
+        for path, container in zip(files, inputs.containers, strict=True)
+    }
     if len(formats) > 1:
         raise AdvcliError(
             f"{labels[0]}: inputs mix formats ({', '.join(sorted(formats))}); give one format"
         )
-    input_format = formats.pop()
+    input_format = input_format_of(files[0])  # a translation's: Parquet
+    # A translation is a snapshot of the trainer's files: its own identity is the input's.
     identities = [_identity_at_open(path, label) for path, label in zip(files, labels, strict=True)]
     native = NativeNames(files, labels)
     row_counts, schemas, roles = [], [], []
@@ -204,10 +219,21 @@ def open_dataset(
         tuple(identities),
         file_roles=file_roles,
         view=view,
+        origins=inputs.origins if inputs.any else (),
+        container=inputs.containers[0],
     )
     if dataset.num_rows == 0 and not empty_ok:
         raise AdvcliError(f"{dataset.describe()}: the input has no rows")
     return dataset
+
+
+def _spool(spool: Callable[[], Path] | None) -> Callable[[], Path]:
+    """``spool``, or where there is none, a call that says an input needs one."""
+
+    def missing() -> Path:
+        raise ValueError("reading standard input or a trainer's container needs a spool folder")
+
+    return spool or missing
 
 
 def _identity_at_open(path: Path, label: str) -> FileIdentity:

@@ -57,6 +57,10 @@ STEP_FILE_NAMES = {
         r"(?:.*/)?step_\d+/train/all/traces\.jsonl"
     ),
 }
+# rLLM's episode files as advcli.read.containers translates them, a row a step.
+_RLLM_FIELDS = frozenset(
+    ("episode_id", "trajectories.name", "trajectories.uid", "trajectories.reward", "steps:index")
+)
 # NeMo-RL's train_data_step{N}.jsonl (nemo_rl/algorithms/grpo.py, Logger.log_batched_dict_as_jsonl).
 _NEMO_RL_FIELDS = frozenset(("token_ids", "token_loss_mask", "rewards", "idx"))
 
@@ -351,6 +355,35 @@ class _PrimeRlEpisodes(TrainerDump):
         ]
 
 
+@dataclass(frozen=True)
+class _RllmSteps(TrainerDump):
+    """rLLM's episode files, translated into a row for each step of each trajectory
+    (:mod:`advcli.read.containers`): its group ``{task id}:{trajectory name}``."""
+
+    def columns(self) -> list[pl.Expr]:
+        # rLLM's task id is the part of the episode id before its first ':' (Episode.task_id).
+        task = pl.col("episode_id").str.split(":").list.first()
+        return [
+            pl.concat_str(task, pl.lit(":"), pl.col("trajectories.name")).alias(self.made[0]),
+            pl.coalesce("trajectories.reward", "steps.reward").alias(self.made[1]),
+            pl.col("steps:index").is_null().alias(self.made[2]),
+        ]
+
+    def row_rules(self) -> list[tuple[pl.Expr, str]]:
+        counted = pl.col("steps:index").is_not_null()
+        unrewarded = pl.col("trajectories.reward").is_null()
+        group = pl.col(self.made[0])
+        return [
+            (
+                unrewarded.filter(counted).any().over(group)
+                & unrewarded.not_().filter(counted).any().over(group),
+                "the trajectories of its group ('episode_id' task and 'trajectories.name') have "
+                "a reward and no reward (null) both, which rLLM's transform refuses: it scores a "
+                "group by its trajectories' rewards, or where none has one, their last steps'",
+            )
+        ]
+
+
 def _trl_fits(rewards: np.ndarray, trainers: np.ndarray, size: int) -> bool:
     """Whether TRL's advantages over blocks of ``size`` rows (sum_then_normalize: the
     group's mean; divided by its Bessel std + 1e-4, the batch's, or nothing) are ``trainers``,
@@ -392,6 +425,8 @@ def trainer_dump_of(schema: pl.Schema, label: str) -> TrainerDump | None:
         isinstance(schema[name], pl.List) for name in _NEMO_RL_FIELDS - {"idx"}
     ):
         return _checked(_nemo_rl_train_data(schema), schema, label)
+    if set(schema.names()) >= _RLLM_FIELDS:
+        return _checked(_rllm_steps(schema), schema, label)
     dialect, tie = dialect_of(schema)
     if not set(schema.names()) >= _VERL_FIELDS or tie is not None:
         return None
@@ -681,4 +716,50 @@ def _prime_rl_episodes(schema: pl.Schema, label: str) -> TrainerDump:
         advantage="traces:advantage" if effective else None,
         advantage_why="the trace's 'info.advantage', the advantage prime-rl trained it on",
         rewards=rewards,
+    )
+
+
+def _rllm_steps(schema: pl.Schema) -> TrainerDump:
+    made = ("episode_id:group", "rewards:trajectory", "steps:left_out")
+    step = (("training_step", TRAINING_STEP),) if "training_step" in schema else ()
+    roles = FileRoles(
+        (
+            ("episode_id:group", "group"),
+            ("trajectories.uid", "trajectory"),
+            ("steps:index", "turn"),
+            ("rewards:trajectory", "reward"),
+            *step,
+        ),
+        written_by="rLLM",
+        source="rLLM's episode log",
+        why=(
+            (
+                "group",
+                "the episode's task (its 'episode_id' before the first ':') and the trajectory's "
+                "'name', as rLLM's transform groups trajectories ('{task_id}:{name}')",
+            ),
+            ("trajectory", "the trajectory's 'uid'"),
+            ("turn", "the step's place in its trajectory's 'steps'"),
+            (
+                "reward",
+                "the trajectory's 'reward', on each of its steps; where it is null, each step's "
+                "own 'reward'",
+            ),
+        ),
+    )
+    return _RllmSteps(
+        "rLLM",
+        "rLLM's episodes/{mode}_step_{N}_epoch_{E}/episode_*.json (a row a step)",
+        roles,
+        made,
+        ("episode_id", "trajectories.reward", "steps:index"),
+        TrajScore.LAST,
+        "a trajectory's score is its reward, or where no trajectory of its group has one, its "
+        "last step's reward, as rLLM's transform scores it",
+        left_out="steps:left_out",
+        left_out_label="trajectories with no step, which rLLM leaves out",
+        notes=(
+            "the episode files are read one folder at a time, each a row a step; rLLM leaves out "
+            "of its groups a trajectory with no step, and so does advcli (counted apart)",
+        ),
     )

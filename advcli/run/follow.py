@@ -23,6 +23,7 @@ from typing import Any
 from advcli.errors import AdvcliError
 from advcli.names import shown_path
 from advcli.read.alike import ReadAlike
+from advcli.read.containers import is_rllm_episode
 from advcli.read.inputs import directory_files
 from advcli.read.step_files import step_in_name
 from advcli.report.by_step import empty_step
@@ -156,6 +157,12 @@ def follow_steps(
     watch, reading = _Watch(settle), ReadAlike()
     while True:
         for path in watch.complete(folder):
+            if is_rllm_episode(path):
+                raise AdvcliError(
+                    f"{shown_path(folder)}: holds rLLM's episode files, a folder of them a step, "
+                    "which a watch does not take (it takes a step a file); compare the "
+                    "episodes folder with --by file"
+                )
             try:
                 step = _step(path, folder, config, names, drop_duplicates, reading)
             except _Unreadable as error:

@@ -699,21 +699,20 @@ def input_names(inputs: Inputs) -> list[str]:
 @contextlib.contextmanager
 def opened(inputs: Inputs, *, empty_ok: bool = False) -> Iterator[Dataset]:
     """Open the inputs (one path, or a sequence of them) as one dataset (without rows an error
-    unless ``empty_ok``); standard input (``-``) is spooled to a temporary folder that is
-    removed afterwards. Without ``-`` no folder is made (a run killed by SIGKILL, which no
+    unless ``empty_ok``); standard input (``-``) and a trainer's dump that is no table (rLLM's
+    episode files: :mod:`advcli.read.containers`) are spooled to a temporary folder that is
+    removed afterwards. Without them no folder is made (a run killed by SIGKILL, which no
     cleanup outlives, would leave it behind). An error in the block is reported as an input's
     change when one changed (:meth:`Dataset.changes_reported`). Standard output that is an
     input file (``advcli compare dump.parquet >> dump.parquet``) is refused whatever the
     command, as ``cat`` refuses it: what a command prints would go into the input."""
     names = input_names(inputs)
-    if STDIN not in names:
-        dataset = open_dataset(names, empty_ok=empty_ok)
-        check_not_written_into(Path(STDIN), dataset)
-        with dataset.changes_reported():
-            yield dataset
-        return
-    with tempfile.TemporaryDirectory(prefix="advcli-stdin-") as spool:
-        dataset = open_dataset(names, spool=Path(spool), empty_ok=empty_ok)
+    with contextlib.ExitStack() as stack:
+
+        def spool() -> Path:
+            return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="advcli-spool-")))
+
+        dataset = open_dataset(names, spool=spool, empty_ok=empty_ok)
         check_not_written_into(Path(STDIN), dataset)
         with dataset.changes_reported():
             yield dataset

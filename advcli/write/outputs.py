@@ -18,7 +18,7 @@ from pathlib import Path
 
 from advcli._runtime.process import copy_to_stdout, require_stdout
 from advcli.errors import AdvcliError, UsageError
-from advcli.read.dataset import Dataset
+from advcli.read.dataset import Dataset, FileIdentity
 from advcli.read.formats import FOLDER_SUFFIXES
 from advcli.read.inputs import STDIN
 from advcli.settings.config import Engine, OutputColumns, OutputFormat
@@ -165,8 +165,10 @@ def check_not_written_into(output: Path, dataset: Dataset) -> None:
         info = os.fstat(sys.stdout.fileno()) if str(output) == STDIN else os.stat(output)
     except (OSError, ValueError):
         return
-    for index, identity in enumerate(dataset.identities):
-        if (info.st_dev, info.st_ino) == (identity.device, identity.inode):
+    # A translated input's own file too (the trainer's file, not its snapshot).
+    origins = [FileIdentity.of(path) for path in dataset.origins]
+    for index, identity in [*enumerate(dataset.identities), *enumerate(origins)]:
+        if identity is not None and (info.st_dev, info.st_ino) == (identity.device, identity.inode):
             shown = "standard output" if str(output) == STDIN else str(output)
             raise AdvcliError(
                 f"{shown}: the output is the input {dataset.label(index)} (the same file); choose "
@@ -182,7 +184,7 @@ def check_not_an_input(output: Path, dataset: Dataset, *, folder_output: bool = 
     ``..`` followed."""
     # Where the output points (a link followed) and where the rename puts it (the link itself).
     targets = {output.resolve(), output.parent.resolve() / output.name}
-    for index, path in enumerate(dataset.files):
+    for index, path in enumerate(dataset.inputs):
         # The file's data and its name (a link in an input folder is removed with the folder).
         sources = {path.resolve(), Path(os.path.abspath(path))}
         if sources & targets:

@@ -175,7 +175,7 @@ def _write(  # noqa: PLR0913
     inputs are as they were opened."""
     with (
         atomic_output(
-            output, force=force, keep=dataset.files, before_publish=dataset.check_unchanged
+            output, force=force, keep=dataset.inputs, before_publish=dataset.check_unchanged
         ) as partial,
         closing_sources(),
         cancelled_tasks_unreported(),

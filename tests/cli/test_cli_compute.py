@@ -432,8 +432,8 @@ def test_empty_directory(run, tmp_path):
     result = run("compute", tmp_path / "empty", "-o", tmp_path / "out.parquet")
     assert result.exit_code == 1
     assert result.stderr == (
-        f"Error: {tmp_path / 'empty'}: the directory holds no Parquet file (*.parquet, *.pq) or "
-        "JSON-lines file (*.jsonl, *.ndjson)\n"
+        f"Error: {tmp_path / 'empty'}: the directory holds no Parquet file (*.parquet, *.pq), "
+        "JSON-lines file (*.jsonl, *.ndjson) or rLLM episode file (episode_*.json)\n"
     )
 
 
