@@ -1,9 +1,11 @@
 """Trainers' dumps that are not tables, translated into one: rLLM's folder of episode files (one
-pretty-printed JSON object each, its trajectories' steps nested inside).
+pretty-printed JSON object each, its trajectories' steps nested inside) and slime's torch files
+(plain dicts of samples, read with ``torch.load(weights_only=True)``: a dump never runs code).
 
-Each input (a folder of one step's episode files) is translated once, one file at a time, into a
-Parquet file in a spool folder the caller removes, one row per step, its columns named by the
-trainer's fields (``trajectories.reward``: a trajectory's ``reward``). A trainer's dump view
+Each input (a folder of one step's episode files; a slime step's rollout file with its train
+file) is translated once, one file at a time, into a Parquet file in a spool folder the caller
+removes, a row for each step (rLLM) or sample (slime), its columns named by the trainer's
+fields (``trajectories.reward``: a trajectory's ``reward``). A trainer's dump view
 (:mod:`advcli.read.trainer_dumps`) then reads that file as it reads any other; what the
 translation keeps is every field the reading needs and the ids that name a row.
 """
@@ -12,17 +14,17 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from advcli.errors import AdvcliError
+from advcli.errors import AdvcliError, first_line
 from advcli.names import shown_path
 
 # rLLM's EpisodeLogger (rllm/utils/episode_logger.py) names each episode's file
@@ -30,6 +32,27 @@ from advcli.names import shown_path
 RLLM_EPISODE = re.compile(r"episode_hash[0-9a-f]{8}_id.*\.json")
 # The folder of one step's episodes: {mode}_step_{step}_epoch_{epoch}, mode train or val.
 RLLM_TRAINING_FOLDER = re.compile(r"train_step_\d+_epoch_\d+")
+# slime's --dump-details DIR: rollout_data/{rollout id}.pt, the samples as generated and scored
+# (slime/observability/rollout_data_utils.py), and train_data/{rollout id}.pt, the same samples
+# as trained on (train_data_utils.py); eval_{id}.pt files are evaluations.
+SLIME_DUMP = re.compile(r"(rollout|train)_data/\d+\.pt")
+
+SLIME_SCHEMA = pa.schema(
+    [
+        ("rollout_data.rollout_id", pa.int64()),
+        ("group_index", pa.int64()),
+        ("index", pa.int64()),
+        ("reward", pa.float64()),
+        ("response_length", pa.int64()),
+        ("loss_mask", pa.list_(pa.int64())),
+        ("status", pa.string()),
+        ("remove_sample", pa.bool_()),
+    ]
+)
+# What the train file adds, by each sample's rollout_position: its group-normalized reward.
+SLIME_TRAIN_FIELD = pa.field("train_data.rewards", pa.float64())
+RLLM_EPISODES = "rLLM episode files"
+SLIME_DUMPS = "slime dump files"
 # How many rows a translation holds before it writes them out.
 SPOOL_ROWS = 1 << 16
 
@@ -74,39 +97,41 @@ def is_rllm_episode(path: Path) -> bool:
 
 def translated(files: Sequence[Path], spool: Callable[[], Path]) -> Translated:
     """The inputs with each container translated into a file in ``spool()`` (called only where
-    one is): rLLM's episode files, one input for each folder of them."""
+    one is): rLLM's episode files, one input for each folder of them; slime's dump files, one
+    input for each rollout id (its rollout file with its train file)."""
+    units: dict[Path, tuple[str | None, list[Path]]] = {}
+    for path in files:
+        unit, container = _unit_of(path)
+        units.setdefault(unit, (container, []))[1].append(path)
     out_files: list[Path] = []
-    labels: list[str] = []
-    origins: list[Path] = []
-    containers: list[str | None] = []
     folder: Path | None = None
-    for parent, run in groupby(files, key=_episode_folder):
-        if parent is None:
-            for path in run:
-                out_files.append(path)
-                labels.append(shown_path(path))
-                origins.append(path)
-                containers.append(None)
+    for index, (unit, (container, members)) in enumerate(units.items()):
+        if container is None:
+            out_files.append(unit)
             continue
-        if parent in origins:
-            raise AdvcliError(
-                f"{shown_path(parent)}: its episode files are given apart, with other inputs "
-                "between them; give the folder, or its files together"
-            )
         folder = folder or spool()
-        target = folder / f"{len(out_files)}.parquet"
-        _translate_rllm(list(run), target)
+        target = folder / f"{index}.parquet"
+        if container == RLLM_EPISODES:
+            _translate_rllm(members, target)
+        else:
+            _translate_slime(unit, target)
         out_files.append(target)
-        labels.append(shown_path(parent))
-        origins.append(parent)
-        containers.append("rLLM episode files")
-    return Translated(tuple(out_files), tuple(labels), tuple(origins), tuple(containers))
+    return Translated(
+        tuple(out_files),
+        tuple(shown_path(unit) for unit in units),
+        tuple(units),
+        tuple(container for container, _ in units.values()),
+    )
 
 
-def _episode_folder(path: Path) -> Path | None:
-    """The folder of an rLLM episode file, whose files are read as one input; None for a file
-    that is not one."""
-    return path.parent if is_rllm_episode(path) else None
+def _unit_of(path: Path) -> tuple[Path, str | None]:
+    """The input a file is read as part of, and what that input is: an rLLM episode's folder,
+    a slime file's rollout file, any other file itself (None)."""
+    if is_rllm_episode(path):
+        return path.parent, RLLM_EPISODES
+    if is_slime_dump(path):
+        return _slime_rollout(path), SLIME_DUMPS
+    return path, None
 
 
 def _translate_rllm(episodes: Sequence[Path], target: Path) -> None:
@@ -120,6 +145,131 @@ def _translate_rllm(episodes: Sequence[Path], target: Path) -> None:
                 writer.write_table(pa.table(rows, schema=RLLM_SCHEMA))
                 rows = {name: [] for name in RLLM_SCHEMA.names}
         writer.write_table(pa.table(rows, schema=RLLM_SCHEMA))
+
+
+def is_slime_dump(path: Path) -> bool:
+    """Whether ``path`` is named as slime's --dump-details names a training step's file."""
+    return SLIME_DUMP.fullmatch(f"{path.parent.name}/{path.name}") is not None
+
+
+def _slime_rollout(path: Path) -> Path:
+    """The rollout file of a slime dump's file: itself, or its train file's sibling."""
+    return path.parent.parent / "rollout_data" / path.name
+
+
+def _translate_slime(rollout: Path, target: Path) -> None:
+    """slime's rollout file (with its train file, where there is one) as a table of samples in
+    ``target``."""
+    label = shown_path(rollout)
+    if not rollout.exists():
+        raise AdvcliError(
+            f"{label}: no such file, which holds the groups and rewards of the train file beside "
+            "it (slime's train_data holds neither); give the --dump-details folder"
+        )
+    payload = _torch_load(rollout)
+    samples = payload.get("samples") if isinstance(payload, dict) else None
+    if not isinstance(samples, list) or not isinstance(payload.get("rollout_id"), int):
+        raise AdvcliError(
+            f"{label}: not slime's rollout dump (a dict of 'rollout_id' and 'samples', the "
+            "samples' dicts)"
+        )
+    columns: dict[str, list[Any]] = {name: [] for name in SLIME_SCHEMA.names}
+    rollouts: dict[int, int] = {}  # each sample's own rollout_id, and its first sample
+    for number, sample in enumerate(samples):
+        where = f"{label}: samples[{number}]"
+        if not isinstance(sample, dict):
+            raise AdvcliError(f"{where} is not a dict")
+        own = _value(sample, "rollout_id", int, where)
+        if own is not None and rollouts.setdefault(own, number) != number:
+            raise AdvcliError(
+                f"{where}: its 'rollout_id' {own} is samples[{rollouts[own]}]'s too: a compact "
+                "rollout, several samples slime counts as one trajectory, which advcli does not "
+                "read (it reads a sample a trajectory)"
+            )
+        reward = sample.get("reward")
+        if isinstance(reward, dict):
+            raise AdvcliError(
+                f"{where}: 'reward' holds several rewards ({', '.join(map(str, reward))}), of "
+                "which slime trains on the one --reward-key names; advcli reads one number"
+            )
+        columns["rollout_data.rollout_id"].append(payload["rollout_id"])
+        columns["group_index"].append(_value(sample, "group_index", int, where, required=True))
+        columns["index"].append(_value(sample, "index", int, where))
+        columns["reward"].append(_value(sample, "reward", float, where))
+        columns["response_length"].append(_value(sample, "response_length", int, where))
+        columns["loss_mask"].append(_int_list(sample, "loss_mask", where))
+        columns["status"].append(_value(sample, "status", str, where))
+        columns["remove_sample"].append(_value(sample, "remove_sample", bool, where))
+    table = pa.table(columns, schema=SLIME_SCHEMA)
+    train = rollout.parent.parent / "train_data" / rollout.name
+    if train.exists():  # beside it, whatever the inputs named
+        table = table.append_column(SLIME_TRAIN_FIELD, [_slime_train_rewards(train, len(samples))])
+    pq.write_table(table, target)
+
+
+def _slime_train_rewards(path: Path, count: int) -> list[float | None]:
+    """Each rollout sample's ``rewards`` in slime's train file (by its ``rollout_position``),
+    the scalar slime puts on every response token; None for a sample it did not train on."""
+    label = shown_path(path)
+    payload = _torch_load(path)
+    samples = payload.get("samples") if isinstance(payload, dict) else None
+    if not isinstance(samples, list) or payload.get("format_version") != 2:
+        raise AdvcliError(
+            f"{label}: not slime's train dump of format_version 2 (a dict of 'samples', one "
+            "dict each), which advcli reads"
+        )
+    rewards: list[float | None] = [None] * count
+    for number, sample in enumerate(samples):
+        where = f"{label}: samples[{number}]"
+        if not isinstance(sample, dict):
+            raise AdvcliError(f"{where} is not a dict")
+        position = _value(sample, "rollout_position", int, where, required=True)
+        if not 0 <= position < count:
+            raise AdvcliError(
+                f"{where}: 'rollout_position' is {position}, but the rollout file beside it "
+                f"holds {count:,} samples"
+            )
+        reward: Any = sample.get("rewards")
+        if hasattr(reward, "item"):  # a 0-dim tensor where the trainer kept one
+            reward = reward.item()
+        rewards[position] = _value({"rewards": reward}, "rewards", float, where, required=True)
+    return rewards
+
+
+def _torch_load(path: Path) -> Any:
+    """A ``.pt`` file's object, read with ``torch.load(weights_only=True)``: tensors and plain
+    containers only, so a dump never runs code."""
+    label = shown_path(path)
+    try:
+        import torch
+    except ImportError:
+        raise AdvcliError(
+            f"{label}: reading a torch file needs torch: pip install 'advcli[torch]'"
+        ) from None
+    try:
+        return torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+    except pickle.UnpicklingError as error:
+        raise AdvcliError(
+            f"{label}: torch.load(weights_only=True) refuses it ({first_line(error)[:200]}); "
+            "advcli reads only tensors and plain containers from a torch file, and never runs "
+            "a dump's code"
+        ) from None
+    except (RuntimeError, OSError, EOFError, ValueError) as error:
+        raise AdvcliError(f"{label}: not a readable torch file ({first_line(error)})") from None
+
+
+def _int_list(obj: dict[str, Any], name: str, where: str) -> list[int] | None:
+    """List field ``name`` of integers (a tensor's too); None where it is null or absent."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if not isinstance(value, list) or not all(
+        isinstance(item, int) and not isinstance(item, bool) for item in value
+    ):
+        raise AdvcliError(f"{where}: '{name}' is not a list of integers")
+    return value
 
 
 def _episode(path: Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from advcli.read.containers import (
     RLLM_TRAINING_FOLDER,
     Translated,
     is_rllm_episode,
+    is_slime_dump,
     translated,
 )
 from advcli.read.dataset import GLOB_CHARS, Dataset, FileIdentity, as_pattern
@@ -91,7 +92,8 @@ def _expand_path(path: Path, spec: str) -> list[Path]:
             return found
         raise AdvcliError(
             f"{spec}: the directory holds no Parquet file (*.parquet, *.pq), JSON-lines file "
-            "(*.jsonl, *.ndjson) or rLLM episode file (episode_*.json)"
+            "(*.jsonl, *.ndjson) or trainer's dump advcli reads (rLLM's episode_*.json, slime's "
+            "rollout_data/{id}.pt)"
         )
     if not path.exists():
         raise AdvcliError(f"{spec}: no such file or directory")
@@ -104,7 +106,8 @@ def directory_files(path: Path) -> list[Path]:
     its JSON-lines files (a stray config.json beside Parquet files is not data), of those only
     a trainer's step files where it holds any (NeMo-RL's log folder: its train data, not its
     validation data), failing those rLLM's episode files (its training steps' where it holds
-    any); none if it holds none of these."""
+    any), failing those slime's dump files (each step's rollout and train files, not its
+    evaluations'); none if it holds none of these."""
     return _read_and_not(path)[0]
 
 
@@ -125,6 +128,8 @@ def _read_and_not(path: Path) -> tuple[list[Path], list[Path], str]:
     if training:
         found = training
     kind = "rLLM train_step_{N}_epoch_{E}/episode_*.json" if training else "rLLM episode_*.json"
+    if not found:
+        found, kind = [p for p in files if is_slime_dump(p)], "slime {rollout,train}_data/{id}.pt"
     return found, [p for p in files if p not in found], f"{kind} files" if found else ""
 
 

@@ -61,6 +61,10 @@ STEP_FILE_NAMES = {
 _RLLM_FIELDS = frozenset(
     ("episode_id", "trajectories.name", "trajectories.uid", "trajectories.reward", "steps:index")
 )
+# slime's rollout dump as advcli.read.containers translates it, a row a sample.
+_SLIME_FIELDS = frozenset(
+    ("rollout_data.rollout_id", "group_index", "reward", "response_length", "loss_mask")
+)
 # NeMo-RL's train_data_step{N}.jsonl (nemo_rl/algorithms/grpo.py, Logger.log_batched_dict_as_jsonl).
 _NEMO_RL_FIELDS = frozenset(("token_ids", "token_loss_mask", "rewards", "idx"))
 
@@ -384,6 +388,31 @@ class _RllmSteps(TrainerDump):
         ]
 
 
+@dataclass(frozen=True)
+class _SlimeSamples(TrainerDump):
+    """slime's rollout dump, translated into a row a sample (:mod:`advcli.read.containers`):
+    its group ``group_index``."""
+
+    def columns(self) -> list[pl.Expr]:
+        # A sample without a loss mask trains on its whole response (slime fills it with ones);
+        # a removed one on none of it (slime zeroes its mask, and keeps it in its group).
+        tokens = pl.coalesce(pl.col("loss_mask").list.sum(), pl.col("response_length"))
+        removed = pl.col("remove_sample").fill_null(False)
+        return [pl.when(removed).then(0).otherwise(tokens).alias(self.made[0])]
+
+    def notes_on(self, groups: pl.Series) -> tuple[str, ...]:
+        sizes = groups.value_counts(name="rows").get_column("rows").unique()
+        if sizes.len() < 2:
+            return ()
+        return (
+            f"the groups differ in size ({', '.join(map(str, sizes.sort().to_list()))} "
+            "samples): slime normalizes a step's rewards as one group, not per prompt, when "
+            "its samples are not n_samples_per_prompt x rollout_batch_size "
+            "(RolloutManager._post_process_rewards), so its own advantages were over the "
+            "whole step",
+        )
+
+
 def _trl_fits(rewards: np.ndarray, trainers: np.ndarray, size: int) -> bool:
     """Whether TRL's advantages over blocks of ``size`` rows (sum_then_normalize: the
     group's mean; divided by its Bessel std + 1e-4, the batch's, or nothing) are ``trainers``,
@@ -427,6 +456,8 @@ def trainer_dump_of(schema: pl.Schema, label: str) -> TrainerDump | None:
         return _checked(_nemo_rl_train_data(schema), schema, label)
     if set(schema.names()) >= _RLLM_FIELDS:
         return _checked(_rllm_steps(schema), schema, label)
+    if set(schema.names()) >= _SLIME_FIELDS:
+        return _checked(_slime_samples(schema), schema, label)
     dialect, tie = dialect_of(schema)
     if not set(schema.names()) >= _VERL_FIELDS or tie is not None:
         return None
@@ -762,4 +793,45 @@ def _rllm_steps(schema: pl.Schema) -> TrainerDump:
             "the episode files are read one folder at a time, each a row a step; rLLM leaves out "
             "of its groups a trajectory with no step, and so does advcli (counted apart)",
         ),
+    )
+
+
+def _slime_samples(schema: pl.Schema) -> TrainerDump:
+    trained = "train_data.rewards" in schema
+    roles = FileRoles(
+        (
+            ("group_index", "group"),
+            ("reward", "reward"),
+            ("loss_mask:tokens", "mask"),
+            ("rollout_data.rollout_id", TRAINING_STEP),
+        ),
+        written_by="slime",
+        source="slime's --dump-details dump",
+        why=(
+            ("group", "'group_index', the prompt's group of n_samples_per_prompt samples"),
+            ("trajectory", "slime keeps a whole sample in one row: each row is a trajectory"),
+            ("reward", "'reward', the raw reward the rollout scored"),
+            (
+                "mask",
+                "the sum of 'loss_mask' (the response's length where it is null, as slime "
+                "fills it; 0 where 'remove_sample', as slime zeroes its mask)",
+            ),
+        ),
+    )
+    return _SlimeSamples(
+        "slime",
+        "slime's rollout_data/{id}.pt"
+        + (" with its train_data/{id}.pt" if trained else "")
+        + " (a row a sample)",
+        roles,
+        ("loss_mask:tokens",),
+        ("loss_mask",),
+        rows_are_trajectories=True,
+        notes=(
+            "slime counts every sample in its group's statistics, those aborted or removed "
+            "('status', 'remove_sample') too, and so does advcli",
+        ),
+        advantage="train_data.rewards" if trained else None,
+        advantage_why="the train file's 'rewards' of the sample (by its 'rollout_position'), "
+        "the group-normalized reward slime puts on every response token",
     )

@@ -433,7 +433,8 @@ def test_empty_directory(run, tmp_path):
     assert result.exit_code == 1
     assert result.stderr == (
         f"Error: {tmp_path / 'empty'}: the directory holds no Parquet file (*.parquet, *.pq), "
-        "JSON-lines file (*.jsonl, *.ndjson) or rLLM episode file (episode_*.json)\n"
+        "JSON-lines file (*.jsonl, *.ndjson) or trainer's dump advcli reads (rLLM's "
+        "episode_*.json, slime's rollout_data/{id}.pt)\n"
     )
 
 
