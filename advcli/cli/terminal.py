@@ -374,17 +374,32 @@ def _dump_table(summary: dict[str, Any]) -> Table:
         "turns per trajectory (min / median / max)",
         f"{spread['min']} / {spread['median']:g} / {spread['max']}",
     )
-    for label, entry in (("row", scores), ("trajectory", summary["trajectory_scores"])):
-        facts.add_row(
-            f"{label} score (min / mean / max)",
-            f"{fmt(entry['min'])} / {fmt(entry['mean'])} / {fmt(entry['max'])}",
-        )
-        distribution = entry.get("values") or entry.get("quantiles", {})
-        facts.add_row(
-            f"{label} score {'values' if 'values' in entry else 'quantiles'}",
-            ", ".join(f"{key}: {fmt(value)}" for key, value in distribution.items()),
-        )
+    if scores is None:
+        facts.add_row("scores", "n/a: the dump holds no rewards")
+    else:
+        for label, entry in (("row", scores), ("trajectory", summary["trajectory_scores"])):
+            _add_spread(facts, f"{label} score", entry)
+    advantages = summary.get("trainer_advantages")
+    if advantages is not None:
+        trainer = summary["inputs"]["trainer"] or "the trainer"
+        if advantages["rows"]:
+            _add_spread(facts, f"{trainer}'s advantage", advantages)
+        if advantages["rows_without"]:
+            facts.add_row(f"rows without {trainer}'s advantage", fmt(advantages["rows_without"]))
     return facts
+
+
+def _add_spread(facts: Table, label: str, entry: dict[str, Any]) -> None:
+    """Rows for a summary of values (scores, advantages): their spread, values or quantiles."""
+    facts.add_row(
+        f"{label} (min / mean / max)",
+        f"{fmt(entry['min'])} / {fmt(entry['mean'])} / {fmt(entry['max'])}",
+    )
+    distribution = entry.get("values") or entry.get("quantiles", {})
+    facts.add_row(
+        f"{label} {'values' if 'values' in entry else 'quantiles'}",
+        ", ".join(f"{key}: {fmt(value)}" for key, value in distribution.items()),
+    )
 
 
 def _checks_table(summary: dict[str, Any]) -> tuple[Table, list[Any]]:
@@ -401,6 +416,9 @@ def _checks_table(summary: dict[str, Any]) -> tuple[Table, list[Any]]:
         ("duplicate_turns", "repeated (group, trajectory, turn)"),
     ):
         entry = summary[key]
+        if entry is None:  # a figure of scores, of a dump without them
+            checks.add_row(label, "n/a", "")
+            continue
         examples += _example_values(entry["examples"])
         shown_examples = _examples(entry["examples"])
         if entry["count"] and "rule" in entry:

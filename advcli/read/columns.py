@@ -80,6 +80,10 @@ class ColumnRoles:
     # The trainer's own dump the roles were read from (:mod:`advcli.read.trainer_dumps`), in
     # words; None for a batch or a table.
     read_from: str | None = None
+    # Why the dump holds no rewards and how to keep them, where its trainer removed them before
+    # it wrote the dump (SkyRL's): its reward column is then all null, and only what needs no
+    # score is read (inspect's groups, rows and the trainer's advantages).
+    reward_removed: str | None = None
     # GiGPO's roles (read for --estimator gigpo only): the anchor state, and a step's reward or
     # its already discounted return (one of the two).
     anchor: str | None = None

@@ -1,17 +1,19 @@
 """Trainers' dumps that are not tables, translated into one: rLLM's folder of episode files (one
-pretty-printed JSON object each, its trajectories' steps nested inside) and slime's torch files
-(plain dicts of samples, read with ``torch.load(weights_only=True)``: a dump never runs code).
+pretty-printed JSON object each, its trajectories' steps nested inside), slime's torch files
+(plain dicts of samples, read with ``torch.load(weights_only=True)``) and SkyRL's pickled batch
+(read by an unpickler that knows three stand-in names): a dump never runs code.
 
 Each input (a folder of one step's episode files; a slime step's rollout file with its train
-file) is translated once, one file at a time, into a Parquet file in a spool folder the caller
-removes, a row for each step (rLLM) or sample (slime), its columns named by the trainer's
-fields (``trajectories.reward``: a trajectory's ``reward``). A trainer's dump view
-(:mod:`advcli.read.trainer_dumps`) then reads that file as it reads any other; what the
-translation keeps is every field the reading needs and the ids that name a row.
+file; a SkyRL pickle) is translated once, one file at a time, into a Parquet file in a spool
+folder the caller removes, a row for each step (rLLM), sample (slime) or batch row (SkyRL), its
+columns named by the trainer's fields (``trajectories.reward``: a trajectory's ``reward``). A
+trainer's dump view (:mod:`advcli.read.trainer_dumps`) then reads that file as it reads any
+other; what the translation keeps is every field the reading needs and the ids that name a row.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import pickle
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -51,8 +54,24 @@ SLIME_SCHEMA = pa.schema(
 )
 # What the train file adds, by each sample's rollout_position: its group-normalized reward.
 SLIME_TRAIN_FIELD = pa.field("train_data.rewards", pa.float64())
+# SkyRL's trainer.dump_data_batch: {export_path}/dumped_data/global_step_{N}_training_input.pkl,
+# a pickled TrainingInputBatch (skyrl/train/trainer.py, dump_data).
+SKYRL_BATCH = re.compile(r"global_step_\d+_training_input\.pkl")
+_SKYRL_MODULE = "skyrl.backends.skyrl_train.training_batch"
+SKYRL_SCHEMA = pa.schema(
+    [
+        # The row's range among the metadata's policy_prompt_boundaries (null on a pad row).
+        ("policy_prompt_boundaries", pa.int64()),
+        ("loss_mask:tokens", pa.int64()),
+        # The row's advantage: its value on the first response token (null where it has none).
+        ("advantages:first", pa.float64()),
+        # The metadata's pad_size last rows, copies SkyRL adds to fill the data-parallel ranks.
+        ("pad_size:padding", pa.bool_()),
+    ]
+)
 RLLM_EPISODES = "rLLM episode files"
 SLIME_DUMPS = "slime dump files"
+SKYRL_BATCHES = "SkyRL training input pickles"
 # How many rows a translation holds before it writes them out.
 SPOOL_ROWS = 1 << 16
 
@@ -113,8 +132,10 @@ def translated(files: Sequence[Path], spool: Callable[[], Path]) -> Translated:
         target = folder / f"{index}.parquet"
         if container == RLLM_EPISODES:
             _translate_rllm(members, target)
-        else:
+        elif container == SLIME_DUMPS:
             _translate_slime(unit, target)
+        else:
+            _translate_skyrl(unit, target)
         out_files.append(target)
     return Translated(
         tuple(out_files),
@@ -131,6 +152,8 @@ def _unit_of(path: Path) -> tuple[Path, str | None]:
         return path.parent, RLLM_EPISODES
     if is_slime_dump(path):
         return _slime_rollout(path), SLIME_DUMPS
+    if is_skyrl_batch(path):
+        return path, SKYRL_BATCHES
     return path, None
 
 
@@ -240,12 +263,7 @@ def _torch_load(path: Path) -> Any:
     """A ``.pt`` file's object, read with ``torch.load(weights_only=True)``: tensors and plain
     containers only, so a dump never runs code."""
     label = shown_path(path)
-    try:
-        import torch
-    except ImportError:
-        raise AdvcliError(
-            f"{label}: reading a torch file needs torch: pip install 'advcli[torch]'"
-        ) from None
+    torch = _torch(label)
     try:
         return torch.load(path, weights_only=True, mmap=True, map_location="cpu")
     except pickle.UnpicklingError as error:
@@ -256,6 +274,15 @@ def _torch_load(path: Path) -> Any:
         ) from None
     except (RuntimeError, OSError, EOFError, ValueError) as error:
         raise AdvcliError(f"{label}: not a readable torch file ({first_line(error)})") from None
+
+
+def _torch(label: str) -> Any:
+    """torch, imported where a dump needs it (``advcli --help`` never does)."""
+    try:
+        import torch
+    except ImportError:
+        raise AdvcliError(f"{label}: reading it needs torch: pip install 'advcli[torch]'") from None
+    return torch
 
 
 def _int_list(obj: dict[str, Any], name: str, where: str) -> list[int] | None:
@@ -270,6 +297,166 @@ def _int_list(obj: dict[str, Any], name: str, where: str) -> list[int] | None:
     ):
         raise AdvcliError(f"{where}: '{name}' is not a list of integers")
     return value
+
+
+def is_skyrl_batch(path: Path) -> bool:
+    """Whether ``path`` is named as SkyRL's trainer.dump_data_batch names a step's batch."""
+    return SKYRL_BATCH.fullmatch(path.name) is not None
+
+
+class _TrainingInputBatch:
+    """Stands in for SkyRL's class in its pickle, which names it as the batch's type."""
+
+
+def _rebuild_batch(kind: object, state: object) -> object:
+    """Stands in for SkyRL's ``_rebuild_tensor_batch``: the batch's state as it is."""
+    return state
+
+
+def _device(*args: object) -> object:
+    """Stands in for ``torch.device``: its arguments, which nothing reads."""
+    return args
+
+
+class _SkyrlUnpickler(pickle.Unpickler):
+    """An unpickler of SkyRL's batch that builds plain containers only: the three names its
+    pickle holds are stand-ins, and any other name is refused before anything of it runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = _SKYRL_NAMES.get((module, name))
+        if allowed is None:
+            raise _Refused(f"{module}.{name}")
+        return allowed
+
+
+_SKYRL_NAMES: dict[tuple[str, str], Any] = {
+    (_SKYRL_MODULE, "_rebuild_tensor_batch"): _rebuild_batch,
+    (_SKYRL_MODULE, "TrainingInputBatch"): _TrainingInputBatch,
+    ("torch", "device"): _device,
+}
+
+
+class _Refused(Exception):
+    """A name in a pickle that advcli does not load."""
+
+
+def _translate_skyrl(path: Path, target: Path) -> None:
+    """SkyRL's pickled training input as a table of its rows in ``target``: each row's prompt
+    group, tokens to train on, advantage and whether it is padding."""
+    label = shown_path(path)
+    state = _skyrl_state(path)
+    batch, metadata = state.get("batch_dict"), state.get("metadata")
+    size = state.get("batch_size")
+    if not isinstance(batch, dict) or not isinstance(metadata, dict) or not isinstance(size, int):
+        raise AdvcliError(
+            f"{label}: not SkyRL's TrainingInputBatch (its state holds 'batch_dict', "
+            "'batch_size' and 'metadata')"
+        )
+    loss_mask = _skyrl_array(batch, "loss_mask", size, label)
+    response_mask = _skyrl_array(batch, "response_mask", size, label)
+    advantages = _skyrl_array(batch, "advantages", size, label)
+    pad = metadata.get("pad_size", 0)
+    if not isinstance(pad, int) or not 0 <= pad <= size:
+        raise AdvcliError(f"{label}: metadata 'pad_size' is {pad!r}, not a count of its rows")
+    groups = _skyrl_groups(metadata.get("policy_prompt_boundaries"), size - pad, label)
+    responded = response_mask.astype(bool)
+    first = advantages[np.arange(size), responded.argmax(axis=1)].astype(np.float64)
+    table = pa.table(
+        {
+            "policy_prompt_boundaries": pa.array(
+                np.append(groups, np.zeros(pad, np.int64)), mask=np.arange(size) >= size - pad
+            ),
+            "loss_mask:tokens": loss_mask.sum(axis=1).round().astype(np.int64),
+            "advantages:first": pa.array(first, mask=~responded.any(axis=1)),
+            "pad_size:padding": np.arange(size) >= size - pad,
+        },
+        schema=SKYRL_SCHEMA,
+    )
+    pq.write_table(table, target)
+
+
+def _skyrl_state(path: Path) -> dict[str, Any]:
+    """The state SkyRL pickled its batch with, through :class:`_SkyrlUnpickler`."""
+    label = shown_path(path)
+    try:
+        with path.open("rb") as file:
+            state = _SkyrlUnpickler(file).load()
+    except _Refused as refused:
+        raise AdvcliError(
+            f"{label}: the pickle names {refused}, which advcli does not load: a SkyRL batch "
+            f"names only {_SKYRL_MODULE}._rebuild_tensor_batch, TrainingInputBatch and "
+            "torch.device, and advcli never runs a dump's code"
+        ) from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as error:
+        raise AdvcliError(f"{label}: not a readable pickle ({first_line(error)})") from None
+    except OSError as error:
+        raise AdvcliError(f"{label}: cannot read the file ({error.strerror})") from None
+    if not isinstance(state, dict):
+        raise AdvcliError(
+            f"{label}: not SkyRL's TrainingInputBatch pickled by its __reduce__ (SkyRL since "
+            "2026-03), which advcli reads"
+        )
+    return state
+
+
+def _skyrl_array(batch: dict[str, Any], name: str, rows: int, label: str) -> np.ndarray:
+    """Tensor ``name`` of the batch as a [rows, response length] array, from SkyRL's
+    serialized form (numpy bytes; torch.save bytes, read with weights_only, for a dtype numpy
+    has not)."""
+    value = batch.get(name)
+    array: np.ndarray
+    if not isinstance(value, dict) or "data" not in value:
+        raise AdvcliError(f"{label}: the batch holds no tensor '{name}', which advcli reads")
+    try:
+        if value.get("format") == "torch":
+            tensor = _torch_load_bytes(value["data"], label)
+            array = tensor.float().numpy()
+        else:
+            array = np.frombuffer(value["data"], dtype=np.dtype(value["dtype"]))
+            array = array.reshape(value["shape"])
+    except (TypeError, ValueError, KeyError) as error:
+        raise AdvcliError(f"{label}: tensor '{name}' is not readable ({error})") from None
+    if array.ndim != 2 or array.shape[0] != rows:
+        raise AdvcliError(
+            f"{label}: tensor '{name}' has shape {list(array.shape)}, where the batch's "
+            f"{rows:,} rows of response tokens were expected"
+        )
+    return array
+
+
+def _skyrl_groups(boundaries: Any, rows: int, label: str) -> np.ndarray:
+    """Each of the first ``rows`` rows' range among ``policy_prompt_boundaries``, the (start,
+    end) rows of each prompt's group, which must cover them in order."""
+    if not isinstance(boundaries, (list, tuple)) or not boundaries:
+        raise AdvcliError(
+            f"{label}: the metadata has no 'policy_prompt_boundaries' (SkyRL keeps them since "
+            "2026-06), so its prompt groups cannot be told"
+        )
+    starts = np.array([bound[0] for bound in boundaries], dtype=np.int64)
+    ends = np.array([bound[1] for bound in boundaries], dtype=np.int64)
+    if (
+        starts[0] != 0
+        or ends[-1] != rows
+        or (starts[1:] != ends[:-1]).any()
+        or (ends <= starts).any()
+    ):
+        raise AdvcliError(
+            f"{label}: the metadata's 'policy_prompt_boundaries' do not cover its {rows:,} rows "
+            "(less its pad_size) one range after another"
+        )
+    return np.repeat(np.arange(len(starts), dtype=np.int64), ends - starts)
+
+
+def _torch_load_bytes(data: bytes, label: str) -> Any:
+    """A tensor SkyRL saved with torch.save into bytes, loaded with weights_only."""
+    torch = _torch(label)
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise AdvcliError(
+            f"{label}: torch.load(weights_only=True) refuses a tensor in it "
+            f"({first_line(error)[:200]}); advcli never runs a dump's code"
+        ) from None
 
 
 def _episode(path: Path) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from advcli.read.containers import (
     RLLM_TRAINING_FOLDER,
     Translated,
     is_rllm_episode,
+    is_skyrl_batch,
     is_slime_dump,
     translated,
 )
@@ -93,7 +94,7 @@ def _expand_path(path: Path, spec: str) -> list[Path]:
         raise AdvcliError(
             f"{spec}: the directory holds no Parquet file (*.parquet, *.pq), JSON-lines file "
             "(*.jsonl, *.ndjson) or trainer's dump advcli reads (rLLM's episode_*.json, slime's "
-            "rollout_data/{id}.pt)"
+            "rollout_data/{id}.pt, SkyRL's global_step_{N}_training_input.pkl)"
         )
     if not path.exists():
         raise AdvcliError(f"{spec}: no such file or directory")
@@ -107,7 +108,8 @@ def directory_files(path: Path) -> list[Path]:
     a trainer's step files where it holds any (NeMo-RL's log folder: its train data, not its
     validation data), failing those rLLM's episode files (its training steps' where it holds
     any), failing those slime's dump files (each step's rollout and train files, not its
-    evaluations'); none if it holds none of these."""
+    evaluations'), failing those SkyRL's pickled training inputs; none if it holds none of
+    these."""
     return _read_and_not(path)[0]
 
 
@@ -130,6 +132,11 @@ def _read_and_not(path: Path) -> tuple[list[Path], list[Path], str]:
     kind = "rLLM train_step_{N}_epoch_{E}/episode_*.json" if training else "rLLM episode_*.json"
     if not found:
         found, kind = [p for p in files if is_slime_dump(p)], "slime {rollout,train}_data/{id}.pt"
+    if not found:
+        found, kind = (
+            [p for p in files if is_skyrl_batch(p)],
+            "SkyRL global_step_{N}_training_input.pkl",
+        )
     return found, [p for p in files if p not in found], f"{kind} files" if found else ""
 
 

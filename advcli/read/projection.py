@@ -292,7 +292,8 @@ def _row_rules(
                 f"column '{columns.last_step}' (last-step flag) is null",
             )
         )
-    rules.append((pl.col(reward).is_null(), f"column '{reward}' (reward) is null"))
+    if columns.reward_removed is None:
+        rules.append((pl.col(reward).is_null(), f"column '{reward}' (reward) is null"))
     if columns.reward_kind == "token_rewards":
         rules.append(
             (

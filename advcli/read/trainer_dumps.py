@@ -65,6 +65,10 @@ _RLLM_FIELDS = frozenset(
 _SLIME_FIELDS = frozenset(
     ("rollout_data.rollout_id", "group_index", "reward", "response_length", "loss_mask")
 )
+# SkyRL's training input pickle as advcli.read.containers translates it, a row a batch row.
+_SKYRL_FIELDS = frozenset(
+    ("policy_prompt_boundaries", "loss_mask:tokens", "advantages:first", "pad_size:padding")
+)
 # NeMo-RL's train_data_step{N}.jsonl (nemo_rl/algorithms/grpo.py, Logger.log_batched_dict_as_jsonl).
 _NEMO_RL_FIELDS = frozenset(("token_ids", "token_loss_mask", "rewards", "idx"))
 
@@ -103,6 +107,9 @@ class TrainerDump:
     # and what it holds; None where the dump has none.
     advantage: str | None = None
     advantage_why: str = ""
+    # Why the dump holds no rewards and how to keep them, where the trainer removed them (its
+    # reward column is then made all null); None where it holds them.
+    reward_removed: str | None = None
 
     def columns(self) -> list[pl.Expr]:
         """The made columns, as expressions over the file's columns."""
@@ -413,6 +420,16 @@ class _SlimeSamples(TrainerDump):
         )
 
 
+@dataclass(frozen=True)
+class _SkyrlTrainingInput(TrainerDump):
+    """SkyRL's pickled training input, translated into a row a batch row
+    (:mod:`advcli.read.containers`): its groups the prompt ranges of its metadata, its rewards
+    removed before the dump."""
+
+    def columns(self) -> list[pl.Expr]:
+        return [pl.lit(None, dtype=pl.Float64).alias(self.made[0])]
+
+
 def _trl_fits(rewards: np.ndarray, trainers: np.ndarray, size: int) -> bool:
     """Whether TRL's advantages over blocks of ``size`` rows (sum_then_normalize: the
     group's mean; divided by its Bessel std + 1e-4, the batch's, or nothing) are ``trainers``,
@@ -456,6 +473,8 @@ def trainer_dump_of(schema: pl.Schema, label: str) -> TrainerDump | None:
         return _checked(_nemo_rl_train_data(schema), schema, label)
     if set(schema.names()) >= _RLLM_FIELDS:
         return _checked(_rllm_steps(schema), schema, label)
+    if set(schema.names()) >= _SKYRL_FIELDS:
+        return _checked(_skyrl_training_input(), schema, label)
     if set(schema.names()) >= _SLIME_FIELDS:
         return _checked(_slime_samples(schema), schema, label)
     dialect, tie = dialect_of(schema)
@@ -834,4 +853,59 @@ def _slime_samples(schema: pl.Schema) -> TrainerDump:
         advantage="train_data.rewards" if trained else None,
         advantage_why="the train file's 'rewards' of the sample (by its 'rollout_position'), "
         "the group-normalized reward slime puts on every response token",
+    )
+
+
+def _skyrl_training_input() -> TrainerDump:
+    roles = FileRoles(
+        (
+            ("policy_prompt_boundaries", "group"),
+            ("rewards:removed", "reward"),
+            ("loss_mask:tokens", "mask"),
+        ),
+        written_by="SkyRL",
+        source="SkyRL's dumped training input",
+        why=(
+            (
+                "group",
+                "the row's range among the metadata's 'policy_prompt_boundaries', the rows of "
+                "one prompt (SkyRL's uids, which it removes before the dump)",
+            ),
+            (
+                "trajectory",
+                "each row is a trajectory (a step, in SkyRL's step-wise mode, which the dump "
+                "does not tell)",
+            ),
+            (
+                "reward",
+                "none, a column of nulls: SkyRL removes 'rewards' from the batch before it "
+                "dumps it",
+            ),
+            ("mask", "the sum of 'loss_mask'"),
+        ),
+    )
+    return _SkyrlTrainingInput(
+        "SkyRL",
+        "SkyRL's global_step_{N}_training_input.pkl (a row a batch row, no rewards)",
+        roles,
+        ("rewards:removed",),
+        ("advantages:first",),
+        rows_are_trajectories=True,
+        left_out="pad_size:padding",
+        left_out_label="padding rows SkyRL adds (its metadata's pad_size)",
+        notes=(
+            "with generator.step_wise_trajectories SkyRL's rows are steps, and it removes the "
+            "'is_last_step' flags that end each trajectory before the dump: the dump does not "
+            "tell, and each row is read as a trajectory",
+        ),
+        advantage="advantages:first",
+        advantage_why="the row's 'advantages' on its first response token (SkyRL puts a "
+        "row's advantage on each of its response tokens)",
+        reward_removed=(
+            "SkyRL removes the rewards (and the uids and is_last_step flags) from its batch "
+            "before trainer.dump_data_batch writes it (RayPPOTrainer.train), so there are no "
+            "advantages to compute or compare here; advcli inspect reads its groups, rows and "
+            "SkyRL's own advantages. To keep the rewards, write them where "
+            "compute_advantages_and_returns still has them (docs/trainers/skyrl.md)"
+        ),
     )

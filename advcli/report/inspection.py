@@ -62,6 +62,8 @@ class Roles(Protocol):
     @property
     def left_out(self) -> str | None: ...
     @property
+    def reward_removed(self) -> str | None: ...
+    @property
     def padding_label(self) -> str: ...
     @property
     def traj_score_rule(self) -> tuple[Any, str] | None: ...
@@ -122,13 +124,21 @@ def inspect_dump(
     locate: Callable[[int], str],
     padding_rows: int = 0,
     anchor_scope: AnchorScope = AnchorScope.GROUP,
+    trainer_advantages: pl.Series | None = None,
 ) -> dict[str, Any]:
     """The inspection report of a checked key projection (docs/inspect.md has every key), with
-    the padding rows stage 1 left out and its step groups under ``anchor_scope``."""
+    the padding rows stage 1 left out and its step groups under ``anchor_scope``;
+    ``trainer_advantages``: the trainer's own advantage of each of its rows, where the dump
+    holds them. Of a dump without rewards (``columns.reward_removed``) the figures of scores
+    are None."""
+    scored = columns.reward_removed is None
+    if not scored:
+        # The units are counted alike whatever their scores: a stand-in no figure reports.
+        projection = projection.with_columns(pl.lit(0.0).alias(SCORE))
     # The figures over rows first, while the projection is all that is held: the trajectory
     # index and its units are not yet made when their hash tables and sorted copies are.
     duplicates = _duplicate_turns(projection, locate)
-    score_summary = _score_summary(projection[SCORE])
+    score_summary = _score_summary(projection[SCORE]) if scored else None
     tokens_known = columns.mask is not None
     counts = {
         "rows": projection.height,
@@ -155,7 +165,7 @@ def inspect_dump(
 
     # Each trajectory counted once (its score as compute reads it when its rows agree, or, in
     # SkyRL's dumps, always): a success rate over rows overweights long trajectories.
-    trajectory_scores = _score_summary(per_trajectory[SCORE])
+    trajectory_scores = _score_summary(per_trajectory[SCORE]) if scored else None
 
     turns = per_trajectory["turns"]
     summary = {
@@ -186,20 +196,25 @@ def inspect_dump(
         },
         "scores": score_summary,
         "trajectory_scores": trajectory_scores,
-        "singleton_groups": {
-            "count": singleton.height,
-            "examples": singleton[GROUP].head(EXAMPLES).to_list(),
-        },
-        "zero_std_groups": {
-            "count": zero_std.height,
-            "examples": zero_std[GROUP].head(EXAMPLES).to_list(),
-        },
-        "inconsistent_trajectories": inconsistent,
+        "singleton_groups": _groups_found(singleton),
+        "zero_std_groups": _groups_found(zero_std) if scored else None,
+        "inconsistent_trajectories": inconsistent if scored else None,
         "duplicate_turns": duplicates,
         "padding_rows": padding_rows,
         **({"padding_label": columns.padding_label} if columns.left_out is not None else {}),
+        **(
+            {"trainer_advantages": _advantage_summary(trainer_advantages)}
+            if trainer_advantages is not None
+            else {}
+        ),
+        **({"reward_removed": columns.reward_removed} if not scored else {}),
     }
     return summary | _step_groups(projection, anchor_scope)
+
+
+def _groups_found(groups: pl.DataFrame) -> dict[str, Any]:
+    """How many groups a check found, and the first few."""
+    return {"count": groups.height, "examples": groups[GROUP].head(EXAMPLES).to_list()}
 
 
 def _step_groups(projection: pl.DataFrame, scope: AnchorScope) -> dict[str, Any]:
@@ -226,6 +241,14 @@ def _duplicate_turns(projection: pl.DataFrame, locate: Callable[[int], str]) -> 
             for r in repeated.head(EXAMPLES).iter_rows(named=True)
         ],
     }
+
+
+def _advantage_summary(advantages: pl.Series) -> dict[str, Any]:
+    """The trainer's advantages as scores are summed up, over the rows that have one, and how
+    many rows have none (a trace prime-rl did not train on, a sample slime's train file lacks)."""
+    known = advantages.drop_nulls()
+    summary = _score_summary(known) if known.len() else {}
+    return {**summary, "rows": known.len(), "rows_without": advantages.null_count()}
 
 
 def _score_summary(scores: pl.Series) -> dict[str, Any]:

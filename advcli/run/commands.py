@@ -479,6 +479,7 @@ def inspect(
             locate=dataset.locate,
             padding_rows=dump.padding.height,
             anchor_scope=anchor_scope or StepTerm().scope,
+            trainer_advantages=dump.trainer_advantages(),
         )
         summary["duplicate_rows"] = duplicates.report(dataset.locate)
         dataset.check_unchanged()

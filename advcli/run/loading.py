@@ -95,13 +95,24 @@ class LoadedDump:
         """With --by each step is its own batch, for the batch-wide quantities too."""
         return self.steps.name if self.steps is not None else None
 
+    def trainer_advantages(self) -> pl.Series | None:
+        """The trainer's own advantage of each row of the projection, where the dump holds
+        them (null where it has none for a row)."""
+        column = self.columns.trainer_advantage
+        if column is None:
+            return None
+        return self.dataset.read_columns([column]).to_series().gather(self.projection[ROW])
+
     def with_trainer_rule(
         self, config: AdvantageConfig, *, both_levels: bool = True
     ) -> tuple[LoadedDump, AdvantageConfig]:
         """The dump and ``config`` with its trainer's rule for a trajectory whose rows differ,
         where the settings choose none and the trajectory level is computed (``both_levels``,
         else at ``config.level`` only): verl-agent's own, ``--traj-score own``, stated in the
-        reading. Where its rows agree the rule gives the numbers of any other."""
+        reading. Where its rows agree the rule gives the numbers of any other. A dump whose
+        trainer removed its rewards has no advantages to compute: an error saying so."""
+        if self.columns.reward_removed is not None:
+            raise AdvcliError(f"{self.dataset.describe()}: {self.columns.reward_removed}")
         at_trajectory = both_levels or config.level is Level.TRAJECTORY
         rule = self.columns.traj_score_rule
         if rule is not None and at_trajectory and config.takes_trainer_score_rule:
@@ -628,6 +639,10 @@ def _as_the_dump_says(columns: ColumnRoles, view: TrainerDump) -> ColumnRoles:
     layout it was read in, and the trainer's rule for a trajectory whose rows differ where the
     reading found the trajectories the trainer scores by it. Where the options name other ids,
     the dump is read by them, and the reading says so."""
+    if view.reward_removed is not None:
+        # Its column stands in for the role: no number of any row is read from it.
+        reasons = {**columns.reasons, "reward": view.roles.named_in("reward")}
+        columns = replace(columns, reward_removed=view.reward_removed, reasons=reasons)
     if not view.keys_taken(columns):
         note = (
             f"the options name the ids, so the file is read by them and its columns' names, "

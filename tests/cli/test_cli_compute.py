@@ -434,7 +434,8 @@ def test_empty_directory(run, tmp_path):
     assert result.stderr == (
         f"Error: {tmp_path / 'empty'}: the directory holds no Parquet file (*.parquet, *.pq), "
         "JSON-lines file (*.jsonl, *.ndjson) or trainer's dump advcli reads (rLLM's "
-        "episode_*.json, slime's rollout_data/{id}.pt)\n"
+        "episode_*.json, slime's rollout_data/{id}.pt, SkyRL's "
+        "global_step_{N}_training_input.pkl)\n"
     )
 
 
