@@ -350,8 +350,11 @@ def _roles_table(summary: dict[str, Any]) -> Table:
     _add_rows(
         roles,
         [
-            (role, shown(entry["column"] or "-"), visible(entry["why"]))
-            for role, entry in summary["columns"].items()
+            *(
+                (role, shown(entry["column"] or "-"), visible(entry["why"]))
+                for role, entry in summary["columns"].items()
+            ),
+            *(("note", "", visible(note)) for note in summary["inputs"]["notes"]),
         ],
     )
     return roles

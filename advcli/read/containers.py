@@ -13,6 +13,7 @@ other; what the translation keeps is every field the reading needs and the ids t
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import math
@@ -50,16 +51,20 @@ SLIME_SCHEMA = pa.schema(
         ("loss_mask", pa.list_(pa.int64())),
         ("status", pa.string()),
         ("remove_sample", pa.bool_()),
+        # From the train file beside it, by each sample's rollout_position: its
+        # group-normalized reward (null without a train file).
+        ("train_data.rewards", pa.float64()),
     ]
 )
-# What the train file adds, by each sample's rollout_position: its group-normalized reward.
-SLIME_TRAIN_FIELD = pa.field("train_data.rewards", pa.float64())
+SLIME_TRAIN_FIELD = SLIME_SCHEMA.field("train_data.rewards")
 # SkyRL's trainer.dump_data_batch: {export_path}/dumped_data/global_step_{N}_training_input.pkl,
 # a pickled TrainingInputBatch (skyrl/train/trainer.py, dump_data).
-SKYRL_BATCH = re.compile(r"global_step_\d+_training_input\.pkl")
+SKYRL_BATCH = re.compile(r"global_step_(\d+)_training_input\.pkl")
 _SKYRL_MODULE = "skyrl.backends.skyrl_train.training_batch"
 SKYRL_SCHEMA = pa.schema(
     [
+        # The N of the file's name: its groups are its own (their ranges restart every step).
+        ("global_step", pa.int64()),
         # The row's range among the metadata's policy_prompt_boundaries (null on a pad row).
         ("policy_prompt_boundaries", pa.int64()),
         ("loss_mask:tokens", pa.int64()),
@@ -77,6 +82,8 @@ SPOOL_ROWS = 1 << 16
 
 RLLM_SCHEMA = pa.schema(
     [
+        # The name of the episode's file in its folder, which errors name.
+        ("episode_file", pa.string()),
         ("training_step", pa.int64()),
         ("epoch", pa.int64()),
         ("episode_id", pa.string()),
@@ -163,7 +170,7 @@ def _translate_rllm(episodes: Sequence[Path], target: Path) -> None:
     with pq.ParquetWriter(target, RLLM_SCHEMA) as writer:
         rows: dict[str, list[Any]] = {name: [] for name in RLLM_SCHEMA.names}
         for path in episodes:
-            _episode_rows(_episode(path), shown_path(path), rows)
+            _episode_rows(_episode(path), shown_path(path), rows, path.name)
             if len(rows["episode_id"]) >= SPOOL_ROWS:
                 writer.write_table(pa.table(rows, schema=RLLM_SCHEMA))
                 rows = {name: [] for name in RLLM_SCHEMA.names}
@@ -196,7 +203,7 @@ def _translate_slime(rollout: Path, target: Path) -> None:
             f"{label}: not slime's rollout dump (a dict of 'rollout_id' and 'samples', the "
             "samples' dicts)"
         )
-    columns: dict[str, list[Any]] = {name: [] for name in SLIME_SCHEMA.names}
+    columns: dict[str, list[Any]] = {name: [] for name in SLIME_SCHEMA.names[:-1]}
     rollouts: dict[int, int] = {}  # each sample's own rollout_id, and its first sample
     for number, sample in enumerate(samples):
         where = f"{label}: samples[{number}]"
@@ -223,11 +230,13 @@ def _translate_slime(rollout: Path, target: Path) -> None:
         columns["loss_mask"].append(_int_list(sample, "loss_mask", where))
         columns["status"].append(_value(sample, "status", str, where))
         columns["remove_sample"].append(_value(sample, "remove_sample", bool, where))
-    table = pa.table(columns, schema=SLIME_SCHEMA)
     train = rollout.parent.parent / "train_data" / rollout.name
-    if train.exists():  # beside it, whatever the inputs named
-        table = table.append_column(SLIME_TRAIN_FIELD, [_slime_train_rewards(train, len(samples))])
-    pq.write_table(table, target)
+    # Beside it, whatever the inputs named; a step without one (a run stopped before it
+    # trained) has none of slime's advantages.
+    columns[SLIME_TRAIN_FIELD.name] = (
+        _slime_train_rewards(train, len(samples)) if train.exists() else [None] * len(samples)
+    )
+    pq.write_table(pa.table(columns, schema=SLIME_SCHEMA), target)
 
 
 def _slime_train_rewards(path: Path, count: int) -> list[float | None]:
@@ -252,28 +261,54 @@ def _slime_train_rewards(path: Path, count: int) -> list[float | None]:
                 f"{where}: 'rollout_position' is {position}, but the rollout file beside it "
                 f"holds {count:,} samples"
             )
-        reward: Any = sample.get("rewards")
-        if hasattr(reward, "item"):  # a 0-dim tensor where the trainer kept one
-            reward = reward.item()
-        rewards[position] = _value({"rewards": reward}, "rewards", float, where, required=True)
+        if rewards[position] is not None:  # every one read is a number
+            raise AdvcliError(
+                f"{where}: 'rollout_position' {position} is an earlier sample's too: each "
+                "sample of the rollout file is trained once"
+            )
+        rewards[position] = _value(sample, "rewards", float, where, required=True)
     return rewards
 
 
 def _torch_load(path: Path) -> Any:
-    """A ``.pt`` file's object, read with ``torch.load(weights_only=True)``: tensors and plain
-    containers only, so a dump never runs code."""
+    """A ``.pt`` file's object, read with ``torch.load(weights_only=True)``: tensors, plain
+    containers and numpy's scalars and arrays only, so a dump never runs code."""
     label = shown_path(path)
+    if path.stat().st_size == 0:
+        raise AdvcliError(f"{label}: the file is empty (0 bytes), not a torch file")
     torch = _torch(label)
     try:
-        return torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+        with torch.serialization.safe_globals(_numpy_data()):
+            return torch.load(path, weights_only=True, mmap=True, map_location="cpu")
     except pickle.UnpicklingError as error:
-        raise AdvcliError(
-            f"{label}: torch.load(weights_only=True) refuses it ({first_line(error)[:200]}); "
-            "advcli reads only tensors and plain containers from a torch file, and never runs "
-            "a dump's code"
-        ) from None
-    except (RuntimeError, OSError, EOFError, ValueError) as error:
+        raise AdvcliError(f"{label}: {_refusal(error)}") from None
+    except Exception as error:  # damaged bytes fail torch.load in many ways (struct, zip, …)
         raise AdvcliError(f"{label}: not a readable torch file ({first_line(error)})") from None
+
+
+def _numpy_data() -> list[Any]:
+    """What numpy's scalars and arrays pickle as (data, no code): a sample's reward is often a
+    numpy float."""
+    try:
+        multiarray = importlib.import_module("numpy._core.multiarray")
+    except ImportError:  # numpy 1
+        multiarray = importlib.import_module("numpy.core.multiarray")
+    dtypes = [type(np.dtype(kind)) for kind in "?bhilqBHILQefdgFDGSUO"]
+    return [multiarray.scalar, multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
+
+
+def _refusal(error: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, naming what it holds."""
+    named = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+    why = (
+        f"it names {named.group(1)}, which torch.load(weights_only=True) does not load"
+        if named
+        else f"torch.load(weights_only=True) refuses it ({first_line(error)[:120]})"
+    )
+    return (
+        f"{why}; advcli reads only tensors, plain containers and numpy values from a torch "
+        "file, and never runs a dump's code"
+    )
 
 
 def _torch(label: str) -> Any:
@@ -361,8 +396,12 @@ def _translate_skyrl(path: Path, target: Path) -> None:
     groups = _skyrl_groups(metadata.get("policy_prompt_boundaries"), size - pad, label)
     responded = response_mask.astype(bool)
     first = advantages[np.arange(size), responded.argmax(axis=1)].astype(np.float64)
+    named = SKYRL_BATCH.fullmatch(path.name)
+    assert named is not None  # a file of another name is no SkyRL batch
+    step = int(named.group(1))
     table = pa.table(
         {
+            "global_step": np.full(size, step, dtype=np.int64),
             "policy_prompt_boundaries": pa.array(
                 np.append(groups, np.zeros(pad, np.int64)), mask=np.arange(size) >= size - pad
             ),
@@ -409,13 +448,15 @@ def _skyrl_array(batch: dict[str, Any], name: str, rows: int, label: str) -> np.
         raise AdvcliError(f"{label}: the batch holds no tensor '{name}', which advcli reads")
     try:
         if value.get("format") == "torch":
-            tensor = _torch_load_bytes(value["data"], label)
-            array = tensor.float().numpy()
+            array = _torch_load_bytes(value["data"], label).float().numpy()
         else:
             array = np.frombuffer(value["data"], dtype=np.dtype(value["dtype"]))
             array = array.reshape(value["shape"])
-    except (TypeError, ValueError, KeyError) as error:
-        raise AdvcliError(f"{label}: tensor '{name}' is not readable ({error})") from None
+    except (TypeError, ValueError, KeyError, AttributeError, RuntimeError) as error:
+        # torch.load's errors on damaged bytes are RuntimeErrors; bytes of no tensor have
+        # no .float().
+        reason = first_line(error)[:120]
+        raise AdvcliError(f"{label}: tensor '{name}' is not readable ({reason})") from None
     if array.ndim != 2 or array.shape[0] != rows:
         raise AdvcliError(
             f"{label}: tensor '{name}' has shape {list(array.shape)}, where the batch's "
@@ -432,8 +473,11 @@ def _skyrl_groups(boundaries: Any, rows: int, label: str) -> np.ndarray:
             f"{label}: the metadata has no 'policy_prompt_boundaries' (SkyRL keeps them since "
             "2026-06), so its prompt groups cannot be told"
         )
-    starts = np.array([bound[0] for bound in boundaries], dtype=np.int64)
-    ends = np.array([bound[1] for bound in boundaries], dtype=np.int64)
+    try:
+        starts = np.array([bound[0] for bound in boundaries], dtype=np.int64)
+        ends = np.array([bound[1] for bound in boundaries], dtype=np.int64)
+    except (TypeError, IndexError, ValueError):
+        starts = ends = np.array([-1])  # not pairs of row numbers: refused below
     if (
         starts[0] != 0
         or ends[-1] != rows
@@ -453,10 +497,9 @@ def _torch_load_bytes(data: bytes, label: str) -> Any:
     try:
         return torch.load(io.BytesIO(data), weights_only=True)
     except pickle.UnpicklingError as error:
-        raise AdvcliError(
-            f"{label}: torch.load(weights_only=True) refuses a tensor in it "
-            f"({first_line(error)[:200]}); advcli never runs a dump's code"
-        ) from None
+        raise AdvcliError(f"{label}: a tensor in it: {_refusal(error)}") from None
+    except Exception as error:  # damaged bytes fail torch.load in many ways (struct, zip, …)
+        raise ValueError(first_line(error)) from None
 
 
 def _episode(path: Path) -> dict[str, Any]:
@@ -467,7 +510,8 @@ def _episode(path: Path) -> dict[str, Any]:
             episode = json.load(file)
     except json.JSONDecodeError as error:
         raise AdvcliError(
-            f"{where}: not an rLLM episode file (not JSON: {error.msg} at line {error.lineno} "
+            f"{where}: not an rLLM episode file (not JSON: {error.msg.removesuffix(' at')} at "
+            f"line {error.lineno} "
             f"column {error.colno})"
         ) from None
     except UnicodeDecodeError as error:
@@ -479,9 +523,13 @@ def _episode(path: Path) -> dict[str, Any]:
     return episode
 
 
-def _episode_rows(episode: dict[str, Any], where: str, rows: dict[str, list[Any]]) -> None:
-    """Append an episode's rows (a step each) to ``rows``, its fields checked as read."""
+def _episode_rows(
+    episode: dict[str, Any], where: str, rows: dict[str, list[Any]], name: str
+) -> None:
+    """Append an episode's rows (a step each) to ``rows``, its fields checked as read (``name``:
+    its file's)."""
     fields = {
+        "episode_file": name,
         "training_step": _value(episode, "training_step", int, where),
         "epoch": _value(episode, "epoch", int, where),
         "episode_id": _value(episode, "episode_id", str, where, required=True),
@@ -511,12 +559,13 @@ _KINDS = {int: "an integer", str: "a string", bool: "true or false", float: "a n
 
 
 def _value(obj: dict[str, Any], name: str, kind: type, where: str, required: bool = False) -> Any:
-    """Field ``name`` of ``obj`` where it is of ``kind`` (a number for float: an integer too),
-    None where it is null or absent unless ``required``; an error naming it otherwise."""
-    value = obj.get(name)
+    """Field ``name`` of ``obj`` where it is of ``kind`` (a number for float: an integer too; a
+    numpy scalar or a one-value tensor as its value), None where it is null or absent unless
+    ``required``; an error naming it otherwise."""
+    value = _plain(obj.get(name))
     if value is None:
         if required:
-            raise AdvcliError(f"{where}: no '{name}', which rLLM writes and advcli reads")
+            raise AdvcliError(f"{where}: no '{name}', which advcli reads")
         return None
     fits = (
         isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -524,13 +573,30 @@ def _value(obj: dict[str, Any], name: str, kind: type, where: str, required: boo
         else isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
     )
     if not fits:
-        raise AdvcliError(f"{where}: '{name}' is {json.dumps(value)[:40]}, not {_KINDS[kind]}")
+        raise AdvcliError(f"{where}: '{name}' is {_shown(value)}, not {_KINDS[kind]}")
     if kind is not float:
         return value
     number = float(value) if isinstance(value, float) or abs(value) < 2**1023 else math.inf
     if not math.isfinite(number):
-        raise AdvcliError(f"{where}: '{name}' is {json.dumps(value)[:40]}, not a finite number")
+        raise AdvcliError(f"{where}: '{name}' is {_shown(value)}, not a finite number")
     return number
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar or a tensor or array of one value as that value; anything else as it is."""
+    size = getattr(value, "size", None)
+    if hasattr(value, "item") and (size == 1 or (callable(size) and value.numel() == 1)):
+        return value.item()
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A value as a message shows it: its JSON, or for what JSON has not, its repr (shortened)."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _items(obj: dict[str, Any], name: str, where: str) -> Iterable[Any]:

@@ -301,7 +301,14 @@ class Dataset:
         ``step``'s value after it)."""
         file_number = self.file_of(row)
         start = sum(self.row_counts[:file_number])
-        return f"{self.label(file_number)} row {row - start}{self._value()}"
+        where = f"{self.label(file_number)} row {row - start}"
+        source = self.view.row_source if self.view is not None else None
+        if source is not None:
+            # A translation's row (an rLLM folder's): named by the trainer's file it came from.
+            name = pl.scan_parquet(self.source(file_number)).select(source)
+            found = name.slice(row - start, 1).collect().item()
+            where = f"{self.label(file_number)}/{found} (row {row - start})"
+        return where + self._value()
 
     def _value(self) -> str:
         return "" if self.step is None else f" ({self.step.column}={self.step.value!r})"

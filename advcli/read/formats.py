@@ -39,6 +39,11 @@ NOT_READ = {
     ".h5": "an HDF5 file",
     ".hdf5": "an HDF5 file",
 }
+# The files of those formats advcli does read: a trainer's own dump, told by its name.
+READ_AS_TRAINERS = {
+    ".pt": "slime's rollout_data/{id}.pt and train_data/{id}.pt",
+    ".pkl": "SkyRL's global_step_{N}_training_input.pkl",
+}
 READ = (
     "Parquet (.parquet, .pq), JSON lines (.jsonl, .ndjson, .json) and Arrow IPC files and "
     "streams (.arrow, .arrows, .ipc, .feather)"

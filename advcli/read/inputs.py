@@ -37,6 +37,7 @@ from advcli.read.formats import (
     FORMAT_NAMES,
     PARQUET_SUFFIXES,
     READ,
+    READ_AS_TRAINERS,
     InputFormat,
     input_format_of,
     not_read,
@@ -124,7 +125,7 @@ def _read_and_not(path: Path) -> tuple[list[Path], list[Path], str]:
                 steps = [p for p in found if pattern.fullmatch(p.relative_to(path).as_posix())]
                 if steps:
                     found, kind = steps, name
-            return found, [p for p in files if p not in found], f"{kind} files"
+            return found, _others(files, found), f"{kind} files"
     found = [p for p in files if is_rllm_episode(p)]
     training = [p for p in found if RLLM_TRAINING_FOLDER.fullmatch(p.parent.name)]
     if training:
@@ -137,7 +138,13 @@ def _read_and_not(path: Path) -> tuple[list[Path], list[Path], str]:
             [p for p in files if is_skyrl_batch(p)],
             "SkyRL global_step_{N}_training_input.pkl",
         )
-    return found, [p for p in files if p not in found], f"{kind} files" if found else ""
+    return found, _others(files, found), f"{kind} files" if found else ""
+
+
+def _others(files: list[Path], found: list[Path]) -> list[Path]:
+    """The files not among ``found``, in order (a set: a folder may hold 100,000 files)."""
+    taken = set(found)
+    return [path for path in files if path not in taken]
 
 
 # How many of a folder's files that are not read a note names.
@@ -185,8 +192,10 @@ def open_dataset(
     for path, label in zip(files, labels, strict=True):
         kind = not_read(path)
         if kind is not None:
+            trainers = READ_AS_TRAINERS.get(path.suffix.lower())
+            which = f"reads only as {trainers}" if trainers else "does not read"
             raise AdvcliError(
-                f"{label}: {kind}, which advcli does not read: convert it (Polars reads most "
+                f"{label}: {kind}, which advcli {which}: convert it (Polars reads most "
                 f"formats and writes Parquet); advcli reads {READ}"
             )
     formats = {

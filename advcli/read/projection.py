@@ -469,7 +469,7 @@ def check_unique_turns(projection: pl.DataFrame, dataset: Dataset, columns: Colu
             "name the turn column with --turn-col (or, for a training step, pass --by "
             f"{columns.turn})"
         )
-    else:
+    elif columns.read_from is None:  # a trainer's own dump is no padded batch
         message += (
             "; if the second row is a copy the trainer padded its batch with (ROLL's "
             "batch_adjust_mode copy), pass --drop-duplicates to count it once"

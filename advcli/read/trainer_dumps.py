@@ -67,7 +67,13 @@ _SLIME_FIELDS = frozenset(
 )
 # SkyRL's training input pickle as advcli.read.containers translates it, a row a batch row.
 _SKYRL_FIELDS = frozenset(
-    ("policy_prompt_boundaries", "loss_mask:tokens", "advantages:first", "pad_size:padding")
+    (
+        "global_step",
+        "policy_prompt_boundaries",
+        "loss_mask:tokens",
+        "advantages:first",
+        "pad_size:padding",
+    )
 )
 # NeMo-RL's train_data_step{N}.jsonl (nemo_rl/algorithms/grpo.py, Logger.log_batched_dict_as_jsonl).
 _NEMO_RL_FIELDS = frozenset(("token_ids", "token_loss_mask", "rewards", "idx"))
@@ -110,6 +116,9 @@ class TrainerDump:
     # Why the dump holds no rewards and how to keep them, where the trainer removed them (its
     # reward column is then made all null); None where it holds them.
     reward_removed: str | None = None
+    # The column naming the trainer's file each row came from, which an error on a row names
+    # (a translation's rows are no file's lines).
+    row_source: str | None = None
 
     def columns(self) -> list[pl.Expr]:
         """The made columns, as expressions over the file's columns."""
@@ -403,9 +412,20 @@ class _SlimeSamples(TrainerDump):
     def columns(self) -> list[pl.Expr]:
         # A sample without a loss mask trains on its whole response (slime fills it with ones);
         # a removed one on none of it (slime zeroes its mask, and keeps it in its group).
-        tokens = pl.coalesce(pl.col("loss_mask").list.sum(), pl.col("response_length"))
+        length = pl.col("response_length")
+        filled = pl.coalesce(pl.col("loss_mask"), pl.lit(1, dtype=pl.Int64).repeat_by(length))
         removed = pl.col("remove_sample").fill_null(False)
-        return [pl.when(removed).then(0).otherwise(tokens).alias(self.made[0])]
+        zeros = pl.lit(0, dtype=pl.Int64).repeat_by(length)
+        return [pl.when(removed).then(zeros).otherwise(filled).alias(self.made[0])]
+
+    def row_rules(self) -> list[tuple[pl.Expr, str]]:
+        return [
+            (pl.col("response_length").is_null(), "column 'response_length' is null"),
+            (
+                pl.col("loss_mask").list.len() != pl.col("response_length"),
+                "'loss_mask' is not 'response_length' long, as slime writes it",
+            ),
+        ]
 
     def notes_on(self, groups: pl.Series) -> tuple[str, ...]:
         sizes = groups.value_counts(name="rows").get_column("rows").unique()
@@ -427,7 +447,9 @@ class _SkyrlTrainingInput(TrainerDump):
     removed before the dump."""
 
     def columns(self) -> list[pl.Expr]:
-        return [pl.lit(None, dtype=pl.Float64).alias(self.made[0])]
+        # A step's ranges are numbered from 0: its groups are (step, range).
+        group = pl.concat_str("global_step", "policy_prompt_boundaries", separator=":")
+        return [group.alias(self.made[0]), pl.lit(None, dtype=pl.Float64).alias(self.made[1])]
 
 
 def _trl_fits(rewards: np.ndarray, trainers: np.ndarray, size: int) -> bool:
@@ -808,6 +830,7 @@ def _rllm_steps(schema: pl.Schema) -> TrainerDump:
         "last step's reward, as rLLM's transform scores it",
         left_out="steps:left_out",
         left_out_label="trajectories with no step, which rLLM leaves out",
+        row_source="episode_file",
         notes=(
             "the episode files are read one folder at a time, each a row a step; rLLM leaves out "
             "of its groups a trajectory with no step, and so does advcli (counted apart)",
@@ -816,12 +839,11 @@ def _rllm_steps(schema: pl.Schema) -> TrainerDump:
 
 
 def _slime_samples(schema: pl.Schema) -> TrainerDump:
-    trained = "train_data.rewards" in schema
     roles = FileRoles(
         (
             ("group_index", "group"),
             ("reward", "reward"),
-            ("loss_mask:tokens", "mask"),
+            ("loss_mask:filled", "mask"),
             ("rollout_data.rollout_id", TRAINING_STEP),
         ),
         written_by="slime",
@@ -832,44 +854,46 @@ def _slime_samples(schema: pl.Schema) -> TrainerDump:
             ("reward", "'reward', the raw reward the rollout scored"),
             (
                 "mask",
-                "the sum of 'loss_mask' (the response's length where it is null, as slime "
-                "fills it; 0 where 'remove_sample', as slime zeroes its mask)",
+                "'loss_mask' (ones, as long as the response, where it is null, as slime fills "
+                "it; zeros where 'remove_sample', as slime zeroes it)",
             ),
         ),
     )
     return _SlimeSamples(
         "slime",
-        "slime's rollout_data/{id}.pt"
-        + (" with its train_data/{id}.pt" if trained else "")
-        + " (a row a sample)",
+        "slime's rollout_data/{id}.pt with its train_data/{id}.pt where there is one (a row a "
+        "sample)",
         roles,
-        ("loss_mask:tokens",),
+        ("loss_mask:filled",),
         ("loss_mask",),
         rows_are_trajectories=True,
         notes=(
             "slime counts every sample in its group's statistics, those aborted or removed "
             "('status', 'remove_sample') too, and so does advcli",
         ),
-        advantage="train_data.rewards" if trained else None,
+        advantage="train_data.rewards",
         advantage_why="the train file's 'rewards' of the sample (by its 'rollout_position'), "
-        "the group-normalized reward slime puts on every response token",
+        "the group-normalized reward slime puts on every response token; null where the step "
+        "has no train file",
     )
 
 
 def _skyrl_training_input() -> TrainerDump:
     roles = FileRoles(
         (
-            ("policy_prompt_boundaries", "group"),
+            ("global_step:prompt", "group"),
             ("rewards:removed", "reward"),
             ("loss_mask:tokens", "mask"),
+            ("global_step", TRAINING_STEP),
         ),
         written_by="SkyRL",
         source="SkyRL's dumped training input",
         why=(
             (
                 "group",
-                "the row's range among the metadata's 'policy_prompt_boundaries', the rows of "
-                "one prompt (SkyRL's uids, which it removes before the dump)",
+                "the step (the file name's N) and the row's range among its metadata's "
+                "'policy_prompt_boundaries', the rows of one prompt (SkyRL's uids, which it "
+                "removes before the dump)",
             ),
             (
                 "trajectory",
@@ -888,8 +912,8 @@ def _skyrl_training_input() -> TrainerDump:
         "SkyRL",
         "SkyRL's global_step_{N}_training_input.pkl (a row a batch row, no rewards)",
         roles,
-        ("rewards:removed",),
-        ("advantages:first",),
+        ("global_step:prompt", "rewards:removed"),
+        ("policy_prompt_boundaries", "advantages:first"),
         rows_are_trajectories=True,
         left_out="pad_size:padding",
         left_out_label="padding rows SkyRL adds (its metadata's pad_size)",

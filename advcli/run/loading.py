@@ -340,7 +340,7 @@ def load_dump(
     if unique_turns and columns.turn is not None:
         check_unique_turns(projection, dataset, columns)
     reasons = {**columns.reasons, "group": by_reason(columns.reasons["group"], by, steps.name)}
-    notes = (*columns.notes, *_dump_notes(dataset, projection))
+    notes = (*columns.notes, *unread_notes(dataset.folders), *_dump_notes(dataset, projection))
     columns = replace(columns, reasons=reasons, notes=notes)
     return LoadedDump(dataset, columns, projection, steps=steps, padding=padding)
 

@@ -537,7 +537,19 @@ def test_groups_spanning_files_are_said_in_the_reading(run, tmp_path):
 
 @pytest.mark.parametrize(
     ("name", "kind"),
-    [("dump.csv", "a CSV file"), ("batch.pkl", "a pickle"), ("arrays.npz", "a numpy archive")],
+    [
+        ("dump.csv", "a CSV file, which advcli does not read"),
+        (
+            "batch.pkl",
+            "a pickle, which advcli reads only as SkyRL's global_step_{N}_training_input.pkl",
+        ),
+        (
+            "12.pt",
+            "a torch file, which advcli reads only as slime's rollout_data/{id}.pt and "
+            "train_data/{id}.pt",
+        ),
+        ("arrays.npz", "a numpy archive, which advcli does not read"),
+    ],
 )
 def test_a_format_advcli_does_not_read_is_named_with_the_formats_it_reads(
     run, tmp_path, name, kind
@@ -547,7 +559,7 @@ def test_a_format_advcli_does_not_read_is_named_with_the_formats_it_reads(
     result = run("compare", path)
     assert result.exit_code == 1
     assert result.stderr == (
-        f"Error: {path}: {kind}, which advcli does not read: convert it (Polars reads most "
+        f"Error: {path}: {kind}: convert it (Polars reads most "
         "formats and writes Parquet); advcli reads Parquet (.parquet, .pq), JSON lines (.jsonl, "
         ".ndjson, .json) and Arrow IPC files and streams (.arrow, .arrows, .ipc, .feather)\n"
     )

@@ -90,15 +90,20 @@ def step_episodes(seed: int, step: int = 1, tasks: int = 3, size: int = 4) -> li
     return episodes
 
 
+def episode_file(record: dict) -> str:
+    """The name EpisodeLogger gives an episode's file."""
+    safe = record["episode_id"].replace(":", "_").replace("/", "_")
+    return f"episode_hash{record['task_hash']}_id{safe}.json"
+
+
 def write_step(episodes_folder: Path, episodes: list[dict], mode: str = "train") -> Path:
     """One step's folder as EpisodeLogger writes it."""
     first = episodes[0]
     folder = episodes_folder / f"{mode}_step_{first['training_step']}_epoch_{first['epoch']}"
     folder.mkdir(parents=True, exist_ok=True)
     for record in episodes:
-        safe = record["episode_id"].replace(":", "_").replace("/", "_")
-        name = f"episode_hash{record['task_hash']}_id{safe}.json"
-        (folder / name).write_text(json.dumps(record, indent=2, default=str) + "\n")
+        text = json.dumps(record, indent=2, default=str) + "\n"
+        (folder / episode_file(record)).write_text(text)
     summary = {"training_step": first["training_step"], "num_episodes": len(episodes)}
     (folder / "batch_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return folder
@@ -202,7 +207,8 @@ def test_a_group_of_rewards_and_nulls_is_one_error(run, tmp_path):
     episodes[2]["trajectories"][0]["reward"] = None
     folder = write_step(tmp_path / "episodes", episodes)
     line = error_line(run("compare", folder))
-    assert line.startswith(f"Error: {folder} row ")
+    # Every row of the group breaks the rule: the first is the group's first episode's.
+    assert line.startswith(f"Error: {folder}/{episode_file(episodes[0])} (row 0): ")
     assert "have a reward and no reward (null) both, which rLLM's transform refuses" in line
 
 
@@ -302,3 +308,24 @@ def test_inspect_names_what_it_read(run, tmp_path):
     summary = json.loads(result.stdout)
     assert summary["inputs"]["format"] == "rLLM episode files"
     assert (summary["counts"]["groups"], summary["counts"]["trajectories"]) == (6, 24)
+
+
+def test_a_repeated_trajectory_uid_names_its_episode(run, tmp_path):
+    episodes = step_episodes(8, tasks=1)
+    episodes[3]["trajectories"][0]["uid"] = episodes[1]["trajectories"][0]["uid"]
+    folder = write_step(tmp_path / "episodes", episodes)
+    line = error_line(run("compare", folder))
+    assert line.startswith(f"Error: {folder}/{episode_file(episodes[3])} (row ")
+    assert "duplicate turn" in line and "ROLL" not in line
+
+
+def test_the_unread_files_are_said_by_every_reading(run, tmp_path):
+    episodes_folder = tmp_path / "episodes"
+    write_step(episodes_folder, step_episodes(1))
+    write_step(episodes_folder, step_episodes(2, step=2), mode="val")
+    inspected = run("inspect", episodes_folder, "--by", "file", "--json")
+    assert inspected.exit_code == 0, inspected.stderr
+    notes = json.loads(inspected.stdout)["inputs"]["notes"]
+    assert any("val_step_2_epoch_0/" in note for note in notes)
+    terminal = run("inspect", episodes_folder)
+    assert "not read" in terminal.stdout

@@ -266,3 +266,46 @@ def test_a_batch_without_its_prompt_boundaries_is_one_error(run, tmp_path, skyrl
         f"Error: {path}: the metadata has no 'policy_prompt_boundaries' (SkyRL keeps them since "
         "2026-06), so its prompt groups cannot be told"
     )
+
+
+def test_a_folder_read_keeps_each_steps_groups_apart(run, tmp_path, skyrl_module):
+    truths = []
+    for step in (1, 2):
+        batch, truth = step_batch(step, prompts=2 + step, samples=2)
+        dump(tmp_path, step, batch)
+        truths.append(truth)
+    summary = json.loads(run("inspect", tmp_path / "dumped_data", "--json").stdout)
+    # Each file's ranges are numbered from 0: read as one batch they stay each step's.
+    assert summary["counts"]["groups"] == sum(len(set(t["uids"])) for t in truths) == 7
+
+
+@pytest.mark.parametrize(
+    ("breaks", "expected"),
+    [
+        (
+            lambda state: state["batch_dict"]["advantages"].update(format="torch", data=b"junk"),
+            "tensor 'advantages' is not readable (",
+        ),
+        (
+            lambda state: state["metadata"].update(policy_prompt_boundaries=[0, 4, 8, 12]),
+            "the metadata's 'policy_prompt_boundaries' do not cover its 12 rows",
+        ),
+    ],
+)
+def test_a_damaged_batch_is_one_error(run, tmp_path, skyrl_module, breaks, expected):
+    batch, _ = step_batch(6)
+    state = batch.state()
+    breaks(state)
+    path = tmp_path / "global_step_6_training_input.pkl"
+    path.write_bytes(pickle.dumps(_Reduced(state)))
+    assert error_line(run("inspect", path)).startswith(f"Error: {path}: {expected}")
+
+
+class _Reduced:
+    """A batch's pickle as SkyRL writes it, from a state given as it is."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def __reduce__(self):
+        return (_rebuild_tensor_batch, (TrainingInputBatch, self.state))

@@ -156,7 +156,8 @@ def test_a_dump_folder_is_read_with_slimes_groups(run, tmp_path):
     assert reading["trainer"] == "slime"
     assert (
         reading["read_as"]
-        == "slime's rollout_data/{id}.pt with its train_data/{id}.pt (a row a sample)"
+        == "slime's rollout_data/{id}.pt with its train_data/{id}.pt where there is one (a row a "
+        "sample)"
     )
     assert reading["roles"]["trainer_advantage"]["column"] == "train_data.rewards"
 
@@ -176,10 +177,13 @@ def test_advantages_are_slimes_and_the_reference(run, tmp_path, seed):
     assert written["train_data.rewards"].to_list() == pytest.approx(expected, abs=1e-5)
 
 
-def test_a_rollout_file_alone_has_no_trainer_advantage(run, tmp_path):
+def test_a_step_without_its_train_file_has_no_trainer_advantage(run, tmp_path):
     write_dump(tmp_path / "dump", 1, step_samples(3), 4, train=False)
-    report = json.loads(run("compare", tmp_path / "dump/rollout_data/1.pt", "--json", "-").stdout)
-    assert "trainer_advantage" not in report["settings"]["reading"]["roles"]
+    write_dump(tmp_path / "dump", 2, step_samples(4), 4)
+    result = run("inspect", tmp_path / "dump", "--by", "file", "--json")
+    assert result.exit_code == 0, result.stderr
+    advantages = json.loads(result.stdout)["trainer_advantages"]
+    assert (advantages["rows"], advantages["rows_without"]) == (16, 16)
 
 
 def test_steps_by_file_leave_out_evaluations(run, tmp_path):
@@ -214,7 +218,11 @@ def test_a_torch_file_naming_a_class_is_refused_unrun(run, tmp_path, capfd):
     path = tmp_path / "dump/rollout_data/5.pt"
     torch.save({"rollout_id": 5, "samples": [Payload()]}, path)
     line = error_line(run("compare", path))
-    assert line.startswith(f"Error: {path}: torch.load(weights_only=True) refuses it (")
+    assert line == (
+        f"Error: {path}: it names print, which torch.load(weights_only=True) "
+        "does not load; advcli reads only tensors, plain containers and numpy values from a "
+        "torch file, and never runs a dump's code"
+    )
     assert "a dump ran code" not in capfd.readouterr().out
 
 
@@ -272,4 +280,88 @@ def test_a_compact_rollout_is_one_error(run, tmp_path):
         f"Error: {tmp_path / 'dump/rollout_data/3.pt'}: samples[5]: its 'rollout_id' 17 is "
         "samples[4]'s too: a compact rollout, several samples slime counts as one trajectory, "
         "which advcli does not read (it reads a sample a trajectory)"
+    )
+
+
+def test_a_later_steps_uneven_groups_are_said_by_step(run, tmp_path):
+    write_dump(tmp_path / "dump", 1, step_samples(1), 4)
+    write_dump(tmp_path / "dump", 2, [s for s in step_samples(2) if s["index"] != 5], 4, False)
+    notes = compare_json_notes(run, tmp_path / "dump", "--by", "file")
+    assert [note for note in notes if "differ in size" in note] == [
+        "2: the groups differ in size (3, 4 samples): slime normalizes a step's rewards as one "
+        "group, not per prompt, when its samples are not n_samples_per_prompt x "
+        "rollout_batch_size (RolloutManager._post_process_rewards), so its own advantages were "
+        "over the whole step"
+    ]
+
+
+def compare_json_notes(run, *args) -> list[str]:
+    result = run("compare", *args, "--json", "-")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)["settings"]["reading"]["notes"]
+
+
+def test_per_token_advantages_cover_the_response(run, tmp_path):
+    samples = step_samples(3)
+    samples[5]["remove_sample"] = True
+    write_dump(tmp_path / "dump", 1, samples, 4)
+    out = tmp_path / "out.parquet"
+    assert run("compute", tmp_path / "dump", "-o", out, "-q").exit_code == 0
+    written = pl.read_parquet(out)
+    for s, row in zip(samples, written.iter_rows(named=True), strict=True):
+        mask = [0] * s["response_length"] if s["remove_sample"] else s["loss_mask"]
+        mask = [1] * s["response_length"] if mask is None else mask
+        assert row["advantages"] == pytest.approx([row["advantage"] * m for m in mask])
+
+
+def test_numpy_and_tensor_values_are_read_as_numbers(run, tmp_path):
+    import numpy as np
+
+    samples = step_samples(4)
+    for s in samples:
+        s["reward"] = np.float32(s["reward"]) if s["index"] % 2 else np.float64(s["reward"])
+    samples[0]["group_index"] = torch.tensor(0)
+    write_dump(tmp_path / "dump", 1, samples, 4)
+    out = tmp_path / "out.parquet"
+    assert run("compute", tmp_path / "dump", "-o", out, "--no-tokens", "-q").exit_code == 0
+    written = pl.read_parquet(out)
+    assert written["advantage"].to_list() == pytest.approx(
+        written["train_data.rewards"].to_list(), abs=1e-5
+    )
+
+
+@pytest.mark.parametrize(
+    ("breaks", "expected"),
+    [
+        (
+            lambda rollout, train: train["samples"][3].update(rewards=torch.ones(4)),
+            "train_data/1.pt: samples[3]: 'rewards' is tensor([1., 1., 1., 1.]), not a number",
+        ),
+        (
+            lambda rollout, train: train["samples"][3].update(rollout_position=2),
+            "train_data/1.pt: samples[3]: 'rollout_position' 2 is an earlier sample's too: each "
+            "sample of the rollout file is trained once",
+        ),
+        (
+            lambda rollout, train: rollout["samples"][1].pop("group_index"),
+            "rollout_data/1.pt: samples[1]: no 'group_index', which advcli reads",
+        ),
+    ],
+)
+def test_broken_samples_are_one_error(run, tmp_path, breaks, expected):
+    write_dump(tmp_path / "dump", 1, step_samples(1), 4)
+    paths = [tmp_path / "dump/rollout_data/1.pt", tmp_path / "dump/train_data/1.pt"]
+    rollout, train = (torch.load(path, weights_only=False) for path in paths)
+    breaks(rollout, train)
+    for path, payload in zip(paths, (rollout, train), strict=True):
+        torch.save(payload, path)
+    assert error_line(run("compare", tmp_path / "dump")) == f"Error: {tmp_path / 'dump'}/{expected}"
+
+
+def test_an_empty_torch_file_is_one_error(run, tmp_path):
+    path = tmp_path / "dump/rollout_data/3.pt"
+    path.parent.mkdir(parents=True)
+    path.touch()
+    assert error_line(run("compare", path)) == (
+        f"Error: {path}: the file is empty (0 bytes), not a torch file"
     )
