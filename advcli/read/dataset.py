@@ -284,8 +284,8 @@ class Dataset:
         number; else the number the paths differ in), else its label."""
         labels = [self.label(index) for index in range(len(self.files))]
         folder = self.folders[0] if len(self.folders) == 1 else None
-        if folder is not None and all(folder in path.parents for path in self.files):
-            steps = steps_in_folder([str(path.relative_to(folder)) for path in self.files])
+        if folder is not None and all(folder in path.parents for path in self.inputs):
+            steps = steps_in_folder([str(path.relative_to(folder)) for path in self.inputs])
         else:
             steps = numbered_steps(labels)
         return steps or labels

@@ -3,7 +3,8 @@
 Trainers number their step files without padding (``global_step_2``, ``global_step_10``), so
 the order of the paths' text puts step 10 before step 2. The paths are ordered with each run of
 digits compared as a number. A file's step is the one number of its name within the run's
-folder (``step-00000007.parquet``: 7, ``global_step_10/data.parquet``: 10) or, for files named
+folder (``step-00000007.parquet``: 7, ``global_step_10/data.parquet``: 10; of several numbers,
+the one after ``step``) or, for files named
 one by one, the one number in which their paths differ; where names say no step (none, several,
 two files the same), the files are named by their paths.
 """
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 _DIGITS = re.compile(r"(\d+)")
+_STEP_NUMBER = re.compile(r"step[_-]?(\d+)", re.IGNORECASE)
 
 
 def number_order(path: Path | str) -> tuple[tuple[str | int, ...], str]:
@@ -28,9 +30,13 @@ def number_order(path: Path | str) -> tuple[tuple[str | int, ...], str]:
 
 def step_in_name(name: str) -> int | None:
     """The step a file's name within its run's folder says: its one number
-    (``global_step_10/data.parquet``: 10), None where it holds none or several."""
+    (``global_step_10/data.parquet``: 10), or of several the one after ``step``
+    (rLLM's ``train_step_3_epoch_1``: 3); None where it says none or several."""
     numbers = _DIGITS.findall(name)
-    return int(numbers[0]) if len(numbers) == 1 else None
+    if len(numbers) == 1:
+        return int(numbers[0])
+    named = _STEP_NUMBER.findall(name)
+    return int(named[0]) if len(named) == 1 else None
 
 
 def numbered_steps(names: Sequence[str]) -> list[int] | None:

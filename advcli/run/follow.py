@@ -23,7 +23,7 @@ from typing import Any
 from advcli.errors import AdvcliError
 from advcli.names import shown_path
 from advcli.read.alike import ReadAlike
-from advcli.read.containers import is_rllm_episode
+from advcli.read.containers import is_rllm_episode, is_slime_dump
 from advcli.read.inputs import directory_files
 from advcli.read.step_files import step_in_name
 from advcli.report.by_step import empty_step
@@ -163,6 +163,9 @@ def follow_steps(
                     "which a watch does not take (it takes a step a file); compare the "
                     "episodes folder with --by file"
                 )
+            if is_slime_dump(path) and path.parent.name == "train_data":
+                # slime writes a step's train file after its rollout file, which is the step.
+                continue
             try:
                 step = _step(path, folder, config, names, drop_duplicates, reading)
             except _Unreadable as error:

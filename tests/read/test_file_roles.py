@@ -252,8 +252,13 @@ def test_files_named_one_by_one_have_the_one_number_their_paths_differ_in(names,
         (["step-00000001.parquet", "step-00000010.parquet"], [1, 10]),
         (["global_step_2/data.parquet", "global_step_10/data.parquet"], [2, 10]),
         (["step-7.parquet"], [7]),
-        # A name with two numbers or none, or two names with one step: no steps.
-        (["run-3/step-7.parquet", "run-3/step-8.parquet"], None),
+        # Of two numbers, the one after "step" (rLLM's step folders).
+        (["run-3/step-7.parquet", "run-3/step-8.parquet"], [7, 8]),
+        (["train_step_3_epoch_0", "train_step_4_epoch_1"], [3, 4]),
+        # Two numbers neither after "step", two after it, none, or two names with one step: no
+        # steps.
+        (["run-3/part-7.parquet", "run-3/part-8.parquet"], None),
+        (["step-3/step-7.parquet", "step-3/step-8.parquet"], None),
         (["step-7.parquet", "last.parquet"], None),
         (["step-01.parquet", "step-1.parquet"], None),
     ],

@@ -329,3 +329,14 @@ def test_the_unread_files_are_said_by_every_reading(run, tmp_path):
     assert any("val_step_2_epoch_0/" in note for note in notes)
     terminal = run("inspect", episodes_folder)
     assert "not read" in terminal.stdout
+
+
+def test_steps_of_several_epochs_are_named_by_their_step(run, tmp_path):
+    episodes_folder = tmp_path / "episodes"
+    for step, epoch in ((3, 0), (4, 1)):
+        episodes = step_episodes(step, step=step)
+        for record in episodes:
+            record["epoch"] = epoch
+        write_step(episodes_folder, episodes)
+    report = json.loads(run("compare", episodes_folder, "--by", "file", "--json", "-").stdout)
+    assert [entry["step"] for entry in report["by_step"]["steps"]] == [3, 4]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import error_line
+from conftest import error_line, watched
 from reference import reference_advantages
 
 torch = pytest.importorskip("torch")
@@ -365,3 +365,11 @@ def test_an_empty_torch_file_is_one_error(run, tmp_path):
     assert error_line(run("compare", path)) == (
         f"Error: {path}: the file is empty (0 bytes), not a torch file"
     )
+
+
+@pytest.mark.process
+def test_a_watch_takes_each_steps_rollout_file(tmp_path):
+    folder = tmp_path / "dump"
+    write_dump(folder, 1, step_samples(1), 4)
+    lines = watched(folder, 2, lambda: write_dump(folder, 2, step_samples(2), 4))
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
