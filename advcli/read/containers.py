@@ -13,6 +13,7 @@ other; what the translation keeps is every field the reading needs and the ids t
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import json
@@ -56,7 +57,6 @@ SLIME_SCHEMA = pa.schema(
         ("train_data.rewards", pa.float64()),
     ]
 )
-SLIME_TRAIN_FIELD = SLIME_SCHEMA.field("train_data.rewards")
 # SkyRL's trainer.dump_data_batch: {export_path}/dumped_data/global_step_{N}_training_input.pkl,
 # a pickled TrainingInputBatch (skyrl/train/trainer.py, dump_data).
 SKYRL_BATCH = re.compile(r"global_step_(\d+)_training_input\.pkl")
@@ -100,56 +100,55 @@ RLLM_SCHEMA = pa.schema(
 )
 
 
-@dataclass(frozen=True)
-class Translated:
-    """The inputs as they are read: ``files`` (a container's translation in place of it), each
-    one's ``label`` and ``origin``, the path the user has (the file itself where it is one)."""
-
-    files: tuple[Path, ...]
-    labels: tuple[str, ...]
-    origins: tuple[Path, ...]
-    # What each input is where it was translated (None where it was not).
-    containers: tuple[str | None, ...]
-
-    @property
-    def any(self) -> bool:
-        return self.files != self.origins
-
-
 def is_rllm_episode(path: Path) -> bool:
     """Whether ``path`` is named as rLLM names an episode's file."""
     return RLLM_EPISODE.fullmatch(path.name) is not None
 
 
-def translated(files: Sequence[Path], spool: Callable[[], Path]) -> Translated:
-    """The inputs with each container translated into a file in ``spool()`` (called only where
-    one is): rLLM's episode files, one input for each folder of them; slime's dump files, one
-    input for each rollout id (its rollout file with its train file)."""
+@dataclass(frozen=True)
+class Unit:
+    """One input as it is read: ``path`` (a file, an rLLM step's folder, a slime step's rollout
+    file), what it is (``container``, None for a table) and the files it is read from."""
+
+    path: Path
+    container: str | None
+    members: tuple[Path, ...]
+
+
+def input_units(files: Sequence[Path]) -> list[Unit]:
+    """The inputs ``files`` make: rLLM's episode files one for each folder of them; slime's
+    dump files one for each rollout id (its rollout file with its train file); any other file
+    (a SkyRL pickle too) one each. Nothing is read."""
     units: dict[Path, tuple[str | None, list[Path]]] = {}
     for path in files:
         unit, container = _unit_of(path)
         units.setdefault(unit, (container, []))[1].append(path)
-    out_files: list[Path] = []
+    return [Unit(path, kind, tuple(members)) for path, (kind, members) in units.items()]
+
+
+def translated(
+    units: Sequence[Unit], spool: Callable[[], Path], *, train_files: bool = True
+) -> tuple[Path, ...]:
+    """The files the inputs are read from: each table itself, each container translated into a
+    file in ``spool()`` (called only where one is). ``train_files``: slime's train file is read
+    beside its rollout file (a watch, which takes a step as its rollout file appears, reads
+    none: it may be half-written)."""
+    files: list[Path] = []
     folder: Path | None = None
-    for index, (unit, (container, members)) in enumerate(units.items()):
-        if container is None:
-            out_files.append(unit)
+    for index, unit in enumerate(units):
+        if unit.container is None:
+            files.append(unit.path)
             continue
         folder = folder or spool()
         target = folder / f"{index}.parquet"
-        if container == RLLM_EPISODES:
-            _translate_rllm(members, target)
-        elif container == SLIME_DUMPS:
-            _translate_slime(unit, target)
+        if unit.container == RLLM_EPISODES:
+            _translate_rllm(unit.members, target)
+        elif unit.container == SLIME_DUMPS:
+            _translate_slime(unit.path, target, train_files)
         else:
-            _translate_skyrl(unit, target)
-        out_files.append(target)
-    return Translated(
-        tuple(out_files),
-        tuple(shown_path(unit) for unit in units),
-        tuple(units),
-        tuple(container for container, _ in units.values()),
-    )
+            _translate_skyrl(unit.path, target)
+        files.append(target)
+    return tuple(files)
 
 
 def _unit_of(path: Path) -> tuple[Path, str | None]:
@@ -187,7 +186,7 @@ def _slime_rollout(path: Path) -> Path:
     return path.parent.parent / "rollout_data" / path.name
 
 
-def _translate_slime(rollout: Path, target: Path) -> None:
+def _translate_slime(rollout: Path, target: Path, with_train: bool) -> None:
     """slime's rollout file (with its train file, where there is one) as a table of samples in
     ``target``."""
     label = shown_path(rollout)
@@ -198,12 +197,13 @@ def _translate_slime(rollout: Path, target: Path) -> None:
         )
     payload = _torch_load(rollout)
     samples = payload.get("samples") if isinstance(payload, dict) else None
-    if not isinstance(samples, list) or not isinstance(payload.get("rollout_id"), int):
+    if not isinstance(samples, list) or "rollout_id" not in payload:
         raise AdvcliError(
             f"{label}: not slime's rollout dump (a dict of 'rollout_id' and 'samples', the "
             "samples' dicts)"
         )
-    columns: dict[str, list[Any]] = {name: [] for name in SLIME_SCHEMA.names[:-1]}
+    step = _value(payload, "rollout_id", int, label, required=True)
+    columns: dict[str, list[Any]] = {name: [] for name in SLIME_SCHEMA.names}
     rollouts: dict[int, int] = {}  # each sample's own rollout_id, and its first sample
     for number, sample in enumerate(samples):
         where = f"{label}: samples[{number}]"
@@ -222,7 +222,7 @@ def _translate_slime(rollout: Path, target: Path) -> None:
                 f"{where}: 'reward' holds several rewards ({', '.join(map(str, reward))}), of "
                 "which slime trains on the one --reward-key names; advcli reads one number"
             )
-        columns["rollout_data.rollout_id"].append(payload["rollout_id"])
+        columns["rollout_data.rollout_id"].append(step)
         columns["group_index"].append(_value(sample, "group_index", int, where, required=True))
         columns["index"].append(_value(sample, "index", int, where))
         columns["reward"].append(_value(sample, "reward", float, where))
@@ -232,9 +232,11 @@ def _translate_slime(rollout: Path, target: Path) -> None:
         columns["remove_sample"].append(_value(sample, "remove_sample", bool, where))
     train = rollout.parent.parent / "train_data" / rollout.name
     # Beside it, whatever the inputs named; a step without one (a run stopped before it
-    # trained) has none of slime's advantages.
-    columns[SLIME_TRAIN_FIELD.name] = (
-        _slime_train_rewards(train, len(samples)) if train.exists() else [None] * len(samples)
+    # trained, or a watch that took the step before it) has none of slime's advantages.
+    columns["train_data.rewards"] = (
+        _slime_train_rewards(train, len(samples))
+        if train.exists() and with_train
+        else [None] * len(samples)
     )
     pq.write_table(pa.table(columns, schema=SLIME_SCHEMA), target)
 
@@ -277,8 +279,10 @@ def _torch_load(path: Path) -> Any:
     if path.stat().st_size == 0:
         raise AdvcliError(f"{label}: the file is empty (0 bytes), not a torch file")
     torch = _torch(label)
+    # torch.serialization.safe_globals is torch 2.5's: before it, numpy values are refused.
+    allowed = getattr(torch.serialization, "safe_globals", None)
     try:
-        with torch.serialization.safe_globals(_numpy_data()):
+        with allowed(_numpy_data()) if allowed else contextlib.nullcontext():
             return torch.load(path, weights_only=True, mmap=True, map_location="cpu")
     except pickle.UnpicklingError as error:
         raise AdvcliError(f"{label}: {_refusal(error)}") from None
@@ -293,17 +297,23 @@ def _numpy_data() -> list[Any]:
         multiarray = importlib.import_module("numpy._core.multiarray")
     except ImportError:  # numpy 1
         multiarray = importlib.import_module("numpy.core.multiarray")
-    dtypes = [type(np.dtype(kind)) for kind in "?bhilqBHILQefdgFDGSUO"]
+    # Not the object dtype: an object array rebuilt from a file's bytes reads them as pointers.
+    dtypes = [type(np.dtype(kind)) for kind in "?bhilqBHILQefdgFDGSU"]
     return [multiarray.scalar, multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
 
 
 def _refusal(error: Exception) -> str:
     """Why ``torch.load(weights_only=True)`` refused a file, naming what it holds."""
-    named = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+    text = str(error)
+    named = re.search(r"Unsupported global: GLOBAL (\S+)|but got <class '([^']+)'>", text)
+    # torch's message opens with advice on loading the file unsafely: its reason is later.
+    reason = text.partition("WeightsUnpickler error:")[2].split("Check the documentation")[0]
     why = (
-        f"it names {named.group(1)}, which torch.load(weights_only=True) does not load"
+        f"it names {named.group(1) or named.group(2)}, which torch.load(weights_only=True) "
+        "does not load"
         if named
-        else f"torch.load(weights_only=True) refuses it ({first_line(error)[:120]})"
+        else "torch.load(weights_only=True) refuses it "
+        f"({(' '.join(reason.split()) or first_line(error))[:160]})"
     )
     return (
         f"{why}; advcli reads only tensors, plain containers and numpy values from a torch "
@@ -325,7 +335,7 @@ def _int_list(obj: dict[str, Any], name: str, where: str) -> list[int] | None:
     value = obj.get(name)
     if value is None:
         return None
-    if hasattr(value, "tolist"):
+    if hasattr(value, "tolist") and not getattr(value, "is_meta", False):
         value = value.tolist()
     if not isinstance(value, list) or not all(
         isinstance(item, int) and not isinstance(item, bool) for item in value
@@ -387,9 +397,15 @@ def _translate_skyrl(path: Path, target: Path) -> None:
             f"{label}: not SkyRL's TrainingInputBatch (its state holds 'batch_dict', "
             "'batch_size' and 'metadata')"
         )
-    loss_mask = _skyrl_array(batch, "loss_mask", size, label)
-    response_mask = _skyrl_array(batch, "response_mask", size, label)
-    advantages = _skyrl_array(batch, "advantages", size, label)
+    loss_mask, response_mask, advantages = (
+        _skyrl_array(batch, name, size, label)
+        for name in ("loss_mask", "response_mask", "advantages")
+    )
+    if not loss_mask.shape == response_mask.shape == advantages.shape or not size:
+        raise AdvcliError(
+            f"{label}: its tensors 'loss_mask', 'response_mask' and 'advantages' are not of "
+            "one shape of its rows by their response tokens"
+        )
     pad = metadata.get("pad_size", 0)
     if not isinstance(pad, int) or not 0 <= pad <= size:
         raise AdvcliError(f"{label}: metadata 'pad_size' is {pad!r}, not a count of its rows")
@@ -426,10 +442,10 @@ def _skyrl_state(path: Path) -> dict[str, Any]:
             f"names only {_SKYRL_MODULE}._rebuild_tensor_batch, TrainingInputBatch and "
             "torch.device, and advcli never runs a dump's code"
         ) from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as error:
-        raise AdvcliError(f"{label}: not a readable pickle ({first_line(error)})") from None
     except OSError as error:
         raise AdvcliError(f"{label}: cannot read the file ({error.strerror})") from None
+    except Exception as error:  # a damaged pickle fails in many ways (frames, opcodes, memo)
+        raise AdvcliError(f"{label}: not a readable pickle ({first_line(error)})") from None
     if not isinstance(state, dict):
         raise AdvcliError(
             f"{label}: not SkyRL's TrainingInputBatch pickled by its __reduce__ (SkyRL since "
@@ -457,10 +473,11 @@ def _skyrl_array(batch: dict[str, Any], name: str, rows: int, label: str) -> np.
         # no .float().
         reason = first_line(error)[:120]
         raise AdvcliError(f"{label}: tensor '{name}' is not readable ({reason})") from None
-    if array.ndim != 2 or array.shape[0] != rows:
+    numbers = array.dtype.kind in "biuf"  # bool, integer, unsigned, float
+    if array.ndim != 2 or array.shape[0] != rows or not array.shape[1] or not numbers:
         raise AdvcliError(
-            f"{label}: tensor '{name}' has shape {list(array.shape)}, where the batch's "
-            f"{rows:,} rows of response tokens were expected"
+            f"{label}: tensor '{name}' is {array.dtype} of shape {list(array.shape)}, where "
+            f"numbers for the batch's {rows:,} rows of response tokens were expected"
         )
     return array
 
@@ -476,8 +493,10 @@ def _skyrl_groups(boundaries: Any, rows: int, label: str) -> np.ndarray:
     try:
         starts = np.array([bound[0] for bound in boundaries], dtype=np.int64)
         ends = np.array([bound[1] for bound in boundaries], dtype=np.int64)
-    except (TypeError, IndexError, ValueError):
+    except (TypeError, IndexError, KeyError, ValueError):
         starts = ends = np.array([-1])  # not pairs of row numbers: refused below
+    if starts.ndim != 1:
+        starts = ends = np.array([-1])
     if (
         starts[0] != 0
         or ends[-1] != rows
@@ -508,6 +527,8 @@ def _episode(path: Path) -> dict[str, Any]:
     try:
         with path.open(encoding="utf-8") as file:
             episode = json.load(file)
+    except RecursionError:
+        raise AdvcliError(f"{where}: not an rLLM episode file (nested too deep)") from None
     except json.JSONDecodeError as error:
         raise AdvcliError(
             f"{where}: not an rLLM episode file (not JSON: {error.msg.removesuffix(' at')} at "
@@ -574,6 +595,8 @@ def _value(obj: dict[str, Any], name: str, kind: type, where: str, required: boo
     )
     if not fits:
         raise AdvcliError(f"{where}: '{name}' is {_shown(value)}, not {_KINDS[kind]}")
+    if kind is int and not -(2**63) <= value < 2**63:
+        raise AdvcliError(f"{where}: '{name}' is {_shown(value)}, beyond a 64-bit integer")
     if kind is not float:
         return value
     number = float(value) if isinstance(value, float) or abs(value) < 2**1023 else math.inf
@@ -583,7 +606,10 @@ def _value(obj: dict[str, Any], name: str, kind: type, where: str, required: boo
 
 
 def _plain(value: Any) -> Any:
-    """A numpy scalar or a tensor or array of one value as that value; anything else as it is."""
+    """A numpy scalar or a tensor or array of one value as that value; anything else as it is
+    (a tensor of no data, torch's meta device, too: refused as not a number)."""
+    if getattr(value, "is_meta", False):
+        return value
     size = getattr(value, "size", None)
     if hasattr(value, "item") and (size == 1 or (callable(size) and value.numel() == 1)):
         return value.item()

@@ -307,7 +307,7 @@ class Dataset:
             # A translation's row (an rLLM folder's): named by the trainer's file it came from.
             name = pl.scan_parquet(self.source(file_number)).select(source)
             found = name.slice(row - start, 1).collect().item()
-            where = f"{self.label(file_number)}/{found} (row {row - start})"
+            where = f"{self.label(file_number)}/{found} (row {row - start} of the folder's)"
         return where + self._value()
 
     def _value(self) -> str:

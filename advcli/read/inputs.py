@@ -23,7 +23,8 @@ from advcli.errors import AdvcliError, InputChanged, first_line
 from advcli.names import NativeNames, shown_path
 from advcli.read.containers import (
     RLLM_TRAINING_FOLDER,
-    Translated,
+    Unit,
+    input_units,
     is_rllm_episode,
     is_skyrl_batch,
     is_slime_dump,
@@ -169,7 +170,11 @@ def unread_notes(folders: Sequence[Path]) -> tuple[str, ...]:
 
 
 def open_dataset(
-    specs: Sequence[str], *, spool: Callable[[], Path] | None = None, empty_ok: bool = False
+    specs: Sequence[str],
+    *,
+    spool: Callable[[], Path] | None = None,
+    empty_ok: bool = False,
+    train_files: bool = True,
 ) -> Dataset:
     """Resolve the inputs, read each file's schema and row count, and check that they agree;
     inputs without rows are an error unless ``empty_ok``.
@@ -177,35 +182,35 @@ def open_dataset(
     ``-`` reads standard input (Parquet, an Arrow IPC stream or JSON lines, told apart by their
     first bytes); it is copied to a file in ``spool()`` (a temporary folder the caller makes on
     the call and removes), since the data flow reads its input twice. A trainer's dump that is
-    no table (:mod:`advcli.read.containers`) is translated into one there.
+    no table (:mod:`advcli.read.containers`) is translated into one there, once the inputs are
+    known to be of one kind (``train_files``: as :func:`translated` takes it).
     """
     if STDIN in specs:
         if list(specs) != [STDIN]:
             raise AdvcliError("'-' (standard input) cannot be combined with other inputs")
         spooled = spool_stdin(_spool(spool)())
-        inputs = Translated((spooled,), ("<stdin>",), (spooled,), (None,))
+        units = [Unit(spooled, None, (spooled,))]
+        labels: tuple[str, ...] = ("<stdin>",)
         folders: tuple[Path, ...] = ()
     else:
-        inputs = translated(resolve_inputs(specs), _spool(spool))
+        units = input_units(resolve_inputs(specs))
+        labels = tuple(shown_path(unit.path) for unit in units)
         folders = input_folders(specs)
-    files, labels = list(inputs.files), inputs.labels
-    for path, label in zip(files, labels, strict=True):
-        kind = not_read(path)
+    for unit, label in zip(units, labels, strict=True):
+        kind = not_read(unit.path) if unit.container is None else None
         if kind is not None:
-            trainers = READ_AS_TRAINERS.get(path.suffix.lower())
+            trainers = READ_AS_TRAINERS.get(unit.path.suffix.lower())
             which = f"reads only as {trainers}" if trainers else "does not read"
             raise AdvcliError(
                 f"{label}: {kind}, which advcli {which}: convert it (Polars reads most "
                 f"formats and writes Parquet); advcli reads {READ}"
             )
-    formats = {
-        container or FORMAT_NAMES[input_format_of(path)]
-        for path, container in zip(files, inputs.containers, strict=True)
-    }
+    formats = {unit.container or FORMAT_NAMES[input_format_of(unit.path)] for unit in units}
     if len(formats) > 1:
         raise AdvcliError(
             f"{labels[0]}: inputs mix formats ({', '.join(sorted(formats))}); give one format"
         )
+    files = list(translated(units, _spool(spool), train_files=train_files))
     input_format = input_format_of(files[0])  # a translation's: Parquet
     # A translation is a snapshot of the trainer's files: its own identity is the input's.
     identities = [_identity_at_open(path, label) for path, label in zip(files, labels, strict=True)]
@@ -240,8 +245,9 @@ def open_dataset(
         tuple(identities),
         file_roles=file_roles,
         view=view,
-        origins=inputs.origins if inputs.any else (),
-        container=inputs.containers[0],
+        # The paths the user has, where a container was translated.
+        origins=tuple(unit.path for unit in units) if units[0].container else (),
+        container=units[0].container,
     )
     if dataset.num_rows == 0 and not empty_ok:
         raise AdvcliError(f"{dataset.describe()}: the input has no rows")

@@ -121,7 +121,8 @@ def _step(
     without rows keeps its place with no figures and no reading, as there."""
     with contextlib.ExitStack() as stack:
         try:
-            dataset = stack.enter_context(opened([str(path)], empty_ok=True))
+            # A slime step's train file is written after its rollout file: not read here.
+            dataset = stack.enter_context(opened([str(path)], empty_ok=True, train_files=False))
         except AdvcliError as error:
             raise _Unreadable(str(error)) from None
         said = step_in_name(os.path.relpath(path, folder))

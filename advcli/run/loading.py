@@ -340,7 +340,9 @@ def load_dump(
     if unique_turns and columns.turn is not None:
         check_unique_turns(projection, dataset, columns)
     reasons = {**columns.reasons, "group": by_reason(columns.reasons["group"], by, steps.name)}
-    notes = (*columns.notes, *unread_notes(dataset.folders), *_dump_notes(dataset, projection))
+    # A part of one value is no run's reading: the run says its folders' notes once.
+    unread = unread_notes(dataset.folders) if dataset.step is None else ()
+    notes = (*columns.notes, *unread, *_dump_notes(dataset, projection))
     columns = replace(columns, reasons=reasons, notes=notes)
     return LoadedDump(dataset, columns, projection, steps=steps, padding=padding)
 
@@ -712,7 +714,9 @@ def input_names(inputs: Inputs) -> list[str]:
 
 
 @contextlib.contextmanager
-def opened(inputs: Inputs, *, empty_ok: bool = False) -> Iterator[Dataset]:
+def opened(
+    inputs: Inputs, *, empty_ok: bool = False, train_files: bool = True
+) -> Iterator[Dataset]:
     """Open the inputs (one path, or a sequence of them) as one dataset (without rows an error
     unless ``empty_ok``); standard input (``-``) and a trainer's dump that is no table (rLLM's
     episode files: :mod:`advcli.read.containers`) are spooled to a temporary folder that is
@@ -720,14 +724,15 @@ def opened(inputs: Inputs, *, empty_ok: bool = False) -> Iterator[Dataset]:
     cleanup outlives, would leave it behind). An error in the block is reported as an input's
     change when one changed (:meth:`Dataset.changes_reported`). Standard output that is an
     input file (``advcli compare dump.parquet >> dump.parquet``) is refused whatever the
-    command, as ``cat`` refuses it: what a command prints would go into the input."""
+    command, as ``cat`` refuses it: what a command prints would go into the input.
+    ``train_files``: as :func:`~advcli.read.containers.translated` takes it."""
     names = input_names(inputs)
     with contextlib.ExitStack() as stack:
 
         def spool() -> Path:
             return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="advcli-spool-")))
 
-        dataset = open_dataset(names, spool=spool, empty_ok=empty_ok)
+        dataset = open_dataset(names, spool=spool, empty_ok=empty_ok, train_files=train_files)
         check_not_written_into(Path(STDIN), dataset)
         with dataset.changes_reported():
             yield dataset

@@ -322,10 +322,9 @@ def _combined(
     entries: list[StepEntry] = []
     padding_rows = 0
     duplicates: dict[str, Any] = {}
-    # What a later part's reading says that the first's does not (a trainer's note on one
-    # step's groups), each named by its part.
-    notes: list[str] = []
-    first_notes: tuple[str, ...] | None = None
+    # Each part's notes: those of every part are the run's, the others named by their part
+    # (a trainer's note on one step's groups).
+    part_notes: list[tuple[Any, tuple[str, ...]]] = []
     for index, read in enumerate(results):
         if read.figures is None or read.entry is None:
             entries.append(empty_step(labels[index]))
@@ -338,10 +337,7 @@ def _combined(
             functools.partial(parts.read_again, index),
         )
         assert result.figures is not None and result.entry is not None
-        part_notes = _roles(result).notes
-        if first_notes is None:
-            first_notes = part_notes
-        notes += [f"{labels[index]}: {note}" for note in part_notes if note not in first_notes]
+        part_notes.append((labels[index], _roles(result).notes))
         entries.append({**result.entry, "step": labels[index]})
         run = result.figures if run is None else merged(run, result.figures, top)
         padding_rows += result.padding_rows
@@ -361,10 +357,16 @@ def _combined(
         roles = reading["roles"]
         group = {**roles["group"], "why": by_reason(roles["group"]["why"], "file", "file")}
         reading = {**reading, "roles": {**roles, "group": group}}
+    every = set.intersection(*(set(notes) for _, notes in part_notes))
+    own = [f"{label}: {note}" for label, notes in part_notes for note in notes if note not in every]
+    first_own = set(part_notes[0][1]) - every
     settings["reading"] = {
         **reading,
-        # A part of one value keeps the folders' notes too: each said once.
-        "notes": list(dict.fromkeys([*reading["notes"], *notes, *unread_notes(dataset.folders)])),
+        "notes": [
+            *(note for note in reading["notes"] if note not in first_own),
+            *own,
+            *unread_notes(dataset.folders),
+        ],
     }
     summary = bias_summary(run, estimator=config.estimator.value, settings=settings)
     summary["by_step"] = {"by": by, "steps": entries}

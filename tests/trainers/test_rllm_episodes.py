@@ -208,7 +208,7 @@ def test_a_group_of_rewards_and_nulls_is_one_error(run, tmp_path):
     folder = write_step(tmp_path / "episodes", episodes)
     line = error_line(run("compare", folder))
     # Every row of the group breaks the rule: the first is the group's first episode's.
-    assert line.startswith(f"Error: {folder}/{episode_file(episodes[0])} (row 0): ")
+    assert line.startswith(f"Error: {folder}/{episode_file(episodes[0])} (row 0 of the folder's): ")
     assert "have a reward and no reward (null) both, which rLLM's transform refuses" in line
 
 
@@ -340,3 +340,13 @@ def test_steps_of_several_epochs_are_named_by_their_step(run, tmp_path):
         write_step(episodes_folder, episodes)
     report = json.loads(run("compare", episodes_folder, "--by", "file", "--json", "-").stdout)
     assert [entry["step"] for entry in report["by_step"]["steps"]] == [3, 4]
+
+
+def test_a_step_number_beyond_64_bits_is_one_error(run, tmp_path):
+    episodes = step_episodes(1, tasks=1)
+    episodes[0]["training_step"] = 10**30
+    folder = write_step(tmp_path / "episodes", episodes)
+    name = folder / episode_file(episodes[0])
+    assert error_line(run("compare", folder)) == (
+        f"Error: {name}: 'training_step' is {10**30}, beyond a 64-bit integer"
+    )

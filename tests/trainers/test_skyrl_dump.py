@@ -290,6 +290,14 @@ def test_a_folder_read_keeps_each_steps_groups_apart(run, tmp_path, skyrl_module
             lambda state: state["metadata"].update(policy_prompt_boundaries=[0, 4, 8, 12]),
             "the metadata's 'policy_prompt_boundaries' do not cover its 12 rows",
         ),
+        (
+            lambda state: state["metadata"].update(policy_prompt_boundaries=[{"a": 1}]),
+            "the metadata's 'policy_prompt_boundaries' do not cover its 12 rows",
+        ),
+        (
+            lambda state: state["batch_dict"].update(advantages=serialized(torch.zeros(15, 2))),
+            "its tensors 'loss_mask', 'response_mask' and 'advantages' are not of one shape",
+        ),
     ],
 )
 def test_a_damaged_batch_is_one_error(run, tmp_path, skyrl_module, breaks, expected):

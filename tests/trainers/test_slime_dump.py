@@ -283,13 +283,17 @@ def test_a_compact_rollout_is_one_error(run, tmp_path):
     )
 
 
-def test_a_later_steps_uneven_groups_are_said_by_step(run, tmp_path):
-    write_dump(tmp_path / "dump", 1, step_samples(1), 4)
-    write_dump(tmp_path / "dump", 2, [s for s in step_samples(2) if s["index"] != 5], 4, False)
+@pytest.mark.parametrize("uneven", [1, 2])
+def test_one_steps_uneven_groups_are_said_by_step(run, tmp_path, uneven):
+    for step in (1, 2):
+        samples = step_samples(step)
+        if step == uneven:
+            samples = [s for s in samples if s["index"] != 5]
+        write_dump(tmp_path / "dump", step, samples, 4, False)
     notes = compare_json_notes(run, tmp_path / "dump", "--by", "file")
     assert [note for note in notes if "differ in size" in note] == [
-        "2: the groups differ in size (3, 4 samples): slime normalizes a step's rewards as one "
-        "group, not per prompt, when its samples are not n_samples_per_prompt x "
+        f"{uneven}: the groups differ in size (3, 4 samples): slime normalizes a step's rewards "
+        "as one group, not per prompt, when its samples are not n_samples_per_prompt x "
         "rollout_batch_size (RolloutManager._post_process_rewards), so its own advantages were "
         "over the whole step"
     ]
@@ -373,3 +377,28 @@ def test_a_watch_takes_each_steps_rollout_file(tmp_path):
     write_dump(folder, 1, step_samples(1), 4)
     lines = watched(folder, 2, lambda: write_dump(folder, 2, step_samples(2), 4))
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
+
+
+def test_a_numpy_object_array_is_refused(run, tmp_path):
+    """An object array rebuilt from a file's bytes would read them as pointers."""
+    import numpy as np
+
+    samples = step_samples(1)
+    samples[0]["metadata"] = {"routed": np.array([1, "a"], dtype=object)}
+    write_dump(tmp_path / "dump", 1, samples, 4, train=False)
+    assert error_line(run("compare", tmp_path / "dump")) == (
+        f"Error: {tmp_path / 'dump/rollout_data/1.pt'}: it names numpy.dtypes.ObjectDType, which "
+        "torch.load(weights_only=True) does not load; advcli reads only tensors, plain "
+        "containers and numpy values from a torch file, and never runs a dump's code"
+    )
+
+
+def test_a_rollout_id_of_another_type_is_one_error(run, tmp_path):
+    write_dump(tmp_path / "dump", 1, step_samples(1), 4, train=False)
+    path = tmp_path / "dump/rollout_data/1.pt"
+    payload = torch.load(path, weights_only=False)
+    payload["rollout_id"] = True
+    torch.save(payload, path)
+    assert (
+        error_line(run("compare", path)) == f"Error: {path}: 'rollout_id' is true, not an integer"
+    )
