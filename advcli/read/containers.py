@@ -608,6 +608,8 @@ def _value(obj: dict[str, Any], name: str, kind: type, where: str, required: boo
 def _plain(value: Any) -> Any:
     """A numpy scalar or a tensor or array of one value as that value; anything else as it is
     (a tensor of no data, torch's meta device, too: refused as not a number)."""
+    if value is None or type(value) in (int, float, str, bool):  # JSON's own, most of all
+        return value
     if getattr(value, "is_meta", False):
         return value
     size = getattr(value, "size", None)

@@ -124,6 +124,9 @@ class Dataset:
     origins: tuple[Path, ...] = ()
     # What those were ("rLLM episode files"), for the reports.
     container: str | None = None
+    # What the reading says of the ``folders``' files that are not read (a config beside the
+    # step files), from the listing the inputs were found in.
+    unread: tuple[str, ...] = ()
 
     @property
     def inputs(self) -> tuple[Path, ...]:

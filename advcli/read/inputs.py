@@ -52,21 +52,26 @@ from advcli.read.trainer_dumps import STEP_FILE_NAMES, TrainerDump, trainer_dump
 STDIN = "-"
 
 
-def resolve_inputs(specs: Sequence[str]) -> list[Path]:
+# A folder's listing (the files read, the others, what those read are), kept by a run that
+# lists a folder more than once (its inputs, then its unread files).
+Listings = dict[Path, tuple[list[Path], list[Path], str]]
+
+
+def resolve_inputs(specs: Sequence[str], listed: Listings | None = None) -> list[Path]:
     """Expand files, globs and directories into a list of input files, in the order given.
 
     A directory contributes its Parquet files, or if it has none its ``.jsonl``/``.ndjson`` files
     (recursively, sorted by path, a number in it as a number: ``global_step_2`` before
     ``global_step_10``); a glob its matches, sorted so. A name that exists is that file or
     directory, even when it holds ``*``, ``?`` or ``[``: only a name that does not exist is read
-    as a glob. A file named twice is read once.
+    as a glob. A file named twice is read once. ``listed`` keeps each folder's listing.
     """
     if not specs:
         raise AdvcliError("no input files given")
     files: list[Path] = []
     for spec in specs:
         for match in _matches(spec):
-            files.extend(_expand_path(match, spec))
+            files.extend(_expand_path(match, spec, listed))
     return list(dict.fromkeys(files))
 
 
@@ -88,9 +93,9 @@ def _matches(spec: str) -> list[Path]:
     return [Path(match) for match in matches]
 
 
-def _expand_path(path: Path, spec: str) -> list[Path]:
+def _expand_path(path: Path, spec: str, listed: Listings | None) -> list[Path]:
     if path.is_dir():
-        found = directory_files(path)
+        found = _read_and_not(path, listed)[0]
         if found:
             return found
         raise AdvcliError(
@@ -115,9 +120,13 @@ def directory_files(path: Path) -> list[Path]:
     return _read_and_not(path)[0]
 
 
-def _read_and_not(path: Path) -> tuple[list[Path], list[Path], str]:
+def _read_and_not(path: Path, listed: Listings | None = None) -> tuple[list[Path], list[Path], str]:
     """A directory's files, listed once and sorted: those :func:`directory_files` reads, the
-    others, and what those read are."""
+    others, and what those read are (kept in ``listed``, where given)."""
+    if listed is not None:
+        if path not in listed:
+            listed[path] = _read_and_not(path)
+        return listed[path]
     files = sorted((p for p in path.rglob("*") if p.is_file()), key=number_order)
     for suffixes, kind in ((PARQUET_SUFFIXES, "Parquet"), (DIRECTORY_JSON_SUFFIXES, "JSON-lines")):
         found = [p for p in files if p.suffix in suffixes]
@@ -152,12 +161,12 @@ def _others(files: list[Path], found: list[Path]) -> list[Path]:
 UNREAD_SHOWN = 5
 
 
-def unread_notes(folders: Sequence[Path]) -> tuple[str, ...]:
+def unread_notes(folders: Sequence[Path], listed: Listings | None = None) -> tuple[str, ...]:
     """For each input folder holding files that are not read (a config beside the step files,
     JSON lines beside Parquet, another format): a note naming them, for the reading."""
     notes = []
     for folder in folders:
-        read, unread, kind = _read_and_not(folder)
+        read, unread, kind = _read_and_not(folder, listed)
         if unread and read:
             names = ", ".join(shown_path(p.relative_to(folder)) for p in unread[:UNREAD_SHOWN])
             more = f" and {len(unread) - UNREAD_SHOWN:,} more" if len(unread) > UNREAD_SHOWN else ""
@@ -192,10 +201,13 @@ def open_dataset(
         units = [Unit(spooled, None, (spooled,))]
         labels: tuple[str, ...] = ("<stdin>",)
         folders: tuple[Path, ...] = ()
+        unread: tuple[str, ...] = ()
     else:
-        units = input_units(resolve_inputs(specs))
+        listed: Listings = {}
+        units = input_units(resolve_inputs(specs, listed))
         labels = tuple(shown_path(unit.path) for unit in units)
         folders = input_folders(specs)
+        unread = unread_notes(folders, listed)
     for unit, label in zip(units, labels, strict=True):
         kind = not_read(unit.path) if unit.container is None else None
         if kind is not None:
@@ -248,6 +260,7 @@ def open_dataset(
         # The paths the user has, where a container was translated.
         origins=tuple(unit.path for unit in units) if units[0].container else (),
         container=units[0].container,
+        unread=unread,
     )
     if dataset.num_rows == 0 and not empty_ok:
         raise AdvcliError(f"{dataset.describe()}: the input has no rows")

@@ -32,7 +32,7 @@ from advcli.read.dialects import ROLES, STEP_ROLES, dialect_named
 from advcli.read.dtypes import is_enum
 from advcli.read.duplicates import TOKEN_COLUMNS, DuplicateRows, find_duplicates
 from advcli.read.file_roles import FileRoles, named_by_file
-from advcli.read.inputs import STDIN, open_dataset, unread_notes
+from advcli.read.inputs import STDIN, open_dataset
 from advcli.read.picker import COMMAND_LINE, Options
 from advcli.read.projection import (
     check_consecutive_turns,
@@ -322,7 +322,7 @@ def load_dump(
             _check_groups_in_one_step(dataset, projection, training_step)
         notes = (
             *columns.notes,
-            *unread_notes(dataset.folders),
+            *dataset.unread,
             *_spanning_files(dataset, projection),
             *_dump_notes(dataset, projection),
         )
@@ -341,7 +341,7 @@ def load_dump(
         check_unique_turns(projection, dataset, columns)
     reasons = {**columns.reasons, "group": by_reason(columns.reasons["group"], by, steps.name)}
     # A part of one value is no run's reading: the run says its folders' notes once.
-    unread = unread_notes(dataset.folders) if dataset.step is None else ()
+    unread = dataset.unread if dataset.step is None else ()
     notes = (*columns.notes, *unread, *_dump_notes(dataset, projection))
     columns = replace(columns, reasons=reasons, notes=notes)
     return LoadedDump(dataset, columns, projection, steps=steps, padding=padding)

@@ -24,7 +24,7 @@ from advcli.read.alike import ReadAlike
 from advcli.read.columns import ColumnRoles, unused_name
 from advcli.read.dataset import Dataset, StepRows
 from advcli.read.duplicates import EXAMPLES
-from advcli.read.inputs import open_dataset, unread_notes
+from advcli.read.inputs import open_dataset
 from advcli.read.scan import closing_sources, release_freed_memory
 from advcli.report.bias import BiasReport, part_report
 from advcli.report.by_step import empty_step, step_entry
@@ -365,7 +365,7 @@ def _combined(
         "notes": [
             *(note for note in reading["notes"] if note not in first_own),
             *own,
-            *unread_notes(dataset.folders),
+            *dataset.unread,
         ],
     }
     summary = bias_summary(run, estimator=config.estimator.value, settings=settings)
