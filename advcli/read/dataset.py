@@ -99,7 +99,8 @@ class Dataset:
     """Input files of one format read as one table, rows numbered across files in the order
     given. ``labels`` name the files in messages (``<stdin>`` for standard input); ``folders``
     are the directories among the inputs (:func:`input_folders`); ``identities`` are the
-    files' identities when they were opened (:meth:`check_unchanged`). With ``step`` the
+    files' identities when they were opened (:meth:`check_unchanged`; where JSON lines were
+    translated, their own files'). With ``step`` the
     dataset is those rows only (:meth:`rows`), still numbered as among every input's, and
     its messages name the value."""
 
@@ -124,6 +125,9 @@ class Dataset:
     origins: tuple[Path, ...] = ()
     # What those were ("rLLM episode files"), for the reports.
     container: str | None = None
+    # The format of the ``origins`` where they are tables read into ``files`` (JSON lines:
+    # :mod:`advcli.read.json_translation`); None where the inputs are read as they are.
+    translated_from: InputFormat | None = None
     # What the reading says of the ``folders``' files that are not read (a config beside the
     # step files), from the listing the inputs were found in.
     unread: tuple[str, ...] = ()
@@ -132,6 +136,11 @@ class Dataset:
     def inputs(self) -> tuple[Path, ...]:
         """The inputs as the user has them: each file, or what it was translated from."""
         return self.origins or self.files
+
+    @property
+    def given_format(self) -> InputFormat:
+        """The format of the inputs the user gave (of what ``files`` were translated from)."""
+        return self.translated_from or self.input_format
 
     @property
     def num_rows(self) -> int:
@@ -230,7 +239,8 @@ class Dataset:
     def changed_input(self) -> InputChanged | None:
         """The error for the first input that is no longer the file that was opened (renamed
         over, rewritten, appended to, removed); None when every input is as it was."""
-        for index, (path, identity) in enumerate(zip(self.files, self.identities, strict=True)):
+        identified = self.origins if self.translated_from else self.files
+        for index, (path, identity) in enumerate(zip(identified, self.identities, strict=True)):
             change = identity.change_to(FileIdentity.of(path))
             if change is not None:
                 return InputChanged(self.label(index), change)
@@ -276,6 +286,7 @@ class Dataset:
             view=self.view,
             origins=self.origins[index : index + 1],
             container=self.container,
+            translated_from=self.translated_from,
         )
 
     def label(self, index: int) -> str:

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from advcli._runtime.signals import held
 from advcli.errors import AdvcliError, InputChanged, first_line
-from advcli.names import NativeNames, shown_path
+from advcli.names import NativeNames, is_utf8, shown_path
 from advcli.read.containers import (
     RLLM_TRAINING_FOLDER,
     Unit,
@@ -44,6 +44,7 @@ from advcli.read.formats import (
     not_read,
 )
 from advcli.read.json_lines import first_bad_line
+from advcli.read.json_translation import prefix_schema, translate_json_lines
 from advcli.read.scan import open_parquet
 from advcli.read.stdin import spool_stdin
 from advcli.read.step_files import number_order
@@ -223,17 +224,26 @@ def open_dataset(
             f"{labels[0]}: inputs mix formats ({', '.join(sorted(formats))}); give one format"
         )
     files = list(translated(units, _spool(spool), train_files=train_files))
-    input_format = input_format_of(files[0])  # a translation's: Parquet
-    # A translation is a snapshot of the trainer's files: its own identity is the input's.
+    input_format = input_format_of(files[0])  # a container's translation's: Parquet
+    # A container's translation is a snapshot of the trainer's files: its own identity is the
+    # input's. JSON lines' is their own file's, taken before they are read into Parquet.
+    identified = list(files)
     identities = [_identity_at_open(path, label) for path, label in zip(files, labels, strict=True)]
+    json_lines = None
+    if input_format == "json" and spool is not None:
+        json_lines = _json_lines_translated(files, labels, spool)
+        if json_lines is not None:
+            files, input_format = list(json_lines), "arrow"
     native = NativeNames(files, labels)
     row_counts, schemas, roles = [], [], []
-    for path, source, label, identity in zip(files, native.names, labels, identities, strict=True):
+    for path, source, label, identity, own in zip(
+        files, native.names, labels, identities, identified, strict=True
+    ):
         try:
             num_rows, schema, file_roles = _read_header(path, source, label, input_format)
         except AdvcliError:
             # A half-written file read while it is being written is the change, not damage.
-            change = identity.change_to(FileIdentity.of(path))
+            change = identity.change_to(FileIdentity.of(own))
             if change is None:
                 raise
             raise InputChanged(label, change) from None
@@ -257,14 +267,31 @@ def open_dataset(
         tuple(identities),
         file_roles=file_roles,
         view=view,
-        # The paths the user has, where a container was translated.
-        origins=tuple(unit.path for unit in units) if units[0].container else (),
+        # The paths the user has, where a container or JSON lines were translated.
+        origins=tuple(unit.path for unit in units) if units[0].container or json_lines else (),
         container=units[0].container,
+        translated_from="json" if json_lines else None,
         unread=unread,
     )
     if dataset.num_rows == 0 and not empty_ok:
         raise AdvcliError(f"{dataset.describe()}: the input has no rows")
     return dataset
+
+
+def _json_lines_translated(
+    files: Sequence[Path], labels: Sequence[str], spool: Callable[[], Path]
+) -> tuple[Path, ...] | None:
+    """JSON-lines files read once into Arrow IPC files in ``spool()``, with one schema: that of
+    their first lines (:mod:`advcli.read.json_translation`); None where they are to be read by
+    Polars with the schema of all their lines."""
+    schemas = [prefix_schema(as_pattern(str(path))) if is_utf8(path) else None for path in files]
+    if any(schema is None for schema in schemas):
+        return None
+    try:
+        schema = _json_schema(labels, [schema for schema in schemas if schema is not None])
+    except AdvcliError:
+        return None
+    return translate_json_lines(files, schema, spool())
 
 
 def _spool(spool: Callable[[], Path] | None) -> Callable[[], Path]:

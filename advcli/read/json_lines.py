@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from advcli.errors import AdvcliError
+from advcli.names import NativeNames
 from advcli.read.dataset import Dataset
+from advcli.read.scan import closing_sources
 from advcli.settings.rules import EXACT_INTEGER_LIMIT
 
 if TYPE_CHECKING:
@@ -78,23 +80,35 @@ def check_json_lines(dataset: Dataset, ids: Sequence[str], reward: str) -> None:
     expression (a key followed by something other than a string; a nested value that holds
     something other than strings and nulls; an integer literal of 16 digits or more); only those
     lines are parsed, to look at their values.
+
+    JSON lines read into Parquet by Arrow's strict reader (:mod:`advcli.read.json_translation`)
+    hold one JSON type in a column, or they would not have been read so: only the reward is
+    looked at, and its lines only where a value read is 2^53 or more (a literal beyond 2^53 is
+    read as one).
     """
+    translated = dataset.translated_from == "json"
     string_ids = [name for name in ids if dataset.schema[name] == pl.String]
     nested_ids = [
         name
         for name in ids
         if dataset.schema[name].is_nested() and _holds_text(dataset.schema[name])
     ]
+    if translated:
+        string_ids, nested_ids = [], []
     reward_type = dataset.schema[reward]
     float_reward = reward_type == pl.Float64 or reward_type == pl.List(pl.Float64)
-    for index, path in enumerate(dataset.files):
+    if float_reward and translated:
+        float_reward = _largest_magnitude(dataset, reward) >= EXACT_INTEGER_LIMIT
+    texts = NativeNames(dataset.inputs, dataset.labels) if translated else dataset.native
+    for index, path in enumerate(dataset.inputs):
+        source = texts.names[index] if texts else str(path)
         for name in string_ids:
-            for line in _lines_matching(dataset.source(index), _value_after_key(name)):
+            for line in _lines_matching(source, _value_after_key(name)):
                 value = json.loads(line).get(name)
                 if value is not None and not isinstance(value, str):
                     raise AdvcliError(f"{dataset.label(index)} {_mixed_ids(path, name, line)}")
         for name in nested_ids:
-            for line in _nested_candidates(dataset.source(index), name):
+            for line in _nested_candidates(source, name):
                 found = _not_text(json.loads(line).get(name), dataset.schema[name])
                 if found is not None:
                     raise AdvcliError(
@@ -105,7 +119,7 @@ def check_json_lines(dataset: Dataset, ids: Sequence[str], reward: str) -> None:
                         "JSON type"
                     )
         if float_reward:
-            for line in _lines_matching(dataset.source(index), LONG_INTEGER):
+            for line in _lines_matching(source, LONG_INTEGER):
                 too_large = _beyond_exact(json.loads(line).get(reward))
                 if too_large is not None:
                     raise AdvcliError(
@@ -113,6 +127,16 @@ def check_json_lines(dataset: Dataset, ids: Sequence[str], reward: str) -> None:
                         f"'{reward}' holds the integer {too_large}, beyond 2^53, which float64 "
                         "cannot hold exactly; advcli would round it"
                     )
+
+
+def _largest_magnitude(dataset: Dataset, reward: str) -> float:
+    """The largest magnitude among the float ``reward`` column's values (a list's items too)."""
+    values = pl.col(reward)
+    if dataset.schema[reward] != pl.Float64:
+        values = values.explode()
+    with closing_sources():
+        largest = dataset.rows().select(values.abs().max()).collect().item()
+    return 0.0 if largest is None else float(largest)
 
 
 # An integer literal that may be beyond 2^53 (16 digits or more, no fraction or exponent).

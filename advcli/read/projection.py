@@ -155,7 +155,7 @@ def key_projection(
     number of response tokens (the sum of the mask, or the response length). Token data is read
     once, batch by batch, and reduced to these scalars on the way.
     """
-    if dataset.input_format == "json":
+    if dataset.given_format == "json":
         # An anchor is compared as an id is: "0" and 0 must not become one state.
         ids = [
             name for name in (columns.group, columns.trajectory, columns.anchor) if name is not None

@@ -475,7 +475,7 @@ def inspect(
             dump.projection,
             dump.columns,
             inputs=[dataset.label(i) for i in range(len(dataset.files))],
-            input_format=dataset.container or dataset.input_format,
+            input_format=dataset.container or dataset.given_format,
             locate=dataset.locate,
             padding_rows=dump.padding.height,
             anchor_scope=anchor_scope or StepTerm().scope,

@@ -120,7 +120,7 @@ def _stop_local_cluster(folder: str) -> None:
 
 
 def _read(dataset: Dataset, names: list[str] | None = None) -> Any:
-    if dataset.input_format != "parquet":
+    if dataset.given_format != "parquet":
         raise AdvcliError(f"{dataset.describe()}: --engine ray reads Parquet inputs")
     if dataset.view is not None:
         raise AdvcliError(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import random
 import re
@@ -1048,3 +1049,66 @@ def test_a_stalled_standard_input_ends_on_a_signal(signum, code, message):
         for stream in (process.stdin, process.stdout, process.stderr):
             stream.close()
     assert (process.returncode, stdout, stderr) == (code, "", message + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# E. JSON lines read into an Arrow file in the spool folder (advcli/read/json_translation.py)
+
+
+@pytest.fixture(scope="module")
+def json_dump(tmp_path_factory) -> Path:
+    """About 100k rows of 32 tokens as JSON lines (some 60 MB): their reading into the spool
+    folder lasts long enough for a signal to land in it."""
+    path = tmp_path_factory.mktemp("json") / "rollouts.jsonl"
+    pl.from_arrow(sample_table(groups=3_000, rollouts=8, tokens=32, seed=2)).write_ndjson(path)
+    return path
+
+
+def test_a_full_disk_under_the_json_translation_falls_back_to_polars(
+    json_dump, mplconfig, tmp_path
+):
+    """The spool file cannot be written: Polars reads the lines, and the report is the same."""
+    out, tmp = folders(tmp_path)
+    args = ["compare", json_dump, "-q", "--json", "-"]
+    env = child_env(tmp, mplconfig)
+    full = run_advcli(args, cwd=out, env=env, preexec=file_size_limit(LIMIT))
+    free = run_advcli(args, cwd=out, env=env)
+
+    assert full.returncode == 0 and free.returncode == 0, f"{full}{free}"
+    assert_no_crash(full)
+    assert json.loads(full.stdout) == json.loads(free.stdout)
+    assert listing(tmp) == set(), f"files left in $TMPDIR: {listing(tmp)}{full}"
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "message"),
+    [(signal.SIGINT, 130, INTERRUPTED), (signal.SIGTERM, 143, TERMINATED)],
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_a_signal_during_the_json_translation(
+    signum, code, message, json_dump, mplconfig, tmp_path
+):
+    """A signal while the lines are being parsed, on a pool's threads: one line, the signal's
+    exit code, no crash as the process exits, and the spool folder gone."""
+    out, tmp = folders(tmp_path)
+    args = ["compute", str(json_dump), "-o", str(out / "out.parquet")]
+    popen = {
+        "cwd": out,
+        "env": child_env(tmp, mplconfig),
+        "stdin": subprocess.DEVNULL,
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.PIPE,
+    }
+    with spawned(args, **popen) as process:
+        deadline = time.monotonic() + 60
+        while not list(tmp.glob("advcli-spool-*/json-lines-0.arrow")):
+            assert process.poll() is None and time.monotonic() < deadline, "no translation seen"
+            time.sleep(0.001)
+        process.send_signal(signum)
+        result = finish(process, args)
+
+    assert result.returncode == code, f"exit code is not {code}{result}"
+    assert result.stderr.splitlines() == [message], f"stderr is not the one line{result}"
+    assert_no_crash(result)
+    assert listing(out) == set(), f"files left in the output folder{result}"
+    assert listing(tmp) == set(), f"files left in $TMPDIR: {listing(tmp)}{result}"
