@@ -22,7 +22,7 @@ from advcli.errors import AdvcliError, UsageError, first_line
 from advcli.names import shown_path
 from advcli.read.alike import ReadAlike
 from advcli.read.columns import ColumnRoles, unused_name
-from advcli.read.dataset import Dataset, StepRows
+from advcli.read.dataset import Dataset, FileIdentity, StepRows
 from advcli.read.duplicates import EXAMPLES
 from advcli.read.inputs import open_dataset
 from advcli.read.scan import closing_sources, release_freed_memory
@@ -59,6 +59,10 @@ class PartTask:
     names: ColumnNames
     top: int
     drop_duplicates: bool
+    # Where ``paths`` are the run's Arrow files of JSON lines: the JSON lines and their
+    # identities, which the worker checks and reads the raw text of as the run would.
+    json_lines: tuple[Path, ...] = ()
+    json_identities: tuple[FileIdentity, ...] = ()
 
     def named(self) -> str:
         """The part as messages name it: its file, or its inputs and the column's value."""
@@ -136,6 +140,7 @@ def compare_parts(  # noqa: PLR0913
     never held at once). Every part must be read as the first is (``reading``: the run's
     roles so far, for a run compared a part at a time, as ``--follow`` does)."""
     settings = (config, names, top, drop_duplicates)
+    json_lines = dataset.translated_from == "json"
     if by == "file":
         labels: list[Any] = list(dataset.file_steps())
         tasks = [
@@ -147,6 +152,8 @@ def compare_parts(  # noqa: PLR0913
                 sum(dataset.row_counts[:index]),
                 None,
                 *settings,
+                dataset.origins[index : index + 1] if json_lines else (),
+                dataset.identities[index : index + 1] if json_lines else (),
             )
             for index, path in enumerate(dataset.files)
         ]
@@ -154,7 +161,17 @@ def compare_parts(  # noqa: PLR0913
         steps = column_steps(dataset, by)
         labels = [step.value for step in steps]
         tasks = [
-            PartTask(dataset.files, dataset.labels, index, step.rows, 0, step, *settings)
+            PartTask(
+                dataset.files,
+                dataset.labels,
+                index,
+                step.rows,
+                0,
+                step,
+                *settings,
+                dataset.origins if json_lines else (),
+                dataset.identities if json_lines else (),
+            )
             for index, step in enumerate(steps)
         ]
     results = results_in_order(
@@ -243,6 +260,13 @@ def run_part(task: PartTask) -> PartResult:
     if not task.rows:
         return EMPTY
     opened = open_dataset([str(path) for path in task.paths])
+    if task.json_lines:
+        opened = replace(
+            opened,
+            origins=task.json_lines,
+            identities=task.json_identities,
+            translated_from="json",
+        )
     return _run(replace(opened, labels=task.labels or opened.labels, step=task.step), task)
 
 

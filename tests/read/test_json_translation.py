@@ -242,3 +242,57 @@ def test_a_reward_below_2_53_reads_no_line_again(tmp_path: Path, run) -> None:
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["counts"]["groups"] == 10
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("jobs", ["1", "2"])
+@pytest.mark.parametrize("by", ["file", "step"])
+def test_parts_read_in_workers_keep_the_json_checks(
+    tmp_path: Path, run, jobs: str, by: str
+) -> None:
+    """``--jobs 2`` parts read the run's Arrow files in worker processes: the raw-text check of
+    the reward still reads the JSON lines, and names the file and line."""
+    for step in (1, 2):
+        rows = [
+            {"step": step, "data_id": f"g{n // 2}", "rollout_id": f"r{n}", "reward": n / 4}
+            for n in range(LATE + 2)
+        ]
+        text = lines(rows)
+        if step == 2:
+            text = text.replace(f'"reward": {LATE / 4}', '"reward": 9007199254740993', 1)
+        (tmp_path / f"step{step}.jsonl").write_text(text)
+    result = run(
+        "compare",
+        tmp_path,
+        "--by",
+        by,
+        "--jobs",
+        jobs,
+        "-q",
+        "--group-col",
+        "data_id",
+        "--traj-col",
+        "rollout_id",
+        "--reward-col",
+        "reward",
+    )
+    assert result.exit_code == 1
+    assert f"{tmp_path / 'step2.jsonl'} line {LATE + 1}: column 'reward' holds the integer" in (
+        result.stderr
+    ), result.stderr
+
+
+@pytest.mark.process
+def test_parts_in_workers_give_the_report_one_process_gives(tmp_path: Path, run) -> None:
+    for step in (1, 2, 3):
+        rows = [
+            {"data_id": f"g{n // 4}", "rollout_id": f"r{n}", "reward": [float((n * step) % 3)]}
+            for n in range(48)
+        ]
+        (tmp_path / f"step{step}.jsonl").write_text(lines(rows))
+    reports = [
+        run("compare", tmp_path, "--by", "file", "--jobs", jobs, "-q", "--json", "-")
+        for jobs in ("1", "2")
+    ]
+    assert [result.exit_code for result in reports] == [0, 0], reports[1].stderr
+    assert json.loads(reports[0].stdout) == json.loads(reports[1].stdout)
