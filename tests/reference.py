@@ -34,8 +34,9 @@ gets its trajectory's advantage.
 Group statistics
 ----------------
 ``mean_g`` is the mean of the unit scores of the group, ``std_g`` their unbiased sample std
-(divide by ``n - 1``). If every unit of a group has exactly the same score, ``mean_g`` is that
-score and ``std_g`` is 0, so the (grpo, drgrpo, rloo, grpo_passk) advantage is exactly 0.
+(divide by ``n - 1``; ``std="population"``: divide by ``n``, np.std's and rLLM's). If every
+unit of a group has exactly the same score, ``mean_g`` is that score and ``std_g`` is 0, so the
+(grpo, drgrpo, rloo, grpo_passk) advantage is exactly 0.
 
 Estimators (``s`` is the unit's score)
 --------------------------------------
@@ -142,11 +143,12 @@ def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values)
 
 
-def _std(values: Sequence[float]) -> float:
-    """Unbiased sample std (ddof=1); exactly 0 when all values are equal."""
+def _std(values: Sequence[float], ddof: int = 1) -> float:
+    """Unbiased sample std (ddof=1), or the population std (ddof=0); exactly 0 when all values
+    are equal."""
     n = len(values)
     if n < 2:
-        raise ValueError("the sample std needs at least two values")
+        raise ValueError("the std of a group needs at least two values")
     if all(v == values[0] for v in values):
         return 0.0
     mean = _mean(values)
@@ -156,7 +158,7 @@ def _std(values: Sequence[float]) -> float:
     largest = max(abs(d) for d in deviations)
     if largest == 0.0:
         return 0.0
-    return largest * math.sqrt(math.fsum((d / largest) ** 2 for d in deviations) / (n - 1))
+    return largest * math.sqrt(math.fsum((d / largest) ** 2 for d in deviations) / (n - ddof))
 
 
 def _group_advantages(
@@ -167,6 +169,7 @@ def _group_advantages(
     scale: str,
     singleton: str,
     batch_std: float | None,
+    ddof: int,
 ) -> list[float]:
     """The advantage of each unit of one group (``units`` in row order)."""
     n = len(units)
@@ -187,7 +190,7 @@ def _group_advantages(
 
     all_equal = all(v == scores[0] for v in scores)
     mean_g = _mean(scores)
-    std_g = _std(scores)
+    std_g = _std(scores, ddof)
 
     if estimator == "grpo":
         if all_equal:
@@ -271,8 +274,10 @@ def reference_advantages(
     traj_score: str | None = None,
     scale: str = "group",
     singleton: str = "raw",
+    std: str = "sample",
 ) -> list[float]:
     """One advantage per row, in row order (see the module docstring for the semantics)."""
+    ddof = {"sample": 1, "population": 0}[std]
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}")
     if scale not in SCALES:
@@ -301,7 +306,7 @@ def reference_advantages(
 
     batch_std = None
     if estimator in ("grpo", "grpo_passk") and scale == "batch" and len(units) > 1:
-        batch_std = _std([u.score for u in units])
+        batch_std = _std([u.score for u in units], ddof)
 
     out = [math.nan] * len(rows)
     for group_units in by_group.values():
@@ -312,6 +317,7 @@ def reference_advantages(
             scale=scale,
             singleton=singleton,
             batch_std=batch_std,
+            ddof=ddof,
         )
         for unit, advantage in zip(group_units, advantages, strict=True):
             for p in unit.positions:

@@ -199,11 +199,15 @@ def compute_advantages(
     units = build_units(projection, config, naming, trajectories)
     rule = RULES[config.estimator]
     second_best = rule.baseline is Baseline.SECOND_BEST
-    stats = group_statistics(units, second_best=second_best) if statistics is None else statistics
+    stats = (
+        group_statistics(units, second_best=second_best, ddof=config.std_ddof)
+        if statistics is None
+        else statistics
+    )
     by_batch = config.effective_scale is Scale.BATCH
     if by_batch:
         stats = stats.with_columns(batch_key(batch)).join(
-            batch_stds(units, batch), on=BATCH, how="left", maintain_order="left"
+            batch_stds(units, batch, config.std_ddof), on=BATCH, how="left", maintain_order="left"
         )
     batch_columns = ["batch_std"] if by_batch else []
     singleton = pl.col("units") == 1

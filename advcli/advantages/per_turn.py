@@ -82,7 +82,8 @@ def per_turn_advantages(
     if grouping.padded:
         members = trajectories.table.select(pl.len().over(GROUP)).to_series().to_numpy()
         statistics = padded_statistics(
-            rows.select(GROUP, SCORE, ROW, pl.Series(MEMBERS, members[trajectories.of_row]))
+            rows.select(GROUP, SCORE, ROW, pl.Series(MEMBERS, members[trajectories.of_row])),
+            config.std_ddof,
         )
     result = compute_advantages(rows, at_turn, naming, None, None, statistics=statistics)
     return with_key(result, key, packed)
@@ -174,12 +175,12 @@ def turn_positions(
     return positions
 
 
-def padded_statistics(rows: pl.DataFrame) -> pl.DataFrame:
+def padded_statistics(rows: pl.DataFrame, ddof: int = STD_DDOF) -> pl.DataFrame:
     """The figures :func:`compute_advantages` reads (``units``, ``mean``, ``std``,
     ``zero_std``, ``top_row``, ``first_row``) of each padded step group, from its real rows'
     count, sum and sum of squares and its size n (``__members``, the task group's trajectory
     count): the n − m virtual members carry PADDED_RETURN (0), so mean = Σ G / n and the
-    sample variance (Σ G² − (Σ G)² / n) / (n − 1), never materializing them. A group whose n
+    sample variance (Σ G² − (Σ G)² / n) / (n − ddof), never materializing them. A group whose n
     members are equal (every real row the same, and 0 where there are virtual ones) has that
     value as its mean and std ZERO_STD, as every estimator's groups do."""
     value = pl.col(SCORE)
@@ -198,7 +199,7 @@ def padded_statistics(rows: pl.DataFrame) -> pl.DataFrame:
     )
     n = pl.col("units").cast(pl.Float64)
     mean = pl.col("__sum") / n
-    variance = ((pl.col("__squares") - pl.col("__sum") * mean) / (n - STD_DDOF)).clip(0.0)
+    variance = ((pl.col("__squares") - pl.col("__sum") * mean) / (n - ddof)).clip(0.0)
     all_equal = (pl.col("__max") == pl.col("__min")) & (
         (pl.col("__real") == pl.col("units")) | (pl.col("__max") == PADDED_RETURN)
     )

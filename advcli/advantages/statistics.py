@@ -20,11 +20,15 @@ from advcli.settings.rules import (
 
 
 def group_statistics(
-    units: pl.DataFrame, units_per_part: int | None = None, second_best: bool = False
+    units: pl.DataFrame,
+    units_per_part: int | None = None,
+    second_best: bool = False,
+    ddof: int = STD_DDOF,
 ) -> pl.DataFrame:
     """Every per-group quantity an estimator needs, in one group-by, before any singleton rule.
 
-    ``std`` is the unbiased sample std (ddof=1, as torch.std and verl), null for a single unit.
+    ``std`` is the unbiased sample std (``ddof`` 1, as torch.std and verl), null for a single
+    unit; with ``ddof`` 0 the population std (np.std, rLLM), 0 for a single unit.
     When every unit of a group has the same score, ``mean`` is set to that score exactly and ``std``
     to 0, so the advantages are exactly 0 rather than rounding noise divided by epsilon.
     With ``second_best`` (grpo_passk's baseline), ``top_row`` is the first unit (in input order)
@@ -40,11 +44,12 @@ def group_statistics(
     parts = min(255, max(1, -(-units.height // (units_per_part or UNITS_PER_PART))))
     columns = units.select(GROUP, SCORE, TOKENS, "first_row")
     if parts == 1:
-        pieces = [_group_figures(columns, second_best)]
+        pieces = [_group_figures(columns, second_best, ddof)]
     else:
         part = columns.select((pl.col(GROUP).hash() % parts).cast(pl.UInt8)).to_series()
         pieces = [
-            _group_figures(columns.filter(part == index), second_best) for index in range(parts)
+            _group_figures(columns.filter(part == index), second_best, ddof)
+            for index in range(parts)
         ]
     return (
         pl.concat(pieces)
@@ -65,7 +70,7 @@ def group_statistics(
 UNITS_PER_PART = 1_000_000
 
 
-def _group_figures(units: pl.DataFrame, second_best: bool) -> pl.DataFrame:
+def _group_figures(units: pl.DataFrame, second_best: bool, ddof: int) -> pl.DataFrame:
     # Sorting by (group, score, tokens) first fixes the order in which each group's floats are
     # summed, so the statistics are bit-identical whatever the input files' order or the thread
     # count.
@@ -83,7 +88,7 @@ def _group_figures(units: pl.DataFrame, second_best: bool) -> pl.DataFrame:
             *keyed,
             pl.len().alias("units"),
             pl.col(SCORE).mean().alias("mean"),
-            pl.col(SCORE).std(ddof=STD_DDOF).alias("std"),
+            pl.col(SCORE).std(ddof=ddof).alias("std"),
             pl.col(SCORE).max().alias("score_max"),
             pl.col(SCORE).min().alias("score_min"),
             *(
@@ -109,8 +114,9 @@ def _group_figures(units: pl.DataFrame, second_best: bool) -> pl.DataFrame:
 RUN = "__run"
 
 
-def batch_stds(units: pl.DataFrame, batch: str | None) -> pl.DataFrame:
-    """The std (ddof=1) of every unit's score in each batch: the divisor of ``--scale batch``.
+def batch_stds(units: pl.DataFrame, batch: str | None, ddof: int = STD_DDOF) -> pl.DataFrame:
+    """The std (``ddof`` 1, or 0: ``--std``) of every unit's score in each batch: the divisor
+    of ``--scale batch``.
     One row per batch, ``__batch`` and ``batch_std``; one batch (key 0) when ``batch`` is None.
 
     A single unit has std 1 (as a singleton group); identical scores have std 0. The scores are
@@ -126,7 +132,7 @@ def batch_stds(units: pl.DataFrame, batch: str | None) -> pl.DataFrame:
             .then(SINGLETON_STD)
             .when(pl.col(SCORE).min() == pl.col(SCORE).max())
             .then(ZERO_STD)
-            .otherwise(pl.col(SCORE).std(ddof=STD_DDOF))
+            .otherwise(pl.col(SCORE).std(ddof=ddof))
             .alias("batch_std")
         )
     )

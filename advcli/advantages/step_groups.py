@@ -57,7 +57,7 @@ def gigpo_advantages(
         else _returns_with_copies(projection, trajectories, step.gamma)
     )
     steps = step_advantages(
-        projection, pl.Series(STEP_RETURN, returns), step, config.epsilon, batch
+        projection, pl.Series(STEP_RETURN, returns), step, config.epsilon, batch, config.std_ddof
     )
     total = episode_term + step.weight * steps["step_advantage"]
     _check_finite(projection, total, naming)
@@ -183,9 +183,10 @@ def step_advantages(
     step: StepTerm,
     epsilon: float,
     batch: str | None = None,
+    ddof: int = STD_DDOF,
 ) -> pl.DataFrame:
     """Each row's ``step_return``, the size of its step group (``step_group_rows``) and its
-    ``step_advantage``, in the projection's order.
+    ``step_advantage``, in the projection's order (the std's ``ddof``: ``--std``'s).
 
     A step group is the rows of one anchor within a group (``--anchor-scope group``) or within
     the batch (``batch``: each ``--by`` step, else the input). Its returns are summed sorted, so
@@ -201,7 +202,7 @@ def step_advantages(
         .agg(
             pl.len().alias("step_group_rows"),
             value.mean().alias("__mean"),
-            value.std(ddof=STD_DDOF).alias("__std"),
+            value.std(ddof=ddof).alias("__std"),
             (value.max() == value.min()).alias("__equal"),
         )
     )

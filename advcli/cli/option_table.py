@@ -50,6 +50,7 @@ OPTIONS: dict[str, OptionRow] = {
     "--traj-score": OptionRow(ESTIMATOR),
     "--scale": OptionRow(ESTIMATOR),
     "--singleton": OptionRow(ESTIMATOR),
+    "--std": OptionRow(ESTIMATOR),
     "--recipe": OptionRow(ESTIMATOR),
     "--gamma": OptionRow(GIGPO),
     "--step-weight": OptionRow(GIGPO),

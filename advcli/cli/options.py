@@ -29,11 +29,12 @@ from advcli.settings.config import (
     RewardMode,
     Scale,
     Singleton,
+    StdDenominator,
     StepGroups,
     StepTerm,
     TrajScore,
 )
-from advcli.settings.recipes import PER_TURN_RECIPES, RECIPES, Recipe, recipe_sets
+from advcli.settings.recipes import OUTCOME_RECIPES, PER_TURN_RECIPES, RECIPES, Recipe, recipe_sets
 from advcli.settings.resolve import DEFAULTS, OPTION_WORDS, SETTING_NAMES, resolve_config
 
 # More threads than this only cost memory on any machine advcli runs on.
@@ -97,6 +98,14 @@ ScaleOpt = Annotated[
         "--scale", help="grpo/grpo_passk divisor: group std, batch std or none [default: group]."
     ),
 ]
+StdOpt = Annotated[
+    StdDenominator | None,
+    option(
+        "--std",
+        help="The std's denominator: n - 1 (sample, as torch.std and verl) or n (population, "
+        "as np.std and rLLM) [default: sample].",
+    ),
+]
 SingletonOpt = Annotated[
     Singleton,
     option("--singleton", help="A single-unit group keeps its raw score, or gets 0."),
@@ -137,6 +146,11 @@ RecipeOpt = Annotated[
         + "; ".join(
             f"{recipe.value}: {settings.describe()}"
             for recipe, settings in PER_TURN_RECIPES.items()
+        )
+        + "; outcome rewards as a peer computes them: "
+        + "; ".join(
+            f"{recipe.value}: --std {std.value} where the estimator divides by a std"
+            for recipe, std in OUTCOME_RECIPES.items()
         )
         + ".",
     ),
@@ -298,6 +312,7 @@ SETTING_OPTIONS = (
     _shared("traj_score", TrajScoreOpt),
     _shared("scale", ScaleOpt),
     _shared("singleton", SingletonOpt, DEFAULTS.singleton),
+    _shared("std", StdOpt),
     _shared("recipe", RecipeOpt),
     _shared("reward_mode", RewardModeOpt, RewardMode.OUTCOME),
     _shared("step_groups", StepGroupsOpt),

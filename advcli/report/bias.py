@@ -155,6 +155,7 @@ def _settings(config: AdvantageConfig, settings: dict[str, Any], version: str) -
         "epsilon": config.epsilon,
         "scale": config.effective_scale.value,
         "singleton": config.singleton.value,
+        "std": config.std_in_use.value if config.std_in_use else None,
         "traj_score": config.traj_score.value if config.traj_score else None,
         **settings,
         "advcli_version": version,

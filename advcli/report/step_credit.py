@@ -40,6 +40,7 @@ def step_group_figures(
     batch: str | None = None,
     returns: pl.Series | None = None,
     min_std: float | None = None,
+    ddof: int = STD_DDOF,
 ) -> dict[str, Any]:
     """The step groups of ``projection`` (with ``anchor``) under ``scope``: how many, their
     size histogram, the rows in step groups of one, the hit ratio, and the anchors shared
@@ -55,7 +56,7 @@ def step_group_figures(
         frame = frame.with_columns(returns.alias("__return"))
         tie = pl.col("__return").max() == pl.col("__return").min()
         if min_std is not None:
-            tie = tie | (pl.col("__return").std(ddof=STD_DDOF) <= min_std)
+            tie = tie | (pl.col("__return").std(ddof=ddof) <= min_std)
         aggregations.append(tie.alias("tie"))
     groups = frame.group_by("__scope", ANCHOR).agg(aggregations)
     rows = projection.height
@@ -124,7 +125,9 @@ def step_credit(
     came from (``turn_order``, ``returns``)."""
     step = config.step
     assert step is not None
-    groups = step_group_figures(projection, step.scope, batch, steps["step_return"], step.std_floor)
+    groups = step_group_figures(
+        projection, step.scope, batch, steps["step_return"], step.std_floor, config.std_ddof
+    )
     episode = steps["episode_advantage"].abs()
     weighted = (step.weight * steps["step_advantage"]).abs()
     zero_rows = groups["singleton_rows"] + groups["tied_rows"]

@@ -72,6 +72,7 @@ def termination_report(
             "estimator": config.estimator.value,
             "gamma": per_turn.gamma,
             "singleton": config.singleton.value,
+            "std": config.std_in_use.value if config.std_in_use else None,
             "epsilon": config.epsilon,
             "groupings": names,
             "reference": REFERENCE_GROUPING,

@@ -16,7 +16,9 @@ from advcli.settings.rules import (
     DEFAULT_STEP_GROUPS,
     GAMMA_RANGE,
     PER_TURN_ESTIMATORS,
+    POPULATION_DDOF,
     RULES,
+    STD_DDOF,
     STEP_GROUPINGS,
     StepGrouping,
 )
@@ -52,6 +54,18 @@ class Scale(str, Enum):
     GROUP = "group"
     BATCH = "batch"
     NONE = "none"
+
+
+class StdDenominator(str, Enum):
+    """The std's denominator: n − 1 (``sample``: ddof 1, as torch.std and verl) or n
+    (``population``: ddof 0, as np.std and rLLM)."""
+
+    SAMPLE = "sample"
+    POPULATION = "population"
+
+    @property
+    def ddof(self) -> int:
+        return STD_DDOF if self is StdDenominator.SAMPLE else POPULATION_DDOF
 
 
 class Singleton(str, Enum):
@@ -290,6 +304,9 @@ class AdvantageConfig:
         For grpo and grpo_passk: divide by the group std (default), the batch std, or nothing.
     singleton
         ``raw``: a single-unit group keeps its raw score (verl's rule); ``zero``: it gets 0.
+    std
+        The denominator of every std the estimator divides by (the group's, the batch's, a step
+        group's): ``sample`` (n − 1, the default) or ``population`` (n); None for the default.
     """
 
     level: Level = Level.TRAJECTORY
@@ -302,6 +319,7 @@ class AdvantageConfig:
     step: StepTerm | None = None
     # Per-turn rewards: set under --reward-mode per-turn, None for outcome rewards.
     per_turn: PerTurn | None = None
+    std: StdDenominator | None = None
 
     def __post_init__(self) -> None:
         if self.per_turn is not None:
@@ -329,6 +347,50 @@ class AdvantageConfig:
             self.step.check_traj_score(self.traj_score)
         if self.traj_score is TrajScore.OWN:
             self._check_own_scores()
+        if self.std is not None:
+            self._check_std()
+
+    @property
+    def std_in_use(self) -> StdDenominator | None:
+        """The denominator of the std the rule divides by; None where it divides by none (the
+        reports' ``std``). LightRFT's recipe divides by its population std."""
+        if self.per_turn is not None and self.per_turn.variance_epsilon is not None:
+            return StdDenominator.POPULATION
+        if self.step is not None and self.step.norm is GigpoNorm.MEAN:
+            return None
+        if not RULES[self.estimator].divides or self.effective_scale is Scale.NONE:
+            return None
+        return self.effective_std
+
+    def _check_std(self) -> None:
+        """``--std`` names the denominator of a std the rule divides by: refused where it
+        divides by none."""
+        if self.step is not None and self.step.norm is GigpoNorm.MEAN:
+            raise SettingsError(
+                "--std applies to gigpo under --gigpo-norm mean_std; under mean it divides by "
+                "no std"
+            )
+        if not RULES[self.estimator].divides or self.effective_scale is Scale.NONE:
+            scale = f" with --scale {self.effective_scale.value}" if self.scale else ""
+            raise SettingsError(
+                "--std applies where the rule divides by a std (grpo, grpo_passk, gigpo under "
+                f"--gigpo-norm mean_std); {self.estimator.value}{scale} divides by none"
+            )
+        if self.per_turn is not None and self.per_turn.variance_epsilon is not None:
+            raise SettingsError(
+                "--std does not apply to --recipe lightrft, whose std is its own: the square "
+                "root of the population variance plus 1e-9"
+            )
+
+    @property
+    def effective_std(self) -> StdDenominator:
+        """The std's denominator in force: the one given, else ``sample``."""
+        return self.std or StdDenominator.SAMPLE
+
+    @property
+    def std_ddof(self) -> int:
+        """The std's delta degrees of freedom: 1 (sample, the default) or 0 (population)."""
+        return self.effective_std.ddof
 
     def _check_own_scores(self) -> None:
         refusal = self._own_scores_refusal()
@@ -393,17 +455,22 @@ class AdvantageConfig:
         if self.per_turn is not None:
             return (
                 f"{self.estimator.value} ({self.per_turn.describe()}, singleton "
-                f"{self.singleton.value}, epsilon {self.epsilon:g})"
+                f"{self.singleton.value}, epsilon {self.epsilon:g}{self._std_words})"
             )
         if self.step is not None:
             return (
                 f"{self.estimator.value} ({self.step.describe()}, singleton "
-                f"{self.singleton.value}, epsilon {self.epsilon:g})"
+                f"{self.singleton.value}, epsilon {self.epsilon:g}{self._std_words})"
             )
         return (
             f"{self.estimator.value} (scale {self.effective_scale.value}, singleton "
-            f"{self.singleton.value}, epsilon {self.epsilon:g})"
+            f"{self.singleton.value}, epsilon {self.epsilon:g}{self._std_words})"
         )
+
+    @property
+    def _std_words(self) -> str:
+        """The std's denominator where it is not the default's, for :meth:`describe`."""
+        return ", std population" if self.std is StdDenominator.POPULATION else ""
 
     @property
     def mask_needed_for(self) -> str | None:

@@ -17,6 +17,7 @@ from advcli.settings.config import (
     GigpoNorm,
     Level,
     Singleton,
+    StdDenominator,
     StepGroups,
     StepTerm,
 )
@@ -32,6 +33,7 @@ class Recipe(str, Enum):
     TRINITY = "trinity"
     ROLL = "roll"
     LIGHTRFT = "lightrft"
+    RLLM = "rllm"
 
 
 @dataclass(frozen=True)
@@ -137,9 +139,20 @@ PER_TURN_RECIPES: dict[Recipe, PerTurnRecipe] = {
 }
 
 
+# Each peer's outcome-reward rule where advcli's defaults are not it, as its released code
+# computes it: the std it divides by (the docs' estimators page names the source files).
+OUTCOME_RECIPES: dict[Recipe, StdDenominator] = {
+    # rllm/trainer/algorithms/rl_algo.py: np.std (ddof 0) + 1e-6 over each group's trajectory
+    # rewards, a group of one mean 0 and std 1: advcli's grpo at trajectory level, std population.
+    Recipe.RLLM: StdDenominator.POPULATION,
+}
+
+
 def recipe_sets(recipe: Recipe) -> tuple[str, ...]:
     """The settings (by keyword name) ``recipe`` sets: where the recipe is typed, a saved one
     gives way to it, as a saved option gives way to the same option typed."""
+    if recipe in OUTCOME_RECIPES:
+        return ("std",)
     turn = PER_TURN_RECIPES.get(recipe)
     if turn is not None:
         return ("reward_mode", "step_groups", "estimator", "epsilon", "singleton")
@@ -169,6 +182,10 @@ def gigpo_settings(
     """(level, step term, ε, singleton) from a recipe and the options given beside it (None:
     not given), each given option winning over the recipe's; without a recipe, the step term's
     defaults."""
+    if recipe is not None and recipe in OUTCOME_RECIPES:
+        raise SettingsError(
+            f"--recipe {recipe.value} is an outcome-reward recipe (its std), not a gigpo one"
+        )
     if recipe is not None and recipe not in RECIPES:
         raise SettingsError(
             f"--recipe {recipe.value} is a per-turn rewards recipe, not a gigpo one: it implies "

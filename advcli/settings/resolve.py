@@ -31,10 +31,18 @@ from advcli.settings.config import (
     RewardMode,
     Scale,
     Singleton,
+    StdDenominator,
     StepGroups,
     TrajScore,
 )
-from advcli.settings.recipes import PER_TURN_RECIPES, PerTurnRecipe, Recipe, gigpo_settings
+from advcli.settings.recipes import (
+    OUTCOME_RECIPES,
+    PER_TURN_RECIPES,
+    PerTurnRecipe,
+    Recipe,
+    gigpo_settings,
+)
+from advcli.settings.rules import RULES
 
 SettingT = TypeVar("SettingT", bound=Enum)
 
@@ -59,6 +67,7 @@ class GivenSettings(TypedDict, total=False):
     step_weight: float | None
     gigpo_norm: GigpoNorm | str | None
     anchor_scope: AnchorScope | str | None
+    std: StdDenominator | str | None
 
 
 SETTING_NAMES: tuple[str, ...] = tuple(GivenSettings.__annotations__)
@@ -123,6 +132,7 @@ def resolve_config(
     reader = _Reader(given, words)
     recipe = reader.member(Recipe, "recipe")
     turn_recipe = PER_TURN_RECIPES.get(recipe) if recipe is not None else None
+    std = reader.member(StdDenominator, "std")
     estimator = reader.member(Estimator, "estimator")
     level = reader.member(Level, "level")
     singleton = reader.member(Singleton, "singleton")
@@ -131,6 +141,9 @@ def resolve_config(
         estimator = estimator or turn_recipe.estimator
         epsilon = turn_recipe.epsilon if epsilon is None else epsilon
         singleton = singleton or turn_recipe.singleton
+    elif recipe in OUTCOME_RECIPES:
+        std = std or _outcome_recipe_std(reader, recipe, estimator)
+        recipe = None
     elif recipe is not None:
         estimator = estimator or Estimator.GIGPO
     estimator = estimator or DEFAULTS.estimator
@@ -154,7 +167,9 @@ def resolve_config(
             singleton=singleton,
         )
     else:
-        reader.refuse(list(STEP_SETTINGS), estimator.value)
+        # An outcome recipe (``recipe`` None by now) is the estimator's own.
+        refused = [name for name in STEP_SETTINGS if name != "recipe" or recipe is not None]
+        reader.refuse(refused, estimator.value)
     return AdvantageConfig(
         level=level or DEFAULTS.level,
         estimator=estimator,
@@ -164,7 +179,25 @@ def resolve_config(
         singleton=singleton or DEFAULTS.singleton,
         step=step,
         per_turn=per_turn,
+        std=std,
     )
+
+
+def _outcome_recipe_std(
+    reader: _Reader, recipe: Recipe, estimator: Estimator | None
+) -> StdDenominator | None:
+    """An outcome recipe's std, where the rule divides by one (rLLM's rloo divides by none);
+    the recipe is refused beside gigpo and per-turn rewards, which it does not describe."""
+    named = reader.words.given("recipe", recipe)
+    if estimator is Estimator.GIGPO:
+        raise SettingsError(f"{named} is an outcome-reward rule (its std), not gigpo's")
+    if reader.member(RewardMode, "reward_mode") is RewardMode.PER_TURN:
+        raise SettingsError(
+            f"{named} is an outcome-reward rule (its std), not one of per-turn rewards"
+        )
+    scale = reader.member(Scale, "scale")
+    divides = RULES[estimator or DEFAULTS.estimator].divides and scale is not Scale.NONE
+    return OUTCOME_RECIPES[recipe] if divides else None
 
 
 def _per_turn(reader: _Reader, recipe: PerTurnRecipe | None) -> PerTurn | None:

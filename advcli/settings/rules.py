@@ -136,8 +136,11 @@ PADDED_RETURN = 0.0
 LIGHTRFT_VARIANCE_EPSILON = 1e-9
 
 # Rules every estimator shares.
-# The std is the unbiased sample std (Bessel's correction), as torch.std and verl.
+# The std is the unbiased sample std (Bessel's correction), as torch.std and verl; with --std
+# population (np.std, rLLM) the population std, divided by n: every std the rule divides by, the
+# group's, the batch's (--scale batch) and GiGPO's step groups'.
 STD_DDOF = 1
+POPULATION_DDOF = 0
 # A group of one unit has mean 0 and std 1 (verl's rule), so its unit keeps its score.
 SINGLETON_MEAN = 0.0
 SINGLETON_STD = 1.0

@@ -244,7 +244,9 @@ def compute_advantage_with_metrics(  # noqa: PLR0913
                 )
             assert anchor_index is not None
             groups = step_groups_of(episode.group, anchor_index, step.scope, n)
-            step_term, step_metrics = step_advantages(returns, groups, step, config.epsilon)
+            step_term, step_metrics = step_advantages(
+                returns, groups, step, config.epsilon, config.std_ddof
+            )
             # In the step term's own buffer: a fresh large allocation costs page faults.
             if step.weight != 1:
                 step_term.mul_(step.weight)
@@ -345,6 +347,7 @@ def _own_scores(
         config.effective_scale,
         config.singleton,
         config.epsilon,
+        ddof=config.std_ddof,
     )
     if config.step is not None:
         table = gigpo_divisor(table, config)

@@ -76,6 +76,7 @@ def group_table(  # noqa: PLR0913
     order: torch.Tensor | None = None,
     members: torch.Tensor | None = None,
     variance_epsilon: float | None = None,
+    ddof: int = STD_DDOF,
 ) -> GroupTable:
     """The table of the groups of the units ``x`` (``group``: codes in ``[0, bound)``) under
     ``rule``, as :func:`advcli.advantages.estimators.compute_advantages` computes it. ``tokens``:
@@ -83,7 +84,7 @@ def group_table(  # noqa: PLR0913
     break); ``members``: each group's size (float64) where it has virtual members besides its
     units, each carrying PADDED_RETURN (per-turn rewards' padded step groups; mean-centred
     rules only); ``variance_epsilon``: the std is sqrt(population variance + it) (LightRFT's
-    group_norm) where the units differ."""
+    group_norm) where the units differ; ``ddof``: the std's (``--std``)."""
     count, centre, centred, work = group_centred(x, group, bound, members)
     alone = count == 1
     m2 = x.new_zeros(bound).scatter_add_(0, group, torch.mul(centred, centred, out=work))
@@ -121,7 +122,7 @@ def group_table(  # noqa: PLR0913
         # A lone unit is divided by the singleton std (its own is never read, so no 0 / 0 is
         # taken for it); equal units by the zero std.
         if variance_epsilon is None:
-            variance = m2.div_((count - STD_DDOF).clamp_(min=1))
+            variance = m2.div_((count - ddof).clamp_(min=1))
         else:
             variance = m2.div_(count).add_(variance_epsilon)
         std = variance.sqrt_().masked_fill_(all_equal, ZERO_STD)
@@ -129,7 +130,7 @@ def group_table(  # noqa: PLR0913
     elif scale is Scale.BATCH:
         # Every unit divided by the batch std; one alone in its group by the singleton std
         # when the batch std is 0 (advcli.settings.rules).
-        batch = _batch_std(x)
+        batch = _batch_std(x, ddof)
         lone = batch if batch != ZERO_STD else SINGLETON_STD
         divisor = torch.full_like(count, batch).masked_fill_(alone, lone).add_(epsilon)
     return GroupTable(
@@ -235,6 +236,7 @@ def unit_advantages(units: Units, config: AdvantageConfig) -> tuple[torch.Tensor
         config.epsilon,
         units.tokens,
         order,
+        ddof=config.std_ddof,
     )
     if config.step is not None:
         table = gigpo_divisor(table, config)
@@ -270,13 +272,13 @@ def _top_units(
     return first.scatter_reduce_(0, group[at_top], order[at_top], "amin")
 
 
-def _batch_std(x: torch.Tensor) -> float:
+def _batch_std(x: torch.Tensor, ddof: int) -> float:
     """The std of every unit's score in the batch (advcli.settings.rules: --scale batch)."""
     if x.numel() == 1:
         return SINGLETON_STD
     if bool(x.min() == x.max()):
         return ZERO_STD
-    return float(x.std(correction=STD_DDOF))
+    return float(x.std(correction=ddof))
 
 
 def whiten(values: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

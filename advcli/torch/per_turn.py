@@ -70,6 +70,7 @@ def per_turn_advantage(
         config.epsilon,
         members=members,
         variance_epsilon=per_turn.variance_epsilon,
+        ddof=config.std_ddof,
     )
     advantage = apply_table_to_units(table, values, cells.values)
     if grouping.normalizes_rewards:

@@ -20,7 +20,7 @@ from advcli.settings.config import (
     Singleton,
     StepTerm,
 )
-from advcli.settings.rules import RULES, SINGLETON_STD, STEP_SINGLETON
+from advcli.settings.rules import RULES, SINGLETON_STD, STD_DDOF, STEP_SINGLETON
 from advcli.torch.groups import (
     group_centred,
     group_table,
@@ -181,7 +181,7 @@ def step_groups(group: Codes, anchor_index: Ids, scope: AnchorScope, n: int) -> 
 
 
 def step_advantages(
-    returns: torch.Tensor, groups: Codes, step: StepTerm, epsilon: float
+    returns: torch.Tensor, groups: Codes, step: StepTerm, epsilon: float, ddof: int = STD_DDOF
 ) -> tuple[torch.Tensor, StepMetrics]:
     """Each row's ``A_step``: its return less its step group's mean, over σ + ε
     (``mean_std``) or 1 + ε (``mean``); STEP_SINGLETON for a group of one row, of equal
@@ -205,6 +205,7 @@ def step_advantages(
         Scale.GROUP,
         Singleton.RAW,
         0.0,
+        ddof=ddof,
     )
     assert table.divisor is not None and table.unit_centred is not None
     std = table.divisor

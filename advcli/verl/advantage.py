@@ -135,6 +135,7 @@ def compute_advantage(  # noqa: PLR0913
     singleton: str | None = None,
     traj_score: str | None = None,
     epsilon: float | None = None,
+    std: str | None = None,
     unit_tokens: str = "sum",
     bias_metrics: bool = True,
     metrics_prefix: str = "advcli/",
@@ -153,12 +154,12 @@ def compute_advantage(  # noqa: PLR0913
     ``reinforce_plus_plus_baseline``), verl-agent's ``gigpo``, or advcli's ``drgrpo``,
     ``reinforce_pp_baseline``; ``estimator=`` is the same argument (neither: ``grpo``).
     ``norm_adv_by_std_in_grpo=False`` divides by no std (``scale="none"``) for grpo and
-    grpo_passk: grpo is then Dr. GRPO. ``config`` is read for what verl's
-    estimators read of it, ``norm_adv_by_std_in_grpo`` (grpo_passk's source in verl; a value
-    there that contradicts the argument is an error). ``lam``, ``num_repeat`` and (but for
-    gigpo, whose step rewards it discounts) ``gamma`` are taken and not used, as verl's outcome
-    estimators do. A group of one unit keeps its raw score, as in verl, except under
-    ``rloo_vectorized`` (:data:`SINGLETONS`); ``singleton`` ("raw" or "zero") sets it.
+    grpo_passk: grpo is then Dr. GRPO. ``config`` is read for what verl's estimators read of
+    it, ``norm_adv_by_std_in_grpo`` (grpo_passk's source; contradicting the argument: an
+    error). ``lam``, ``num_repeat`` and (but for gigpo, whose step rewards it discounts)
+    ``gamma`` are taken and not used, as verl's outcome estimators do. A lone unit keeps its
+    raw score, as in verl, but under ``rloo_vectorized`` (:data:`SINGLETONS`); ``singleton``
+    ("raw", "zero") sets it, ``std`` the std's denominator ("sample", verl's, "population").
 
     The keys are found as the command line finds columns: verl's ``uid`` (group), a trajectory
     key of a trainer advcli knows (``traj_uid``, ``rollout_id_list``, ``session_id``, …; none:
@@ -194,7 +195,7 @@ def compute_advantage(  # noqa: PLR0913
     if turn:
         step_arguments = per_turn_keywords(entries, roles, turn)
     settings: dict[str, Any] = {"estimator": name.value, "level": level, "scale": scale}
-    settings |= {"singleton": singleton, "epsilon": epsilon}
+    settings |= {"singleton": singleton, "epsilon": epsilon, "std": std}
     settings["traj_score"] = traj_score or _trainer_rule(roles, {**settings, **step_arguments})
     try:
         result = compute_advantage_with_metrics(

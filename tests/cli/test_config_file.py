@@ -478,7 +478,7 @@ def test_saved_keys_of_each_command():
         "threads",
     }
     math = {"estimator", "epsilon", "traj-score", "scale", "singleton", "engine", "address"}
-    math |= {"recipe", "gigpo-norm", "reward-mode", "step-groups"}
+    math |= {"recipe", "gigpo-norm", "reward-mode", "step-groups", "std"}
     gigpo = {"gamma", "step-weight", "anchor-scope", "anchor-col", "step-reward-col"}
     gigpo |= {"step-return-col"}
     saved = {name: set(savable(commands[name])) for name in ("compute", "compare", "inspect")}

@@ -29,6 +29,7 @@ from advcli.settings.config import (  # noqa: E402
     Level,
     Scale,
     Singleton,
+    StdDenominator,
     TrajScore,
 )
 from advcli.settings.rules import RULES  # noqa: E402
@@ -153,12 +154,14 @@ SETTINGS = [
     singleton=st.sampled_from(list(Singleton)),
     traj_score=st.sampled_from([None, *TrajScore]),
     epsilon=st.sampled_from([1e-6, 0.1]),
+    std=st.sampled_from([None, StdDenominator.POPULATION]),
 )
 def test_compute_advantage_gives_the_command_lines_numbers(
-    batch, setting, level, singleton, traj_score, epsilon
+    batch, setting, level, singleton, traj_score, epsilon, std
 ):
     """advcli.torch.compute_advantage against stage 2 of `advcli compute` (the Polars path) on
-    the same rows: every estimator × scale × level × singleton × trajectory-score rule."""
+    the same rows: every estimator × scale × level × singleton × trajectory-score rule × std
+    denominator (where the rule divides by a std)."""
     groups, trajectories, scores, tokens, turns, consistent = batch
     estimator, scale = setting
     if traj_score is None and not consistent:
@@ -169,6 +172,7 @@ def test_compute_advantage_gives_the_command_lines_numbers(
         traj_score is not TrajScore.OWN
         or (estimator in OWN_SCORE_ESTIMATORS and scale in (None, "group", "none"))
     )
+    assume(std is None or (RULES[estimator].divides and scale != "none"))
     config = AdvantageConfig(
         level=level,
         estimator=estimator,
@@ -176,6 +180,7 @@ def test_compute_advantage_gives_the_command_lines_numbers(
         traj_score=traj_score,
         scale=Scale(scale) if scale else None,
         singleton=singleton,
+        std=std,
     )
     n = len(groups)
     projection = pl.DataFrame(
@@ -227,6 +232,7 @@ def _compute(batch, config, scale) -> np.ndarray:
         traj_score=config.traj_score.value if config.traj_score else None,
         turn_index=np.array(turns),
         epsilon=config.epsilon,
+        std=config.std.value if config.std else None,
     )
     # Each row's scalar sits on its first token (0 for a row without tokens).
     return advantages[:, 0].numpy()
