@@ -44,7 +44,11 @@ from advcli.read.formats import (
     not_read,
 )
 from advcli.read.json_lines import first_bad_line
-from advcli.read.json_translation import prefix_schema, translate_json_lines
+from advcli.read.json_translation import (
+    floats_from_nulls,
+    prefix_schema,
+    translate_json_lines,
+)
 from advcli.read.scan import open_parquet
 from advcli.read.stdin import spool_stdin
 from advcli.read.step_files import number_order
@@ -287,9 +291,12 @@ def _json_lines_translated(
     schemas = [prefix_schema(as_pattern(str(path))) if is_utf8(path) else None for path in files]
     if any(schema is None for schema in schemas):
         return None
+    prefixes = [schema for schema in schemas if schema is not None]
     try:
-        schema = _json_schema(labels, [schema for schema in schemas if schema is not None])
+        schema = _json_schema(labels, prefixes)
     except AdvcliError:
+        return None
+    if floats_from_nulls(prefixes, schema):
         return None
     return translate_json_lines(files, schema, spool())
 

@@ -4,10 +4,11 @@ Polars reads JSON lines with the schema of the file's first lines, and it leaves
 that first appears later and refuses a value of a wider type (``1.5`` in a column of ``1``):
 to read any file as its whole says, it must read every line for the schema first, a second
 parse of the whole file, held whole in memory. Here the schema is Polars' of the first
-:data:`PREFIX_ROWS` lines, and Arrow's streaming JSON reader reads the whole file with it,
-strictly: a field that is not in it (at any depth), a value of another JSON type, a number
-an integer column cannot hold, a key given twice, each stops it. The rows it reads go to an
-Arrow IPC file in the run's spool folder, which the run then reads as any Arrow input.
+:data:`PREFIX_ROWS` lines, and Arrow's JSON reader reads the whole file with it, a block of
+lines at a time, strictly: a field that is not in it (at any depth), a value of another JSON
+type, a number an integer column cannot hold, a key given twice, each stops it. The rows it
+reads go to an Arrow IPC file in the run's spool folder, which the run then reads as any Arrow
+input.
 
 A file the strict reading stops on, or reads otherwise than Polars would, is read by Polars
 with the schema of all its lines, as before: the result is the same table either way
@@ -18,6 +19,12 @@ with the schema of all its lines, as before: the result is the same table either
   it, and advcli says where);
 - more than one object on a line, or a blank line (Arrow reads the objects, Polars refuses the
   line): the rows must be as many as the lines;
+- a line that is ``null`` (Arrow reads a row of nulls, Polars refuses the line; at the start of
+  a block Arrow's reader crashes the process), or any row whose every field is null (``{}``);
+- the integer literal ``-0`` in a float column (Arrow reads −0.0, Polars 0.0);
+- files whose first lines give a float column where another file's hold nulls or no such
+  field (Arrow would read that file's integers as floats, where Polars' types of every line
+  conflict: an error);
 - a byte-order mark, invalid UTF-8 or a lone surrogate escape;
 - types Arrow's reader does not take (an object with no field);
 - a file whose name is not UTF-8 (Polars reads the first lines through ``/proc/self/fd``, which
@@ -26,12 +33,14 @@ with the schema of all its lines, as before: the result is the same table either
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -58,6 +67,38 @@ def prefix_schema(source: str) -> pl.Schema | None:
         return pl.scan_ndjson(source, infer_schema_length=PREFIX_ROWS).collect_schema()
     except pl.exceptions.PolarsError:
         return None
+
+
+def floats_from_nulls(schemas: Sequence[pl.Schema], merged: pl.Schema) -> bool:
+    """Whether ``merged``, the files' first lines' schemas united, has a float where one of
+    them had nulls or no such field: Arrow would read that file's integers as floats there,
+    where the types of all its lines could conflict with the other file's."""
+    return any(
+        _float_from_null(schema.get(name), dtype)
+        for schema in schemas
+        for name, dtype in merged.items()
+    )
+
+
+def _float_from_null(own: PolarsDataType | None, merged: PolarsDataType) -> bool:
+    if own is None or own == pl.Null:
+        return _holds_float(merged)
+    if isinstance(own, pl.List) and isinstance(merged, pl.List):
+        return _float_from_null(own.inner, merged.inner)
+    if isinstance(own, pl.Struct) and isinstance(merged, pl.Struct):
+        fields = {field.name: field.dtype for field in own.fields}
+        return any(_float_from_null(fields.get(f.name), f.dtype) for f in merged.fields)
+    return False
+
+
+def _holds_float(dtype: PolarsDataType) -> bool:
+    if dtype == pl.Float64:
+        return True
+    if isinstance(dtype, pl.List):
+        return _holds_float(dtype.inner)
+    if isinstance(dtype, pl.Struct):
+        return any(_holds_float(field.dtype) for field in dtype.fields)
+    return False
 
 
 def translate_json_lines(
@@ -103,8 +144,10 @@ def _translated(path: Path, schema: pa.Schema, target: Path) -> bool:
             if file.read(len(UTF8_BOM)) == UTF8_BOM:
                 return False
             file.seek(0)
-            parsing: deque[Future[pa.Table]] = deque()
+            parsing: deque[Future[pa.Table | None]] = deque()
             for block in _line_blocks(file):
+                if NULL_FIRST.match(block):
+                    return False
                 lines += block.count(b"\n") + (not block.endswith(b"\n"))
                 parsing.append(pool.submit(_parsed, block, options))
                 while len(parsing) > workers or (parsing and parsing[0].done()):
@@ -129,45 +172,78 @@ IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 
 def _line_blocks(file: IO[bytes]) -> Iterator[bytes]:
     """The file's bytes in blocks of whole lines, each of :data:`BLOCK_BYTES` or so (a line
-    longer than that, whole); the last line as it ends."""
-    rest = b""
+    longer than that, whole: its pieces are joined once); the last line as it ends."""
+    pending: list[bytes] = []
     while data := file.read(BLOCK_BYTES):
-        data = rest + data
         cut = data.rfind(b"\n") + 1
-        block, rest = data[:cut], data[cut:]
-        if block:
-            yield block
-    if rest:
-        yield rest
+        if not cut:
+            pending.append(data)
+            continue
+        yield b"".join([*pending, data[:cut]])
+        pending = [data[cut:]] if cut < len(data) else []
+    if pending:
+        yield b"".join(pending)
 
 
-def _parsed(block: bytes, options: pj.ParseOptions) -> pa.Table:
-    """A block of lines parsed by Arrow, on this thread alone, as one batch."""
+# A block whose first line is ``null``: Arrow's reader crashes the process on it.
+NULL_FIRST = re.compile(rb"\s*null")
+# The integer literal -0, which Polars reads as 0 and Arrow, in a float column, as -0.0 (also
+# matched inside a string: that block is then read by Polars, the same table, more slowly).
+INTEGER_MINUS_ZERO = re.compile(rb"-0[,\]}\s]")
+
+
+def _parsed(block: bytes, options: pj.ParseOptions) -> pa.Table | None:
+    """A block of lines parsed by Arrow, on this thread alone, as one batch; None where Arrow
+    read it otherwise than Polars would: a row of nulls alone (a ``null`` line), a negative
+    zero written ``-0``."""
     read = pj.ReadOptions(use_threads=False, block_size=len(block))
-    return pj.read_json(pa.py_buffer(block), read_options=read, parse_options=options)
+    table = pj.read_json(pa.py_buffer(block), read_options=read, parse_options=options)
+    if table.num_columns and _some_row_all_null(table):
+        return None
+    floats = [leaf for column in table.columns for leaf in _float_leaves(column)]
+    if any(_negative_zero(leaf) for leaf in floats) and INTEGER_MINUS_ZERO.search(block):
+        return None
+    return table
 
 
-def _written(table: pa.Table, out: pa.ipc.RecordBatchFileWriter) -> int | None:
-    """The rows of ``table`` written to ``out``; None where Arrow read what Polars would not:
-    invalid UTF-8 (Arrow's reader does not check strings), NaN or Infinity."""
+def _some_row_all_null(table: pa.Table) -> bool:
+    every = pc.is_null(table.column(0))
+    for column in table.columns[1:]:
+        every = pc.and_(every, pc.is_null(column))
+    return bool(pc.any(every).as_py())
+
+
+def _written(table: pa.Table | None, out: pa.ipc.RecordBatchFileWriter) -> int | None:
+    """The rows of ``table`` written to ``out``; None where Arrow read what Polars would not
+    (``table`` None: see :func:`_parsed`; invalid UTF-8, which Arrow's reader does not check;
+    NaN or Infinity)."""
+    if table is None:
+        return None
     table.validate(full=True)
-    if not all(_finite(column) for column in table.columns):
+    floats = [leaf for column in table.columns for leaf in _float_leaves(column)]
+    if not all(pc.all(pc.is_finite(leaf)).as_py() is not False for leaf in floats):
         return None
     out.write_table(table)
     rows: int = table.num_rows
     return rows
 
 
-def _finite(array: pa.Array | pa.ChunkedArray) -> bool:
-    """Whether every float inside ``array`` (at any depth) is finite, nulls aside."""
+def _float_leaves(array: pa.Array | pa.ChunkedArray) -> Iterator[pa.Array | pa.ChunkedArray]:
+    """The floats inside ``array``, at any depth, each leaf's values flattened."""
     kind = array.type
     if pa.types.is_floating(kind):
-        return pc.all(pc.is_finite(array)).as_py() is not False
-    if pa.types.is_list(kind):
-        return _finite(pc.list_flatten(array))
-    if pa.types.is_struct(kind):
-        return all(_finite(pc.struct_field(array, [index])) for index in range(kind.num_fields))
-    return True
+        yield array
+    elif pa.types.is_list(kind):
+        yield from _float_leaves(pc.list_flatten(array))
+    elif pa.types.is_struct(kind):
+        for index in range(kind.num_fields):
+            yield from _float_leaves(pc.struct_field(array, [index]))
+
+
+def _negative_zero(leaf: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether a float leaf holds −0.0 (a null reads as NaN here, which is not 0)."""
+    values = leaf.to_numpy(zero_copy_only=False)
+    return bool(np.any(np.signbit(values) & (values == 0)))
 
 
 def _arrow_schema(schema: pl.Schema) -> pa.Schema | None:

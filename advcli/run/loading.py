@@ -718,9 +718,10 @@ def opened(
     inputs: Inputs, *, empty_ok: bool = False, train_files: bool = True
 ) -> Iterator[Dataset]:
     """Open the inputs (one path, or a sequence of them) as one dataset (without rows an error
-    unless ``empty_ok``); standard input (``-``) and a trainer's dump that is no table (rLLM's
-    episode files: :mod:`advcli.read.containers`) are spooled to a temporary folder that is
-    removed afterwards. Without them no folder is made (a run killed by SIGKILL, which no
+    unless ``empty_ok``); standard input (``-``), a trainer's dump that is no table (rLLM's
+    episode files: :mod:`advcli.read.containers`) and JSON lines read into Arrow
+    (:mod:`advcli.read.json_translation`) are spooled to a temporary folder that is removed
+    afterwards. Without them no folder is made (a run killed by SIGKILL, which no
     cleanup outlives, would leave it behind). An error in the block is reported as an input's
     change when one changed (:meth:`Dataset.changes_reported`). Standard output that is an
     input file (``advcli compare dump.parquet >> dump.parquet``) is refused whatever the

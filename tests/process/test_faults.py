@@ -25,6 +25,7 @@ import polars as pl
 import pytest
 from conftest import partials, wait_for_partial
 
+from advcli.read.json_translation import BLOCK_BYTES
 from advcli.write.sample import sample_table
 
 pytestmark = pytest.mark.process
@@ -1112,3 +1113,20 @@ def test_a_signal_during_the_json_translation(
     assert_no_crash(result)
     assert listing(out) == set(), f"files left in the output folder{result}"
     assert listing(tmp) == set(), f"files left in $TMPDIR: {listing(tmp)}{result}"
+
+
+def test_a_null_line_at_the_start_of_a_block_is_an_error_line(mplconfig, tmp_path):
+    """Arrow's JSON reader crashes the process on a block whose first line is ``null``: the
+    block is left to Polars, which refuses the line as it always did."""
+    out, tmp = folders(tmp_path)
+    line = '{"data_id": 0, "rollout_id": 0, "reward": 1.0, "pad": "%s"}\n'
+    width = 64
+    body = line % ("x" * (width - len(line % "")))
+    assert len(body) == width and BLOCK_BYTES % width == 0
+    path = out / "dump.jsonl"
+    path.write_text(body * (BLOCK_BYTES // width) + "null\n" + body)
+    result = run_advcli(["inspect", path], cwd=out, env=child_env(tmp, mplconfig))
+
+    assert result.returncode == 1, str(result)
+    assert "NDJSON line expected to contain JSON object: null" in error_line(result)
+    assert_no_crash(result)

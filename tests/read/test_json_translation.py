@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
 from advcli.errors import AdvcliError
 from advcli.read.inputs import open_dataset
-from advcli.read.json_translation import PREFIX_ROWS
+from advcli.read.json_translation import BLOCK_BYTES, PREFIX_ROWS
 
 LATE = PREFIX_ROWS + 5  # a line the first lines' schema does not see
 
@@ -112,13 +113,81 @@ def test_files_with_a_field_null_in_one_are_read_with_one_schema(tmp_path: Path)
     type the other gives it, as Polars' reading of the two unites them."""
     first, second = tmp_path / "step1.jsonl", tmp_path / "step2.jsonl"
     first.write_text(lines([{"id": "a", "note": None}, {"id": "b", "note": None}]))
-    second.write_text(lines([{"id": "a", "note": 0.5}, {"id": "b", "note": None}]))
+    second.write_text(lines([{"id": "a", "note": "x"}, {"id": "b", "note": None}]))
     spool = tmp_path / "spool"
     spool.mkdir()
     dataset = open_dataset([str(first), str(second)], spool=lambda: spool)
     assert dataset.translated_from == "json"
-    assert dataset.schema == pl.Schema({"id": pl.String, "note": pl.Float64})
-    assert dataset.rows().collect()["note"].to_list() == [None, None, 0.5, None]
+    assert dataset.schema == pl.Schema({"id": pl.String, "note": pl.String})
+    assert dataset.rows().collect()["note"].to_list() == [None, None, "x", None]
+
+
+def test_a_float_where_another_file_held_nulls_is_left_to_polars(tmp_path: Path) -> None:
+    """step1's first lines hold nulls and its later ones integers; step2's floats. Arrow would
+    read step1's integers as the floats the united schema says; Polars' types of every line
+    conflict, as they always did."""
+    first, second = tmp_path / "step1.jsonl", tmp_path / "step2.jsonl"
+    first.write_text(lines([{"a": None}] * LATE + [{"a": 1}]))
+    second.write_text(lines([{"a": 1.5}]))
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    with pytest.raises(AdvcliError, match="schemas conflict: column 'a' is Int64"):
+        open_dataset([str(first), str(second)], spool=lambda: spool)
+
+
+LEFT_TO_POLARS = [
+    # What Arrow reads otherwise than Polars: a null line (Polars refuses it), a row of nulls
+    # alone, the integer literal -0 in a float column (Polars: 0.0, Arrow: -0.0).
+    ("a null line", '{"a": 1}\nnull\n{"a": 2}\n'),
+    ("a null line first", 'null\n{"a": 1}\n'),
+    ("an empty object", '{"a": 1}\n{}\n'),
+    ("-0 in a float column", '{"a": 1.5}\n{"a": -0}\n'),
+    ("-0 in a float list", '{"a": [1.5]}\n{"a": [2.5, -0]}\n'),
+]
+
+
+@pytest.mark.parametrize("name,text", LEFT_TO_POLARS, ids=[case[0] for case in LEFT_TO_POLARS])
+def test_what_arrow_reads_otherwise_is_left_to_polars(tmp_path: Path, name: str, text: str) -> None:
+    path = tmp_path / "dump.jsonl"
+    path.write_text(text)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    try:
+        expected = pl.read_ndjson(path, infer_schema_length=None)
+    except pl.exceptions.PolarsError as error:
+        with pytest.raises((AdvcliError, pl.exceptions.PolarsError), match="null"):
+            open_dataset([str(path)], spool=lambda: spool).rows().collect()
+        assert "null" in str(error)
+        return
+    dataset = open_dataset([str(path)], spool=lambda: spool)
+    assert dataset.translated_from is None
+    got = dataset.rows().collect()
+    assert_frame_equal(got, expected)
+    # Bit for bit: 0.0, not -0.0 (which equals it).
+    values = got["a"].explode() if isinstance(got.schema["a"], pl.List) else got["a"]
+    assert not np.signbit(values.drop_nulls().to_numpy()).any()
+
+
+def test_minus_zero_written_as_a_float_stays_with_arrow(tmp_path: Path) -> None:
+    """-0.0 is -0.0 in both readings: the file is Arrow's."""
+    path = tmp_path / "dump.jsonl"
+    path.write_text('{"a": 1.5}\n{"a": -0.0}\n')
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    dataset = open_dataset([str(path)], spool=lambda: spool)
+    assert dataset.translated_from == "json"
+    assert np.signbit(dataset.rows().collect()["a"].to_numpy()).tolist() == [False, True]
+
+
+def test_a_line_longer_than_a_block(tmp_path: Path) -> None:
+    long = "x" * (BLOCK_BYTES + 1000)
+    path = tmp_path / "dump.jsonl"
+    path.write_text(lines([{"a": "short"}, {"a": long}, {"a": "end"}]))
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    dataset = open_dataset([str(path)], spool=lambda: spool)
+    assert dataset.translated_from == "json"
+    assert dataset.rows().collect()["a"].to_list() == ["short", long, "end"]
 
 
 def test_without_a_spool_polars_reads_the_lines(tmp_path: Path) -> None:
