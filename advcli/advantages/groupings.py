@@ -79,10 +79,11 @@ def every_grouping(
     if per_turn is None:
         raise ValueError("the groupings are of per-turn rewards")
     # Each estimator is run once: grpo needs three runs, drgrpo two, rloo one.
+    # The centring estimators divide by no std: --std is not theirs.
     runs = {
         "advantage": config,
-        "baseline": replace(config, estimator=centring(config.estimator)),
-        "loo": replace(config, estimator=Estimator.RLOO),
+        "baseline": replace(config, estimator=centring(config.estimator), std=None),
+        "loo": replace(config, estimator=Estimator.RLOO, std=None),
     }
     rows = pl.DataFrame(
         {

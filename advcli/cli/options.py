@@ -149,8 +149,7 @@ RecipeOpt = Annotated[
         )
         + "; outcome rewards as a peer computes them: "
         + "; ".join(
-            f"{recipe.value}: --std {std.value} where the estimator divides by a std"
-            for recipe, std in OUTCOME_RECIPES.items()
+            f"{recipe.value}: {outcome.describe()}" for recipe, outcome in OUTCOME_RECIPES.items()
         )
         + ".",
     ),

@@ -193,14 +193,18 @@ INTEGER_MINUS_ZERO = re.compile(rb"-0[,\]}\s]")
 
 
 def _parsed(block: bytes, options: pj.ParseOptions) -> pa.Table | None:
-    """A block of lines parsed by Arrow, on this thread alone, as one batch; None where Arrow
-    read it otherwise than Polars would: a row of nulls alone (a ``null`` line), a negative
-    zero written ``-0``."""
+    """A block of lines parsed by Arrow and checked, on this thread alone (the pool's threads
+    check blocks side by side), as one batch; None where Arrow read it otherwise than Polars
+    would: invalid UTF-8 (Arrow's reader does not check strings), NaN or Infinity, a row of
+    nulls alone (a ``null`` line), a negative zero written ``-0``."""
     read = pj.ReadOptions(use_threads=False, block_size=len(block))
     table = pj.read_json(pa.py_buffer(block), read_options=read, parse_options=options)
+    table.validate(full=True)
     if table.num_columns and _some_row_all_null(table):
         return None
     floats = [leaf for column in table.columns for leaf in _float_leaves(column)]
+    if not all(pc.all(pc.is_finite(leaf)).as_py() is not False for leaf in floats):
+        return None
     if any(_negative_zero(leaf) for leaf in floats) and INTEGER_MINUS_ZERO.search(block):
         return None
     return table
@@ -214,14 +218,8 @@ def _some_row_all_null(table: pa.Table) -> bool:
 
 
 def _written(table: pa.Table | None, out: pa.ipc.RecordBatchFileWriter) -> int | None:
-    """The rows of ``table`` written to ``out``; None where Arrow read what Polars would not
-    (``table`` None: see :func:`_parsed`; invalid UTF-8, which Arrow's reader does not check;
-    NaN or Infinity)."""
+    """The rows of ``table`` written to ``out``; None for a block :func:`_parsed` refused."""
     if table is None:
-        return None
-    table.validate(full=True)
-    floats = [leaf for column in table.columns for leaf in _float_leaves(column)]
-    if not all(pc.all(pc.is_finite(leaf)).as_py() is not False for leaf in floats):
         return None
     out.write_table(table)
     rows: int = table.num_rows
@@ -241,9 +239,9 @@ def _float_leaves(array: pa.Array | pa.ChunkedArray) -> Iterator[pa.Array | pa.C
 
 
 def _negative_zero(leaf: pa.Array | pa.ChunkedArray) -> bool:
-    """Whether a float leaf holds −0.0 (a null reads as NaN here, which is not 0)."""
-    values = leaf.to_numpy(zero_copy_only=False)
-    return bool(np.any(np.signbit(values) & (values == 0)))
+    """Whether a float leaf holds −0.0: its zeros (few, or small: a reward's) looked at."""
+    zeros = pc.filter(leaf, pc.equal(leaf, 0.0))
+    return len(zeros) > 0 and bool(np.signbit(zeros.to_numpy(zero_copy_only=False)).any())
 
 
 def _arrow_schema(schema: pl.Schema) -> pa.Schema | None:

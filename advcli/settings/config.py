@@ -348,6 +348,7 @@ class AdvantageConfig:
         if self.traj_score is TrajScore.OWN:
             self._check_own_scores()
         if self.std is not None:
+            object.__setattr__(self, "std", StdDenominator(self.std))
             self._check_std()
 
     @property
@@ -371,7 +372,7 @@ class AdvantageConfig:
                 "no std"
             )
         if not RULES[self.estimator].divides or self.effective_scale is Scale.NONE:
-            scale = f" with --scale {self.effective_scale.value}" if self.scale else ""
+            scale = " at scale none" if RULES[self.estimator].divides else ""
             raise SettingsError(
                 "--std applies where the rule divides by a std (grpo, grpo_passk, gigpo under "
                 f"--gigpo-norm mean_std); {self.estimator.value}{scale} divides by none"

@@ -139,23 +139,46 @@ PER_TURN_RECIPES: dict[Recipe, PerTurnRecipe] = {
 }
 
 
+@dataclass(frozen=True)
+class OutcomeRecipe:
+    """A peer's outcome-reward rule: its level, the std it divides by, and the estimators it
+    has (advcli's names; the first is the recipe's)."""
+
+    level: Level
+    std: StdDenominator
+    estimators: tuple[Estimator, ...]
+
+    def describe(self) -> str:
+        others = ", ".join(f"--estimator {e.value}" for e in self.estimators[1:])
+        return (
+            f"--level {self.level.value} --estimator {self.estimators[0].value} --std "
+            f"{self.std.value} ({others} or --scale none beside it)"
+        )
+
+
 # Each peer's outcome-reward rule where advcli's defaults are not it, as its released code
-# computes it: the std it divides by (the docs' estimators page names the source files).
-OUTCOME_RECIPES: dict[Recipe, StdDenominator] = {
+# computes it (the docs' estimators page names the source files).
+OUTCOME_RECIPES: dict[Recipe, OutcomeRecipe] = {
     # rllm/trainer/algorithms/rl_algo.py: np.std (ddof 0) + 1e-6 over each group's trajectory
-    # rewards, a group of one mean 0 and std 1: advcli's grpo at trajectory level, std population.
-    Recipe.RLLM: StdDenominator.POPULATION,
+    # rewards (a group: a task's trajectories of one name), a group of one mean 0 and std 1;
+    # norm_adv_by_std_in_grpo false: the rewards less the mean; rloo n / (n - 1) (r - mean).
+    Recipe.RLLM: OutcomeRecipe(
+        Level.TRAJECTORY,
+        StdDenominator.POPULATION,
+        (Estimator.GRPO, Estimator.DRGRPO, Estimator.RLOO),
+    ),
 }
 
 
 def recipe_sets(recipe: Recipe) -> tuple[str, ...]:
     """The settings (by keyword name) ``recipe`` sets: where the recipe is typed, a saved one
-    gives way to it, as a saved option gives way to the same option typed."""
+    gives way to it, as a saved option gives way to the same option typed. Every recipe sets
+    the std, its own (a gigpo or per-turn recipe: the sample std, or LightRFT's)."""
     if recipe in OUTCOME_RECIPES:
-        return ("std",)
+        return ("level", "estimator", "std")
     turn = PER_TURN_RECIPES.get(recipe)
     if turn is not None:
-        return ("reward_mode", "step_groups", "estimator", "epsilon", "singleton")
+        return ("reward_mode", "step_groups", "estimator", "epsilon", "singleton", "std")
     base = RECIPES[recipe]
     return (
         "estimator",
@@ -165,6 +188,7 @@ def recipe_sets(recipe: Recipe) -> tuple[str, ...]:
         "anchor_scope",
         *(("epsilon",) if base.mean_epsilon is not None else ()),
         *(("singleton",) if base.singleton is not None else ()),
+        "std",
     )
 
 
@@ -182,10 +206,6 @@ def gigpo_settings(
     """(level, step term, ε, singleton) from a recipe and the options given beside it (None:
     not given), each given option winning over the recipe's; without a recipe, the step term's
     defaults."""
-    if recipe is not None and recipe in OUTCOME_RECIPES:
-        raise SettingsError(
-            f"--recipe {recipe.value} is an outcome-reward recipe (its std), not a gigpo one"
-        )
     if recipe is not None and recipe not in RECIPES:
         raise SettingsError(
             f"--recipe {recipe.value} is a per-turn rewards recipe, not a gigpo one: it implies "

@@ -38,6 +38,7 @@ from advcli.settings.config import (
 from advcli.settings.recipes import (
     OUTCOME_RECIPES,
     PER_TURN_RECIPES,
+    OutcomeRecipe,
     PerTurnRecipe,
     Recipe,
     gigpo_settings,
@@ -142,7 +143,12 @@ def resolve_config(
         epsilon = turn_recipe.epsilon if epsilon is None else epsilon
         singleton = singleton or turn_recipe.singleton
     elif recipe in OUTCOME_RECIPES:
-        std = std or _outcome_recipe_std(reader, recipe, estimator)
+        outcome = OUTCOME_RECIPES[recipe]
+        _check_outcome_recipe(reader, recipe, outcome, estimator)
+        estimator = estimator or outcome.estimators[0]
+        level = level or outcome.level
+        divides = RULES[estimator].divides and reader.member(Scale, "scale") is not Scale.NONE
+        std = std or (outcome.std if divides else None)
         recipe = None
     elif recipe is not None:
         estimator = estimator or Estimator.GIGPO
@@ -183,21 +189,28 @@ def resolve_config(
     )
 
 
-def _outcome_recipe_std(
-    reader: _Reader, recipe: Recipe, estimator: Estimator | None
-) -> StdDenominator | None:
-    """An outcome recipe's std, where the rule divides by one (rLLM's rloo divides by none);
-    the recipe is refused beside gigpo and per-turn rewards, which it does not describe."""
-    named = reader.words.given("recipe", recipe)
-    if estimator is Estimator.GIGPO:
-        raise SettingsError(f"{named} is an outcome-reward rule (its std), not gigpo's")
+def _check_outcome_recipe(
+    reader: _Reader, recipe: Recipe, outcome: OutcomeRecipe, estimator: Estimator | None
+) -> None:
+    """Refuse beside an outcome ``recipe`` what the peer has no rule for: another estimator,
+    per-turn rewards, the batch scale."""
+    words = reader.words
+    named = words.given("recipe", recipe)
+    has = ", ".join(e.value for e in outcome.estimators)
+    if estimator is not None and estimator not in outcome.estimators:
+        raise SettingsError(
+            f"{named} is an outcome-reward rule of {has}, not of "
+            f"{words.given('estimator', estimator)}"
+        )
     if reader.member(RewardMode, "reward_mode") is RewardMode.PER_TURN:
         raise SettingsError(
-            f"{named} is an outcome-reward rule (its std), not one of per-turn rewards"
+            f"{named} is an outcome-reward rule, not one of "
+            f"{words.given('reward_mode', RewardMode.PER_TURN)}"
         )
-    scale = reader.member(Scale, "scale")
-    divides = RULES[estimator or DEFAULTS.estimator].divides and scale is not Scale.NONE
-    return OUTCOME_RECIPES[recipe] if divides else None
+    if reader.member(Scale, "scale") is Scale.BATCH:
+        raise SettingsError(
+            f"{named} divides by each group's std, not by {words.given('scale', Scale.BATCH)}"
+        )
 
 
 def _per_turn(reader: _Reader, recipe: PerTurnRecipe | None) -> PerTurn | None:

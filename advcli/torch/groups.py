@@ -40,7 +40,8 @@ class GroupTable:
     ``factor`` (what the centred score is multiplied by: rloo's n / (n − 1); None for the
     others), ``divisor`` (what it is divided by, ε included; None when the estimator does not
     divide), ``top`` (pass@k: the order of the group's top unit, the only one whose centred score
-    counts; None for the others), ``lone_zero`` (a unit alone in its group gets 0) and
+    counts; None for the others), ``lone_zero`` (a unit alone in its group gets 0), ``floored``
+    (the groups whose units get 0, their std at most ROLL's floor; None: no floor) and
     ``unit_centred`` (each unit's score less its baseline, when that is the mean: kept so the
     table applied to its own units gathers nothing again; None for the others). Slots that
     no unit uses hold NaN or infinities; they are never read.
@@ -54,6 +55,7 @@ class GroupTable:
     top: torch.Tensor | None
     lone_zero: bool
     unit_centred: torch.Tensor | None
+    floored: torch.Tensor | None = None
 
     def counts(self) -> GroupCounts:
         """The groups, those of one unit and those of more whose units carry one score."""
@@ -77,6 +79,7 @@ def group_table(  # noqa: PLR0913
     members: torch.Tensor | None = None,
     variance_epsilon: float | None = None,
     ddof: int = STD_DDOF,
+    std_floor: float | None = None,
 ) -> GroupTable:
     """The table of the groups of the units ``x`` (``group``: codes in ``[0, bound)``) under
     ``rule``, as :func:`advcli.advantages.estimators.compute_advantages` computes it. ``tokens``:
@@ -84,7 +87,8 @@ def group_table(  # noqa: PLR0913
     break); ``members``: each group's size (float64) where it has virtual members besides its
     units, each carrying PADDED_RETURN (per-turn rewards' padded step groups; mean-centred
     rules only); ``variance_epsilon``: the std is sqrt(population variance + it) (LightRFT's
-    group_norm) where the units differ; ``ddof``: the std's (``--std``)."""
+    group_norm) where the units differ; ``ddof``: the std's (``--std``); ``std_floor``: a group
+    whose std (group scale) is at most it gets 0 (ROLL's normalization)."""
     count, centre, centred, work = group_centred(x, group, bound, members)
     alone = count == 1
     m2 = x.new_zeros(bound).scatter_add_(0, group, torch.mul(centred, centred, out=work))
@@ -117,7 +121,7 @@ def group_table(  # noqa: PLR0913
         # s minus the mean of the other n - 1 units = n / (n - 1) * (s - mean).
         factor = (count / (count - 1)).masked_fill_(alone, 1.0)
 
-    divisor = None
+    divisor = floored = None
     if scale is Scale.GROUP:
         # A lone unit is divided by the singleton std (its own is never read, so no 0 / 0 is
         # taken for it); equal units by the zero std.
@@ -125,8 +129,10 @@ def group_table(  # noqa: PLR0913
             variance = m2.div_((count - ddof).clamp_(min=1))
         else:
             variance = m2.div_(count).add_(variance_epsilon)
-        std = variance.sqrt_().masked_fill_(all_equal, ZERO_STD)
-        divisor = std.masked_fill_(alone, SINGLETON_STD).add_(epsilon)
+        std = variance.sqrt_().masked_fill_(all_equal, ZERO_STD).masked_fill_(alone, SINGLETON_STD)
+        if std_floor is not None:
+            floored = std <= std_floor
+        divisor = std.add_(epsilon)
     elif scale is Scale.BATCH:
         # Every unit divided by the batch std; one alone in its group by the singleton std
         # when the batch std is 0 (advcli.settings.rules).
@@ -142,6 +148,7 @@ def group_table(  # noqa: PLR0913
         top=top,
         lone_zero=singleton is Singleton.ZERO or not rule.singleton_keeps_score,
         unit_centred=unit_centred,
+        floored=floored,
     )
 
 
@@ -217,6 +224,8 @@ def _advantage_of_centred(
         advantage = centred
     if table.lone_zero:
         advantage = torch.where(table.count.index_select(0, group) == 1, 0.0, advantage)
+    if table.floored is not None:
+        advantage = torch.where(table.floored.index_select(0, group), 0.0, advantage)
     return advantage
 
 
@@ -237,6 +246,7 @@ def unit_advantages(units: Units, config: AdvantageConfig) -> tuple[torch.Tensor
         units.tokens,
         order,
         ddof=config.std_ddof,
+        std_floor=config.step.std_floor if config.step is not None else None,
     )
     if config.step is not None:
         table = gigpo_divisor(table, config)

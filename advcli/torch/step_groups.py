@@ -185,8 +185,8 @@ def step_advantages(
 ) -> tuple[torch.Tensor, StepMetrics]:
     """Each row's ``A_step``: its return less its step group's mean, over σ + ε
     (``mean_std``) or 1 + ε (``mean``); STEP_SINGLETON for a group of one row, of equal
-    returns, or (ROLL) of std at most ``step.min_std``."""
-    if step.norm is GigpoNorm.MEAN and step.min_std is None and STEP_SINGLETON == 0.0:
+    returns, or (ROLL, under ``mean_std``) of std at most ``step.min_std``."""
+    if step.std_floor is None and step.norm is GigpoNorm.MEAN and STEP_SINGLETON == 0.0:
         # No spread is read: a group of equal returns is centred on exactly their value (the
         # kernel's mean), so its rows' 0 is STEP_SINGLETON already; one of a row is masked.
         count, _, centred, _ = group_centred(returns, groups.values, groups.bound)
@@ -211,8 +211,8 @@ def step_advantages(
     std = table.divisor
     # Decided per group (a group alone has all_equal set), then gathered to the rows once.
     dead = table.all_equal
-    if step.min_std is not None:
-        dead = dead | (std <= step.min_std)
+    if step.std_floor is not None:
+        dead = dead | (std <= step.std_floor)
     if step.norm is GigpoNorm.MEAN_STD:
         divisor = (std + epsilon).index_select(0, groups.values)
         centred = table.unit_centred.div_(divisor)

@@ -92,7 +92,7 @@ def test_population_against_the_reference(computed, level, estimator, scale) -> 
 REFUSED = [
     ({"estimator": "rloo", "std": "population"}, "--std applies where the rule divides by a std"),
     ({"estimator": "drgrpo", "std": "sample"}, "drgrpo divides by none"),
-    ({"scale": "none", "std": "population"}, "grpo with --scale none divides by none"),
+    ({"scale": "none", "std": "population"}, "grpo at scale none divides by none"),
     ({"estimator": "gigpo", "std": "population"}, "--std applies to gigpo under --gigpo-norm"),
     ({"recipe": "lightrft", "std": "population"}, "--std does not apply to --recipe lightrft"),
     ({"recipe": "rllm", "estimator": "gigpo"}, "--recipe rllm is an outcome-reward rule"),
@@ -168,3 +168,59 @@ def test_verl_takes_the_std_keyword() -> None:
     np.testing.assert_allclose(
         advantages[:, 0].numpy(), by_hand(A_POPULATION, B_POPULATION), rtol=1e-6
     )
+
+
+def test_a_string_std_is_the_setting() -> None:
+    from advcli.settings.config import AdvantageConfig, StdDenominator
+
+    assert AdvantageConfig(std="population").std is StdDenominator.POPULATION  # type: ignore[arg-type]
+
+
+def test_rllm_recipe_counts_each_trajectory_once_over_a_saved_level(run, tmp_path) -> None:
+    """rLLM scores each trajectory once in its group (rllm's transform groups a task's
+    trajectories of one name): a typed --recipe rllm sets the level, over a saved one. Group:
+    a (3 turns, 1) and b (1 turn, 0): population std 0.5, advantages ±0.5 / (0.5 + eps)."""
+    rows = [("q", "a", 0, 1.0, 1), ("q", "a", 1, 1.0, 1), ("q", "a", 2, 1.0, 1)]
+    rows.append(("q", "b", 0, 0.0, 1))
+    dump = tmp_path / "dump.parquet"
+    dump_frame(rows).write_parquet(dump)
+    (tmp_path / "advcli.toml").write_text('level = "turn"\n')
+    out = tmp_path / "out.parquet"
+    result = run(
+        "compute", dump, "-o", out, "--recipe", "rllm", "-q", "--config", tmp_path / "advcli.toml"
+    )
+    assert result.exit_code == 0, result.stderr
+    got = pl.read_parquet(out)["advantage"].to_list()
+    a = 0.5 / (0.5 + EPS)
+    np.testing.assert_allclose(got, [a, a, a, -a], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "given,said",
+    [
+        ({"recipe": "rllm", "estimator": "reinforce_pp_baseline"}, "rule of grpo, drgrpo, rloo"),
+        ({"recipe": "rllm", "estimator": "opo"}, "not of --estimator opo"),
+        ({"recipe": "rllm", "scale": "batch"}, "not by --scale batch"),
+    ],
+)
+def test_rllm_recipe_refuses_what_rllm_has_no_rule_for(given, said) -> None:
+    with pytest.raises(SettingsError, match=said):
+        resolve_config(given, OPTION_WORDS)
+
+
+def test_rllm_recipe_with_drgrpo_divides_by_nothing() -> None:
+    config = resolve_config({"recipe": "rllm", "estimator": "drgrpo"})
+    assert config.std is None and config.std_in_use is None
+
+
+def test_per_turn_reports_take_the_population_std(run, tmp_path) -> None:
+    """compare under per-turn rewards computes every grouping's centring (drgrpo, rloo: no
+    std) beside the estimator's: --std is the estimator's alone."""
+    rows = [("q", "a", 0, 1.0, 1), ("q", "a", 1, 0.0, 1), ("q", "b", 0, 0.5, 1)]
+    dump = tmp_path / "dump.parquet"
+    dump_frame(rows).write_parquet(dump)
+    result = run(
+        "compare", dump, "--reward-mode", "per-turn", "--std", "population", "-q", "--json", "-"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert '"std": "population"' in result.stdout

@@ -245,6 +245,20 @@ def test_roll_gives_a_step_group_of_tiny_std_nothing():
     assert torch_advantages(rows, recipe="roll", gigpo_norm="mean_std")[2] == 0.0
 
 
+def test_roll_floors_the_episode_term_as_the_command_line(run, tmp_path):
+    """ROLL's normalization gives 0 to an episode group of std at most 1e-6 (scores 0 and 1e-7),
+    in the episode term as in the step term; under --gigpo-norm mean it floors neither."""
+    rows = [GigpoRow(0, 0, 0, 0.0, "a", 0.0), GigpoRow(0, 1, 0, 1e-7, "b", 0.0)]
+    assert torch_advantages(rows, recipe="roll") == [0.0, 0.0]
+    assert advcli_advantages(run, tmp_path, rows, ("--recipe", "roll")) == [0.0, 0.0]
+    tiny = [GigpoRow(0, t, 0, 0.0, "s", 1e-9 * t) for t in range(3)]
+    options = ("--recipe", "roll", "--gigpo-norm", "mean")
+    expected = advcli_advantages(run, tmp_path, tiny, options)
+    assert expected[2] != 0.0
+    got = torch_advantages(tiny, recipe="roll", gigpo_norm="mean")
+    assert got == pytest.approx(expected, rel=1e-5, abs=1e-12)
+
+
 def test_step_returns_given_are_not_discounted_again():
     rows = WORKED
     returns = step_returns(rows, 0.9)
