@@ -23,6 +23,16 @@ from advcli.read.inputs import open_dataset
 from advcli.read.json_translation import BLOCK_BYTES, PREFIX_ROWS
 
 LATE = PREFIX_ROWS + 5  # a line the first lines' schema does not see
+# The roles of the dumps of the command-line tests below.
+ROLES = ("--group-col", "data_id", "--traj-col", "rollout_id", "--reward-col", "reward")
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Path:
+    """The run's spool folder, as opened() makes it."""
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    return folder
 
 
 def lines(rows: list[dict]) -> str:
@@ -93,11 +103,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("name,text,by_arrow", CASES, ids=[case[0] for case in CASES])
-def test_the_same_table_either_way(tmp_path: Path, name: str, text: str, by_arrow: bool) -> None:
+def test_the_same_table_either_way(
+    tmp_path: Path, spool: Path, name: str, text: str, by_arrow: bool
+) -> None:
     path = tmp_path / "dump.jsonl"
     path.write_bytes(text.encode("utf-8"))
-    spool = tmp_path / "spool"
-    spool.mkdir()
     dataset = open_dataset([str(path)], spool=lambda: spool)
     assert (dataset.translated_from == "json") == by_arrow
     assert dataset.inputs == (path,)
@@ -108,29 +118,29 @@ def test_the_same_table_either_way(tmp_path: Path, name: str, text: str, by_arro
     assert bool(list(spool.iterdir())) == by_arrow
 
 
-def test_files_with_a_field_null_in_one_are_read_with_one_schema(tmp_path: Path) -> None:
+def test_files_with_a_field_null_in_one_are_read_with_one_schema(
+    tmp_path: Path, spool: Path
+) -> None:
     """Two steps' files, one of which never writes the note: each is read by Arrow with the
     type the other gives it, as Polars' reading of the two unites them."""
     first, second = tmp_path / "step1.jsonl", tmp_path / "step2.jsonl"
     first.write_text(lines([{"id": "a", "note": None}, {"id": "b", "note": None}]))
     second.write_text(lines([{"id": "a", "note": "x"}, {"id": "b", "note": None}]))
-    spool = tmp_path / "spool"
-    spool.mkdir()
     dataset = open_dataset([str(first), str(second)], spool=lambda: spool)
     assert dataset.translated_from == "json"
     assert dataset.schema == pl.Schema({"id": pl.String, "note": pl.String})
     assert dataset.rows().collect()["note"].to_list() == [None, None, "x", None]
 
 
-def test_a_float_where_another_file_held_nulls_is_left_to_polars(tmp_path: Path) -> None:
+def test_a_float_where_another_file_held_nulls_is_left_to_polars(
+    tmp_path: Path, spool: Path
+) -> None:
     """step1's first lines hold nulls and its later ones integers; step2's floats. Arrow would
     read step1's integers as the floats the united schema says; Polars' types of every line
     conflict, as they always did."""
     first, second = tmp_path / "step1.jsonl", tmp_path / "step2.jsonl"
     first.write_text(lines([{"a": None}] * LATE + [{"a": 1}]))
     second.write_text(lines([{"a": 1.5}]))
-    spool = tmp_path / "spool"
-    spool.mkdir()
     with pytest.raises(AdvcliError, match="schemas conflict: column 'a' is Int64"):
         open_dataset([str(first), str(second)], spool=lambda: spool)
 
@@ -147,11 +157,11 @@ LEFT_TO_POLARS = [
 
 
 @pytest.mark.parametrize("name,text", LEFT_TO_POLARS, ids=[case[0] for case in LEFT_TO_POLARS])
-def test_what_arrow_reads_otherwise_is_left_to_polars(tmp_path: Path, name: str, text: str) -> None:
+def test_what_arrow_reads_otherwise_is_left_to_polars(
+    tmp_path: Path, spool: Path, name: str, text: str
+) -> None:
     path = tmp_path / "dump.jsonl"
     path.write_text(text)
-    spool = tmp_path / "spool"
-    spool.mkdir()
     try:
         expected = pl.read_ndjson(path, infer_schema_length=None)
     except pl.exceptions.PolarsError as error:
@@ -168,23 +178,19 @@ def test_what_arrow_reads_otherwise_is_left_to_polars(tmp_path: Path, name: str,
     assert not np.signbit(values.drop_nulls().to_numpy()).any()
 
 
-def test_minus_zero_written_as_a_float_stays_with_arrow(tmp_path: Path) -> None:
+def test_minus_zero_written_as_a_float_stays_with_arrow(tmp_path: Path, spool: Path) -> None:
     """-0.0 is -0.0 in both readings: the file is Arrow's."""
     path = tmp_path / "dump.jsonl"
     path.write_text('{"a": 1.5}\n{"a": -0.0}\n')
-    spool = tmp_path / "spool"
-    spool.mkdir()
     dataset = open_dataset([str(path)], spool=lambda: spool)
     assert dataset.translated_from == "json"
     assert np.signbit(dataset.rows().collect()["a"].to_numpy()).tolist() == [False, True]
 
 
-def test_a_line_longer_than_a_block(tmp_path: Path) -> None:
+def test_a_line_longer_than_a_block(tmp_path: Path, spool: Path) -> None:
     long = "x" * (BLOCK_BYTES + 1000)
     path = tmp_path / "dump.jsonl"
     path.write_text(lines([{"a": "short"}, {"a": long}, {"a": "end"}]))
-    spool = tmp_path / "spool"
-    spool.mkdir()
     dataset = open_dataset([str(path)], spool=lambda: spool)
     assert dataset.translated_from == "json"
     assert dataset.rows().collect()["a"].to_list() == ["short", long, "end"]
@@ -214,23 +220,19 @@ REFUSED = [
 
 @pytest.mark.parametrize("name,text,said", REFUSED, ids=[case[0] for case in REFUSED])
 def test_what_polars_refuses_is_still_refused(
-    tmp_path: Path, name: str, text: str, said: str
+    tmp_path: Path, spool: Path, name: str, text: str, said: str
 ) -> None:
     path = tmp_path / "dump.jsonl"
     path.write_text(text)
-    spool = tmp_path / "spool"
-    spool.mkdir()
     with pytest.raises(AdvcliError) as error:
         open_dataset([str(path)], spool=lambda: spool)
     assert str(error.value).startswith(f"{path} {said}"), str(error.value)
     assert list(spool.iterdir()) == []
 
 
-def test_a_lone_surrogate_is_left_to_polars(tmp_path: Path) -> None:
+def test_a_lone_surrogate_is_left_to_polars(tmp_path: Path, spool: Path) -> None:
     path = tmp_path / "dump.jsonl"
     path.write_text('{"id": "a"}\n{"id": "\\ud800"}\n')
-    spool = tmp_path / "spool"
-    spool.mkdir()
     dataset = open_dataset([str(path)], spool=lambda: spool)
     assert dataset.translated_from is None
 
@@ -245,17 +247,7 @@ def test_mixed_ids_after_the_first_lines_are_refused_as_before(tmp_path: Path, r
     rows[LATE] = {**rows[LATE], "data_id": 7}
     path = tmp_path / "dump.jsonl"
     path.write_text(lines(rows))
-    result = run(
-        "compare",
-        path,
-        "--group-col",
-        "data_id",
-        "--traj-col",
-        "rollout_id",
-        "--reward-col",
-        "reward",
-        "-q",
-    )
+    result = run("compare", path, *ROLES, "-q")
     assert result.exit_code == 1
     assert result.stderr.startswith(f"Error: {path} line {LATE + 1}: column 'data_id'"), (
         result.stderr
@@ -270,17 +262,7 @@ def test_a_reward_integer_beyond_2_53_is_found_in_arrows_reading(tmp_path: Path,
     path = tmp_path / "dump.jsonl"
     text = lines(rows).replace(f'"reward": {LATE / 4}', '"reward": 9007199254740993', 1)
     path.write_text(text)
-    result = run(
-        "compare",
-        path,
-        "--group-col",
-        "data_id",
-        "--traj-col",
-        "rollout_id",
-        "--reward-col",
-        "reward",
-        "-q",
-    )
+    result = run("compare", path, *ROLES, "-q")
     assert result.exit_code == 1
     assert result.stderr.startswith(
         f"Error: {path} line {LATE + 1}: column 'reward' holds the integer 9007199254740993"
@@ -295,19 +277,7 @@ def test_a_reward_below_2_53_reads_no_line_again(tmp_path: Path, run) -> None:
     ]
     path = tmp_path / "dump.jsonl"
     path.write_text(lines(rows))
-    result = run(
-        "compare",
-        path,
-        "--group-col",
-        "data_id",
-        "--traj-col",
-        "rollout_id",
-        "--reward-col",
-        "reward",
-        "-q",
-        "--json",
-        "-",
-    )
+    result = run("compare", path, *ROLES, "-q", "--json", "-")
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["counts"]["groups"] == 10
@@ -330,21 +300,7 @@ def test_parts_read_in_workers_keep_the_json_checks(
         if step == 2:
             text = text.replace(f'"reward": {LATE / 4}', '"reward": 9007199254740993', 1)
         (tmp_path / f"step{step}.jsonl").write_text(text)
-    result = run(
-        "compare",
-        tmp_path,
-        "--by",
-        by,
-        "--jobs",
-        jobs,
-        "-q",
-        "--group-col",
-        "data_id",
-        "--traj-col",
-        "rollout_id",
-        "--reward-col",
-        "reward",
-    )
+    result = run("compare", tmp_path, "--by", by, "--jobs", jobs, "-q", *ROLES)
     assert result.exit_code == 1
     assert f"{tmp_path / 'step2.jsonl'} line {LATE + 1}: column 'reward' holds the integer" in (
         result.stderr
