@@ -100,9 +100,8 @@ class Dataset:
     given. ``labels`` name the files in messages (``<stdin>`` for standard input); ``folders``
     are the directories among the inputs (:func:`input_folders`); ``identities`` are the
     files' identities when they were opened (:meth:`check_unchanged`; where JSON lines were
-    translated, their own files'). With ``step`` the
-    dataset is those rows only (:meth:`rows`), still numbered as among every input's, and
-    its messages name the value."""
+    translated, their own files'). With ``step`` the dataset is those rows only
+    (:meth:`rows`), still numbered as among every input's, and its messages name the value."""
 
     files: tuple[Path, ...]
     schema: pl.Schema

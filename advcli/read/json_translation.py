@@ -33,9 +33,10 @@ with the schema of all its lines, as before: the result is the same table either
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -124,10 +125,10 @@ def _translated(path: Path, schema: pa.Schema, target: Path) -> bool:
     """Whether ``path`` was read strictly with ``schema`` into ``target``.
 
     The file is cut into blocks of whole lines, each parsed by Arrow in one call on a thread of
-    a pool (a thread for each core Arrow may use), while this thread writes the blocks parsed
-    before. Arrow's own streaming reader is as fast, but a reader stopped before its end (a NaN,
-    Ctrl-C) crashes the process when it exits (a segmentation fault or ``terminate called
-    without an active exception``, 7 times in 15): a call that returns leaves nothing running.
+    a pool (:func:`_in_order`), while this thread writes the blocks parsed before. Arrow's own
+    streaming reader is as fast, but a reader stopped before its end (a NaN, Ctrl-C) crashes
+    the process when it exits (a segmentation fault or ``terminate called without an active
+    exception``, 7 times in 15): a call that returns leaves nothing running.
 
     ``target`` is an Arrow IPC file compressed with LZ4: written about as fast as Arrow parses
     (Parquet's encoding of the token lists took half as long again as the parse), and read back
@@ -136,33 +137,39 @@ def _translated(path: Path, schema: pa.Schema, target: Path) -> bool:
     memory).
     """
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error")
-    workers = max(1, pa.cpu_count())
     rows = lines = 0
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="advcli-json")
     try:
         with path.open("rb") as file, pa.ipc.new_file(target, schema, options=IPC_OPTIONS) as out:
             if file.read(len(UTF8_BOM)) == UTF8_BOM:
                 return False
             file.seek(0)
-            parsing: deque[Future[pa.Table | None]] = deque()
-            for block in _line_blocks(file):
-                if NULL_FIRST.match(block):
-                    return False
-                lines += block.count(b"\n") + (not block.endswith(b"\n"))
-                parsing.append(pool.submit(_parsed, block, options))
-                while len(parsing) > workers or (parsing and parsing[0].done()):
-                    written = _written(parsing.popleft().result(), out)
-                    if written is None:
+            with contextlib.closing(_in_order(_line_blocks(file), options)) as parsed:
+                for table, block_lines in parsed:
+                    if table is None:
                         return False
-                    rows += written
-            while parsing:
-                written = _written(parsing.popleft().result(), out)
-                if written is None:
-                    return False
-                rows += written
+                    out.write_table(table)
+                    rows += table.num_rows
+                    lines += block_lines
         return rows > 0 and rows == lines
     except (pa.ArrowException, OSError, ValueError):
         return False
+
+
+def _in_order(
+    blocks: Iterator[bytes], options: pj.ParseOptions
+) -> Generator[tuple[pa.Table | None, int], None, None]:
+    """Each block parsed (:func:`_parsed`) on a pool's thread (one for each core Arrow may use,
+    a block more queued), in the blocks' order; the pool ends with the iteration."""
+    workers = max(1, pa.cpu_count())
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="advcli-json")
+    try:
+        parsing: deque[Future[tuple[pa.Table | None, int]]] = deque()
+        for block in blocks:
+            parsing.append(pool.submit(_parsed, block, options))
+            while len(parsing) > workers or (parsing and parsing[0].done()):
+                yield parsing.popleft().result()
+        while parsing:
+            yield parsing.popleft().result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -192,22 +199,26 @@ NULL_FIRST = re.compile(rb"\s*null")
 INTEGER_MINUS_ZERO = re.compile(rb"-0[,\]}\s]")
 
 
-def _parsed(block: bytes, options: pj.ParseOptions) -> pa.Table | None:
+def _parsed(block: bytes, options: pj.ParseOptions) -> tuple[pa.Table | None, int]:
     """A block of lines parsed by Arrow and checked, on this thread alone (the pool's threads
-    check blocks side by side), as one batch; None where Arrow read it otherwise than Polars
-    would: invalid UTF-8 (Arrow's reader does not check strings), NaN or Infinity, a row of
-    nulls alone (a ``null`` line), a negative zero written ``-0``."""
+    check blocks side by side), as one batch, and its lines; no batch where Arrow would crash
+    (a first line ``null``) or read it otherwise than Polars: invalid UTF-8 (Arrow's reader does
+    not check strings), NaN or Infinity, a row of nulls alone (a ``null`` line), a negative
+    zero written ``-0``."""
+    lines = block.count(b"\n") + (not block.endswith(b"\n"))
+    if NULL_FIRST.match(block):
+        return None, lines
     read = pj.ReadOptions(use_threads=False, block_size=len(block))
     table = pj.read_json(pa.py_buffer(block), read_options=read, parse_options=options)
     table.validate(full=True)
     if table.num_columns and _some_row_all_null(table):
-        return None
+        return None, lines
     floats = [leaf for column in table.columns for leaf in _float_leaves(column)]
     if not all(pc.all(pc.is_finite(leaf)).as_py() is not False for leaf in floats):
-        return None
+        return None, lines
     if any(_negative_zero(leaf) for leaf in floats) and INTEGER_MINUS_ZERO.search(block):
-        return None
-    return table
+        return None, lines
+    return table, lines
 
 
 def _some_row_all_null(table: pa.Table) -> bool:
@@ -215,15 +226,6 @@ def _some_row_all_null(table: pa.Table) -> bool:
     for column in table.columns[1:]:
         every = pc.and_(every, pc.is_null(column))
     return bool(pc.any(every).as_py())
-
-
-def _written(table: pa.Table | None, out: pa.ipc.RecordBatchFileWriter) -> int | None:
-    """The rows of ``table`` written to ``out``; None for a block :func:`_parsed` refused."""
-    if table is None:
-        return None
-    out.write_table(table)
-    rows: int = table.num_rows
-    return rows
 
 
 def _float_leaves(array: pa.Array | pa.ChunkedArray) -> Iterator[pa.Array | pa.ChunkedArray]:
