@@ -34,6 +34,8 @@ class Recipe(str, Enum):
     ROLL = "roll"
     LIGHTRFT = "lightrft"
     RLLM = "rllm"
+    PRIME_RL = "prime-rl"
+    OPEN_INSTRUCT = "open-instruct"
 
 
 @dataclass(frozen=True)
@@ -141,19 +143,27 @@ PER_TURN_RECIPES: dict[Recipe, PerTurnRecipe] = {
 
 @dataclass(frozen=True)
 class OutcomeRecipe:
-    """A peer's outcome-reward rule: its level, the std it divides by, and the estimators it
-    has (advcli's names; the first is the recipe's)."""
+    """A peer's outcome-reward rule: its level, the estimators it has (advcli's names; the
+    first is the recipe's), and where its estimator divides by a std, that std's denominator
+    and ε (None: advcli's); what a group of one unit gets."""
 
     level: Level
-    std: StdDenominator
     estimators: tuple[Estimator, ...]
+    std: StdDenominator | None = None
+    epsilon: float | None = None
+    singleton: Singleton = Singleton.RAW
 
     def describe(self) -> str:
-        others = ", ".join(f"--estimator {e.value}" for e in self.estimators[1:])
-        return (
-            f"--level {self.level.value} --estimator {self.estimators[0].value} --std "
-            f"{self.std.value} ({others} or --scale none beside it)"
-        )
+        words = [f"--level {self.level.value}", f"--estimator {self.estimators[0].value}"]
+        words.append(f"--singleton {self.singleton.value}")
+        divided = [
+            *([f"--std {self.std.value}"] if self.std is not None else []),
+            *([f"--epsilon {self.epsilon:g}"] if self.epsilon is not None else []),
+        ]
+        if divided:
+            words.append(f"{' '.join(divided)} where it divides by a std")
+        others = ", ".join(e.value for e in self.estimators[1:])
+        return " ".join(words) + (f" (also --estimator {others})" if others else "")
 
 
 # Each peer's outcome-reward rule where advcli's defaults are not it, as its released code
@@ -164,8 +174,21 @@ OUTCOME_RECIPES: dict[Recipe, OutcomeRecipe] = {
     # norm_adv_by_std_in_grpo false: the rewards less the mean; rloo n / (n - 1) (r - mean).
     Recipe.RLLM: OutcomeRecipe(
         Level.TRAJECTORY,
-        StdDenominator.POPULATION,
         (Estimator.GRPO, Estimator.DRGRPO, Estimator.RLOO),
+        std=StdDenominator.POPULATION,
+    ),
+    # src/prime_rl/orchestrator/algo/grpo.py, GRPOAlgorithm.score_group: each trainable trace's
+    # reward less its group's mean, no std (a group of one: 0); length_penalty unset.
+    Recipe.PRIME_RL: OutcomeRecipe(Level.TRAJECTORY, (Estimator.DRGRPO,), singleton=Singleton.ZERO),
+    # open_instruct/data_loader.py: advantage_normalization_type "centered" (the default),
+    # scores less the group's mean; "standard", (scores - mean) / (np.std + 1e-8). A group of
+    # one gets 0 in both.
+    Recipe.OPEN_INSTRUCT: OutcomeRecipe(
+        Level.TRAJECTORY,
+        (Estimator.DRGRPO, Estimator.GRPO),
+        std=StdDenominator.POPULATION,
+        epsilon=1e-8,
+        singleton=Singleton.ZERO,
     ),
 }
 
@@ -175,7 +198,7 @@ def recipe_sets(recipe: Recipe) -> tuple[str, ...]:
     gives way to it, as a saved option gives way to the same option typed. Every recipe sets
     the std, its own (a gigpo or per-turn recipe: the sample std, or LightRFT's)."""
     if recipe in OUTCOME_RECIPES:
-        return ("level", "estimator", "std")
+        return ("level", "estimator", "std", "epsilon", "singleton")
     turn = PER_TURN_RECIPES.get(recipe)
     if turn is not None:
         return ("reward_mode", "step_groups", "estimator", "epsilon", "singleton", "std")

@@ -147,8 +147,10 @@ def resolve_config(
         _check_outcome_recipe(reader, recipe, outcome, estimator)
         estimator = estimator or outcome.estimators[0]
         level = level or outcome.level
-        divides = RULES[estimator].divides and reader.member(Scale, "scale") is not Scale.NONE
-        std = std or (outcome.std if divides else None)
+        singleton = singleton or outcome.singleton
+        if RULES[estimator].divides and reader.member(Scale, "scale") is not Scale.NONE:
+            std = std or outcome.std
+            epsilon = outcome.epsilon if epsilon is None else epsilon
         recipe = None
     elif recipe is not None:
         estimator = estimator or Estimator.GIGPO
@@ -209,7 +211,8 @@ def _check_outcome_recipe(
         )
     if reader.member(Scale, "scale") is Scale.BATCH:
         raise SettingsError(
-            f"{named} divides by each group's std, not by {words.given('scale', Scale.BATCH)}"
+            f"{named} has no rule of {words.given('scale', Scale.BATCH)}: it divides each group "
+            "by its own std or by none"
         )
 
 

@@ -200,7 +200,8 @@ def test_rllm_recipe_counts_each_trajectory_once_over_a_saved_level(run, tmp_pat
     [
         ({"recipe": "rllm", "estimator": "reinforce_pp_baseline"}, "rule of grpo, drgrpo, rloo"),
         ({"recipe": "rllm", "estimator": "opo"}, "not of --estimator opo"),
-        ({"recipe": "rllm", "scale": "batch"}, "not by --scale batch"),
+        ({"recipe": "rllm", "scale": "batch"}, "has no rule of --scale batch"),
+        ({"recipe": "prime-rl", "estimator": "grpo"}, "rule of drgrpo, not of --estimator grpo"),
     ],
 )
 def test_rllm_recipe_refuses_what_rllm_has_no_rule_for(given, said) -> None:

@@ -15,6 +15,7 @@ l.1472-1484): the reward less its group's mean.
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -73,6 +74,38 @@ def test_groups_are_each_steps_prompts(run, tmp_path):
     assert reading["roles"]["group"]["column"] == "step:prompt_idx"
     assert reading["roles"]["mask"]["column"] == "response_tokens:length"
     assert reading["roles"]["trainer_advantage"]["column"] == "advantage"
+
+
+def standard_advantages(lines: list[dict]) -> list[float]:
+    """open-instruct's advantage_normalization_type "standard" (data_loader.py): each group's
+    (scores - mean) / (np.std + 1e-8), np.std dividing by n, in plain Python."""
+    out = []
+    for line in lines:
+        group = [
+            other["reward"]
+            for other in lines
+            if (other["step"], other["prompt_idx"]) == (line["step"], line["prompt_idx"])
+        ]
+        mean = sum(group) / len(group)
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / len(group))
+        out.append((line["reward"] - mean) / (std + 1e-8))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_open_instruct_recipe_gives_both_its_normalizations(run, tmp_path, seed):
+    lines = records(seed, steps=[0, 1], prompts=4)
+    dump = write_shard(tmp_path / "run_rollouts_000000.jsonl", lines)
+    for extra, expected in (
+        ((), [line["advantage"] for line in lines]),
+        (("--estimator", "grpo"), standard_advantages(lines)),
+    ):
+        out = tmp_path / "out.parquet"
+        result = run(
+            "compute", dump, "-o", out, "--recipe", "open-instruct", *extra, "-q", "--force"
+        )
+        assert result.exit_code == 0, result.stderr
+        assert pl.read_parquet(out)["advantage"].to_list() == pytest.approx(expected, abs=1e-5)
 
 
 @pytest.mark.parametrize("seed", [1, 2])

@@ -182,6 +182,20 @@ def test_advantages_are_prime_rls_grpo(run, tmp_path, seed):
     )
 
 
+def test_the_prime_rl_recipe_is_prime_rls_grpo_with_its_lone_trace(run, tmp_path):
+    """--recipe prime-rl: each trace's reward less its group's mean, and a group of one trace
+    (g9) its reward less itself, 0 (advcli's default keeps a lone unit's score)."""
+    episodes = [*step_episodes(4), episode("g9", 0, {"correct": {"score": 1.0, "weight": 1.0}}, 3)]
+    dump = write_traces(tmp_path / "traces.jsonl", episodes)
+    out = tmp_path / "out.arrow"
+    result = run("compute", dump, "-o", out, "--recipe", "prime-rl", "--no-tokens", "-q")
+    assert result.exit_code == 0, result.stderr
+    written = pl.read_ipc(out)["advantage"].to_list()
+    expected = [0.0 if a is None else a for a in prime_rl_advantages(episodes)]
+    assert expected[-1] == 0.0
+    assert written == pytest.approx(expected, abs=1e-5)
+
+
 def test_effective_file_has_the_trainers_advantage_and_says_what_it_lacks(run, tmp_path):
     shipped = effective(step_episodes(2))
     dump = write_traces(tmp_path / "rollouts/step_12/train/effective/traces.jsonl", shipped)
