@@ -36,6 +36,7 @@ class Recipe(str, Enum):
     RLLM = "rllm"
     PRIME_RL = "prime-rl"
     OPEN_INSTRUCT = "open-instruct"
+    TRL = "trl"
 
 
 @dataclass(frozen=True)
@@ -145,13 +146,14 @@ PER_TURN_RECIPES: dict[Recipe, PerTurnRecipe] = {
 class OutcomeRecipe:
     """A peer's outcome-reward rule: its level, the estimators it has (advcli's names; the
     first is the recipe's), and where its estimator divides by a std, that std's denominator
-    and ε (None: advcli's); what a group of one unit gets."""
+    and ε (None: advcli's); what a group of one unit gets; whether it has ``--scale batch``."""
 
     level: Level
     estimators: tuple[Estimator, ...]
     std: StdDenominator | None = None
     epsilon: float | None = None
     singleton: Singleton = Singleton.RAW
+    batch_scale: bool = False
 
     def describe(self) -> str:
         words = [f"--level {self.level.value}", f"--estimator {self.estimators[0].value}"]
@@ -190,6 +192,10 @@ OUTCOME_RECIPES: dict[Recipe, OutcomeRecipe] = {
         epsilon=1e-8,
         singleton=Singleton.ZERO,
     ),
+    # trl/trainer/grpo_trainer.py (f2cd577, l.2676-2707): each block of num_generations rows,
+    # (r - mean) / (std + 1e-4), torch.std's Bessel std; scale_rewards "batch" and "none" are
+    # --scale's.
+    Recipe.TRL: OutcomeRecipe(Level.TRAJECTORY, (Estimator.GRPO,), epsilon=1e-4, batch_scale=True),
 }
 
 

@@ -209,7 +209,7 @@ def _check_outcome_recipe(
             f"{named} is an outcome-reward rule, not one of "
             f"{words.given('reward_mode', RewardMode.PER_TURN)}"
         )
-    if reader.member(Scale, "scale") is Scale.BATCH:
+    if reader.member(Scale, "scale") is Scale.BATCH and not outcome.batch_scale:
         raise SettingsError(
             f"{named} has no rule of {words.given('scale', Scale.BATCH)}: it divides each group "
             "by its own std or by none"

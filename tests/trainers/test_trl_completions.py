@@ -106,13 +106,14 @@ def test_groups_are_blocks_of_num_generations(run, tmp_path):
     assert reading["roles"]["trainer_advantage"]["column"] == "advantage"
 
 
+@pytest.mark.parametrize("rule", [("--epsilon", "1e-4"), ("--recipe", "trl")])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_advantages_are_trls_with_its_epsilon(run, tmp_path, seed):
+def test_advantages_are_trls_with_its_epsilon(run, tmp_path, seed, rule):
     rows = trl_rows(seed, PROMPTS, generations=4)
     dump = write_completions(tmp_path / "completions", rows, generations=4)
     trls = pl.read_parquet(dump)["advantage"].to_list()
     out = tmp_path / "out.parquet"
-    result = run("compute", dump, "-o", out, "--no-tokens", "--epsilon", "1e-4", "-q")
+    result = run("compute", dump, "-o", out, "--no-tokens", *rule, "-q")
     assert result.exit_code == 0, result.stderr
     written = pl.read_parquet(out)
     assert written["advantage"].to_list() == pytest.approx(trls, abs=1e-5)
