@@ -321,3 +321,15 @@ def test_parts_in_workers_give_the_report_one_process_gives(tmp_path: Path, run)
     ]
     assert [result.exit_code for result in reports] == [0, 0], reports[1].stderr
     assert json.loads(reports[0].stdout) == json.loads(reports[1].stdout)
+
+
+def test_inspect_names_the_json_lines_not_their_arrow_file(tmp_path: Path, run) -> None:
+    """The reading is of the user's file in its format, whatever the run read it into."""
+    path = tmp_path / "dump.jsonl"
+    path.write_text(
+        lines([{"data_id": "g", "rollout_id": f"r{n}", "reward": n / 2} for n in range(3)])
+    )
+    result = run("inspect", path, *ROLES, "--json")
+    assert result.exit_code == 0, result.stderr
+    inputs = json.loads(result.stdout)["inputs"]
+    assert (inputs["files"], inputs["format"]) == ([str(path)], "json")
