@@ -230,7 +230,7 @@ def open_dataset(
     files = list(translated(units, _spool(spool), train_files=train_files))
     input_format = input_format_of(files[0])  # a container's translation's: Parquet
     # A container's translation is a snapshot of the trainer's files: its own identity is the
-    # input's. JSON lines' is their own file's, taken before they are read into Parquet.
+    # input's. JSON lines' is their own file's, taken before they are read into Arrow.
     identified = list(files)
     identities = [_identity_at_open(path, label) for path, label in zip(files, labels, strict=True)]
     json_lines = None
@@ -288,10 +288,12 @@ def _json_lines_translated(
     """JSON-lines files read once into Arrow IPC files in ``spool()``, with one schema: that of
     their first lines (:mod:`advcli.read.json_translation`); None where they are to be read by
     Polars with the schema of all their lines."""
-    schemas = [prefix_schema(as_pattern(str(path))) if is_utf8(path) else None for path in files]
-    if any(schema is None for schema in schemas):
+    if not all(is_utf8(path) for path in files):
         return None
-    prefixes = [schema for schema in schemas if schema is not None]
+    read = [prefix_schema(as_pattern(str(path))) for path in files]
+    prefixes = [schema for schema in read if schema is not None]
+    if len(prefixes) < len(files):
+        return None
     try:
         schema = _json_schema(labels, prefixes)
     except AdvcliError:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from advcli.errors import AdvcliError
-from advcli.names import NativeNames
 from advcli.read.dataset import Dataset
 from advcli.read.scan import closing_sources
 from advcli.settings.rules import EXACT_INTEGER_LIMIT
@@ -81,27 +80,26 @@ def check_json_lines(dataset: Dataset, ids: Sequence[str], reward: str) -> None:
     something other than strings and nulls; an integer literal of 16 digits or more); only those
     lines are parsed, to look at their values.
 
-    JSON lines read into Parquet by Arrow's strict reader (:mod:`advcli.read.json_translation`)
+    JSON lines read into Arrow by its strict reader (:mod:`advcli.read.json_translation`)
     hold one JSON type in a column, or they would not have been read so: only the reward is
     looked at, and its lines only where a value read is 2^53 or more (a literal beyond 2^53 is
     read as one).
     """
     translated = dataset.translated_from == "json"
-    string_ids = [name for name in ids if dataset.schema[name] == pl.String]
+    checked = [] if translated else ids
+    string_ids = [name for name in checked if dataset.schema[name] == pl.String]
     nested_ids = [
         name
-        for name in ids
+        for name in checked
         if dataset.schema[name].is_nested() and _holds_text(dataset.schema[name])
     ]
-    if translated:
-        string_ids, nested_ids = [], []
     reward_type = dataset.schema[reward]
     float_reward = reward_type == pl.Float64 or reward_type == pl.List(pl.Float64)
     if float_reward and translated:
         float_reward = _largest_magnitude(dataset, reward) >= EXACT_INTEGER_LIMIT
-    texts = NativeNames(dataset.inputs, dataset.labels) if translated else dataset.native
     for index, path in enumerate(dataset.inputs):
-        source = texts.names[index] if texts else str(path)
+        # A translated file's name is UTF-8 (json_translation reads no other): its own name.
+        source = str(path) if translated else dataset.source(index)
         for name in string_ids:
             for line in _lines_matching(source, _value_after_key(name)):
                 value = json.loads(line).get(name)

@@ -1,4 +1,4 @@
-"""JSON lines read once into Parquet by Arrow's strict reader, or by Polars with the schema of
+"""JSON lines read once into an Arrow file by Arrow's strict reader, or by Polars with the schema of
 all their lines: the same table either way (advcli/read/json_translation.py).
 
 Each file below is read as a command reads it (with a spool folder) and compared with Polars'
