@@ -105,10 +105,10 @@ class Advantages:
         return pl.DataFrame([projection[ROW], self.units[SCORE].gather(unit), advantage])
 
 
-def _baseline(rule: EstimatorRule) -> pl.Expr:
+def baseline(rule: EstimatorRule) -> pl.Expr:
     """The value a unit's score is centred on, over the group statistics' columns (groups of
     more than one unit). For rloo it is the group mean: each unit's leave-one-out baseline follows
-    from it in :func:`_unit_advantage`."""
+    from it in :func:`_centred_advantage`."""
     if rule.baseline is Baseline.TOKEN_WEIGHTED_MEAN:
         # All-equal units: the mean (set to that score exactly), not a token-weighted rounding.
         return (
@@ -123,21 +123,48 @@ def _baseline(rule: EstimatorRule) -> pl.Expr:
     return pl.col("mean")
 
 
-def _divisor(config: AdvantageConfig) -> pl.Expr:
+def divisor(
+    config: AdvantageConfig,
+    std: pl.Expr = pl.col("std"),
+    batch_std: pl.Expr = pl.col("batch_std"),
+) -> pl.Expr:
     """What a centred score is divided by before epsilon (1 when the estimator does not divide;
-    GiGPO's episode term: the std under --gigpo-norm mean_std, else 1)."""
+    GiGPO's episode term: the std under --gigpo-norm mean_std, else 1), over the group's
+    ``std`` and the batch's ``batch_std`` (each of the std's denominator in force)."""
     if config.step is not None:
-        return pl.col("std") if config.step.norm is GigpoNorm.MEAN_STD else pl.lit(1.0)
+        return std if config.step.norm is GigpoNorm.MEAN_STD else pl.lit(1.0)
     return {
-        Scale.GROUP: pl.col("std"),
-        Scale.BATCH: pl.col("batch_std"),
+        Scale.GROUP: std,
+        Scale.BATCH: batch_std,
         Scale.NONE: pl.lit(1.0),
     }[config.effective_scale]
 
 
-def _unit_advantage(rule: EstimatorRule, config: AdvantageConfig) -> pl.Expr:
+def unit_advantage(
+    rule: EstimatorRule,
+    config: AdvantageConfig,
+    baseline: pl.Expr = pl.col("baseline"),
+    divisor: pl.Expr = pl.col("divisor"),
+    batch_std: pl.Expr = pl.col("batch_std"),
+) -> pl.Expr:
+    """A unit's advantage before any post-step, over its group's columns joined to it
+    (``units``, ``top_row``) and its own (``score``, ``first_row``): the singleton rule in a
+    group of one unit, else its score centred on ``baseline`` and divided by ``divisor`` plus
+    epsilon as ``config`` says. ``batch_std``: the batch's std, for ``--scale batch``'s
+    singletons. The one statement of the rule, for ``compute`` and for ``audit``'s
+    candidates."""
+    return (
+        pl.when(pl.col("units") == 1)
+        .then(_singleton_advantage(rule, config, batch_std))
+        .otherwise(_centred_advantage(rule, config, baseline, divisor))
+    )
+
+
+def _centred_advantage(
+    rule: EstimatorRule, config: AdvantageConfig, baseline: pl.Expr, divisor: pl.Expr
+) -> pl.Expr:
     """The advantage of a unit in a group of more than one unit, over the joined group columns."""
-    centred = pl.col(SCORE) - pl.col("baseline")
+    centred = pl.col(SCORE) - baseline
     if rule.baseline is Baseline.LEAVE_ONE_OUT:
         # s minus the mean of the other n - 1 units = n / (n - 1) * (s - mean).
         return pl.col("units") / (pl.col("units") - 1) * centred
@@ -148,12 +175,14 @@ def _unit_advantage(rule: EstimatorRule, config: AdvantageConfig) -> pl.Expr:
         return centred
     if config.step is not None and config.step.std_floor is not None:
         # GiGPO's episode term under ROLL's normalization: a group of std at most the floor gets 0.
-        centred = pl.when(pl.col("divisor") <= config.step.std_floor).then(0.0).otherwise(centred)
+        centred = pl.when(divisor <= config.step.std_floor).then(0.0).otherwise(centred)
     # A zero-std group has centred == 0 exactly; keep it 0 even when epsilon is 0 (not 0/0).
-    return pl.when(centred == 0).then(0.0).otherwise(centred / (pl.col("divisor") + config.epsilon))
+    return pl.when(centred == 0).then(0.0).otherwise(centred / (divisor + config.epsilon))
 
 
-def _singleton_advantage(rule: EstimatorRule, config: AdvantageConfig) -> pl.Expr:
+def _singleton_advantage(
+    rule: EstimatorRule, config: AdvantageConfig, batch_std: pl.Expr
+) -> pl.Expr:
     """A single-unit group's advantage: with ``--singleton raw`` the unit keeps its score, as
     (s − SINGLETON_MEAN) / (std + ε) when the estimator divides, the std being SINGLETON_STD
     with the group scale and the batch std, which every other unit shares, with ``--scale
@@ -165,7 +194,6 @@ def _singleton_advantage(rule: EstimatorRule, config: AdvantageConfig) -> pl.Exp
     if config.effective_scale is Scale.NONE:
         return centred
     if config.effective_scale is Scale.BATCH:
-        batch_std = pl.col("batch_std")
         std = pl.when(batch_std != ZERO_STD).then(batch_std).otherwise(SINGLETON_STD)
         # Times the reciprocal: what Polars makes of a division by a constant, so one batch's
         # numbers are the same whether its std is a constant or a column of one per batch.
@@ -215,8 +243,8 @@ def compute_advantages(
         pl.col(GROUP),
         pl.col("units"),
         pl.col("top_row"),
-        pl.when(singleton).then(SINGLETON_MEAN).otherwise(_baseline(rule)).alias("baseline"),
-        pl.when(singleton).then(SINGLETON_STD).otherwise(_divisor(config)).alias("divisor"),
+        pl.when(singleton).then(SINGLETON_MEAN).otherwise(baseline(rule)).alias("baseline"),
+        pl.when(singleton).then(SINGLETON_STD).otherwise(divisor(config)).alias("divisor"),
         pl.col("zero_std"),
         *batch_columns,
     )
@@ -231,12 +259,7 @@ def compute_advantages(
             how="left",
             maintain_order="left",
         )
-        .select(
-            pl.when(singleton)
-            .then(_singleton_advantage(rule, config))
-            .otherwise(_unit_advantage(rule, config))
-            .alias("advantage")
-        )
+        .select(unit_advantage(rule, config).alias("advantage"))
         .collect(engine="streaming")
         .to_series()
     )
