@@ -29,6 +29,12 @@ STEP_RETURN = "step_return"
 # a trainer's padding copies are counted as it counted them (ROLL's), each copy's original
 # (null for the other rows): the trainer discounted the step rewards before it padded.
 COPY_OF = "copy_of"
+# audit only: the advantage the trainer computed for the row, on its first response token, and
+# the least and the greatest over its response tokens (all three its value for a per-row
+# column); null for a row without response tokens.
+TRAINER_FIRST = "trainer_first"
+TRAINER_LOW = "trainer_low"
+TRAINER_HIGH = "trainer_high"
 
 
 def repeated_turn() -> pl.Expr:

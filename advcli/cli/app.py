@@ -11,6 +11,7 @@ import typer.core
 
 import advcli
 from advcli._runtime.process import drop_bad_thread_count
+from advcli.cli.audit import audit_command
 from advcli.cli.compare import compare_command
 from advcli.cli.compute import compute_command
 from advcli.cli.exits import INVOCATION
@@ -57,6 +58,11 @@ app.command(
     cls=PanelledCommand,
     short_help="Look at a dump before computing: roles, counts, checks.",
 )(inspect_command)
+app.command(
+    "audit",
+    cls=PanelledCommand,
+    short_help="Check a trainer's advantages: the rule they follow, and its bugs.",
+)(audit_command)
 app.command("sample", cls=PanelledCommand)(sample_command)
 
 

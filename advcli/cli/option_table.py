@@ -43,6 +43,7 @@ OPTIONS: dict[str, OptionRow] = {
     "--anchor-col": OptionRow(COLUMNS),
     "--step-reward-col": OptionRow(COLUMNS),
     "--step-return-col": OptionRow(COLUMNS),
+    "--advantage-col": OptionRow(COLUMNS),
     "--drop-duplicates": OptionRow(COLUMNS),
     "--level": OptionRow(ESTIMATOR),
     "--estimator": OptionRow(ESTIMATOR),

@@ -252,7 +252,7 @@ ConfigOpt = Annotated[
         help="TOML file of saved options [default: ./advcli.toml, else the [tool.advcli] table "
         "of ./pyproject.toml]. Keys are the long option names without dashes: "
         f"{', '.join(SAVED_KEYS)}; each command takes those it has, and a [compute], [compare], "
-        "[inspect] or [watch] table overrides them for that command. Options on "
+        "[inspect], [audit] or [watch] table overrides them for that command. Options on "
         "the command line win.",
     ),
 ]

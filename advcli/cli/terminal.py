@@ -490,3 +490,48 @@ def render_termination(report: TerminationReport, console: Console) -> None:
         parts += [table, Text(about), ""]
     parts.append(Panel(Text(report.summary["verdict"]), title="Verdict", title_align="left"))
     console.print(Group(*parts))
+
+
+def render_audit(report: dict[str, Any], console: Console) -> None:
+    """`advcli audit`: how the dump was read, the rule found, each finding with its example,
+    then the verdict."""
+    from advcli.report.audit import example_rows, rule_rows
+
+    reading = report["reading"]
+    trainer = reading["roles"]["trainer_advantage"]
+    rows = report["rows"]
+    parts: list[Any] = [
+        Text(f"Read as {visible(reading['read_as'])}"),
+        Text(
+            f"The trainer's advantages: '{visible(trainer['column'])}', {visible(trainer['why'])}"
+        ),
+        Text(
+            f"Rows: {rows['audited']:,} audited of {rows['total']:,} "
+            f"({rows['without_advantage']:,} without an advantage)"
+        ),
+        *(Text(f"note: {visible(note)}") for note in reading["notes"]),
+        *(
+            Text(f"not fitted at {level} level: {visible(why)}")
+            for level, why in report["not_fitted"].items()
+        ),
+        "",
+    ]
+    if report["rule"] is not None:
+        rule = Table(title="Rule", title_justify="left", show_header=False, show_edge=False)
+        rule.add_column(style="bold")
+        rule.add_column()
+        _add_rows(rule, rule_rows(report["rule"]))
+        parts += [rule, ""]
+    for finding in report["findings"]:
+        headline = f"{finding['kind']}: {finding['groups']:,} groups, {finding['rows']:,} rows"
+        example = Table(
+            title=Text(f"Group {shown(finding['example']['group'])}"),
+            title_justify="left",
+            show_edge=False,
+        )
+        for header in ("row", "score", "rule's", "trainer's"):
+            example.add_column(header, justify="right")
+        _add_rows(example, example_rows(finding))
+        parts += [Text(headline, style="bold"), Text(finding["report"]), example, ""]
+    parts.append(Text(report["verdict"], style="bold"))
+    console.print(Group(*parts))

@@ -34,6 +34,7 @@ from advcli.read.dataset import Dataset
 from advcli.read.dtypes import is_enum, sequence_of
 from advcli.read.json_lines import check_json_lines
 from advcli.read.scan import closing_sources
+from advcli.read.trainer_advantage import trainer_advantage_exprs
 from advcli.settings.rules import EXACT_INTEGER_LIMIT
 
 
@@ -58,11 +59,14 @@ class KeyExpressions:
         columns: ColumnRoles,
         row_number: str | None = None,
         file_rules: Sequence[tuple[pl.Expr, str]] = (),
+        trainer_advantage: bool = False,
     ) -> KeyExpressions:
         """``row_number`` names a column of global row numbers, which stand in for the group
         (blocks of ``group_size`` rows) or the trajectory (each row one) where the dump has no
         such column. ``file_rules``: (broken, message) of the rules of a trainer's dump
-        (:meth:`~advcli.read.trainer_dumps.TrainerDump.row_rules`), checked first."""
+        (:meth:`~advcli.read.trainer_dumps.TrainerDump.row_rules`), checked first.
+        ``trainer_advantage``: each row's advantage as the trainer computed it is read too
+        (``audit``'s, :func:`~advcli.read.trainer_advantage.trainer_advantage_exprs`)."""
         rows_are_trajectories = columns.trajectory is None and not columns.trajectory_from_last_step
         if (columns.group is None or rows_are_trajectories) and row_number is None:
             raise ValueError("groups or trajectories made from rows need the row number")
@@ -98,6 +102,10 @@ class KeyExpressions:
             tokens = tokens.cast(pl.Int64, strict=False)
 
         rules = [*file_rules, *_row_rules(schema, columns, score, tokens)]
+        trainer: list[pl.Expr] = []
+        if trainer_advantage:
+            trainer, trainer_rules = trainer_advantage_exprs(schema, columns, tokens)
+            rules += trainer_rules
         # One small code per row (0 = fine, k = the k-th rule broken) instead of a column per
         # rule, so the projection stays a handful of scalars per row.
         problem: Any = pl.when(rules[0][0]).then(pl.lit(1, dtype=pl.UInt8))
@@ -109,7 +117,13 @@ class KeyExpressions:
             problem = (
                 pl.when(pl.col(columns.left_out)).then(pl.lit(0, dtype=pl.UInt8)).otherwise(problem)
             )
-        exprs = [*keys, score.alias(SCORE), tokens.alias(TOKENS), problem.alias("problem")]
+        exprs = [
+            *keys,
+            score.alias(SCORE),
+            tokens.alias(TOKENS),
+            *trainer,
+            problem.alias("problem"),
+        ]
         if columns.last_step is not None:
             exprs.append(pl.col(columns.last_step).alias(LAST_STEP))
         if columns.padding_ids is not None and columns.group is not None:
@@ -144,12 +158,17 @@ class KeyExpressions:
 
 
 def key_projection(
-    dataset: Dataset, columns: ColumnRoles, *, unique_turns: bool = True
+    dataset: Dataset,
+    columns: ColumnRoles,
+    *,
+    unique_turns: bool = True,
+    trainer_advantage: bool = False,
 ) -> pl.DataFrame:
     """Read and check the small per-row columns: row, group, trajectory, [turn], score, tokens.
 
     With ``unique_turns`` a repeated ``(group, trajectory, turn)`` is an error; ``inspect`` turns
-    it off to count them instead.
+    it off to count them instead. ``trainer_advantage``: the trainer's own advantage of each row
+    is read too (:meth:`KeyExpressions.of`).
 
     ``score`` is the row's reward (the sum of its token-level rewards) as Float64; ``tokens`` is the
     number of response tokens (the sum of the mask, or the response length). Token data is read
@@ -168,7 +187,9 @@ def key_projection(
     row_number = unused_name(dataset.schema)
     view = dataset.view
     file_rules = view.row_rules() if view is not None and view.keys_taken(columns) else ()
-    plan = KeyExpressions.of(dataset.schema, columns, row_number, file_rules)
+    plan = KeyExpressions.of(
+        dataset.schema, columns, row_number, file_rules, trainer_advantage=trainer_advantage
+    )
     try:
         with closing_sources():
             projection = (

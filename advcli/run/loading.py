@@ -42,6 +42,7 @@ from advcli.read.projection import (
 )
 from advcli.read.roles import read_roles
 from advcli.read.scan import closing_sources
+from advcli.read.trainer_advantage import with_trainer_advantage
 from advcli.read.trainer_dumps import TrainerDump
 from advcli.read.turn_rewards import check_last_steps, check_turn_rewards
 from advcli.report.step_credit import not_measured, step_credit
@@ -245,7 +246,7 @@ def _turn_hint(columns: ColumnRoles) -> str:
     )
 
 
-def load_dump(
+def load_dump(  # noqa: PLR0913
     dataset: Dataset,
     names: ColumnNames = ColumnNames(),
     *,
@@ -255,6 +256,7 @@ def load_dump(
     by: str | None = None,
     step_roles: StepRoles = False,
     turn_rewards: bool = False,
+    trainer_advantage: bool = False,
 ) -> LoadedDump:
     """Stage 1: pick the columns, read and check the key projection (on Ray Data with
     ``engine="ray"``, after :func:`start_engine`). ``mask_needed_for`` says what needs the
@@ -264,7 +266,8 @@ def load_dump(
     ``(step, group)``, so ids that repeat across steps (dataset indices) stay apart. ``step_roles``:
     GiGPO's roles are read too (the anchor, the step reward or return; as
     :func:`advcli.read.columns.resolve_columns` takes ``steps``); ``turn_rewards``: the reward is
-    each turn's own (``--reward-mode per-turn``).
+    each turn's own (``--reward-mode per-turn``); ``trainer_advantage``: each row's advantage as
+    the trainer computed it is read into the projection too (``audit``'s, local engine only).
 
     A file advcli wrote names its columns' roles in its metadata
     (:mod:`advcli.read.file_roles`): they stand where no option names a role, and its training
@@ -285,6 +288,10 @@ def load_dump(
         turn_rewards=turn_rewards,
     )
     columns = _as_the_files_say(columns, dataset, training_step)
+    if trainer_advantage:
+        columns = with_trainer_advantage(
+            columns, dataset.schema, dataset.describe(), names.advantage
+        )
     # A trainer's padding copies repeat a turn: the turns are checked once they are found.
     unique_turns = unique_turns and columns.turn_copies_of is None
     if by not in (None, "file") and names.turn is None:
@@ -296,27 +303,17 @@ def load_dump(
             f"{dataset.describe()}: {rows:,} rows are not whole groups of "
             f"--group-size {columns.group_size}"
         )
-    # Per-turn rewards' anchor step groups run on Ray: its stage 2 has the whole projection.
-    if engine == Engine.RAY and (
-        step_roles is True or (columns.anchor is not None and not turn_rewards)
-    ):
-        raise AdvcliError("--estimator gigpo runs on the local engine only")
-    if engine == Engine.RAY and (columns.group is None or columns.trajectory is None):
-        raise AdvcliError(
-            f"{dataset.describe()}: --engine ray needs group and trajectory id columns (its "
-            "blocks do not know their rows' numbers); use the local engine"
-        )
-    if engine == Engine.RAY and turn_rewards and columns.turn is None:
-        raise AdvcliError(
-            f"{dataset.describe()}: --engine ray needs a turn column under --reward-mode "
-            "per-turn (its blocks do not know their rows' numbers, and a row's reward-to-go "
-            "depends on its place in its trajectory); pass --turn-col, or use the local engine"
-        )
-    project = load_ray_engine().key_projection if engine == Engine.RAY else key_projection
+    if engine == Engine.RAY:
+        _check_ray_reading(dataset, columns, step_roles, turn_rewards)
     # With --by the repeated turns are looked for once the groups are keyed by step.
-    projection, padding = split_padding(
-        project(dataset, columns, unique_turns=unique_turns and by is None), dataset, columns
-    )
+    unique = unique_turns and by is None
+    if engine == Engine.RAY:
+        read = load_ray_engine().key_projection(dataset, columns, unique_turns=unique)
+    else:
+        read = key_projection(
+            dataset, columns, unique_turns=unique, trainer_advantage=trainer_advantage
+        )
+    projection, padding = split_padding(read, dataset, columns)
     if by is None:
         if training_step is not None:
             _check_groups_in_one_step(dataset, projection, training_step)
@@ -345,6 +342,27 @@ def load_dump(
     notes = (*columns.notes, *unread, *_dump_notes(dataset, projection))
     columns = replace(columns, reasons=reasons, notes=notes)
     return LoadedDump(dataset, columns, projection, steps=steps, padding=padding)
+
+
+def _check_ray_reading(
+    dataset: Dataset, columns: ColumnRoles, step_roles: StepRoles, turn_rewards: bool
+) -> None:
+    """Refuse a reading Ray's blocks cannot do: GiGPO, rows without group and trajectory ids,
+    per-turn rewards without a turn column."""
+    # Per-turn rewards' anchor step groups run on Ray: its stage 2 has the whole projection.
+    if step_roles is True or (columns.anchor is not None and not turn_rewards):
+        raise AdvcliError("--estimator gigpo runs on the local engine only")
+    if columns.group is None or columns.trajectory is None:
+        raise AdvcliError(
+            f"{dataset.describe()}: --engine ray needs group and trajectory id columns (its "
+            "blocks do not know their rows' numbers); use the local engine"
+        )
+    if turn_rewards and columns.turn is None:
+        raise AdvcliError(
+            f"{dataset.describe()}: --engine ray needs a turn column under --reward-mode "
+            "per-turn (its blocks do not know their rows' numbers, and a row's reward-to-go "
+            "depends on its place in its trajectory); pass --turn-col, or use the local engine"
+        )
 
 
 def _check_blocks_within_parts(

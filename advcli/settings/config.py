@@ -526,6 +526,8 @@ class ColumnNames:
     anchor: str | None = None
     step_reward: str | None = None
     step_return: str | None = None
+    # audit's: the column of the advantages the trainer computed (per token or per row).
+    advantage: str | None = None
     # Where a role's name was given, when not by its option (a saved mapping's file and key).
     named_in: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 

@@ -300,13 +300,16 @@ def test_odd_layout_runs_with_no_flags_from_advcli_toml(run, tmp_path, monkeypat
 BAD_FILES = [
     (
         'group-colum = "prompt_id"\n',
-        "key 'group-colum': not an option of compute, compare, watch or inspect; "
+        "key 'group-colum': not an option of compute, compare, watch, inspect or audit; "
         "did you mean 'group-col'?",
     ),
-    ('palette = "red"\n', "key 'palette': not an option of compute, compare, watch or inspect"),
+    (
+        'palette = "red"\n',
+        "key 'palette': not an option of compute, compare, watch, inspect or audit",
+    ),
     (
         "[compar]\ntop = 3\n",
-        "key 'compar': not an option of compute, compare, watch or inspect; "
+        "key 'compar': not an option of compute, compare, watch, inspect or audit; "
         "did you mean 'compare'?",
     ),
     ('output = "out.parquet"\n', "key 'output': --output is given on the command line only"),
@@ -315,7 +318,7 @@ BAD_FILES = [
     # sample's options are no key of the file, not keys given on the command line only.
     (
         "tokens = false\n",
-        "key 'tokens': not an option of compute, compare, watch or inspect; "
+        "key 'tokens': not an option of compute, compare, watch, inspect or audit; "
         "did you mean 'no-tokens'?",
     ),
     (
@@ -481,7 +484,9 @@ def test_saved_keys_of_each_command():
     math |= {"recipe", "gigpo-norm", "reward-mode", "step-groups", "std"}
     gigpo = {"gamma", "step-weight", "anchor-scope", "anchor-col", "step-reward-col"}
     gigpo |= {"step-return-col"}
-    saved = {name: set(savable(commands[name])) for name in ("compute", "compare", "inspect")}
+    saved = {
+        name: set(savable(commands[name])) for name in ("compute", "compare", "inspect", "audit")
+    }
     assert saved == {
         "compute": shared
         | math
@@ -493,6 +498,7 @@ def test_saved_keys_of_each_command():
         | gigpo
         | {"top", "by", "jobs", "fail-above", "fail-on", "drop-duplicates"},
         "inspect": shared | {"anchor-col", "anchor-scope", "by"},
+        "audit": shared | {"advantage-col", "fail-on"},
     }
     config_help = next(p.help for p in commands["compute"].params if p.name == "config_path")
     listed = config_help.split("dashes: ", 1)[1].split(";", 1)[0].split(", ")

@@ -1,0 +1,126 @@
+"""``advcli audit``: which rule the advantages a trainer computed follow, and the rows no rule
+explains, classed by the field's known bugs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.text import Text
+
+from advcli._runtime.process import load_numpy_bridge, require_stdout, use_threads
+from advcli._runtime.signals import held
+from advcli.cli.consoles import stderr, stdout
+from advcli.cli.exits import reports_errors
+from advcli.cli.option_table import option
+from advcli.cli.options import (
+    COLUMN_OPTIONS,
+    ConfigOpt,
+    Inputs,
+    ThreadsOpt,
+    dump_settings,
+    with_options,
+)
+from advcli.cli.progress_bar import progress_bar
+from advcli.errors import UsageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+AdvantageColOpt = Annotated[
+    str | None,
+    option(
+        "--advantage-col",
+        help="The trainer's advantages: a list per token or one number per row [default: the "
+        "trainer's name for it, else 'advantages', else 'advantage'].",
+    ),
+]
+AuditJsonOpt = Annotated[
+    Path | None, option("--json", help="Write the audit as JSON ('-' for stdout).")
+]
+AuditFailOnOpt = Annotated[
+    str | None,
+    option(
+        "--fail-on",
+        help="Exit 3 when the audit has a finding ('any') or one of this kind (e.g. "
+        "merged-groups).",
+    ),
+]
+ForceOpt = Annotated[bool, option("--force", help="Replace an existing report file.")]
+QuietOpt = Annotated[bool, option("--quiet", "-q", help="No terminal report.")]
+
+
+# The column options but GiGPO's anchor, which audit does not read.
+AUDIT_COLUMN_OPTIONS = tuple(shared for shared in COLUMN_OPTIONS if shared.name != "anchor_col")
+
+
+@with_options(*AUDIT_COLUMN_OPTIONS)
+@reports_errors
+def audit_command(  # noqa: PLR0913
+    ctx: typer.Context,
+    inputs: Inputs = None,
+    advantage_col: AdvantageColOpt = None,
+    json_path: AuditJsonOpt = None,
+    fail_on: AuditFailOnOpt = None,
+    force: ForceOpt = False,
+    threads: ThreadsOpt = None,
+    config_path: ConfigOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Check the advantages a trainer computed: the rule they follow, and what no rule explains.
+
+    Example: advcli audit train_data_step12.jsonl --fail-on any
+    """
+    with held():  # Polars panics when a Ctrl-C lands inside its import
+        from advcli.report.audit import KINDS
+        from advcli.run.audit import audit
+        from advcli.write.outputs import goes_to_stdout
+
+        load_numpy_bridge()
+    if fail_on is not None and fail_on != "any" and fail_on not in KINDS:
+        source = ctx.get_parameter_source("fail_on")
+        saved = (
+            f" ('fail-on' in {config_path}: a [compare] table keeps compare's)"
+            if source is not None and source.name == "DEFAULT_MAP"
+            else ""
+        )
+        raise UsageError(
+            f"--fail-on takes 'any' or a finding's kind ({', '.join(KINDS)}), not "
+            f"'{fail_on}'{saved}"
+        )
+    use_threads(threads)
+    on_stdout = goes_to_stdout(json_path)
+    if not quiet and not on_stdout:
+        require_stdout("the report (pass --quiet)")
+    names = replace(dump_settings(ctx).names, advantage=advantage_col)
+    with progress_bar(not quiet, "opening") as on_stage:
+        report = audit(inputs or [], names, json_path=json_path, force=force, on_stage=on_stage)
+    if not quiet:
+        _show(report, stderr if on_stdout else stdout(), config_path)
+    tripped = _tripped(report, fail_on)
+    if tripped is not None:
+        typer.echo(f"advcli audit: {tripped}", err=True)
+        raise typer.Exit(3)
+
+
+def _show(report: dict[str, Any], console: Console, config_path: Path | None) -> None:
+    from advcli.cli.terminal import render_audit
+    from advcli.report.views import visible
+
+    render_audit(report, console)
+    if config_path is not None:
+        console.print(Text(f"config: {visible(config_path)}"))
+
+
+def _tripped(report: dict[str, Any], fail_on: str | None) -> str | None:
+    """Why ``--fail-on`` trips: a finding (``any``), or one of its kind."""
+    if fail_on is None:
+        return None
+    kinds = [finding["kind"] for finding in report["findings"]]
+    if fail_on == "any" and kinds:
+        return f"the audit has findings ({', '.join(kinds)}): --fail-on any"
+    if fail_on in kinds:
+        return f"the audit has a finding of kind {fail_on}: --fail-on {fail_on}"
+    return None

@@ -1,0 +1,354 @@
+"""``audit``'s findings: the trainer's advantages that its rule does not explain, grouped by
+group and each group classed by the bug of the field it reproduces.
+
+Each kind is one rule over a group's rows at the rule's level (``RuleFit.checked``), tried in
+the order of :data:`KINDS`; a group takes the first kind that fits it. Two kinds are no bug
+and are reported for what they say of the trainer: ``turn-level-counting`` (the rule counts
+every turn row) and ``per-token-advantages`` (rows a per-token estimator made).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+import polars as pl
+
+from advcli.advantages.fit import RuleFit, matches, matches_bfloat16, rule_settings
+from advcli.keys import GROUP, ROW, SCORE
+from advcli.settings.config import Level
+from advcli.settings.rules import SCORE_TOLERANCE
+
+# Each kind, and the field's report it reproduces.
+KINDS: dict[str, str] = {
+    "turn-level-counting": "every turn row counts in its group's statistics, so a long "
+    "trajectory weighs as many times as it has turns (verl's GRPO at turn level)",
+    "near-zero-std-blowup": "a group whose scores differ by float residue gets advantages of "
+    "order 1 or more (NeMo-RL PR #4161: one advantage of 7,428)",
+    "low-precision-advantages": "the advantages are the rule's in bfloat16 precision only "
+    "(OpenRLHF PR #1334: bf16 rounded the group baseline away)",
+    "penalty-over-epsilon": "an advantage of 1,000 or more where the rule gives less: a value "
+    "divided by epsilon alone (verl-agent: a tied group's per-row penalty, A = -1e5)",
+    "batch-as-one-group": "five or more groups, or the whole batch, share one baseline "
+    "(slime #1414: groups of uneven size normalized as one batch)",
+    "merged-groups": "two to four groups share one baseline (NeMo-RL PR #3882: prompts with "
+    "identical tokens merged into one group)",
+    "equal-rewards-nonzero-advantage": "a group whose scores are all equal gets non-zero "
+    "advantages (verl PR #4598: equal float rewards of 0.2)",
+    "zero-earlier-steps": "every step of a trajectory but the last gets 0 (SkyRL #1492, PR "
+    "#1507: (N-1)/N of step samples trained wrong)",
+    "sign-flip": "the advantages have the opposite sign of the rule's (TRL PR #5026: a baseline "
+    "divided by a negative group mean)",
+    "per-token-advantages": "a row's response tokens carry different advantages: a per-token "
+    "estimator (GAE, say), which no outcome rule makes; these rows are not audited",
+    "unexplained": "no rule of the table and no known bug",
+}
+# An advantage at least this large where the rule's is not: divided by epsilon alone.
+BLOWUP = 1e3
+# A group's advantages "of order 1 or more", where its scores differ by float residue only.
+RESIDUE_BLOWUP = 1.0
+# Two groups share a baseline where the (baseline, divisor) their rows imply agree to these
+# significant digits.
+SHARED_DIGITS = 5
+# Groups sharing one baseline from which on they are the whole batch's.
+BATCH_GROUPS = 5
+# Rows listed in a finding's example.
+EXAMPLE_ROWS = 8
+
+
+class Finding(TypedDict):
+    kind: str
+    groups: int
+    rows: int
+    report: str
+    example: dict[str, Any]
+
+
+def audit_findings(
+    fit: RuleFit, per_token: pl.DataFrame, multi_turn: pl.DataFrame
+) -> list[Finding]:
+    """The findings of ``fit``, in the order of :data:`KINDS`. ``per_token``: the rows whose
+    response tokens disagree (``row``, ``group``, ``score``, ``found_low``, ``found_high``);
+    ``multi_turn``: the audited rows of trajectories of more than one row (``row``,
+    ``group``), for ``turn-level-counting``."""
+    checked = fit.checked.with_columns(matches(pl.col("expected"), pl.col("found")).alias("ok"))
+    named = fit.config is not None
+    groups = _group_figures(checked)
+    kinds = _classify(checked, groups)
+    findings: list[Finding] = []
+    if fit.config is not None and fit.config.level is Level.TURN and not multi_turn.is_empty():
+        turn_groups = multi_turn[GROUP].unique(maintain_order=True)
+        findings.append(
+            _finding(
+                "turn-level-counting",
+                turn_groups.len(),
+                multi_turn.height,
+                _example(checked.filter(pl.col(GROUP) == turn_groups[0]), named),
+            )
+        )
+    for kind in KINDS:
+        of_kind = kinds.filter(pl.col("kind") == kind)
+        if of_kind.is_empty():
+            continue
+        rows = int(of_kind["flagged"].sum())
+        first = of_kind.row(0, named=True)
+        example = _example(checked.filter(pl.col(GROUP) == first[GROUP]), named)
+        example.update(first["extra"] or {})
+        findings.append(_finding(kind, of_kind.height, rows, example))
+    if not per_token.is_empty():
+        first_group = per_token[GROUP][0]
+        example = {
+            "group": first_group,
+            "rows": per_token.filter(pl.col(GROUP) == first_group).head(EXAMPLE_ROWS).to_dicts(),
+        }
+        findings.append(
+            _finding("per-token-advantages", per_token[GROUP].n_unique(), per_token.height, example)
+        )
+    order = list(KINDS)
+    return sorted(findings, key=lambda finding: order.index(finding["kind"]))
+
+
+def _finding(kind: str, groups: int, rows: int, example: dict[str, Any]) -> Finding:
+    return Finding(kind=kind, groups=groups, rows=rows, report=KINDS[kind], example=example)
+
+
+def _group_figures(checked: pl.DataFrame) -> pl.DataFrame:
+    """One row per group of the audited rows, in the order of their first rows: its scores'
+    spread, and what its rows say of each kind."""
+    unmatched = ~pl.col("ok")
+    # The rule's sign reversed on every row the rule gives a non-zero advantage and misses.
+    flipped = pl.col("ok") | (pl.col("expected") == 0) | (pl.col("expected") * pl.col("found") < 0)
+    # A row the rule misses is 0 and not its trajectory's last.
+    zeroed = pl.col("ok") | (
+        (pl.col("found").abs() <= 1e-5) & (pl.col("expected") != 0) & ~pl.col("last_of_unit")
+    )
+    low_precision = matches_bfloat16(pl.col("expected_bfloat16"), pl.col("found"))
+    coarse = matches_bfloat16(pl.col("expected"), pl.col("found"))
+    in_order = checked.sort(SCORE, maintain_order=True)
+    return (
+        in_order.group_by(GROUP, maintain_order=False)
+        .agg(
+            pl.col(ROW).min().alias("first_row"),
+            unmatched.sum().alias("flagged"),
+            pl.col(SCORE).min().alias("score_min"),
+            pl.col(SCORE).max().alias("score_max"),
+            pl.col("found").abs().max().alias("found_max"),
+            pl.col("expected").abs().max().alias("expected_max"),
+            flipped.all().alias("flipped"),
+            zeroed.all().alias("zeroed"),
+            (pl.col("ok") | low_precision | coarse).all().alias("low_precision"),
+            pl.col("found").first().alias("found_low"),
+            pl.col("found").last().alias("found_high"),
+        )
+        .sort("first_row")
+    )
+
+
+def _classify(checked: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
+    """Each group with a finding (``group``, ``kind``, ``flagged`` rows, ``extra`` for its
+    example), in the order of their first rows."""
+    spread = pl.col("score_max") - pl.col("score_min")
+    scale = pl.max_horizontal(pl.col("score_max").abs(), pl.col("score_min").abs())
+    residue = (spread > 0) & (spread <= SCORE_TOLERANCE * scale)
+    missed = pl.col("flagged") > 0
+    kind = (
+        pl.when(residue & (pl.col("found_max") >= RESIDUE_BLOWUP))
+        .then(pl.lit("near-zero-std-blowup"))
+        .when(missed & pl.col("low_precision"))
+        .then(pl.lit("low-precision-advantages"))
+        .when(missed & (pl.col("found_max") >= BLOWUP) & (pl.col("expected_max") < BLOWUP))
+        .then(pl.lit("penalty-over-epsilon"))
+    )
+    classed = groups.with_columns(kind.alias("kind"))
+    shared = _shared_baselines(checked, classed.filter(missed & pl.col("kind").is_null()))
+    classed = classed.join(shared, on=GROUP, how="left", maintain_order="left").with_columns(
+        pl.coalesce("kind", "shared_kind")
+        .fill_null(
+            pl.when(missed & (spread == 0))
+            .then(pl.lit("equal-rewards-nonzero-advantage"))
+            .when(missed & pl.col("zeroed"))
+            .then(pl.lit("zero-earlier-steps"))
+            .when(missed & pl.col("flipped"))
+            .then(pl.lit("sign-flip"))
+            .when(missed)
+            .then(pl.lit("unexplained"))
+        )
+        .alias("kind")
+    )
+    # A residue group's blown-up rows may be the rule's own: each of its rows counts.
+    rows = checked.group_by(GROUP).len("rows")
+    return (
+        classed.filter(pl.col("kind").is_not_null())
+        .join(rows, on=GROUP, how="left", maintain_order="left")
+        .with_columns(
+            pl.when(pl.col("kind") == "near-zero-std-blowup")
+            .then(pl.col("rows"))
+            .otherwise(pl.col("flagged"))
+            .alias("flagged")
+        )
+        .select(GROUP, "kind", "flagged", "extra")
+    )
+
+
+def _shared_baselines(checked: pl.DataFrame, candidates: pl.DataFrame) -> pl.DataFrame:
+    """The groups among ``candidates`` whose advantages one baseline and divisor, shared with
+    other groups, explain: ``group``, ``shared_kind`` (merged-groups or batch-as-one-group) and
+    ``extra`` (the shared baseline, divisor and groups, for the example).
+
+    A group's two rows of the least and the greatest score imply the line A = (s − b) / d its
+    advantages lie on; groups whose (b, d) agree to SHARED_DIGITS significant digits share it.
+    A group whose scores are all equal implies none: it joins a shared line its rows lie on."""
+    empty = pl.DataFrame(
+        schema={
+            GROUP: checked.schema[GROUP],
+            "shared_kind": pl.String,
+            "extra": pl.Struct(
+                {"baseline": pl.Float64, "divisor": pl.Float64, "groups": pl.UInt32}
+            ),
+        }
+    )
+    lines = candidates.filter(
+        (pl.col("score_max") > pl.col("score_min")) & (pl.col("found_high") != pl.col("found_low"))
+    ).select(
+        GROUP,
+        (
+            (pl.col("score_max") - pl.col("score_min"))
+            / (pl.col("found_high") - pl.col("found_low"))
+        ).alias("divisor"),
+    )
+    if lines.is_empty():
+        return empty
+    lines = lines.join(candidates.select(GROUP, "score_max", "found_high"), on=GROUP).with_columns(
+        (pl.col("score_max") - pl.col("found_high") * pl.col("divisor")).alias("baseline")
+    )
+    keyed = lines.with_columns(
+        pl.col("baseline").round_sig_figs(SHARED_DIGITS).alias("b"),
+        pl.col("divisor").round_sig_figs(SHARED_DIGITS).alias("d"),
+    )
+    shared = (
+        keyed.group_by("b", "d")
+        .agg(
+            pl.col(GROUP),
+            pl.col("baseline").first(),
+            pl.col("divisor").first(),
+        )
+        .filter(pl.col(GROUP).list.len() > 1)
+    )
+    if shared.is_empty():
+        return empty
+    # The tied groups whose rows lie on a shared line join it.
+    tied = candidates.filter(pl.col("score_max") == pl.col("score_min")).select(GROUP)
+    members = []
+    for line in shared.iter_rows(named=True):
+        on_line = matches((pl.col(SCORE) - line["baseline"]) / line["divisor"], pl.col("found"))
+        joined = (
+            checked.join(tied, on=GROUP, how="semi")
+            .group_by(GROUP)
+            .agg(on_line.all().alias("on"))
+            .filter("on")[GROUP]
+        )
+        every = pl.concat([pl.Series(GROUP, line[GROUP], dtype=checked.schema[GROUP]), joined])
+        members.append(
+            pl.DataFrame({GROUP: every}).with_columns(
+                pl.lit(line["baseline"]).alias("baseline"),
+                pl.lit(line["divisor"]).alias("divisor"),
+                pl.lit(every.len(), dtype=pl.UInt32).alias("groups"),
+            )
+        )
+    all_groups = checked[GROUP].n_unique()
+    together = pl.concat(members).unique(GROUP, keep="first", maintain_order=True)
+    batch = (pl.col("groups") >= BATCH_GROUPS) | (pl.col("groups") == all_groups)
+    return together.select(
+        GROUP,
+        pl.when(batch)
+        .then(pl.lit("batch-as-one-group"))
+        .otherwise(pl.lit("merged-groups"))
+        .alias("shared_kind"),
+        pl.struct("baseline", "divisor", "groups").alias("extra"),
+    )
+
+
+def _example(rows: pl.DataFrame, named: bool) -> dict[str, Any]:
+    """A group's worked example: its key, and its first rows' scores, the rule's advantages
+    (null where no rule is named) and the trainer's."""
+    expected = pl.col("expected") if named else pl.lit(None, dtype=pl.Float64).alias("expected")
+    return {
+        "group": rows[GROUP][0],
+        "rows": rows.head(EXAMPLE_ROWS).select(ROW, SCORE, expected, "found").to_dicts(),
+    }
+
+
+def rule_document(fit: RuleFit) -> dict[str, Any] | None:
+    """The rule found, as the reports give it: its settings, ``max_abs_diff``,
+    ``rows_matched``, ``rows`` and what fits alike; None where no rule explains a row."""
+    if fit.config is None:
+        return None
+    return {
+        **rule_settings(fit.config),
+        "max_abs_diff": fit.max_abs_diff,
+        "rows_matched": fit.rows_matched,
+        "rows": fit.rows,
+        "alike": {
+            name: {"values": values, "why": why} for name, (values, why) in fit.alike.items()
+        },
+    }
+
+
+def verdict(rule: dict[str, Any] | None, findings: list[Finding]) -> str:
+    """The audit in one sentence."""
+    if rule is None:
+        return "no rule of the table explains any of the trainer's advantages"
+    kinds = [finding["kind"] for finding in findings]
+    followed = (
+        f"the trainer's advantages follow {rule['estimator']} at {rule['level']} level on "
+        f"{rule['rows_matched']:,} of {rule['rows']:,} audited rows"
+    )
+    if not kinds:
+        return f"clean: {followed}"
+    return f"{followed}; findings: {', '.join(kinds)}"
+
+
+def rule_rows(rule: dict[str, Any]) -> list[tuple[str, str]]:
+    """The rule found, a (setting, value) row each, with what fits alike and why."""
+    std = rule["std_ddof"]
+    values = {
+        "level": rule["level"],
+        "estimator": rule["estimator"],
+        "scale": rule["scale"],
+        "singleton": rule["singleton"],
+        "epsilon": "-" if rule["epsilon"] is None else f"{rule['epsilon']:g}",
+        "std_ddof": "-" if std is None else f"{std} ({'sample' if std == 1 else 'population'})",
+    }
+    rows = []
+    for name, value in values.items():
+        alike = rule["alike"].get(name)
+        if alike is not None:
+            others = ", ".join(_setting_text(other) for other in alike["values"][1:])
+            value = f"{value}; fits alike: {others} ({alike['why']})"
+        rows.append((name.replace("_", " "), value))
+    rows.append(
+        (
+            "matched",
+            f"{rule['rows_matched']:,} of {rule['rows']:,} rows (largest difference "
+            f"{rule['max_abs_diff']:.3g})",
+        )
+    )
+    return rows
+
+
+def _setting_text(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def example_rows(finding: Finding) -> list[tuple[str, str, str, str]]:
+    """A finding's worked example: row, score, the rule's advantage, the trainer's."""
+    return [
+        (
+            f"{row['row']:,}",
+            f"{row['score']:.6g}",
+            "-" if row.get("expected") is None else f"{row['expected']:.6g}",
+            f"{row['found']:.6g}"
+            if "found" in row
+            else f"{row['found_low']:.6g} .. {row['found_high']:.6g}",
+        )
+        for row in finding["example"]["rows"]
+    ]
