@@ -56,11 +56,10 @@ from advcli.settings.config import (
     OutputFormat,
     StepTerm,
 )
-from advcli.write.documents import ReportFiles, write_bytes, write_text
+from advcli.write.documents import ReportFiles, write_bytes, write_reports, write_text
 from advcli.write.outputs import (
     check_outputs,
     check_standard_output,
-    goes_to_stdout,
     output_format_for,
     report_format_for,
     write_rows,
@@ -433,17 +432,7 @@ def _write_report_files(report: Report, files: ReportFiles, *, force: bool) -> N
         (files.plot, lambda path: write_bytes(path, render.png(report, path), force=force)),
         (files.html, lambda path: write_text(path, render.html(report), force=force)),
     ]
-    writers.sort(key=lambda writer: goes_to_stdout(writer[0]))
-    written: list[Path] = []
-    for path, write in writers:
-        if path is None:
-            continue
-        try:
-            write(path)
-        except AdvcliError as error:
-            done = f"; {', '.join(map(str, written))} was written" if written else ""
-            raise AdvcliError(f"{error}{done}") from None
-        written.append(path)
+    write_reports(writers)
 
 
 def inspect(

@@ -5,12 +5,15 @@ standard output, which gets the document whole, as it is already in memory."""
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from advcli._runtime.process import copy_to_stdout, write_stdout_text
+from advcli.errors import AdvcliError
 from advcli.read.inputs import STDIN
 from advcli.write.atomic import atomic_output
+from advcli.write.outputs import goes_to_stdout
 
 
 def write_text(path: Path, text: str, *, force: bool = False) -> None:
@@ -20,6 +23,22 @@ def write_text(path: Path, text: str, *, force: bool = False) -> None:
         return
     with atomic_output(path, force=force) as partial:
         partial.write_text(text, encoding="utf-8")
+
+
+def write_reports(writers: Sequence[tuple[Path | None, Callable[[Path], None]]]) -> None:
+    """Write each report file given (a path, or None for none, and what writes it), in order,
+    the one on standard output last (a failure before it sends nothing down the pipe); an
+    error names the ones written."""
+    written: list[Path] = []
+    for path, write in sorted(writers, key=lambda writer: goes_to_stdout(writer[0])):
+        if path is None:
+            continue
+        try:
+            write(path)
+        except AdvcliError as error:
+            done = f"; {', '.join(map(str, written))} was written" if written else ""
+            raise AdvcliError(f"{error}{done}") from None
+        written.append(path)
 
 
 def write_bytes(path: Path, data: bytes, *, force: bool = False) -> None:
