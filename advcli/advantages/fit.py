@@ -11,7 +11,7 @@ cannot tell them apart.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +136,7 @@ class RuleFit:
     ``rows_matched``: those the rule explains within float32. ``alike``: for each setting
     other candidates explaining the same rows give otherwise, its values (the rule's first) and
     why the dump cannot tell them apart. ``checked``: one row per audited row (``row``,
-    ``group``, ``score``, ``unit``, ``last_of_unit`` as :func:`_level_rows` makes them,
+    ``group``, ``score``, ``unit``, ``last_of_unit``, ``counted`` as :func:`_level_rows` makes them,
     ``expected``, ``found`` and ``expected_bfloat16``), the rule's advantage beside the
     trainer's and the rule's over statistics held in bfloat16 (the best candidate's, named or
     not). ``unfitted``: a level no candidate was tried at, and why.
@@ -149,6 +149,9 @@ class RuleFit:
     alike: dict[str, tuple[list[Any], str]]
     checked: pl.DataFrame
     unfitted: dict[str, str] = field(default_factory=dict)
+    # The rule --expect names, beside the trainer's advantages: as ``checked`` (without
+    # ``expected_bfloat16``), None where none is expected.
+    expected: pl.DataFrame | None = None
 
 
 def fit_rule(
@@ -156,10 +159,13 @@ def fit_rule(
     naming: Naming,
     trajectories: Trajectories,
     batch: str | None = None,
+    expected: AdvantageConfig | None = None,
 ) -> RuleFit:
     """The rule among :func:`candidate_rules` that explains the most audited rows of
     ``projection`` (the key projection with the trainer's advantage, TRAINER_*). ``batch``: as
-    :func:`~advcli.advantages.estimators.compute_advantages` takes it."""
+    :func:`~advcli.advantages.estimators.compute_advantages` takes it. ``expected``: a rule
+    (an outcome estimator without a post-step) whose advantages are set beside the trainer's
+    too (``RuleFit.expected``); at a level not fitted, an error saying why."""
     audited = pl.col(TRAINER_FIRST).is_not_null() & matches(
         pl.col(TRAINER_LOW), pl.col(TRAINER_HIGH)
     )
@@ -172,58 +178,90 @@ def fit_rule(
             )
         except AdvcliError as error:
             unfitted[level.value] = str(error)
+    beside = None
+    if expected is not None:
+        if expected.level not in frames:
+            raise AdvcliError(
+                f"the rule --expect names is at {expected.level.value} level, which does not "
+                f"fit this dump: {unfitted[expected.level.value]}"
+            )
+        beside = _beside(frames[expected.level], expected)
+    audited_rows = frames[Level.TURN].height if Level.TURN in frames else 0
+    if audited_rows == 0:
+        raise AdvcliError(
+            "no row has an advantage of the trainer's to audit: every row's response is empty "
+            "(its mask all 0) or its advantage null"
+        )
     token_counts = projection[TOKENS].null_count() < projection.height
-    counts = _counts(frames, candidate_rules(list(frames), token_counts))
-    audited_rows = next(iter(frames.values())).height
-    # The most rows within bfloat16, then within float32: a trainer that computes in bfloat16
-    # is named by its rule too (its low precision is a finding), and among the candidates that
-    # agree at that precision (epsilons, say), float32 tells.
-    best, score = max(counts.items(), key=lambda item: item[1])
+    best, coarse, exact, tied = _best(frames, candidate_rules(list(frames), token_counts))
     rows = frames[best.level]
     in_low_precision = rows.with_columns(
         in_bfloat16(pl.col(name)).alias(name) for name in BFLOAT16_ROUNDED
     )
-    checked = rows.select(
+    checked = _beside(rows, best).with_columns(
+        in_low_precision.select(
+            in_bfloat16(_candidate(best)).alias("expected_bfloat16")
+        ).to_series()
+    )
+    if 2 * coarse < audited_rows:
+        return RuleFit(None, audited_rows, 0, None, {}, checked, unfitted, beside)
+    max_abs_diff = checked.select((pl.col("expected") - pl.col("found")).abs().max()).item()
+    one_row_each = trajectories.count == projection.height
+    alike = _alike(best, _same_rows(best, tied, frames), rows, one_row_each)
+    return RuleFit(best, audited_rows, exact, max_abs_diff, alike, checked, unfitted, beside)
+
+
+def _beside(rows: pl.DataFrame, config: AdvantageConfig) -> pl.DataFrame:
+    """A level's audited rows with ``config``'s advantage (``expected``) beside the trainer's
+    (``found``)."""
+    return rows.select(
         ROW,
         GROUP,
         SCORE,
         "unit",
         "last_of_unit",
-        _candidate(best).alias("expected"),
+        "counted",
+        _candidate(config).alias("expected"),
         pl.col(TRAINER_FIRST).alias("found"),
-    ).with_columns(
-        in_low_precision.select(
-            in_bfloat16(_candidate(best)).alias("expected_bfloat16")
-        ).to_series()
     )
-    coarse, exact = score
-    if exact == 0 and 2 * coarse < audited_rows:
-        return RuleFit(None, audited_rows, 0, None, {}, checked, unfitted)
-    max_abs_diff = checked.select((pl.col("expected") - pl.col("found")).abs().max()).item()
-    fitting = [config for config, count in counts.items() if count == score]
-    one_row_each = trajectories.count == projection.height
-    alike = _alike(best, fitting, rows, one_row_each)
-    return RuleFit(best, audited_rows, exact, max_abs_diff, alike, checked, unfitted)
+
+
+def _best(
+    frames: dict[Level, pl.DataFrame], rules: list[AdvantageConfig]
+) -> tuple[AdvantageConfig, int, int, list[AdvantageConfig]]:
+    """The candidate that explains the most rows within bfloat16, then within float32 (the
+    first of ``rules`` on a tie), the rows it explains each way, and the other candidates that
+    explain as many each way. A trainer that computes in bfloat16 is named by its rule too
+    (its low precision is a finding); among the candidates that agree at that precision
+    (epsilons, say), float32 tells."""
+    exact = _counts(frames, rules, matches)
+    rows = next(iter(frames.values())).height
+    if max(exact.values()) == rows:
+        # A rule explains every row within float32, and so within bfloat16: the others need
+        # no count at bfloat16's precision.
+        every = [config for config, count in exact.items() if count == rows]
+        return every[0], rows, rows, every[1:]
+    coarse = _counts(frames, rules, matches_bfloat16)
+    scores = {config: (coarse[config], exact[config]) for config in rules}
+    best = max(scores, key=lambda config: scores[config])
+    tied = [config for config in rules if scores[config] == scores[best] and config != best]
+    return best, *scores[best], tied
 
 
 def _counts(
-    frames: dict[Level, pl.DataFrame], rules: list[AdvantageConfig]
-) -> dict[AdvantageConfig, tuple[int, int]]:
-    """Each candidate's rows matched within bfloat16 and within float32, in one select a level."""
-    counts = {}
-    found = pl.col(TRAINER_FIRST)
+    frames: dict[Level, pl.DataFrame],
+    rules: list[AdvantageConfig],
+    match: Callable[[pl.Expr, pl.Expr], pl.Expr],
+) -> dict[AdvantageConfig, int]:
+    """Each candidate's rows that ``match`` the trainer's, in one select a level."""
+    counts: dict[AdvantageConfig, int] = {}
     for level, rows in frames.items():
         of_level = [config for config in rules if config.level is level]
         sums = rows.select(
-            expr
+            match(_candidate(config), pl.col(TRAINER_FIRST)).sum().alias(str(index))
             for index, config in enumerate(of_level)
-            for expr in (
-                matches_bfloat16(_candidate(config), found).sum().alias(f"coarse{index}"),
-                matches(_candidate(config), found).sum().alias(f"exact{index}"),
-            )
         ).row(0)
-        for index, config in enumerate(of_level):
-            counts[config] = (sums[2 * index], sums[2 * index + 1])
+        counts.update(zip(of_level, sums, strict=True))
     return counts
 
 
@@ -270,8 +308,9 @@ def _level_rows(
 ) -> pl.DataFrame:
     """One row per projection row: its unit's score and group statistics at ``level`` (both
     std denominators, the group's and the batch's), the unit's ``first_row``, and the row's
-    own number and trainer advantage, its trajectory (``unit``, whatever the level) and whether
-    it is the trajectory's last row (in turn order, else row order: ``last_of_unit``)."""
+    own number and trainer advantage, its trajectory (``unit``, whatever the level), whether
+    it is the trajectory's last row (in turn order, else row order: ``last_of_unit``) and
+    whether its score is one of its group's units' (``counted``)."""
     units = build_units(
         projection,
         AdvantageConfig(level=level),
@@ -321,7 +360,33 @@ def _level_rows(
     unit = pl.Series("unit", trajectories.of_row, dtype=pl.UInt32)
     last = trajectories.last_position(order)[trajectories.of_row] == np.arange(projection.height)
     trainer = projection.select(ROW, TRAINER_FIRST, TRAINER_LOW, TRAINER_HIGH)
-    return rows.with_columns(*trainer, unit, pl.Series("last_of_unit", last))
+    rows = rows.with_columns(*trainer, unit, pl.Series("last_of_unit", last))
+    # The rows whose scores are the group's units': each row at turn level, a trajectory's
+    # first at trajectory level.
+    return rows.with_columns(
+        (pl.col("first_row") == pl.col(ROW)).alias("counted")
+        if level is Level.TRAJECTORY
+        else pl.lit(True).alias("counted")
+    )
+
+
+def _same_rows(
+    best: AdvantageConfig, tied: list[AdvantageConfig], frames: dict[Level, pl.DataFrame]
+) -> list[AdvantageConfig]:
+    """The candidates of ``tied`` (each explaining as many rows as ``best``) that explain the
+    very same rows, within float32 and within bfloat16. Every level's frame holds the audited
+    rows in the projection's order, so their rows line up."""
+    found = pl.col(TRAINER_FIRST)
+
+    def explained(config: AdvantageConfig) -> pl.DataFrame:
+        expected = _candidate(config)
+        return frames[config.level].select(
+            matches(expected, found).alias("exact"),
+            matches_bfloat16(expected, found).alias("coarse"),
+        )
+
+    rows = explained(best)
+    return [config for config in tied if explained(config).equals(rows)]
 
 
 def _alike(
@@ -330,8 +395,8 @@ def _alike(
     rows: pl.DataFrame,
     one_row_each: bool,
 ) -> dict[str, tuple[list[Any], str]]:
-    """For each setting the candidates in ``fitting`` (each explaining as many rows as
-    ``best``) give otherwise, its values, ``best``'s first, and why they fit alike. ``rows``:
+    """For each setting the candidates in ``fitting`` (each explaining the rows ``best``
+    explains) give otherwise, its values, ``best``'s first, and why they fit alike. ``rows``:
     ``best``'s level's audited rows; ``one_row_each``: every trajectory is one row."""
     values: dict[str, list[Any]] = {name: [] for name in SETTINGS}
     for config in [best, *fitting]:
@@ -348,9 +413,12 @@ def _alike(
         "singleton": "no group has a single unit"
         if singletons == 0
         else "the rules explain the same rows",
-        "epsilon": "no group's std is small enough for epsilon to change an advantage beyond "
-        "float32's precision",
     }
+    if None not in values["epsilon"]:
+        why["epsilon"] = (
+            "no group's std is small enough for epsilon to change an advantage beyond "
+            "float32's precision"
+        )
     return {
         name: (found, why.get(name, "the rules explain the same rows"))
         for name, found in values.items()

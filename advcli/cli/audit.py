@@ -24,10 +24,12 @@ from advcli.cli.options import (
     with_options,
 )
 from advcli.cli.progress_bar import progress_bar
-from advcli.errors import UsageError
+from advcli.errors import SettingsError, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from advcli.settings.resolve import ExpectedRule
 
 AdvantageColOpt = Annotated[
     str | None,
@@ -44,8 +46,21 @@ AuditFailOnOpt = Annotated[
     str | None,
     option(
         "--fail-on",
-        help="Exit 3 when the audit has a finding ('any') or one of this kind (e.g. "
-        "merged-groups).",
+        help="Exit 3 when the audit finds a bug ('any': a finding of any kind but "
+        "turn-level-counting and per-token-advantages, which are none) or a finding of this "
+        "kind (e.g. merged-groups).",
+    ),
+]
+AuditMarkdownOpt = Annotated[
+    Path | None, option("--markdown", help="Write the audit as Markdown ('-' for stdout).")
+]
+ExpectOpt = Annotated[
+    str | None,
+    option(
+        "--expect",
+        help="The rule you believe the trainer ran, as key=value pairs (level, estimator, "
+        "scale, singleton, epsilon, std, recipe; e.g. estimator=grpo,level=trajectory): a "
+        "mismatch is a finding (unexpected-rule).",
     ),
 ]
 ForceOpt = Annotated[bool, option("--force", help="Replace an existing report file.")]
@@ -62,7 +77,9 @@ def audit_command(  # noqa: PLR0913
     ctx: typer.Context,
     inputs: Inputs = None,
     advantage_col: AdvantageColOpt = None,
+    expect: ExpectOpt = None,
     json_path: AuditJsonOpt = None,
+    markdown: AuditMarkdownOpt = None,
     fail_on: AuditFailOnOpt = None,
     force: ForceOpt = False,
     threads: ThreadsOpt = None,
@@ -90,19 +107,40 @@ def audit_command(  # noqa: PLR0913
             f"--fail-on takes 'any' or a finding's kind ({', '.join(KINDS)}), not "
             f"'{fail_on}'{saved}"
         )
+    expected = _expected(expect)
     use_threads(threads)
-    on_stdout = goes_to_stdout(json_path)
+    on_stdout = goes_to_stdout(json_path) or goes_to_stdout(markdown)
     if not quiet and not on_stdout:
         require_stdout("the report (pass --quiet)")
     names = replace(dump_settings(ctx).names, advantage=advantage_col)
     with progress_bar(not quiet, "opening") as on_stage:
-        report = audit(inputs or [], names, json_path=json_path, force=force, on_stage=on_stage)
+        report = audit(
+            inputs or [],
+            names,
+            expect=expected,
+            json_path=json_path,
+            markdown=markdown,
+            force=force,
+            on_stage=on_stage,
+        )
     if not quiet:
         _show(report, stderr if on_stdout else stdout(), config_path)
     tripped = _tripped(report, fail_on)
     if tripped is not None:
         typer.echo(f"advcli audit: {tripped}", err=True)
         raise typer.Exit(3)
+
+
+def _expected(expect: str | None) -> ExpectedRule | None:
+    """``--expect``'s rule; its errors are usage errors (exit 2)."""
+    if expect is None:
+        return None
+    from advcli.settings.resolve import expected_rule
+
+    try:
+        return expected_rule(expect)
+    except SettingsError as error:
+        raise UsageError(str(error)) from None
 
 
 def _show(report: dict[str, Any], console: Console, config_path: Path | None) -> None:
@@ -115,12 +153,15 @@ def _show(report: dict[str, Any], console: Console, config_path: Path | None) ->
 
 
 def _tripped(report: dict[str, Any], fail_on: str | None) -> str | None:
-    """Why ``--fail-on`` trips: a finding (``any``), or one of its kind."""
+    """Why ``--fail-on`` trips: a finding of a bug (``any``), or one of its kind."""
+    from advcli.report.audit import INFORMATIONAL
+
     if fail_on is None:
         return None
     kinds = [finding["kind"] for finding in report["findings"]]
-    if fail_on == "any" and kinds:
-        return f"the audit has findings ({', '.join(kinds)}): --fail-on any"
+    bugs = [kind for kind in kinds if kind not in INFORMATIONAL]
+    if fail_on == "any" and bugs:
+        return f"the audit has findings ({', '.join(bugs)}): --fail-on any"
     if fail_on in kinds:
         return f"the audit has a finding of kind {fail_on}: --fail-on {fail_on}"
     return None

@@ -80,6 +80,7 @@ OPTIONS: dict[str, OptionRow] = {
     "--address": OptionRow(RUN),
     "--fail-above": OptionRow(RUN),
     "--fail-on": OptionRow(RUN),
+    "--expect": OptionRow(RUN),
     "--follow": OptionRow(RUN, saved=False),
     "--settle": OptionRow(RUN, saved=False),
     "--config": OptionRow(RUN, saved=False),

@@ -495,7 +495,7 @@ def render_termination(report: TerminationReport, console: Console) -> None:
 def render_audit(report: dict[str, Any], console: Console) -> None:
     """`advcli audit`: how the dump was read, the rule found, each finding with its example,
     then the verdict."""
-    from advcli.report.audit import example_rows, rule_rows
+    from advcli.report.audit import example_detail, example_rows, rule_rows
 
     reading = report["reading"]
     trainer = reading["roles"]["trainer_advantage"]
@@ -529,9 +529,14 @@ def render_audit(report: dict[str, Any], console: Console) -> None:
             title_justify="left",
             show_edge=False,
         )
-        for header in ("row", "score", "rule's", "trainer's"):
+        for header in ("row", "score", "expected", "found"):
             example.add_column(header, justify="right")
         _add_rows(example, example_rows(finding))
-        parts += [Text(headline, style="bold"), Text(finding["report"]), example, ""]
+        details = [
+            Text(f"{name.replace('_', ' ')}: {visible(example_detail(value))}")
+            for name, value in finding["example"].items()
+            if name not in ("group", "rows")
+        ]
+        parts += [Text(headline, style="bold"), Text(finding["report"]), *details, example, ""]
     parts.append(Text(report["verdict"], style="bold"))
     console.print(Group(*parts))

@@ -25,6 +25,7 @@ from advcli.read.dtypes import is_anchor_type
 from advcli.read.picker import Options
 from advcli.read.projection import anchor_key
 from advcli.read.roles import read_roles
+from advcli.read.trainer_advantage import trainer_advantage_exprs, with_trainer_advantage
 from advcli.settings.config import ColumnNames
 from advcli.settings.rules import DEFAULT_STEP_GROUPS, STEP_GROUPINGS
 
@@ -156,7 +157,7 @@ def _trainer_key(
 def turn_rewards(name: str, value: Any) -> np.ndarray:
     """A batch's per-turn rewards (one number a row) as float64, refused where one is null,
     NaN or infinite, naming the key and the row."""
-    if _numpy(value).ndim != 1:
+    if as_numpy(value).ndim != 1:
         raise AdvcliError(f"the batch's '{name}' (per-turn reward) must hold one number a row")
     try:
         series = batch_column(name, value)
@@ -181,7 +182,7 @@ def anchor_column(name: str, value: Any) -> pl.Series:
     compares them flattened), lists and tuples as lists, dicts as structs with their keys
     sorted (the order they were made in is no part of a state). An anchor that holds floats,
     or rows of different kinds, is refused: equal states must compare equal."""
-    array = _numpy(value)
+    array = as_numpy(value)
     if array.dtype.kind == "O" and len(array) and not isinstance(array[0], str | int | bool):
         # Python objects have no vectorized form: each is made canonical in turn.
         canonical = [_canonical(name, v) for v in array]
@@ -247,7 +248,7 @@ def batch_projection(
     where it has one, ``score`` (``scores``: each row's, float64) and ``tokens``, the sum of its
     0/1 mask."""
     assert roles.group is not None and roles.mask is not None
-    tokens = _numpy(entries[roles.mask]).sum(axis=-1, dtype=np.float64)
+    tokens = as_numpy(entries[roles.mask]).sum(axis=-1, dtype=np.float64)
     if not np.array_equal(tokens, np.round(tokens)):
         first = int(np.flatnonzero(tokens != np.round(tokens))[0])
         raise AdvcliError(
@@ -284,7 +285,7 @@ def batch_entries(batch: Any) -> dict[str, Any]:
     )
 
 
-def _numpy(value: Any) -> np.ndarray:
+def as_numpy(value: Any) -> np.ndarray:
     """A tensor, array or list as numpy; bfloat16 (which numpy lacks) widened to float32, which
     holds every bfloat16 value exactly."""
     if hasattr(value, "detach"):
@@ -334,7 +335,7 @@ def _kind(value: Any) -> str:
 
 
 def batch_column(name: str, value: Any) -> pl.Series:
-    array = _numpy(value)
+    array = as_numpy(value)
 
     def series_of() -> pl.Series:
         if array.dtype.kind == "O":
@@ -360,3 +361,27 @@ def _one_column(name: str, make: Callable[[], pl.Series]) -> pl.Series:
             f"the batch's '{name}' cannot be written as one column ({first_line(error)}); give "
             "its values one type"
         ) from None
+
+
+def batch_trainer_advantages(
+    entries: Mapping[str, Any], roles: ColumnRoles, key: str, option: str
+) -> tuple[ColumnRoles, pl.DataFrame]:
+    """A trainer's batch's own advantages (its ``key``, named by ``option``, beside the 0/1
+    mask of ``roles``) read as a dump's are: the roles with it, and TRAINER_FIRST,
+    TRAINER_LOW and TRAINER_HIGH, a row each. A broken value is an error naming its row."""
+    if key not in entries:
+        raise AdvcliError(f"the batch has no '{key}' (the trainer's advantages); {option} names it")
+    assert roles.mask is not None
+    frame = pl.DataFrame(
+        [batch_column(roles.mask, entries[roles.mask]), batch_column(key, entries[key])]
+    )
+    columns = with_trainer_advantage(roles, frame.schema, "the batch", key, option)
+    exprs, rules = trainer_advantage_exprs(frame.schema, columns, columns.mask_list().list.sum())
+    broken = frame.select(
+        pl.concat_list(broken.fill_null(False) for broken, _ in rules).list.arg_max().alias("rule"),
+        pl.any_horizontal(broken.fill_null(False) for broken, _ in rules).alias("any"),
+    )
+    if broken["any"].any():
+        row = int(broken["any"].arg_true()[0])
+        raise AdvcliError(f"the batch's row {row}: {rules[broken['rule'][row]][1]}")
+    return columns, frame.select(exprs)

@@ -23,17 +23,21 @@ ADVANTAGE_NAMES = ("advantages", "advantage")
 
 
 def with_trainer_advantage(
-    columns: ColumnRoles, schema: pl.Schema, where: str, chosen: str | None
+    columns: ColumnRoles,
+    schema: pl.Schema,
+    where: str,
+    chosen: str | None,
+    option: str = "--advantage-col",
 ) -> ColumnRoles:
-    """``columns`` with the column of the trainer's advantages: ``chosen`` (``--advantage-col``),
+    """``columns`` with the column of the trainer's advantages: ``chosen`` (by ``option``),
     else the one a trainer's own dump makes, else ``advantages`` or ``advantage``. A dump with
     none, or with a column that holds no numbers, is an error."""
     reasons = dict(columns.reasons)
     if chosen is not None:
         name = chosen
-        reasons["trainer_advantage"] = "--advantage-col"
+        reasons["trainer_advantage"] = option
         if name not in schema:
-            raise AdvcliError(f"{where}: column '{name}' (--advantage-col) not found")
+            raise AdvcliError(f"{where}: column '{name}' ({option}) not found")
     elif columns.trainer_advantage is not None:
         name = columns.trainer_advantage
     else:
@@ -45,8 +49,15 @@ def with_trainer_advantage(
             )
         name = found[0]
         reasons["trainer_advantage"] = f"the column named '{name}'"
-    if name in (columns.reward, columns.mask):
-        role = "reward" if name == columns.reward else "mask"
+    taken = {
+        "reward": columns.reward,
+        "mask": columns.mask,
+        "group id": columns.group,
+        "trajectory id": columns.trajectory,
+        "turn index": columns.turn,
+    }
+    role = next((role for role, column in taken.items() if column == name), None)
+    if role is not None:
         raise AdvcliError(f"{where}: column '{name}' is the {role}, not the trainer's advantages")
     dtype = schema[name]
     inner = sequence_of(dtype)[0]
@@ -103,16 +114,14 @@ def trainer_advantage_exprs(
             )
         )
         values = values.list.head(tokens)
-    rules += [
+    # One pass over the values for both: a null and a value that is no finite number.
+    not_finite = ~pl.element().is_finite().fill_null(False)
+    rules.append(
         (
-            values.list.eval(pl.element().null_count()).list.first() > 0,
-            f"{what} has a null on a response token",
-        ),
-        (
-            values.list.eval(~pl.element().is_finite()).list.any(),
-            f"{what} has a NaN or infinite value on a response token",
-        ),
-    ]
+            values.list.eval(not_finite).list.any(),
+            f"{what} has a null, NaN or infinite value on a response token",
+        )
+    )
     exprs = [
         values.list.first().alias(TRAINER_FIRST),
         values.list.min().alias(TRAINER_LOW),

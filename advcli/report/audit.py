@@ -14,12 +14,17 @@ from typing import Any, TypedDict
 import polars as pl
 
 from advcli.advantages.fit import RuleFit, matches, matches_bfloat16, rule_settings
-from advcli.keys import GROUP, ROW, SCORE
+from advcli.advantages.units import Trajectories
+from advcli.keys import GROUP, ROW, SCORE, TRAINER_FIRST, TRAINER_HIGH, TRAINER_LOW
+from advcli.report.documents import markdown_code, markdown_table, markdown_text
+from advcli.report.views import id_text
 from advcli.settings.config import Level
-from advcli.settings.rules import SCORE_TOLERANCE
+from advcli.settings.resolve import ExpectedRule
 
 # Each kind, and the field's report it reproduces.
 KINDS: dict[str, str] = {
+    "unexpected-rule": "the trainer's advantages follow another rule than the one --expect "
+    "names (the settings believed run)",
     "turn-level-counting": "every turn row counts in its group's statistics, so a long "
     "trajectory weighs as many times as it has turns (verl's GRPO at turn level)",
     "near-zero-std-blowup": "a group whose scores differ by float residue gets advantages of "
@@ -42,6 +47,12 @@ KINDS: dict[str, str] = {
     "estimator (GAE, say), which no outcome rule makes; these rows are not audited",
     "unexplained": "no rule of the table and no known bug",
 }
+# Scores that differ by at most this much of their size differ by float residue: one float32
+# rounding step (2^-23). A real difference of rewards is larger: 1 in 2e6 is 4 such steps.
+RESIDUE = 2.0**-23
+# The kinds that are no bug: what the rule says of the trainer, and rows no outcome rule makes.
+# ``--fail-on any`` trips on every other kind.
+INFORMATIONAL = ("turn-level-counting", "per-token-advantages")
 # An advantage at least this large where the rule's is not: divided by epsilon alone.
 BLOWUP = 1e3
 # A group's advantages "of order 1 or more", where its scores differ by float residue only.
@@ -64,12 +75,16 @@ class Finding(TypedDict):
 
 
 def audit_findings(
-    fit: RuleFit, per_token: pl.DataFrame, multi_turn: pl.DataFrame
+    fit: RuleFit,
+    projection: pl.DataFrame,
+    trajectories: Trajectories,
+    expected: ExpectedRule | None = None,
 ) -> list[Finding]:
-    """The findings of ``fit``, in the order of :data:`KINDS`. ``per_token``: the rows whose
-    response tokens disagree (``row``, ``group``, ``score``, ``found_low``, ``found_high``);
-    ``multi_turn``: the audited rows of trajectories of more than one row (``row``,
-    ``group``), for ``turn-level-counting``."""
+    """The findings of ``fit``, made of ``projection`` (the key projection with the trainer's
+    advantages, TRAINER_*) and its trajectories, in the order of :data:`KINDS`; ``expected``:
+    the rule ``--expect`` names, whose advantages ``fit`` set beside the trainer's."""
+    per_token = per_token_rows(projection)
+    multi_turn = _multi_turn_rows(projection, trajectories)
     checked = fit.checked.with_columns(matches(pl.col("expected"), pl.col("found")).alias("ok"))
     named = fit.config is not None
     groups = _group_figures(checked)
@@ -82,7 +97,7 @@ def audit_findings(
                 "turn-level-counting",
                 turn_groups.len(),
                 multi_turn.height,
-                _example(checked.filter(pl.col(GROUP) == turn_groups[0]), named),
+                _example(checked.filter(pl.col(GROUP) == turn_groups[0]), True),
             )
         )
     for kind in KINDS:
@@ -103,8 +118,68 @@ def audit_findings(
         findings.append(
             _finding("per-token-advantages", per_token[GROUP].n_unique(), per_token.height, example)
         )
+    if expected is not None:
+        unexpected = _unexpected(fit, expected)
+        if unexpected is not None:
+            findings.append(unexpected)
     order = list(KINDS)
     return sorted(findings, key=lambda finding: order.index(finding["kind"]))
+
+
+def _unexpected(fit: RuleFit, expected: ExpectedRule) -> Finding | None:
+    """``unexpected-rule``: the rows the rule ``--expect`` names does not explain, where the
+    rule found differs from it in a setting it states (and the dump tells that setting);
+    None where it explains every row."""
+    if fit.expected is None:
+        raise ValueError("the fit was made without the expected rule")
+    stated = [STATED_AS.get(name, name) for name in expected.stated]
+    believed = {name: rule_settings(expected.config)[name] for name in stated}
+    found = rule_settings(fit.config) if fit.config is not None else {}
+    differ = [
+        name
+        for name in stated
+        if found.get(name) != believed[name]
+        and believed[name] not in fit.alike.get(name, ([], ""))[0]
+    ]
+    missed = fit.expected.filter(~matches(pl.col("expected"), pl.col("found")))
+    if not differ or missed.is_empty():
+        return None
+    example = _example(fit.expected.filter(pl.col(GROUP) == missed[GROUP][0]), True)
+    example.update(
+        {
+            "expected_rule": believed,
+            "found_rule": {name: found.get(name) for name in stated},
+            "differs": differ,
+        }
+    )
+    return _finding("unexpected-rule", missed[GROUP].n_unique(), missed.height, example)
+
+
+# The rule's names of the settings --expect states by their keyword names.
+STATED_AS = {"std": "std_ddof"}
+
+
+def per_token_rows(projection: pl.DataFrame) -> pl.DataFrame:
+    """The rows whose response tokens carry different advantages, in input order (``row``,
+    ``group``, ``score``, ``found_low``, ``found_high``)."""
+    return projection.filter(
+        pl.col(TRAINER_FIRST).is_not_null() & ~matches(pl.col(TRAINER_LOW), pl.col(TRAINER_HIGH))
+    ).select(
+        ROW,
+        GROUP,
+        SCORE,
+        pl.col(TRAINER_LOW).alias("found_low"),
+        pl.col(TRAINER_HIGH).alias("found_high"),
+    )
+
+
+def _multi_turn_rows(projection: pl.DataFrame, trajectories: Trajectories) -> pl.DataFrame:
+    """The rows with a trainer advantage of trajectories of more than one row, in input order
+    (``row``, ``group``)."""
+    turns = trajectories.table["turns"].gather(pl.Series(trajectories.of_row))
+    return projection.select(ROW, GROUP).filter(
+        (turns > 1) & projection[TRAINER_FIRST].is_not_null()
+    )
 
 
 def _finding(kind: str, groups: int, rows: int, example: dict[str, Any]) -> Finding:
@@ -115,8 +190,8 @@ def _group_figures(checked: pl.DataFrame) -> pl.DataFrame:
     """One row per group of the audited rows, in the order of their first rows: its scores'
     spread, and what its rows say of each kind."""
     unmatched = ~pl.col("ok")
-    # The rule's sign reversed on every row the rule gives a non-zero advantage and misses.
-    flipped = pl.col("ok") | (pl.col("expected") == 0) | (pl.col("expected") * pl.col("found") < 0)
+    # The rule's sign reversed on every row the rule misses (none of them a 0 of the rule's).
+    flipped = pl.col("ok") | (pl.col("expected") * pl.col("found") < 0)
     # A row the rule misses is 0 and not its trajectory's last.
     zeroed = pl.col("ok") | (
         (pl.col("found").abs() <= 1e-5) & (pl.col("expected") != 0) & ~pl.col("last_of_unit")
@@ -131,6 +206,7 @@ def _group_figures(checked: pl.DataFrame) -> pl.DataFrame:
             unmatched.sum().alias("flagged"),
             pl.col(SCORE).min().alias("score_min"),
             pl.col(SCORE).max().alias("score_max"),
+            pl.col(SCORE).filter("counted").mean().alias("score_mean"),
             pl.col("found").abs().max().alias("found_max"),
             pl.col("expected").abs().max().alias("expected_max"),
             flipped.all().alias("flipped"),
@@ -148,7 +224,7 @@ def _classify(checked: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
     example), in the order of their first rows."""
     spread = pl.col("score_max") - pl.col("score_min")
     scale = pl.max_horizontal(pl.col("score_max").abs(), pl.col("score_min").abs())
-    residue = (spread > 0) & (spread <= SCORE_TOLERANCE * scale)
+    residue = (spread > 0) & (spread <= RESIDUE * scale)
     missed = pl.col("flagged") > 0
     kind = (
         pl.when(residue & (pl.col("found_max") >= RESIDUE_BLOWUP))
@@ -196,7 +272,9 @@ def _shared_baselines(checked: pl.DataFrame, candidates: pl.DataFrame) -> pl.Dat
 
     A group's two rows of the least and the greatest score imply the line A = (s − b) / d its
     advantages lie on; groups whose (b, d) agree to SHARED_DIGITS significant digits share it.
-    A group whose scores are all equal implies none: it joins a shared line its rows lie on."""
+    A line centred on the group's own mean is its own (groups of the same scores have the same
+    one): only a baseline that is not the group's mean is shared. A group whose scores are all
+    equal implies none: it joins a shared line its rows lie on."""
     empty = pl.DataFrame(
         schema={
             GROUP: checked.schema[GROUP],
@@ -217,8 +295,13 @@ def _shared_baselines(checked: pl.DataFrame, candidates: pl.DataFrame) -> pl.Dat
     )
     if lines.is_empty():
         return empty
-    lines = lines.join(candidates.select(GROUP, "score_max", "found_high"), on=GROUP).with_columns(
-        (pl.col("score_max") - pl.col("found_high") * pl.col("divisor")).alias("baseline")
+    own = candidates.select(GROUP, "score_max", "found_high", "score_mean")
+    lines = (
+        lines.join(own, on=GROUP)
+        .with_columns(
+            (pl.col("score_max") - pl.col("found_high") * pl.col("divisor")).alias("baseline")
+        )
+        .filter(~matches(pl.col("baseline"), pl.col("score_mean")))
     )
     keyed = lines.with_columns(
         pl.col("baseline").round_sig_figs(SHARED_DIGITS).alias("b"),
@@ -277,6 +360,54 @@ def _example(rows: pl.DataFrame, named: bool) -> dict[str, Any]:
     }
 
 
+def audit_report(
+    fit: RuleFit,
+    projection: pl.DataFrame,
+    trajectories: Trajectories,
+    *,
+    reading: dict[str, Any],
+    inputs: list[str],
+    version: str,
+    expected: ExpectedRule | None = None,
+) -> dict[str, Any]:
+    """The audit as one JSON-ready document: the rule found (:func:`rule_document`), the
+    findings (:func:`audit_findings`), the rows audited, how the dump was read (``reading``,
+    its columns' roles) and the verdict."""
+    rule = rule_document(fit)
+    findings = audit_findings(fit, projection, trajectories, expected)
+    return {
+        "advcli_version": version,
+        "inputs": inputs,
+        "reading": reading,
+        "rows": {
+            "total": projection.height,
+            "audited": fit.rows,
+            "without_advantage": projection[TRAINER_FIRST].null_count(),
+        },
+        "rule": rule,
+        "not_fitted": fit.unfitted,
+        "findings": findings,
+        "verdict": verdict(rule, findings),
+    }
+
+
+def audit_metrics(report: dict[str, Any], prefix: str) -> dict[str, float]:
+    """An audit as a training step's metrics: ``rule_matched`` (1 where a rule explains every
+    audited row, else 0), ``rows`` audited, ``rows_off`` (those the rule does not explain; all
+    of them where no rule is named) and ``findings/KIND``, the rows of each kind (0 for a kind
+    not found, so that each is a series over the steps)."""
+    rule = report["rule"]
+    audited = report["rows"]["audited"]
+    matched = rule["rows_matched"] if rule is not None else 0
+    rows = {finding["kind"]: finding["rows"] for finding in report["findings"]}
+    return {
+        f"{prefix}rule_matched": float(rule is not None and matched == audited),
+        f"{prefix}rows": float(audited),
+        f"{prefix}rows_off": float(audited - matched),
+        **{f"{prefix}findings/{kind}": float(rows.get(kind, 0)) for kind in KINDS},
+    }
+
+
 def rule_document(fit: RuleFit) -> dict[str, Any] | None:
     """The rule found, as the reports give it: its settings, ``max_abs_diff``,
     ``rows_matched``, ``rows`` and what fits alike; None where no rule explains a row."""
@@ -322,7 +453,7 @@ def rule_rows(rule: dict[str, Any]) -> list[tuple[str, str]]:
     for name, value in values.items():
         alike = rule["alike"].get(name)
         if alike is not None:
-            others = ", ".join(_setting_text(other) for other in alike["values"][1:])
+            others = ", ".join(_settingmarkdown_text(other) for other in alike["values"][1:])
             value = f"{value}; fits alike: {others} ({alike['why']})"
         rows.append((name.replace("_", " "), value))
     rows.append(
@@ -335,8 +466,20 @@ def rule_rows(rule: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def _setting_text(value: Any) -> str:
+def _settingmarkdown_text(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def example_detail(value: Any) -> str:
+    """A finding's detail beside its example's rows (a shared baseline, the rules' settings) as
+    text: ``name=value`` pairs of a mapping, the items of a list, a number to 6 digits."""
+    if isinstance(value, dict):
+        return ", ".join(f"{name}={example_detail(item)}" for name, item in value.items())
+    if isinstance(value, list):
+        return ", ".join(map(example_detail, value))
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
 
 
 def example_rows(finding: Finding) -> list[tuple[str, str, str, str]]:
@@ -352,3 +495,49 @@ def example_rows(finding: Finding) -> list[tuple[str, str, str, str]]:
         )
         for row in finding["example"]["rows"]
     ]
+
+
+def render_audit_markdown(report: dict[str, Any]) -> str:
+    """The audit as one Markdown document: the verdict, how the dump was read, the rule and
+    each finding with its example."""
+    reading = report["reading"]
+    inputs = ", ".join(markdown_code(name) for name in report["inputs"])
+    parts = [
+        "# advcli audit",
+        f"**Verdict.** {markdown_text(report['verdict'])}",
+        f"Inputs: {inputs}, read as {markdown_text(reading['read_as'])}. advcli "
+        f"{markdown_text(report['advcli_version'])}.",
+        "## Reading",
+        markdown_table(
+            ("role", "column", "why"),
+            [
+                (role, entry["column"] or "-", entry["why"])
+                for role, entry in reading["roles"].items()
+            ]
+            + [("note", "", note) for note in reading["notes"]]
+            + [(f"not fitted: {level}", "", why) for level, why in report["not_fitted"].items()],
+        ),
+        "## Rule",
+        markdown_table(("setting", "value"), rule_rows(report["rule"]))
+        if report["rule"] is not None
+        else "No rule of the table explains the trainer's advantages.",
+        "## Findings",
+    ]
+    if not report["findings"]:
+        parts.append("None.")
+    for finding in report["findings"]:
+        details = [
+            (name.replace("_", " "), example_detail(value))
+            for name, value in finding["example"].items()
+            if name not in ("group", "rows")
+        ]
+        parts += [
+            f"### {finding['kind']}: {finding['groups']:,} groups, {finding['rows']:,} rows",
+            markdown_text(finding["report"]) + ".",
+            markdown_table(
+                ("example", "value"),
+                [("group", id_text(finding["example"]["group"])), *details],
+            ),
+            markdown_table(("row", "score", "expected", "found"), example_rows(finding)),
+        ]
+    return "\n\n".join(parts) + "\n"

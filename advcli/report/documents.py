@@ -137,8 +137,8 @@ def _markdown_step_credit(report: BiasReport) -> list[str]:
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(map(_cell, headers)) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in rows]
+    lines = ["| " + " | ".join(map(markdown_text, headers)) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(map(markdown_text, row)) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -147,10 +147,10 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
 _MARKDOWN_SYNTAX = re.compile(r"[\\`*\[\]~]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
 
 
-def _cell(text: str) -> str:
-    """A Markdown table cell, read literally: a '|' in the text (as in |advantage diff|) would end
-    the cell, a line break the row, '<' '>' '&' would be read as HTML and '*' '[' '`' as
-    Markdown."""
+def markdown_text(text: str) -> str:
+    """Text Markdown reads literally, in a table cell or a paragraph: a '|' in the text (as in
+    |advantage diff|) would end a cell, a line break the row, '<' '>' '&' would be read as HTML
+    and '*' '[' '`' as Markdown."""
     text = _MARKDOWN_SYNTAX.sub(r"\\\g<0>", escape(visible(text), quote=False))
     return text.replace("|", "\\|")
 

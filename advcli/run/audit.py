@@ -8,15 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
 from advcli import __version__
-from advcli.advantages.fit import fit_rule, matches
-from advcli.keys import GROUP, ROW, SCORE, TRAINER_FIRST, TRAINER_HIGH, TRAINER_LOW
-from advcli.report.audit import audit_findings, rule_document, verdict
-from advcli.run.loading import Inputs, LoadedDump, load_dump, opened
+from advcli.advantages.fit import fit_rule
+from advcli.errors import AdvcliError
+from advcli.report.audit import audit_report, render_audit_markdown
+from advcli.run.loading import Inputs, load_dump, opened
 from advcli.settings.config import ColumnNames
-from advcli.write.documents import write_text
+from advcli.settings.resolve import ExpectedRule
+from advcli.write.documents import write_reports, write_text
 from advcli.write.outputs import check_outputs, check_standard_output
 
 
@@ -24,13 +23,18 @@ def audit(
     inputs: Inputs,
     names: ColumnNames = ColumnNames(),
     *,
+    expect: ExpectedRule | None = None,
     json_path: Path | None = None,
+    markdown: Path | None = None,
     force: bool = False,
     on_stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Which rule the advantages a trainer computed follow, and what no rule explains: the
-    audit report, also written as JSON to ``json_path`` when given (``-``: standard output).
-    ``names``: the columns' roles, ``names.advantage`` the trainer's advantages' column.
+    audit report, also written as JSON to ``json_path`` and as Markdown to ``markdown`` where
+    given (``-``: standard output, for one of them).
+    ``names``: the columns' roles, ``names.advantage`` the trainer's advantages' column;
+    ``expect``: the rule the trainer is believed to run
+    (:func:`~advcli.settings.resolve.expected_rule`), whose mismatch is a finding.
 
     Examples
     --------
@@ -47,55 +51,39 @@ def audit(
     """
     stage = on_stage or (lambda name: None)
     with opened(inputs) as dataset:
-        check_standard_output({"--json": json_path})
-        check_outputs([json_path], dataset, force=force)
+        check_standard_output({"--json": json_path, "--markdown": markdown})
+        check_outputs([json_path, markdown], dataset, force=force)
         stage("reading keys")
         dump = load_dump(dataset, names, trainer_advantage=True)
+        if dump.columns.reward_removed is not None:
+            # Without the scores there is no rule to hold the trainer's advantages to.
+            raise AdvcliError(f"{dataset.describe()}: {dump.columns.reward_removed}")
         stage("fitting rules")
-        fit = fit_rule(dump.projection, dump.naming, dump.trajectories, dump.batch)
-        findings = audit_findings(fit, _per_token_rows(dump), _multi_turn_rows(dump))
+        fit = fit_rule(
+            dump.projection,
+            dump.naming,
+            dump.trajectories,
+            dump.batch,
+            expected=expect.config if expect is not None else None,
+        )
         dataset.check_unchanged()
-        rule = rule_document(fit)
-        report = {
-            "advcli_version": __version__,
-            "inputs": [dataset.label(i) for i in range(len(dataset.files))],
-            "reading": dump.columns.reading(),
-            "rows": {
-                "total": dump.projection.height,
-                "audited": fit.rows,
-                "without_advantage": dump.projection[TRAINER_FIRST].null_count(),
-            },
-            "rule": rule,
-            "not_fitted": fit.unfitted,
-            "findings": findings,
-            "verdict": verdict(rule, findings),
-        }
-    if json_path is not None:
-        write_text(json_path, render_audit_json(report), force=force)
+        report = audit_report(
+            fit,
+            dump.projection,
+            dump.trajectories,
+            reading=dump.columns.reading(),
+            inputs=[dataset.label(i) for i in range(len(dataset.files))],
+            version=__version__,
+            expected=expect,
+        )
+    write_reports(
+        [
+            (json_path, lambda path: write_text(path, render_audit_json(report), force=force)),
+            (markdown, lambda path: write_text(path, render_audit_markdown(report), force=force)),
+        ]
+    )
     return report
 
 
 def render_audit_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, ensure_ascii=False) + "\n"
-
-
-def _per_token_rows(dump: LoadedDump) -> pl.DataFrame:
-    """The rows whose response tokens carry different advantages, in input order."""
-    return dump.projection.filter(
-        pl.col(TRAINER_FIRST).is_not_null() & ~matches(pl.col(TRAINER_LOW), pl.col(TRAINER_HIGH))
-    ).select(
-        ROW,
-        GROUP,
-        SCORE,
-        pl.col(TRAINER_LOW).alias("found_low"),
-        pl.col(TRAINER_HIGH).alias("found_high"),
-    )
-
-
-def _multi_turn_rows(dump: LoadedDump) -> pl.DataFrame:
-    """The rows with a trainer advantage of trajectories of more than one row, in input order."""
-    trajectories = dump.trajectories
-    turns = trajectories.table["turns"].gather(pl.Series(trajectories.of_row))
-    return dump.projection.select(ROW, GROUP, TRAINER_FIRST).filter(
-        (turns > 1) & pl.col(TRAINER_FIRST).is_not_null()
-    )

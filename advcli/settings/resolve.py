@@ -42,6 +42,7 @@ from advcli.settings.recipes import (
     PerTurnRecipe,
     Recipe,
     gigpo_settings,
+    recipe_sets,
 )
 from advcli.settings.rules import RULES
 
@@ -294,3 +295,65 @@ def _apply(names: Sequence[str]) -> str:
     if len(names) == 1:
         return f"{names[0]} applies"
     return f"{', '.join(names[:-1])} and {names[-1]} apply"
+
+
+@dataclass(frozen=True)
+class ExpectedRule:
+    """The rule a user believes the trainer ran (``audit --expect``): its config, and the
+    settings the user stated (by keyword name), the only ones held against the rule found."""
+
+    config: AdvantageConfig
+    stated: tuple[str, ...]
+
+
+# The settings --expect takes: an outcome rule's, and a recipe that sets them.
+EXPECTABLE = ("level", "estimator", "scale", "singleton", "epsilon", "std", "recipe")
+
+
+def expected_rule(text: str) -> ExpectedRule:
+    """``--expect``'s rule from ``key=value`` pairs separated by commas, the keys those of
+    :data:`EXPECTABLE` (``estimator=grpo,level=turn``; ``recipe=rllm`` states what the recipe
+    sets). A key given twice, another key or a value that is not its setting's is a
+    :class:`SettingsError` naming it.
+
+    Examples
+    --------
+    >>> rule = expected_rule("recipe=rllm,level=turn")
+    >>> rule.config.level.value, rule.config.std_ddof, rule.stated
+    ('turn', 0, ('level', 'estimator', 'std', 'epsilon', 'singleton'))
+    """
+    given: dict[str, Any] = {}
+    for pair in text.split(","):
+        key, equals, value = pair.strip().partition("=")
+        key = key.strip().replace("-", "_")
+        if not equals or key not in EXPECTABLE:
+            raise SettingsError(
+                f"--expect takes key=value pairs separated by commas, the keys "
+                f"{', '.join(EXPECTABLE)}; not '{pair.strip()}'"
+            )
+        if key in given:
+            raise SettingsError(f"--expect gives '{key}' twice")
+        if key == "epsilon" and not _is_number(value):
+            raise SettingsError(f"--expect epsilon={value.strip()}: not a number")
+        given[key] = float(value) if key == "epsilon" else value.strip()
+    config = resolve_config(given, OPTION_WORDS)
+    rule = RULES[config.estimator]
+    if rule.whitens or config.step is not None or config.per_turn is not None:
+        raise SettingsError(
+            f"--expect: audit's rules are the outcome estimators' without a post-step, not "
+            f"{config.describe()}"
+        )
+    recipe = given.get("recipe")
+    set_by_recipe = recipe_sets(Recipe(recipe)) if recipe is not None else ()
+    stated = tuple(
+        dict.fromkeys(name for name in (*given, *set_by_recipe) if name in EXPECTABLE[:-1])
+    )
+    return ExpectedRule(config, stated)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

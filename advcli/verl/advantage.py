@@ -45,12 +45,12 @@ from advcli.settings.resolve import SETTING_NAMES, resolve_config
 from advcli.settings.rules import RULES
 from advcli.torch import AdvantageResult, RewardError, compute_advantage_with_metrics
 from advcli.verl.keywords import (
-    STEP_KEYS,
     check_gigpo_keywords,
     config_value,
     gigpo_arguments,
     per_turn_keywords,
     per_turn_mode,
+    take_step_keys,
 )
 
 # verl's estimator names (the values of verl.trainer.ppo.core_algos.AdvantageEstimator, 0.9.1)
@@ -189,7 +189,7 @@ def compute_advantage(  # noqa: PLR0913
     scale = _scale(name, norm_adv_by_std_in_grpo, config, scale)
     entries = batch_entries(data)
     keys = (group_key, trajectory_key, turn_key, reward_key, mask_key)
-    roles = _roles(entries, *keys, steps=steps, **{key: gigpo.pop(key, None) for key in STEP_KEYS})
+    roles = key_roles(entries, *keys, steps=steps, **take_step_keys(gigpo))
     assert roles.group is not None and roles.mask is not None
     step_arguments = gigpo_arguments(entries, roles, gamma, config, gigpo) if steps else {}
     if turn:
@@ -273,7 +273,7 @@ def _check_unused(**arguments: Any) -> None:
             )
 
 
-def _roles(
+def key_roles(
     entries: Mapping[str, Any], *keys: str | None, steps: bool, **step_keys: str | None
 ) -> ColumnRoles:
     """The roles of the batch's keys (``keys``: the group, trajectory, turn, reward and mask

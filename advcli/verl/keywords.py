@@ -29,6 +29,14 @@ GIGPO_KEYWORDS = (
 )
 # The keys of gigpo's roles, as the other ``*_key`` arguments.
 STEP_KEYS = ("anchor_key", "step_reward_key", "step_return_key")
+
+
+def take_step_keys(gigpo: dict[str, Any]) -> dict[str, Any]:
+    """The keys of gigpo's roles named among its keywords (:data:`STEP_KEYS`), taken out of
+    them (None for each not named)."""
+    return {key: gigpo.pop(key, None) for key in STEP_KEYS}
+
+
 # The keywords of those that per-turn rewards read too, and those of them that name batch keys.
 PER_TURN_KEYS = ("anchor_key", "step_reward_key", "anchor_scope")
 BATCH_KEYS = ("anchor_key", "step_reward_key")

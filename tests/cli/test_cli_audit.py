@@ -58,10 +58,12 @@ def test_a_json_file_is_not_replaced_without_force(run, tmp_path, turn_level) ->
 
 
 def test_fail_on(run, turn_level) -> None:
-    tripped = run("audit", turn_level, "--fail-on", "any", "-q")
+    # Turn-level counting is the trainer's rule, no bug: 'any' passes it, its name does not.
+    assert run("audit", turn_level, "--fail-on", "any", "-q").exit_code == 0
+    tripped = run("audit", turn_level, "--fail-on", "any", "--expect", "level=trajectory", "-q")
     assert tripped.exit_code == 3
     assert tripped.stderr == (
-        "advcli audit: the audit has findings (turn-level-counting): --fail-on any\n"
+        "advcli audit: the audit has findings (unexpected-rule): --fail-on any\n"
     )
     assert run("audit", turn_level, "--fail-on", "turn-level-counting", "-q").exit_code == 3
     assert run("audit", turn_level, "--fail-on", "merged-groups", "-q").exit_code == 0
@@ -78,3 +80,31 @@ def test_a_dump_without_advantages_is_one_error_line(run, tmp_path) -> None:
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: {path}: no column of the trainer's")
+
+
+def test_expect(run, turn_level) -> None:
+    result = run("audit", turn_level, "--expect", "estimator=grpo,level=trajectory", "--json", "-")
+    assert result.exit_code == 0, result.stderr
+    finding = json.loads(result.stdout)["findings"][0]
+    assert (finding["kind"], finding["example"]["differs"]) == ("unexpected-rule", ["level"])
+    assert "unexpected-rule" in result.stderr
+    usage = run("audit", turn_level, "--expect", "epsilon=x")
+    assert usage.exit_code == 2 and "--expect epsilon=x: not a number" in usage.stderr
+
+
+def test_markdown(run, tmp_path, turn_level) -> None:
+    result = run("audit", turn_level, "--markdown", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    text = result.stdout
+    assert text.startswith("# advcli audit\n\n**Verdict.** the trainer's advantages follow grpo")
+    assert "| estimator | grpo |" in text and "| std ddof | 1 (sample) |" in text
+    assert "### turn-level-counting: 64 groups, 1,474 rows" in text
+    both = run("audit", turn_level, "--markdown", "-", "--json", "-")
+    assert both.exit_code == 2
+    assert "--json and --markdown both write to standard output" in both.stderr
+    path = tmp_path / "audit.md"
+    json_path = tmp_path / "audit.json"
+    written = run("audit", turn_level, "--markdown", path, "--json", json_path, "-q")
+    assert written.exit_code == 0, written.stderr
+    assert path.read_text() == text
+    assert json.loads(json_path.read_text())["verdict"] in text

@@ -88,9 +88,13 @@ def test_a_row_without_response_tokens_is_not_audited(tmp_path) -> None:
         (
             [[0.5, 0.5], [1.0, 1.0], [0.1, float("nan"), 0.1], [0.1] * 3],
             2,
-            "has a NaN or infinite value on a response token",
+            "has a null, NaN or infinite value on a response token",
         ),
-        ([[0.5, 0.5], [1.0, None], [0.1] * 3, [0.1] * 3], 1, "has a null on a response token"),
+        (
+            [[0.5, 0.5], [1.0, None], [0.1] * 3, [0.1] * 3],
+            1,
+            "has a null, NaN or infinite value on a response token",
+        ),
     ],
     ids=["wrong-length", "null", "nan", "null-token"],
 )
@@ -117,4 +121,18 @@ def test_errors_of_the_column(tmp_path) -> None:
     reward = refused(tmp_path, plain, ColumnNames(advantage="token_level_rewards"))
     assert reward.endswith(
         "column 'token_level_rewards' is the reward, not the trainer's advantages"
+    )
+
+
+def test_no_row_to_audit_and_a_key_column_named_as_advantages(tmp_path) -> None:
+    silent = audited_frame(ROWS, FOUND).with_columns(
+        pl.Series("response_mask", [[0, 0], [0, 0], [0, 0, 0], [0, 0, 0]], dtype=pl.List(pl.Int8))
+    )
+    assert refused(tmp_path, silent).endswith(
+        "no row has an advantage of the trainer's to audit: every row's response is empty "
+        "(its mask all 0) or its advantage null"
+    )
+    ids = dump_frame(ROWS).with_columns(pl.Series("advantage", FOUND))
+    assert refused(tmp_path, ids, ColumnNames(advantage="rollout_id")).endswith(
+        "column 'rollout_id' is the trajectory id, not the trainer's advantages"
     )

@@ -12,6 +12,7 @@ from audit_dumps import audit_rows, audited_frame, kinds
 from reference import reference_advantages
 
 from advcli.run.audit import audit
+from advcli.settings.resolve import expected_rule
 
 # Three sound groups of one-row trajectories that every test shares, so that the rule is told.
 SOUND = [
@@ -209,3 +210,95 @@ def test_a_clean_dump_has_no_finding(tmp_path) -> None:
     report = audit_rows(tmp_path, SOUND, grpo(SOUND))
     assert report["findings"] == []
     assert report["verdict"].startswith("clean: ")
+
+
+def test_unexpected_rule(tmp_path) -> None:
+    """--expect names the rule believed run: a rule found otherwise is a finding with the rows
+    the believed rule does not explain; a setting the dump cannot tell is no mismatch."""
+    rows = [
+        ("A", "a", 0, 1.0, 2),
+        ("A", "a", 1, 1.0, 2),
+        ("A", "b", 0, 0.0, 2),
+        ("A", "c", 0, 1.0, 2),
+    ]
+    path = tmp_path / "turn.parquet"
+    audited_frame(rows, reference_advantages(rows, level="turn", estimator="grpo")).write_parquet(
+        path
+    )
+    believed = expected_rule("estimator=grpo,level=trajectory")
+    report = audit([path], expect=believed)
+    assert kinds(report) == ["unexpected-rule", "turn-level-counting"]
+    finding = report["findings"][0]
+    example = finding["example"]
+    assert example["differs"] == ["level"]
+    assert (example["expected_rule"], example["found_rule"]) == (
+        {"level": "trajectory", "estimator": "grpo"},
+        {"level": "turn", "estimator": "grpo"},
+    )
+    # At trajectory level a's and c's score 1 against b's 0: sqrt(1/3) std-units above the mean;
+    # at turn level (three rows of 1, one of 0) the rows of 1 are 0.5 std-units above it.
+    assert [row["expected"] for row in example["rows"]] == pytest.approx(
+        [1 / math.sqrt(3), 1 / math.sqrt(3), -2 / math.sqrt(3), 1 / math.sqrt(3)], rel=1e-5
+    )
+    assert (finding["groups"], finding["rows"]) == (1, 4)
+    # Epsilon 1e-8 or 1e-6: nothing on this dump tells them apart.
+    assert kinds(audit([path], expect=expected_rule("level=turn,epsilon=1e-8"))) == [
+        "turn-level-counting"
+    ]
+    population = audit([path], expect=expected_rule("recipe=rllm,level=turn"))
+    assert population["findings"][0]["example"]["differs"] == ["std_ddof"]
+
+
+def test_a_real_difference_at_a_large_scale_is_no_residue(tmp_path) -> None:
+    """Rewards of 2e6 and 2e6 + 1 differ by 1, not by float residue: their advantages of order
+    1 are the rule's, and a clean dump has no finding."""
+    rows = SOUND + one_group("large", [2e6, 2e6, 2e6, 2e6 + 1])
+    assert audit_rows(tmp_path, rows, grpo(rows))["findings"] == []
+
+
+def test_a_row_the_rule_gives_0_is_no_sign_flip(tmp_path) -> None:
+    rows = SOUND + one_group("m", [0.0, 1.0, 2.0])
+    found = grpo(rows)
+    found[-2] = 0.3  # the middle row, 0 by the rule
+    assert kinds(audit_rows(tmp_path, rows, found)) == ["unexplained"]
+
+
+def test_groups_of_the_same_scores_are_no_merged_groups(tmp_path) -> None:
+    """Eight groups of 0/1 rewards divided by their std + 0.1 (an epsilon no candidate has):
+    groups of the same scores have the same line, but its baseline is each group's own mean."""
+    rows = [(f"g{g}", f"{g}-{i}", 0, float(i % 2), 2) for g in range(8) for i in range(4)]
+    found = reference_advantages(rows, level="trajectory", estimator="grpo", epsilon=0.1)
+    report = audit_rows(tmp_path, rows, found)
+    assert report["rule"] is None
+    assert kinds(report) == ["unexplained"]
+
+
+def test_a_few_rows_explained_by_chance_name_no_rule(tmp_path) -> None:
+    """Every group merged with another (NeMo-RL PR #3882 throughout): no rule explains half the
+    rows, so none is named; the findings still say what happened."""
+    rows, found = [], []
+    for pair in range(4):
+        first = one_group(f"a{pair}", [0.0, 1.0, float(pair)], 10 * pair)
+        second = one_group(f"b{pair}", [0.5, 2.0], 10 * pair + 5)
+        rows += first + second
+        found += grpo([(0, row[1], 0, row[3], 2) for row in first + second])
+    report = audit_rows(tmp_path, rows, found)
+    assert report["rule"] is None
+    assert report["verdict"] == "no rule of the table explains any of the trainer's advantages"
+    assert kinds(report) == ["merged-groups"]
+    assert report["findings"][0]["example"]["rows"][0]["expected"] is None
+
+
+def test_rules_that_explain_as_many_other_rows_do_not_fit_alike(tmp_path) -> None:
+    """Three groups divided by the sample std and three by the population std: each std
+    explains as many rows, not the same ones, so neither fits alike."""
+    rows = [(f"g{g}", f"{g}-{i}", 0, i + g / 2, 2) for g in range(6) for i in range(4)]
+    sample = reference_advantages(rows, level="trajectory", estimator="grpo")
+    population = reference_advantages(rows, level="trajectory", estimator="grpo", std="population")
+    found = [
+        s if row[0] in ("g0", "g1", "g2") else p
+        for row, s, p in zip(rows, sample, population, strict=True)
+    ]
+    rule = audit_rows(tmp_path, rows, found)["rule"]
+    assert rule["std_ddof"] == 1 and "std_ddof" not in rule["alike"]
+    assert rule["rows_matched"] == 12

@@ -196,7 +196,8 @@ def test_inspect_reads_groups_rows_and_skyrls_advantages(run, tmp_path, skyrl_mo
 
 def test_compare_and_compute_say_the_rewards_were_removed(run, tmp_path, skyrl_module):
     path = dump(tmp_path, 3, step_batch(2)[0])
-    for command in (("compare", path), ("compute", path, "-o", tmp_path / "out.parquet")):
+    out = ("-o", tmp_path / "out.parquet")
+    for command in (("compare", path), ("compute", path, *out), ("audit", path)):
         line = error_line(run(*command))
         assert line.startswith(f"Error: {path}: SkyRL removes the rewards (and the uids and ")
         assert "write them where compute_advantages_and_returns still has them" in line
