@@ -54,6 +54,10 @@ AuditFailOnOpt = Annotated[
 AuditMarkdownOpt = Annotated[
     Path | None, option("--markdown", help="Write the audit as Markdown ('-' for stdout).")
 ]
+AuditHtmlOpt = Annotated[
+    Path | None,
+    option("--html", help="Write the audit as one self-contained HTML page ('-' for stdout)."),
+]
 ExpectOpt = Annotated[
     str | None,
     option(
@@ -61,6 +65,14 @@ ExpectOpt = Annotated[
         help="The rule you believe the trainer ran, as key=value pairs (level, estimator, "
         "scale, singleton, epsilon, std, recipe; e.g. estimator=grpo,level=trajectory): a "
         "mismatch is a finding (unexpected-rule).",
+    ),
+]
+AuditByOpt = Annotated[
+    str | None,
+    option(
+        "--by",
+        help="Each input file ('file') or each value of a column (e.g. step) is its own "
+        "batch, also audited on its own (its rule and findings, a row each).",
     ),
 ]
 ForceOpt = Annotated[bool, option("--force", help="Replace an existing report file.")]
@@ -80,7 +92,9 @@ def audit_command(  # noqa: PLR0913
     expect: ExpectOpt = None,
     json_path: AuditJsonOpt = None,
     markdown: AuditMarkdownOpt = None,
+    html: AuditHtmlOpt = None,
     fail_on: AuditFailOnOpt = None,
+    by: AuditByOpt = None,
     force: ForceOpt = False,
     threads: ThreadsOpt = None,
     config_path: ConfigOpt = None,
@@ -109,7 +123,7 @@ def audit_command(  # noqa: PLR0913
         )
     expected = _expected(expect)
     use_threads(threads)
-    on_stdout = goes_to_stdout(json_path) or goes_to_stdout(markdown)
+    on_stdout = any(map(goes_to_stdout, (json_path, markdown, html)))
     if not quiet and not on_stdout:
         require_stdout("the report (pass --quiet)")
     names = replace(dump_settings(ctx).names, advantage=advantage_col)
@@ -120,7 +134,9 @@ def audit_command(  # noqa: PLR0913
             expect=expected,
             json_path=json_path,
             markdown=markdown,
+            html=html,
             force=force,
+            by=by,
             on_stage=on_stage,
         )
     if not quiet:

@@ -495,7 +495,13 @@ def render_termination(report: TerminationReport, console: Console) -> None:
 def render_audit(report: dict[str, Any], console: Console) -> None:
     """`advcli audit`: how the dump was read, the rule found, each finding with its example,
     then the verdict."""
-    from advcli.report.audit import example_detail, example_rows, rule_rows
+    from advcli.report.audit import (
+        STEP_AUDIT_HEADERS,
+        example_detail,
+        example_rows,
+        rule_rows,
+        step_rows,
+    )
 
     reading = report["reading"]
     trainer = reading["roles"]["trainer_advantage"]
@@ -538,5 +544,7 @@ def render_audit(report: dict[str, Any], console: Console) -> None:
             if name not in ("group", "rows")
         ]
         parts += [Text(headline, style="bold"), Text(finding["report"]), *details, example, ""]
+    if "by_step" in report:
+        parts += [_right_aligned("By step", STEP_AUDIT_HEADERS, step_rows(report)), ""]
     parts.append(Text(report["verdict"], style="bold"))
     console.print(Group(*parts))

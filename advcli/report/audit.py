@@ -9,6 +9,7 @@ every turn row) and ``per-token-advantages`` (rows a per-token estimator made).
 
 from __future__ import annotations
 
+from html import escape
 from typing import Any, TypedDict
 
 import polars as pl
@@ -16,8 +17,14 @@ import polars as pl
 from advcli.advantages.fit import RuleFit, matches, matches_bfloat16, rule_settings
 from advcli.advantages.units import Trajectories
 from advcli.keys import GROUP, ROW, SCORE, TRAINER_FIRST, TRAINER_HIGH, TRAINER_LOW
-from advcli.report.documents import markdown_code, markdown_table, markdown_text
-from advcli.report.views import id_text
+from advcli.report.documents import (
+    html_page,
+    html_table,
+    markdown_code,
+    markdown_table,
+    markdown_text,
+)
+from advcli.report.views import id_text, visible
 from advcli.settings.config import Level
 from advcli.settings.resolve import ExpectedRule
 
@@ -391,6 +398,61 @@ def audit_report(
     }
 
 
+def step_audit(
+    label: Any, fit: RuleFit | None, findings: list[Finding], why_none: str | None = None
+) -> dict[str, Any]:
+    """One step's own audit (``--by``): its rows, its rule's settings and the rows that rule
+    explains, and each finding's rows by kind; without a fit, none of them, and ``note`` says
+    why (``why_none``: no row to audit)."""
+    if fit is None:
+        return {
+            "step": label,
+            "rows": 0,
+            "rule": None,
+            "rows_matched": 0,
+            "findings": {},
+            "note": why_none,
+        }
+    return {
+        "step": label,
+        "rows": fit.rows,
+        "rule": rule_settings(fit.config) if fit.config is not None else None,
+        "rows_matched": fit.rows_matched,
+        "findings": {finding["kind"]: finding["rows"] for finding in findings},
+        "note": why_none,
+    }
+
+
+def step_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """``--by``'s steps, a row each: step, rows, the step's rule, rows it explains, findings."""
+    rows = []
+    for entry in report["by_step"]["steps"]:
+        rule = entry["rule"]
+        named = (
+            "-"
+            if rule is None
+            else ", ".join(
+                f"{name}={example_detail(value)}"
+                for name, value in rule.items()
+                if value is not None
+            )
+        )
+        findings = ", ".join(f"{kind} {rows:,}" for kind, rows in entry["findings"].items())
+        rows.append(
+            (
+                id_text(entry["step"]),
+                f"{entry['rows']:,}",
+                named,
+                f"{entry['rows_matched']:,}",
+                findings or entry["note"] or "-",
+            )
+        )
+    return rows
+
+
+STEP_AUDIT_HEADERS = ("step", "rows", "rule", "explained", "findings")
+
+
 def audit_metrics(report: dict[str, Any], prefix: str) -> dict[str, float]:
     """An audit as a training step's metrics: ``rule_matched`` (1 where a rule explains every
     audited row, else 0), ``rows`` audited, ``rows_off`` (those the rule does not explain; all
@@ -508,15 +570,7 @@ def render_audit_markdown(report: dict[str, Any]) -> str:
         f"Inputs: {inputs}, read as {markdown_text(reading['read_as'])}. advcli "
         f"{markdown_text(report['advcli_version'])}.",
         "## Reading",
-        markdown_table(
-            ("role", "column", "why"),
-            [
-                (role, entry["column"] or "-", entry["why"])
-                for role, entry in reading["roles"].items()
-            ]
-            + [("note", "", note) for note in reading["notes"]]
-            + [(f"not fitted: {level}", "", why) for level, why in report["not_fitted"].items()],
-        ),
+        markdown_table(("role", "column", "why"), _reading_rows(report)),
         "## Rule",
         markdown_table(("setting", "value"), rule_rows(report["rule"]))
         if report["rule"] is not None
@@ -526,18 +580,67 @@ def render_audit_markdown(report: dict[str, Any]) -> str:
     if not report["findings"]:
         parts.append("None.")
     for finding in report["findings"]:
-        details = [
-            (name.replace("_", " "), example_detail(value))
-            for name, value in finding["example"].items()
-            if name not in ("group", "rows")
-        ]
         parts += [
             f"### {finding['kind']}: {finding['groups']:,} groups, {finding['rows']:,} rows",
             markdown_text(finding["report"]) + ".",
-            markdown_table(
-                ("example", "value"),
-                [("group", id_text(finding["example"]["group"])), *details],
-            ),
+            markdown_table(("example", "value"), _detail_rows(finding)),
             markdown_table(("row", "score", "expected", "found"), example_rows(finding)),
         ]
+    if "by_step" in report:
+        parts += ["## By step", markdown_table(STEP_AUDIT_HEADERS, step_rows(report))]
     return "\n\n".join(parts) + "\n"
+
+
+def render_audit_html(report: dict[str, Any]) -> str:
+    """The audit as one self-contained page (nothing fetched): the verdict, how the dump was
+    read, the rule and each finding with its example, as :func:`render_audit_markdown`."""
+    reading = report["reading"]
+    sections = [
+        "<h1>advcli audit</h1>",
+        f'<p class="verdict"><strong>Verdict.</strong> {escape(report["verdict"])}</p>',
+        f"<p>Inputs: {escape(visible(', '.join(report['inputs'])))}, read as "
+        f"{escape(visible(reading['read_as']))}. advcli {escape(report['advcli_version'])}.</p>",
+        "<h2>Reading</h2>",
+        html_table(("role", "column", "why"), _reading_rows(report)),
+        "<h2>Rule</h2>",
+        html_table(("setting", "value"), rule_rows(report["rule"]))
+        if report["rule"] is not None
+        else "<p>No rule of the table explains the trainer's advantages.</p>",
+        "<h2>Findings</h2>",
+    ]
+    if not report["findings"]:
+        sections.append("<p>None.</p>")
+    for finding in report["findings"]:
+        sections += [
+            f"<h3>{escape(finding['kind'])}: {finding['groups']:,} groups, "
+            f"{finding['rows']:,} rows</h3>",
+            f"<p>{escape(finding['report'])}.</p>",
+            html_table(("example", "value"), _detail_rows(finding)),
+            html_table(("row", "score", "expected", "found"), example_rows(finding)),
+        ]
+    if "by_step" in report:
+        sections += ["<h2>By step</h2>", html_table(STEP_AUDIT_HEADERS, step_rows(report))]
+    return html_page(sections, title="advcli audit")
+
+
+def _reading_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """How the dump was read, a row each: each role's column and why, the notes, the levels
+    not fitted."""
+    reading = report["reading"]
+    return [
+        *((role, entry["column"] or "-", entry["why"]) for role, entry in reading["roles"].items()),
+        *(("note", "", note) for note in reading["notes"]),
+        *((f"not fitted: {level}", "", why) for level, why in report["not_fitted"].items()),
+    ]
+
+
+def _detail_rows(finding: Finding) -> list[tuple[str, str]]:
+    """A finding's example's group and details (a shared baseline, the rules' settings)."""
+    return [
+        ("group", id_text(finding["example"]["group"])),
+        *(
+            (name.replace("_", " "), example_detail(value))
+            for name, value in finding["example"].items()
+            if name not in ("group", "rows")
+        ),
+    ]

@@ -225,11 +225,11 @@ def render_html(report: BiasReport) -> str:
     return html_page(sections)
 
 
-def html_page(sections: Sequence[str]) -> str:
-    """The page around ``sections`` (HTML), with its one inline stylesheet."""
+def html_page(sections: Sequence[str], title: str = "advcli compare") -> str:
+    """The page titled ``title`` around ``sections`` (HTML), with its one inline stylesheet."""
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        "<title>advcli compare</title><style>"
+        f"<title>{escape(title)}</title><style>"
         "body{font-family:sans-serif;margin:2em;max-width:72em;color:#222}"
         "table{border-collapse:collapse;margin:1em 0}"
         "td,th{border:1px solid #bbb;padding:.25em .6em;text-align:right;overflow-wrap:anywhere}"

@@ -8,33 +8,48 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from advcli import __version__
 from advcli.advantages.fit import fit_rule
+from advcli.advantages.units import index_trajectories
 from advcli.errors import AdvcliError
-from advcli.report.audit import audit_report, render_audit_markdown
-from advcli.run.loading import Inputs, load_dump, opened
+from advcli.keys import GROUP
+from advcli.report.audit import (
+    audit_findings,
+    audit_report,
+    render_audit_html,
+    render_audit_markdown,
+    step_audit,
+)
+from advcli.run.loading import Inputs, LoadedDump, check_by, load_dump, opened
+from advcli.run.parts import step_order
 from advcli.settings.config import ColumnNames
 from advcli.settings.resolve import ExpectedRule
 from advcli.write.documents import write_reports, write_text
 from advcli.write.outputs import check_outputs, check_standard_output
 
 
-def audit(
+def audit(  # noqa: PLR0913
     inputs: Inputs,
     names: ColumnNames = ColumnNames(),
     *,
     expect: ExpectedRule | None = None,
     json_path: Path | None = None,
     markdown: Path | None = None,
+    html: Path | None = None,
     force: bool = False,
+    by: str | None = None,
     on_stage: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Which rule the advantages a trainer computed follow, and what no rule explains: the
-    audit report, also written as JSON to ``json_path`` and as Markdown to ``markdown`` where
-    given (``-``: standard output, for one of them).
+    audit report, also written as JSON to ``json_path``, as Markdown to ``markdown`` and as a
+    self-contained HTML page to ``html`` where given (``-``: standard output, for one of them).
     ``names``: the columns' roles, ``names.advantage`` the trainer's advantages' column;
     ``expect``: the rule the trainer is believed to run
-    (:func:`~advcli.settings.resolve.expected_rule`), whose mismatch is a finding.
+    (:func:`~advcli.settings.resolve.expected_rule`), whose mismatch is a finding; ``by``
+    (``"file"`` or a column): each part its own batch, its groups keyed by ``(step, group)``,
+    and audited on its own too (the report's ``by_step``).
 
     Examples
     --------
@@ -51,10 +66,11 @@ def audit(
     """
     stage = on_stage or (lambda name: None)
     with opened(inputs) as dataset:
-        check_standard_output({"--json": json_path, "--markdown": markdown})
-        check_outputs([json_path, markdown], dataset, force=force)
+        check_standard_output({"--json": json_path, "--markdown": markdown, "--html": html})
+        check_outputs([json_path, markdown, html], dataset, force=force)
+        check_by(dataset, by)
         stage("reading keys")
-        dump = load_dump(dataset, names, trainer_advantage=True)
+        dump = load_dump(dataset, names, trainer_advantage=True, by=by)
         if dump.columns.reward_removed is not None:
             # Without the scores there is no rule to hold the trainer's advantages to.
             raise AdvcliError(f"{dataset.describe()}: {dump.columns.reward_removed}")
@@ -76,10 +92,13 @@ def audit(
             version=__version__,
             expected=expect,
         )
+        if by is not None:
+            report["by_step"] = {"by": by, "steps": _by_step(dump, by, expect)}
     write_reports(
         [
             (json_path, lambda path: write_text(path, render_audit_json(report), force=force)),
             (markdown, lambda path: write_text(path, render_audit_markdown(report), force=force)),
+            (html, lambda path: write_text(path, render_audit_html(report), force=force)),
         ]
     )
     return report
@@ -87,3 +106,27 @@ def audit(
 
 def render_audit_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+
+
+def _by_step(dump: LoadedDump, by: str, expect: ExpectedRule | None) -> list[dict[str, Any]]:
+    """Each step (file, or value of ``by``) audited on its own, in the steps' order: its rule
+    and its findings' rows by kind."""
+    values, labels = step_order(dump, by)
+    step = pl.col(GROUP).struct.field(dump.batch or "")
+    entries = []
+    for value, label in zip(values, labels, strict=True):
+        part = dump.projection.filter(step == value)
+        trajectories = index_trajectories(part)
+        try:
+            fit = fit_rule(
+                part,
+                dump.naming,
+                trajectories,
+                dump.batch,
+                expected=expect.config if expect is not None else None,
+            )
+        except AdvcliError as error:
+            entries.append(step_audit(label, None, [], str(error)))
+            continue
+        entries.append(step_audit(label, fit, audit_findings(fit, part, trajectories, expect)))
+    return entries

@@ -4,9 +4,17 @@ exit 3, and errors as one line."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
 
+import numpy as np
+import polars as pl
 import pytest
+from audit_dumps import audited_frame
 from conftest import ROOT, dump_frame
+from PIL import Image
+from reference import reference_advantages
 
 from advcli.run.commands import compute
 from advcli.settings.config import AdvantageConfig, Level
@@ -108,3 +116,70 @@ def test_markdown(run, tmp_path, turn_level) -> None:
     assert written.exit_code == 0, written.stderr
     assert path.read_text() == text
     assert json.loads(json_path.read_text())["verdict"] in text
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (.ci/run installs it)")
+def test_the_html_page_renders_in_a_headless_browser(run, tmp_path, turn_level) -> None:
+    page = tmp_path / "audit.html"
+    result = run("audit", turn_level, "--expect", "level=trajectory", "--html", page, "-q")
+    assert result.exit_code == 0, result.stderr
+    html = page.read_text()
+    # Self-contained: nothing is fetched.
+    assert not re.search(r"""(src|href)=["']?(https?:|//)""", html)
+    browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    dom = subprocess.run(
+        [*browser, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    ).stdout
+    words = " ".join(re.sub(r"<[^>]+>", " ", dom).split())
+    assert "<title>advcli audit</title>" in dom
+    assert "Verdict. the trainer's advantages follow grpo at turn level on 1,553 of 1,553" in words
+    assert "trainer_advantage advantages the column named 'advantages'" in words
+    assert "estimator grpo" in words and "std ddof 1 (sample)" in words
+    assert "unexpected-rule: 58 groups, 1,403 rows" in words
+    assert "differs level" in words
+    assert "turn-level-counting: 64 groups, 1,474 rows" in words
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [*browser, f"--screenshot={shot}", "--window-size=1280,1600", page.as_uri()],
+        capture_output=True,
+        timeout=120,
+    )
+    pixels = np.asarray(Image.open(shot).convert("L"))
+    # Not blank: dark text and the tables' borders on a light page.
+    assert pixels.min() < 60 and (pixels < 200).mean() > 0.01
+
+
+def test_by_audits_each_step_on_its_own(run, tmp_path) -> None:
+    """A trainer that moved from trajectory level to turn level between two steps whose group
+    ids repeat: each step is its own batch (its groups apart from the other's) and its own
+    audit, which names each step's rule."""
+    rows = [
+        (g, f"{g}-{t}", turn, float((g + t) % 2), 2)
+        for g in range(3)
+        for t in range(4)
+        for turn in range(1 + t % 3)
+    ]
+    folder = tmp_path / "steps"
+    folder.mkdir()
+    for step, level in ((0, "trajectory"), (1, "turn")):
+        found = reference_advantages(rows, level=level, estimator="grpo")
+        frame = audited_frame(rows, found).with_columns(pl.lit(10 * step).alias("step"))
+        frame.write_parquet(folder / f"step-{step}.parquet")
+    for by, steps in (("file", [0, 1]), ("step", [0, 10])):
+        result = run("audit", folder, "--by", by, "--json", "-", "-q")
+        assert result.exit_code == 0, result.stderr
+        report = json.loads(result.stdout)
+        entries = report["by_step"]["steps"]
+        assert report["by_step"]["by"] == by
+        assert [entry["step"] for entry in entries] == steps
+        assert [entry["rule"]["level"] for entry in entries] == ["trajectory", "turn"]
+        assert [(entry["rows"], entry["rows_matched"]) for entry in entries] == [(21, 21)] * 2
+        assert [entry["findings"] for entry in entries] == [{}, {"turn-level-counting": 15}]
+        # The run as one: the first step's rule, the second's rows not explained by it.
+        assert (report["rule"]["level"], report["rule"]["rows_matched"]) == ("trajectory", 21)
+    table = run("audit", folder, "--by", "file").stdout
+    assert "By step" in table and "turn-level-counting 15" in table
