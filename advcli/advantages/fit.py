@@ -229,11 +229,14 @@ def _beside(rows: pl.DataFrame, config: AdvantageConfig) -> pl.DataFrame:
 def _best(
     frames: dict[Level, pl.DataFrame], rules: list[AdvantageConfig]
 ) -> tuple[AdvantageConfig, int, int, list[AdvantageConfig]]:
-    """The candidate that explains the most rows within bfloat16, then within float32 (the
-    first of ``rules`` on a tie), the rows it explains each way, and the other candidates that
-    explain as many each way. A trainer that computes in bfloat16 is named by its rule too
-    (its low precision is a finding); among the candidates that agree at that precision
-    (epsilons, say), float32 tells."""
+    """The candidate that explains the most rows of non-zero advantage within bfloat16, then
+    the most rows within bfloat16, then within float32 (the first of ``rules`` on a tie), the
+    rows it explains within bfloat16 and within float32, and the other candidates that score
+    alike. An advantage of 0 is weak evidence: many rules give it (a tied group, a lone unit),
+    and a trainer that zeroes rows by mistake (SkyRL #1492's earlier steps, most of its rows)
+    would otherwise have them name the rule. A trainer that computes in bfloat16 is named by
+    its rule too (its low precision is a finding); among the candidates that agree at that
+    precision (epsilons, say), float32 tells."""
     exact = _counts(frames, rules, matches)
     rows = next(iter(frames.values())).height
     if max(exact.values()) == rows:
@@ -242,10 +245,13 @@ def _best(
         every = [config for config, count in exact.items() if count == rows]
         return every[0], rows, rows, every[1:]
     coarse = _counts(frames, rules, matches_bfloat16)
-    scores = {config: (coarse[config], exact[config]) for config in rules}
+    telling = _counts(
+        frames, rules, lambda expected, found: matches_bfloat16(expected, found) & (found != 0)
+    )
+    scores = {config: (telling[config], coarse[config], exact[config]) for config in rules}
     best = max(scores, key=lambda config: scores[config])
     tied = [config for config in rules if scores[config] == scores[best] and config != best]
-    return best, *scores[best], tied
+    return best, coarse[best], exact[best], tied
 
 
 def _counts(

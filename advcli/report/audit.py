@@ -14,7 +14,13 @@ from typing import Any, TypedDict
 
 import polars as pl
 
-from advcli.advantages.fit import RuleFit, matches, matches_bfloat16, rule_settings
+from advcli.advantages.fit import (
+    MATCH_ABSOLUTE,
+    RuleFit,
+    matches,
+    matches_bfloat16,
+    rule_settings,
+)
 from advcli.advantages.units import Trajectories
 from advcli.keys import GROUP, ROW, SCORE, TRAINER_FIRST, TRAINER_HIGH, TRAINER_LOW
 from advcli.report.documents import (
@@ -218,6 +224,9 @@ def _group_figures(checked: pl.DataFrame) -> pl.DataFrame:
             pl.col("expected").abs().max().alias("expected_max"),
             flipped.all().alias("flipped"),
             zeroed.all().alias("zeroed"),
+            # Units of equal scores (more than one) whose missed rows are not 0.
+            (pl.col("unit").n_unique() > 1).alias("several_units"),
+            (pl.col("ok") | (pl.col("found").abs() > MATCH_ABSOLUTE)).all().alias("nonzero"),
             (pl.col("ok") | low_precision | coarse).all().alias("low_precision"),
             pl.col("found").first().alias("found_low"),
             pl.col("found").last().alias("found_high"),
@@ -246,7 +255,7 @@ def _classify(checked: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
     classed = classed.join(shared, on=GROUP, how="left", maintain_order="left").with_columns(
         pl.coalesce("kind", "shared_kind")
         .fill_null(
-            pl.when(missed & (spread == 0))
+            pl.when(missed & (spread == 0) & pl.col("several_units") & pl.col("nonzero"))
             .then(pl.lit("equal-rewards-nonzero-advantage"))
             .when(missed & pl.col("zeroed"))
             .then(pl.lit("zero-earlier-steps"))

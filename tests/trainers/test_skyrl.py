@@ -304,3 +304,39 @@ def test_steps_alike_in_reward_and_mask_are_no_possible_copies(run, tmp_path):
     assert compared.exit_code == 0, compared.stderr
     assert "duplicated rows" not in compared.stdout
     assert table_row(compared.stdout, "padding rows (not counted)") == ["1"]
+
+
+@pytest.mark.parametrize("version", ["0.3.1", "0.4.0"])
+def test_audit_of_skyrls_step_wise_advantages(version, run, tmp_path):
+    """SkyRL's step-wise GRPO after PR #1507: each trajectory's advantage (its last step's
+    reward in its group's statistics) on every step's trainable tokens, padding rows 0: the
+    audit names grpo at trajectory level and finds nothing. Before the fix (SkyRL #1492) every
+    step but the last got 0: zero-earlier-steps, on the earlier steps' rows."""
+    batch, rows, mask = skyrl_batch(version)
+    per_row = reference_advantages(rows, level="trajectory", estimator="grpo", traj_score="last")
+    advantages = np.array([*per_row, *[0.0] * PADS])
+    batch["advantages"] = torch.tensor(mask * advantages[:, None], dtype=torch.float32)
+    fixed = json.loads(
+        run("audit", write_batch(tmp_path / "fixed.parquet", batch), "--json", "-").stdout
+    )
+    rule = fixed["rule"]
+    assert (rule["level"], rule["estimator"], rule["rows_matched"]) == (
+        "trajectory",
+        "grpo",
+        len(rows),
+    )
+    assert fixed["findings"] == []
+    last = np.array([*batch_last_steps(batch, len(rows)), *[True] * PADS])
+    batch["advantages"] = batch["advantages"] * torch.tensor(last, dtype=torch.float32)[:, None]
+    broken = json.loads(
+        run("audit", write_batch(tmp_path / "broken.parquet", batch), "--json", "-").stdout
+    )
+    # The earlier steps whose trajectory's advantage is not 0 (in a tied group it is 0 anyway).
+    earlier = sum(1 for flag, value in zip(last, per_row, strict=False) if not flag and value)
+    assert [(f["kind"], f["rows"]) for f in broken["findings"]] == [("zero-earlier-steps", earlier)]
+
+
+def batch_last_steps(batch: dict[str, Any], rows: int) -> list[bool]:
+    """Each real row's last-step flag, whichever way the version holds it."""
+    flags = batch["is_last_step"]
+    return [bool(flag) for flag in (flags.tolist() if hasattr(flags, "tolist") else flags)][:rows]
