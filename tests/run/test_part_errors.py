@@ -168,7 +168,9 @@ def _alive_in_group(group: int) -> list[str]:
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
-            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            # Any process of the machine is read, and a command line need not be UTF-8.
+            raw = (stat.parent / "cmdline").read_bytes()
+            command = raw.replace(b"\0", b" ").decode(errors="replace")
         except (OSError, IndexError):
             continue  # ended meanwhile
         state, process_group = fields[0], int(fields[2])
