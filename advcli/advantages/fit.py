@@ -11,8 +11,9 @@ cannot tell them apart.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -194,6 +195,10 @@ def fit_rule(
         )
     token_counts = projection[TOKENS].null_count() < projection.height
     best, coarse, exact, tied = _best(frames, candidate_rules(list(frames), token_counts))
+    if exact < audited_rows:
+        fitted = _with_fitted_epsilon(best, frames[best.level])
+        if fitted is not None:
+            best, coarse, exact, tied = fitted
     rows = frames[best.level]
     in_low_precision = rows.with_columns(
         in_bfloat16(pl.col(name)).alias(name) for name in BFLOAT16_ROUNDED
@@ -252,6 +257,41 @@ def _best(
     best = max(scores, key=lambda config: scores[config])
     tied = [config for config in rules if scores[config] == scores[best] and config != best]
     return best, coarse[best], exact[best], tied
+
+
+def _with_fitted_epsilon(
+    best: AdvantageConfig, rows: pl.DataFrame
+) -> tuple[AdvantageConfig, int, int, list[AdvantageConfig]] | None:
+    """``best`` with the epsilon the trainer's advantages imply, where ``best`` divides: each
+    row's (s − baseline) / A − divisor (rows of more than one unit, a centred score and an
+    advantage not 0), at its median to two significant digits; with the rows it explains
+    within bfloat16 and within float32, where it explains more within float32 than ``best``
+    (an epsilon not among the candidates, 1e-5 say), else None."""
+    if best.std_in_use is None:
+        return None
+    rule = RULES[best.estimator]
+    std = STD_COLUMN[best.effective_std]
+    centred = pl.col(SCORE) - baseline(rule)
+    found = pl.col(TRAINER_FIRST)
+    implied = (
+        rows.filter((pl.col("units") > 1) & (centred != 0) & (found.abs() > MATCH_ABSOLUTE))
+        .select((centred / found - divisor(best, pl.col(std), pl.col(f"batch_{std}"))).median())
+        .item()
+    )
+    if implied is None or not 0 < implied < math.inf:
+        return None
+    fitted = replace(best, epsilon=float(f"{implied:.2g}"))
+    both = rows.select(
+        matches_bfloat16(_candidate(config), found).sum().alias(f"coarse{index}")
+        for index, config in enumerate((best, fitted))
+    ).row(0)
+    exact = rows.select(
+        matches(_candidate(config), found).sum().alias(f"exact{index}")
+        for index, config in enumerate((best, fitted))
+    ).row(0)
+    if exact[1] <= exact[0]:
+        return None
+    return fitted, both[1], exact[1], []
 
 
 def _counts(
@@ -422,8 +462,8 @@ def _alike(
     }
     if None not in values["epsilon"]:
         why["epsilon"] = (
-            "no group's std is small enough for epsilon to change an advantage beyond "
-            "float32's precision"
+            "no group whose advantages the rule explains has a std small enough for epsilon "
+            "to change an advantage beyond float32's precision"
         )
     return {
         name: (found, why.get(name, "the rules explain the same rows"))

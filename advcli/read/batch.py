@@ -372,9 +372,16 @@ def batch_trainer_advantages(
     if key not in entries:
         raise AdvcliError(f"the batch has no '{key}' (the trainer's advantages); {option} names it")
     assert roles.mask is not None
-    frame = pl.DataFrame(
-        [batch_column(roles.mask, entries[roles.mask]), batch_column(key, entries[key])]
+    mask, advantages = (
+        batch_column(roles.mask, entries[roles.mask]),
+        batch_column(key, entries[key]),
     )
+    if advantages.len() != mask.len():
+        raise AdvcliError(
+            f"the batch's '{key}' (the trainer's advantages) has {advantages.len():,} rows, "
+            f"'{roles.mask}' {mask.len():,}"
+        )
+    frame = pl.DataFrame([mask, advantages])
     columns = with_trainer_advantage(roles, frame.schema, "the batch", key, option)
     exprs, rules = trainer_advantage_exprs(frame.schema, columns, columns.mask_list().list.sum())
     broken = frame.select(

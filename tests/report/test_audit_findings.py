@@ -264,13 +264,48 @@ def test_a_row_the_rule_gives_0_is_no_sign_flip(tmp_path) -> None:
 
 
 def test_groups_of_the_same_scores_are_no_merged_groups(tmp_path) -> None:
-    """Eight groups of 0/1 rewards divided by their std + 0.1 (an epsilon no candidate has):
-    groups of the same scores have the same line, but its baseline is each group's own mean."""
+    """Eight groups of 0/1 rewards whose advantages are twice grpo's (no rule's): groups of the
+    same scores have the same line, but its baseline is each group's own mean."""
     rows = [(f"g{g}", f"{g}-{i}", 0, float(i % 2), 2) for g in range(8) for i in range(4)]
-    found = reference_advantages(rows, level="trajectory", estimator="grpo", epsilon=0.1)
+    found = [2 * a for a in reference_advantages(rows, level="trajectory", estimator="grpo")]
     report = audit_rows(tmp_path, rows, found)
     assert report["rule"] is None
     assert kinds(report) == ["unexplained"]
+
+
+@pytest.mark.parametrize("epsilon", [1e-5, 1e-3, 0.1])
+def test_an_epsilon_no_candidate_has_is_read_off_the_dump(tmp_path, epsilon) -> None:
+    """A trainer's epsilon outside the table (0, 1e-8, 1e-6, 1e-4) is the rows' implied one:
+    named, and no finding (before, its rows were taken for bfloat16 rounding)."""
+    # Scores 1e-3 apart: a std small enough for each epsilon to show.
+    rows = [(f"g{g}", f"{g}-{i}", 0, (g + i * i) % 3 / 1000, 2) for g in range(8) for i in range(4)]
+    report = audit_rows(tmp_path, rows, grpo(rows, epsilon=epsilon))
+    assert (report["rule"]["epsilon"], report["rule"]["rows_matched"]) == (epsilon, len(rows))
+    assert report["findings"] == []
+
+
+def test_a_group_of_equal_scores_merged_with_one_that_varies(tmp_path) -> None:
+    """NeMo-RL PR #3882 with binary rewards: a prompt whose rollouts all failed merged with one
+    whose rollouts vary. The tied group's rows lie on the other's line: merged-groups, both."""
+    merged = one_group("v", [0.0, 1.0, 1.0, 0.0], 100) + one_group("t", [0.0] * 4, 200)
+    together = [(0, row[1], 0, row[3], 2) for row in merged]
+    report = audit_rows(tmp_path, SOUND + merged, [*grpo(SOUND), *grpo(together)])
+    assert [(f["kind"], f["groups"], f["rows"]) for f in report["findings"]] == [
+        ("merged-groups", 2, 8)
+    ]
+
+
+def test_a_rule_spelled_otherwise_is_no_unexpected_rule(tmp_path) -> None:
+    """grpo at scale none is drgrpo: expecting it is no mismatch, and a bug's rows (a flipped
+    group) are that bug's finding alone."""
+    rows = SOUND + one_group("f", [-2.0, -1.0, 0.0])
+    found = reference_advantages(rows, level="trajectory", estimator="drgrpo")
+    found[-3], found[-1] = -found[-3], -found[-1]
+    path = tmp_path / "drgrpo.parquet"
+    audited_frame(rows, found).write_parquet(path)
+    report = audit([path], expect=expected_rule("estimator=grpo,scale=none"))
+    assert report["rule"]["estimator"] == "drgrpo"
+    assert kinds(report) == ["sign-flip"]
 
 
 def test_a_few_rows_explained_by_chance_name_no_rule(tmp_path) -> None:

@@ -91,3 +91,13 @@ def test_expect_and_errors():
         audit_advantages(batch)
     with pytest.raises(TypeError, match="audit_advantages takes a verl DataProto or a mapping"):
         audit_advantages([1, 2])
+
+
+def test_advantages_of_another_row_count_are_one_error():
+    batch = with_verls_advantages(verl_step_batch(), "grpo")
+    entries = {**batch.batch, **batch.non_tensor_batch}
+    entries["advantages"] = entries["advantages"][:4]
+    with pytest.raises(
+        ValueError, match=r"the batch's 'advantages' .* has 4 rows, 'response_mask'"
+    ):
+        audit_advantages(entries)
