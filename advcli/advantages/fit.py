@@ -281,17 +281,11 @@ def _with_fitted_epsilon(
     if implied is None or not 0 < implied < math.inf:
         return None
     fitted = replace(best, epsilon=float(f"{implied:.2g}"))
-    both = rows.select(
-        matches_bfloat16(_candidate(config), found).sum().alias(f"coarse{index}")
-        for index, config in enumerate((best, fitted))
-    ).row(0)
-    exact = rows.select(
-        matches(_candidate(config), found).sum().alias(f"exact{index}")
-        for index, config in enumerate((best, fitted))
-    ).row(0)
-    if exact[1] <= exact[0]:
+    frames = {best.level: rows}
+    exact = _counts(frames, [best, fitted], matches)
+    if exact[fitted] <= exact[best]:
         return None
-    return fitted, both[1], exact[1], []
+    return fitted, _counts(frames, [fitted], matches_bfloat16)[fitted], exact[fitted], []
 
 
 def _counts(

@@ -98,7 +98,7 @@ def audit_findings(
     """The findings of ``fit``, made of ``projection`` (the key projection with the trainer's
     advantages, TRAINER_*) and its trajectories, in the order of :data:`KINDS`; ``expected``:
     the rule ``--expect`` names, whose advantages ``fit`` set beside the trainer's."""
-    per_token = per_token_rows(projection)
+    per_token = _per_token_rows(projection)
     multi_turn = _multi_turn_rows(projection, trajectories)
     checked = fit.checked.with_columns(matches(pl.col("expected"), pl.col("found")).alias("ok"))
     named = fit.config is not None
@@ -178,7 +178,7 @@ def _unexpected(fit: RuleFit, expected: ExpectedRule) -> Finding | None:
 STATED_AS = {"std": "std_ddof"}
 
 
-def per_token_rows(projection: pl.DataFrame) -> pl.DataFrame:
+def _per_token_rows(projection: pl.DataFrame) -> pl.DataFrame:
     """The rows whose response tokens carry different advantages, in input order (``row``,
     ``group``, ``score``, ``found_low``, ``found_high``)."""
     return projection.filter(
