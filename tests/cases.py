@@ -180,3 +180,42 @@ PENALIZED_OWN_RULE = [
     0.0,
     -0.1 / (1 + EPS),
 ]
+
+
+# grpo_loo by hand, epsilon 0: G [2, 4, 6, 8]: 2's others [4, 6, 8] (mean 6, sample std 2),
+# so (2 - 6) / 2 = -2; 4's others [2, 6, 8] (mean 16/3, squared deviations 100/9, 4/9, 64/9,
+# sample variance 84/9), so (4 - 16/3) / (sqrt(84) / 3) = -4 / sqrt(84); 6 and 8 mirror them.
+# N [0.1, 0.1, 0.1, 0.7]: each 0.1's others [0.1, 0.1, 0.7] (mean 0.3, sample variance 0.12),
+# so -0.2 / sqrt(0.12); 0.7's others tie (std 0): 0.7 - 0.1 undivided, never divided by the
+# float residue a difference of squares leaves. P [1, 3]: undivided, -2 and 2. S alone: 0
+# under --recipe nemo-rl (--singleton zero).
+LOO_ROWS = [
+    *(("G", f"g{i}", 0, score, 1) for i, score in enumerate([2.0, 4.0, 6.0, 8.0])),
+    *(("N", f"n{i}", 0, score, 1) for i, score in enumerate([0.1, 0.1, 0.1, 0.7])),
+    ("P", "p0", 0, 1.0, 1),
+    ("P", "p1", 0, 3.0, 1),
+    ("S", "s", 0, 5.0, 1),
+]
+LOO_BY_HAND = [
+    -2.0,
+    -4 / math.sqrt(84),
+    4 / math.sqrt(84),
+    2.0,
+    *[-0.2 / math.sqrt(0.12)] * 3,
+    0.6,
+    -2.0,
+    2.0,
+    0.0,
+]
+# Others nearly tied: 0.5's others [0, 6.5e-48] and 0's [1, 1, 1 + 1e-9] have a std far below
+# their group's (a difference from the group's sum of squares would lose it to rounding):
+# 0.5 / (std + 1e-6) is about 5e5, and 0 - (1 + 1e-9 / 3) about -1e6.
+LOO_NEAR_TIES = [
+    ("A", "a0", 0, 0.5, 1),
+    ("A", "a1", 0, 0.0, 1),
+    ("A", "a2", 0, 6.498127503994593e-48, 1),
+    ("B", "b0", 0, 1.0, 1),
+    ("B", "b1", 0, 1.0, 1),
+    ("B", "b2", 0, 1.0 + 1e-9, 1),
+    ("B", "b3", 0, 0.0, 1),
+]

@@ -48,6 +48,12 @@ Estimators (``s`` is the unit's score)
 * ``opo``: ``s - sum(len * s) / sum(len)`` over the group's units, ``len`` the unit's tokens;
   when every unit has the same score the baseline is that score (the zero-std rule: 0 for all);
   otherwise, if ``sum(len)`` over the group is 0 the baseline is 0.
+* ``grpo_loo`` (NeMo-RL's default GRPO): ``c = s - mean(other units of the group)``, and
+  ``sigma`` the std (``ddof``: divide by ``n - 2``; population: by ``n - 1``) of the group's
+  *other* ``n - 1`` units, 0 when they all carry one score (always for ``n == 2``); the
+  advantage is ``c / (sigma + epsilon)`` where ``sigma > 0``, else ``c`` undivided.
+  ``scale="batch"`` divides ``c`` by the batch std plus ``epsilon`` as grpo does;
+  ``scale="none"`` gives ``c``.
 * ``grpo_passk``: only the unit with the highest score in its group (ties: the first in row
   order) gets ``s_max - s_second`` (``s_second`` is the second-highest unit score, equal to
   ``s_max`` when tied), divided by ``std_g + epsilon`` unless ``scale="none"``; every other
@@ -62,9 +68,9 @@ Estimators (``s`` is the unit's score)
 
 Singleton groups (``n == 1``)
 -----------------------------
-``singleton="raw"`` (default): grpo, drgrpo and reinforce_pp_baseline use mean 0 and std 1, so
-grpo gives ``s / (1 + epsilon)`` (``s`` with ``scale="none"``; with ``scale="batch"`` the batch
-std replaces the 1 unless the batch std is 0), drgrpo ``s`` and
+``singleton="raw"`` (default): grpo, grpo_loo, drgrpo and reinforce_pp_baseline use mean 0
+and std 1, so grpo and grpo_loo give ``s / (1 + epsilon)`` (``s`` with ``scale="none"``; with
+``scale="batch"`` the batch std replaces the 1 unless the batch std is 0), drgrpo ``s`` and
 reinforce_pp_baseline ``s`` before whitening; rloo gives ``s``; opo gives ``s`` (baseline 0);
 grpo_passk gives 0. ``singleton="zero"``: every estimator gives 0 to a singleton group's unit
 (before whitening for reinforce_pp_baseline).
@@ -78,7 +84,7 @@ from collections.abc import Hashable, Sequence
 Row = tuple[Hashable, Hashable, int, float, int]
 
 LEVELS = ("turn", "trajectory")
-ESTIMATORS = ("grpo", "drgrpo", "rloo", "opo", "grpo_passk", "reinforce_pp_baseline")
+ESTIMATORS = ("grpo", "drgrpo", "rloo", "opo", "grpo_passk", "grpo_loo", "reinforce_pp_baseline")
 TRAJ_SCORES = ("first", "last", "mean", "max", "sum", "own")
 SCALES = ("group", "batch", "none")
 SINGLETONS = ("raw", "zero")
@@ -179,11 +185,11 @@ def _group_advantages(
         s = scores[0]
         if singleton == "zero" or estimator == "grpo_passk":
             return [0.0]
-        if estimator == "grpo" and scale == "batch" and batch_std:
+        if estimator in ("grpo", "grpo_loo") and scale == "batch" and batch_std:
             # The batch divisor every other unit shares (1 when it is 0: no other unit is then
             # divided, each being exactly 0).
             return [s / (batch_std + epsilon)]
-        if estimator == "grpo" and scale != "none":
+        if estimator in ("grpo", "grpo_loo") and scale != "none":
             return [s / (1.0 + epsilon)]
         # drgrpo, grpo with scale "none", rloo, opo (baseline 0), reinforce_pp_baseline
         return [s]
@@ -211,6 +217,20 @@ def _group_advantages(
             return [0.0] * n
         total = math.fsum(scores)
         return [s - (total - s) / (n - 1) for s in scores]
+
+    if estimator == "grpo_loo":
+        out = []
+        for i, s in enumerate(scores):
+            others = scores[:i] + scores[i + 1 :]
+            centred = s - _mean(others)
+            if scale == "none" or centred == 0:
+                out.append(centred)
+            elif scale == "batch":
+                out.append(centred / (batch_std + epsilon))
+            else:
+                sigma = 0.0 if len(others) < 2 else _std(others, ddof)
+                out.append(centred / (sigma + epsilon) if sigma > 0 else centred)
+        return out
 
     if estimator == "opo":
         total_len = sum(u.tokens for u in units)
@@ -305,7 +325,7 @@ def reference_advantages(
         by_group.setdefault(unit.group, []).append(unit)
 
     batch_std = None
-    if estimator in ("grpo", "grpo_passk") and scale == "batch" and len(units) > 1:
+    if estimator in ("grpo", "grpo_passk", "grpo_loo") and scale == "batch" and len(units) > 1:
         batch_std = _std([u.score for u in units], ddof)
 
     out = [math.nan] * len(rows)

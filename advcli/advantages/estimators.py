@@ -150,9 +150,9 @@ def unit_advantage(
     """A unit's advantage before any post-step, over its group's columns joined to it
     (``units``, ``top_row``) and its own (``score``, ``first_row``): the singleton rule in a
     group of one unit, else its score centred on ``baseline`` and divided by ``divisor`` plus
-    epsilon as ``config`` says. ``batch_std``: the batch's std, for ``--scale batch``'s
-    singletons. The one statement of the rule, for ``compute`` and for ``audit``'s
-    candidates."""
+    epsilon as ``config`` says (``divisor``: the unit's, :func:`unit_divisor`). ``batch_std``:
+    the batch's std, for ``--scale batch``'s singletons. The one statement of the rule, for
+    ``compute`` and for ``audit``'s candidates."""
     return (
         pl.when(pl.col("units") == 1)
         .then(_singleton_advantage(rule, config, batch_std))
@@ -164,20 +164,92 @@ def _centred_advantage(
     rule: EstimatorRule, config: AdvantageConfig, baseline: pl.Expr, divisor: pl.Expr
 ) -> pl.Expr:
     """The advantage of a unit in a group of more than one unit, over the joined group columns."""
+    centred = centred_score(rule, baseline)
+    if config.effective_scale is Scale.NONE:
+        return centred
+    if config.step is not None and config.step.std_floor is not None:
+        # GiGPO's episode term under ROLL's normalization: a group of std at most the floor gets 0.
+        centred = pl.when(divisor <= config.step.std_floor).then(0.0).otherwise(centred)
+    if rule.others_std and config.effective_scale is Scale.GROUP:
+        # Undivided where the other units tie (OTHERS_STD: others_std is null there); a centred
+        # score of 0 stays 0, also over a std that underflowed to 0 with epsilon 0.
+        undivided = divisor.is_null() | (centred == 0)
+        return pl.when(undivided).then(centred).otherwise(centred / (divisor + config.epsilon))
+    # A zero-std group has centred == 0 exactly; keep it 0 even when epsilon is 0 (not 0/0).
+    return pl.when(centred == 0).then(0.0).otherwise(centred / (divisor + config.epsilon))
+
+
+def unit_divisor(
+    rule: EstimatorRule, config: AdvantageConfig, baseline: pl.Expr, divisor: pl.Expr
+) -> pl.Expr:
+    """What a unit's centred score is divided by before epsilon, in a group of more than one
+    unit: its group's ``divisor``, or under grpo_loo at the group scale the std of its group's
+    other units (:func:`others_std`, ``divisor`` being the group's std and ``baseline`` its
+    mean)."""
+    if rule.others_std and config.effective_scale is Scale.GROUP:
+        return others_std(divisor, baseline, config.std_ddof)
+    return divisor
+
+
+def centred_score(rule: EstimatorRule, baseline: pl.Expr) -> pl.Expr:
+    """A unit's score centred as ``rule`` centres it (in a group of more than one unit), before
+    any divisor."""
     centred = pl.col(SCORE) - baseline
     if rule.baseline is Baseline.LEAVE_ONE_OUT:
         # s minus the mean of the other n - 1 units = n / (n - 1) * (s - mean).
         return pl.col("units") / (pl.col("units") - 1) * centred
     if rule.baseline is Baseline.SECOND_BEST:
         # Only the top unit (first in input order on a tie) gets s_max - s_second.
-        centred = pl.when(pl.col("first_row") == pl.col("top_row")).then(centred).otherwise(0.0)
-    if config.effective_scale is Scale.NONE:
-        return centred
-    if config.step is not None and config.step.std_floor is not None:
-        # GiGPO's episode term under ROLL's normalization: a group of std at most the floor gets 0.
-        centred = pl.when(divisor <= config.step.std_floor).then(0.0).otherwise(centred)
-    # A zero-std group has centred == 0 exactly; keep it 0 even when epsilon is 0 (not 0/0).
-    return pl.when(centred == 0).then(0.0).otherwise(centred / (divisor + config.epsilon))
+        return pl.when(pl.col("first_row") == pl.col("top_row")).then(centred).otherwise(0.0)
+    return centred
+
+
+def others_std(std: pl.Expr, mean: pl.Expr, ddof: int) -> pl.Expr:
+    """The std of a unit's group's other units (OTHERS_STD), over its group's ``std`` (of
+    ``ddof``), ``mean``, ``units``, ``zero_std`` and extremes (EXTREME_COLUMNS:
+    ``score_min``, ``score_max``, ``count_min``, ``count_max``, ``m2_above_min``,
+    ``m2_below_max``) joined to it, and its ``score``.
+
+    The others' sum of squared deviations, divided by n − 1 − ddof: for a unit alone at its
+    group's lowest or highest score, that of the units above or below it, made directly; for
+    any other unit, whose others hold the group's lowest and highest scores (so their spread is
+    of the group's order), M2 − d² · n / (n − 1), with d = s − mean and M2 = std² · (n − ddof)
+    the group's (their mean is d / (n − 1) off the group's). Null where the others all carry
+    one score (their std exactly 0, the rule leaves the unit undivided): where the group has
+    two units, or none differ, or the unit is the only one off a score every other carries,
+    told by the counts, not by a rounded sum (which may also underflow to 0 where the others
+    differ by subnormal amounts, and is then divided by as 0)."""
+    n = pl.col("units")
+    score = pl.col(SCORE)
+    lowest = (score == pl.col("score_min")) & (pl.col("count_min") == 1)
+    highest = (score == pl.col("score_max")) & (pl.col("count_max") == 1)
+    tied = (
+        (n <= 2)
+        | pl.col("zero_std")
+        | (lowest & (pl.col("count_max") == n - 1))
+        | (highest & (pl.col("count_min") == n - 1))
+    )
+    deviation = score - mean
+    others_m2 = (
+        pl.when(lowest)
+        .then(pl.col("m2_above_min"))
+        .when(highest)
+        .then(pl.col("m2_below_max"))
+        .otherwise(std.pow(2) * (n - ddof) - deviation.pow(2) * n / (n - 1))
+    )
+    spread = (others_m2.clip(lower_bound=0.0) / (n - 1 - ddof)).sqrt()
+    return pl.when(~tied).then(spread)
+
+
+# What others_std reads of a group beside its mean and std.
+EXTREME_COLUMNS = [
+    "score_min",
+    "score_max",
+    "count_min",
+    "count_max",
+    "m2_above_min",
+    "m2_below_max",
+]
 
 
 def _singleton_advantage(
@@ -228,7 +300,9 @@ def compute_advantages(
     rule = RULES[config.estimator]
     second_best = rule.baseline is Baseline.SECOND_BEST
     stats = (
-        group_statistics(units, second_best=second_best, ddof=config.std_ddof)
+        group_statistics(
+            units, second_best=second_best, ddof=config.std_ddof, extremes=rule.others_std
+        )
         if statistics is None
         else statistics
     )
@@ -238,6 +312,8 @@ def compute_advantages(
             batch_stds(units, batch, config.std_ddof), on=BATCH, how="left", maintain_order="left"
         )
     batch_columns = ["batch_std"] if by_batch else []
+    # grpo_loo's others' std is each unit's own, made from its group's extremes (others_std).
+    extreme_columns = EXTREME_COLUMNS if rule.others_std else []
     singleton = pl.col("units") == 1
     groups = stats.select(
         pl.col(GROUP),
@@ -247,6 +323,7 @@ def compute_advantages(
         pl.when(singleton).then(SINGLETON_STD).otherwise(divisor(config)).alias("divisor"),
         pl.col("zero_std"),
         *batch_columns,
+        *extreme_columns,
     )
     # Streaming, and only the advantage comes out: the group columns are never copied out to
     # every unit (at turn level, every row).
@@ -254,46 +331,71 @@ def compute_advantages(
         units.lazy()
         .select(GROUP, SCORE, "first_row")
         .join(
-            groups.lazy().select(GROUP, "units", "top_row", "baseline", "divisor", *batch_columns),
+            groups.lazy().select(
+                GROUP,
+                "units",
+                "top_row",
+                "baseline",
+                "divisor",
+                *batch_columns,
+                *(["zero_std", *extreme_columns] if rule.others_std else []),
+            ),
             on=GROUP,
             how="left",
             maintain_order="left",
         )
-        .select(unit_advantage(rule, config).alias("advantage"))
+        .select(
+            unit_advantage(
+                rule,
+                config,
+                divisor=unit_divisor(rule, config, pl.col("baseline"), pl.col("divisor")),
+            ).alias("advantage")
+        )
         .collect(engine="streaming")
         .to_series()
     )
     units = units.with_columns(advantage)
     if rule.whitens:
-        if trajectories is None:  # turn level: the units are the rows
-            rows = units.select("advantage", TOKENS, batch_key(batch))
-        else:
-            rows = projection.select(TOKENS, batch_key(batch)).with_columns(
-                units["advantage"].gather(pl.Series(trajectories.of_row))
-            )
-        whitening = token_whitening(rows, batch)
-        del rows
-        units = units.with_columns(batch_key(batch)).join(
-            whitening, on=BATCH, how="left", maintain_order="left"
-        )
-        # Times the reciprocal, as for --scale batch's singletons (_singleton_advantage).
-        whitened = (pl.col("advantage") - pl.col("whiten_mean")) * (1.0 / pl.col("whiten_scale"))
-        # verl multiplies the whitened values by the mask: a row without response tokens gets 0
-        # (at turn level the units are the rows; at trajectory level Advantages.rows does it).
-        if trajectories is None:
-            whitened = pl.when(pl.col(TOKENS) > 0).then(whitened).otherwise(0.0)
-        units = units.with_columns(whitened.alias("advantage")).drop(
-            BATCH, "whiten_mean", "whiten_scale"
-        )
+        units = _whitened(units, projection, trajectories, batch)
     masked_rows = (projection, trajectories) if rule.whitens and trajectories is not None else None
     check_finite(units, naming, masked_rows)
-    groups = groups.rename({"divisor": "std"}).drop("top_row", *batch_columns)
+    groups = groups.rename({"divisor": "std"}).drop("top_row", *batch_columns, *extreme_columns)
     return Advantages(
         level=config.level,
         units=units,
         groups=groups,
         trajectories=trajectories,
         empty_rows_zero=masked_rows is not None,
+    )
+
+
+def _whitened(
+    units: pl.DataFrame,
+    projection: pl.DataFrame,
+    trajectories: Trajectories | None,
+    batch: str | None,
+) -> pl.DataFrame:
+    """The units with REINFORCE++'s post-step applied to their ``advantage``: whitened over
+    every response token of each batch (:func:`token_whitening`)."""
+    if trajectories is None:  # turn level: the units are the rows
+        rows = units.select("advantage", TOKENS, batch_key(batch))
+    else:
+        rows = projection.select(TOKENS, batch_key(batch)).with_columns(
+            units["advantage"].gather(pl.Series(trajectories.of_row))
+        )
+    whitening = token_whitening(rows, batch)
+    del rows
+    units = units.with_columns(batch_key(batch)).join(
+        whitening, on=BATCH, how="left", maintain_order="left"
+    )
+    # Times the reciprocal, as for --scale batch's singletons (_singleton_advantage).
+    whitened = (pl.col("advantage") - pl.col("whiten_mean")) * (1.0 / pl.col("whiten_scale"))
+    # verl multiplies the whitened values by the mask: a row without response tokens gets 0
+    # (at turn level the units are the rows; at trajectory level Advantages.rows does it).
+    if trajectories is None:
+        whitened = pl.when(pl.col(TOKENS) > 0).then(whitened).otherwise(0.0)
+    return units.with_columns(whitened.alias("advantage")).drop(
+        BATCH, "whiten_mean", "whiten_scale"
     )
 
 

@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from advcli.advantages.estimators import baseline, divisor, unit_advantage
+from advcli.advantages.estimators import (
+    EXTREME_COLUMNS,
+    baseline,
+    centred_score,
+    divisor,
+    others_std,
+    unit_advantage,
+)
 from advcli.advantages.statistics import BATCH, batch_key, batch_stds, group_statistics
 from advcli.advantages.unit_scores import Naming, build_units
 from advcli.advantages.units import Trajectories
@@ -42,7 +49,7 @@ from advcli.settings.config import (
     Singleton,
     StdDenominator,
 )
-from advcli.settings.rules import RULES
+from advcli.settings.rules import POPULATION_DDOF, RULES, STD_DDOF
 
 # A trainer's advantage matches a rule's within float32: |expected − found| ≤ 1e-5 + 1e-5·|found|.
 MATCH_ABSOLUTE = 1e-5
@@ -58,6 +65,7 @@ FIT_ESTIMATORS = (
     Estimator.RLOO,
     Estimator.OPO,
     Estimator.GRPO_PASSK,
+    Estimator.GRPO_LOO,
 )
 # The settings a rule is told by, in the order they are reported.
 SETTINGS = ("level", "estimator", "scale", "singleton", "epsilon", "std_ddof")
@@ -85,7 +93,11 @@ def candidate_rules(levels: Sequence[Level], token_counts: bool) -> list[Advanta
         if rule.counts_tokens and not token_counts:
             continue
         scales: tuple[Scale | None, ...] = (None,)
-        if rule.divides:
+        if rule.others_std:
+            # No trainer divides a leave-one-out centred score by the batch's std; undivided,
+            # it is rloo.
+            scales = (Scale.GROUP,)
+        elif rule.divides:
             scales = (Scale.GROUP, Scale.BATCH)
             if estimator is Estimator.GRPO_PASSK:
                 scales += (Scale.NONE,)
@@ -270,12 +282,17 @@ def _with_fitted_epsilon(
     if best.std_in_use is None:
         return None
     rule = RULES[best.estimator]
-    std = STD_COLUMN[best.effective_std]
-    centred = pl.col(SCORE) - baseline(rule)
+    centred = centred_score(rule, baseline(rule))
+    divided_by = _unit_divisor(best)
     found = pl.col(TRAINER_FIRST)
     implied = (
-        rows.filter((pl.col("units") > 1) & (centred != 0) & (found.abs() > MATCH_ABSOLUTE))
-        .select((centred / found - divisor(best, pl.col(std), pl.col(f"batch_{std}"))).median())
+        rows.filter(
+            (pl.col("units") > 1)
+            & (centred != 0)
+            & (found.abs() > MATCH_ABSOLUTE)
+            & divided_by.is_not_null()
+        )
+        .select((centred / found - divided_by).median())
         .item()
     )
     if implied is None or not 0 < implied < math.inf:
@@ -329,14 +346,19 @@ STD_COLUMN = {StdDenominator.SAMPLE: "std_sample", StdDenominator.POPULATION: "s
 
 def _candidate(config: AdvantageConfig) -> pl.Expr:
     """A candidate rule's advantage over a level's rows (:func:`_level_rows`)."""
-    std = config.effective_std
-    return unit_advantage(
-        RULES[config.estimator],
-        config,
-        baseline(RULES[config.estimator]),
-        divisor(config, pl.col(STD_COLUMN[std]), pl.col(f"batch_{STD_COLUMN[std]}")),
-        pl.col(f"batch_{STD_COLUMN[std]}"),
-    )
+    rule = RULES[config.estimator]
+    batch_std = pl.col(f"batch_{STD_COLUMN[config.effective_std]}")
+    return unit_advantage(rule, config, baseline(rule), _unit_divisor(config), batch_std)
+
+
+def _unit_divisor(config: AdvantageConfig) -> pl.Expr:
+    """What a candidate divides a unit's centred score by, over a level's rows: the std of
+    its group or batch (:func:`~advcli.advantages.estimators.divisor`), or the other units'
+    (grpo_loo), made once a level (:func:`_level_rows`)."""
+    std = STD_COLUMN[config.effective_std]
+    if RULES[config.estimator].others_std and config.effective_scale is Scale.GROUP:
+        return pl.col(f"others_{std}")
+    return divisor(config, pl.col(std), pl.col(f"batch_{std}"))
 
 
 def _level_rows(
@@ -357,7 +379,7 @@ def _level_rows(
         naming,
         trajectories if level is Level.TRAJECTORY else None,
     )
-    stats = group_statistics(units, second_best=True)
+    stats = group_statistics(units, second_best=True, extremes=True)
     stats = stats.with_columns(
         pl.col("std").alias("std_sample"),
         pl.when(pl.col("units") > 1)
@@ -388,12 +410,20 @@ def _level_rows(
                 "tokens_sum",
                 "tokens_score_sum",
                 "zero_std",
+                *EXTREME_COLUMNS,
             ),
             on=GROUP,
             how="left",
             maintain_order="left",
         )
         .join(batches, on=BATCH, how="left", maintain_order="left")
+        .with_columns(
+            others_std(pl.col("std_sample"), pl.col("mean"), STD_DDOF).alias("others_std_sample"),
+            others_std(pl.col("std_population"), pl.col("mean"), POPULATION_DDOF).alias(
+                "others_std_population"
+            ),
+        )
+        .drop(EXTREME_COLUMNS)
     )
     rows = per_unit if level is Level.TURN else per_unit[trajectories.of_row]
     order = projection[TURN].to_numpy() if TURN in projection.columns else None

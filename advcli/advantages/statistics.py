@@ -24,6 +24,7 @@ def group_statistics(
     units_per_part: int | None = None,
     second_best: bool = False,
     ddof: int = STD_DDOF,
+    extremes: bool = False,
 ) -> pl.DataFrame:
     """Every per-group quantity an estimator needs, in one group-by, before any singleton rule.
 
@@ -35,7 +36,8 @@ def group_statistics(
     with the group's highest score and ``score_second`` the second highest score (equal to the
     highest on a tie); without, ``top_row`` is the group's first unit and there is no
     ``score_second`` — the two cost several times every other figure together where groups are
-    small (each row its own unit). ``units_per_part``: see below.
+    small (each row its own unit). With ``extremes`` (grpo_loo's others' std), the figures of
+    :func:`_extreme_figures`. ``units_per_part``: see below.
     """
     all_equal = pl.col("score_max") == pl.col("score_min")
     # Groups are independent: in parts of about a million units, split by a hash of the group,
@@ -44,11 +46,11 @@ def group_statistics(
     parts = min(255, max(1, -(-units.height // (units_per_part or UNITS_PER_PART))))
     columns = units.select(GROUP, SCORE, TOKENS, "first_row")
     if parts == 1:
-        pieces = [_group_figures(columns, second_best, ddof)]
+        pieces = [_group_figures(columns, second_best, ddof, extremes)]
     else:
         part = columns.select((pl.col(GROUP).hash() % parts).cast(pl.UInt8)).to_series()
         pieces = [
-            _group_figures(columns.filter(part == index), second_best, ddof)
+            _group_figures(columns.filter(part == index), second_best, ddof, extremes)
             for index in range(parts)
         ]
     return (
@@ -70,7 +72,9 @@ def group_statistics(
 UNITS_PER_PART = 1_000_000
 
 
-def _group_figures(units: pl.DataFrame, second_best: bool, ddof: int) -> pl.DataFrame:
+def _group_figures(
+    units: pl.DataFrame, second_best: bool, ddof: int, extremes: bool
+) -> pl.DataFrame:
     # Sorting by (group, score, tokens) first fixes the order in which each group's floats are
     # summed, so the statistics are bit-identical whatever the input files' order or the thread
     # count.
@@ -102,12 +106,32 @@ def _group_figures(units: pl.DataFrame, second_best: bool, ddof: int) -> pl.Data
                 if second_best
                 else [pl.col("first_row").min().alias("top_row")]
             ),
+            *(_extreme_figures() if extremes else []),
             pl.col(TOKENS).sum().alias("tokens_sum"),
             (pl.col(TOKENS) * pl.col(SCORE)).sum().alias("tokens_score_sum"),
             pl.col("first_row").min().alias("first_row"),
         )
         .select(pl.exclude(RUN))
     )
+
+
+def _extreme_figures() -> list[pl.Expr]:
+    """How many units carry the group's lowest and highest score, and the sum of squared
+    deviations (from their own mean) of the units above the lowest and below the highest: the
+    other units' of a unit alone at an extreme, made from them directly (grpo_loo's others'
+    std, where a difference from the group's would lose them to rounding)."""
+    score = pl.col(SCORE)
+
+    def m2(kept: pl.Expr) -> pl.Expr:
+        values = score.filter(kept)
+        return ((values - values.mean()) ** 2).sum()
+
+    return [
+        (score == score.min()).sum().alias("count_min"),
+        (score == score.max()).sum().alias("count_max"),
+        m2(score > score.min()).alias("m2_above_min"),
+        m2(score < score.max()).alias("m2_below_max"),
+    ]
 
 
 # The run number of a sorted struct group key, while _group_figures runs.

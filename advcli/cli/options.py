@@ -95,7 +95,8 @@ TrajScoreOpt = Annotated[
 ScaleOpt = Annotated[
     Scale | None,
     option(
-        "--scale", help="grpo/grpo_passk divisor: group std, batch std or none [default: group]."
+        "--scale",
+        help="grpo/grpo_passk/grpo_loo divisor: group std, batch std or none [default: group].",
     ),
 ]
 StdOpt = Annotated[

@@ -37,19 +37,21 @@ class Level(str, Enum):
 
 
 class Estimator(str, Enum):
-    """The advantage estimators, by their verl names (the docs' estimators page has each rule)."""
+    """The advantage estimators, by their verl names where verl has them (grpo_loo: NeMo-RL's
+    GRPO; the docs' estimators page has each rule)."""
 
     GRPO = "grpo"
     DRGRPO = "drgrpo"
     RLOO = "rloo"
     OPO = "opo"
     GRPO_PASSK = "grpo_passk"
+    GRPO_LOO = "grpo_loo"
     REINFORCE_PP_BASELINE = "reinforce_pp_baseline"
     GIGPO = "gigpo"
 
 
 class Scale(str, Enum):
-    """What grpo and grpo_passk divide by (TRL's ``scale_rewards`` vocabulary)."""
+    """What grpo, grpo_passk and grpo_loo divide by (TRL's ``scale_rewards`` vocabulary)."""
 
     GROUP = "group"
     BATCH = "batch"
@@ -301,7 +303,8 @@ class AdvantageConfig:
     traj_score
         Rule for a trajectory whose rows carry different scores; ``None`` makes that an error.
     scale
-        For grpo and grpo_passk: divide by the group std (default), the batch std, or nothing.
+        For grpo, grpo_passk and grpo_loo: divide by the group std (default; grpo_loo: the
+        other units'), the batch std, or nothing.
     singleton
         ``raw``: a single-unit group keeps its raw score (verl's rule); ``zero``: it gets 0.
     std
@@ -329,7 +332,8 @@ class AdvantageConfig:
                 " (its divisor is --gigpo-norm's)" if self.estimator is Estimator.GIGPO else ""
             )
             raise SettingsError(
-                f"--scale applies to grpo and grpo_passk, not to {self.estimator.value}{divisor}"
+                f"--scale applies to {', '.join(e.value for e in SCALED)}, not to "
+                f"{self.estimator.value}{divisor}"
             )
         if not 0 <= self.epsilon < math.inf:
             raise SettingsError(f"epsilon must be a finite number >= 0, got {self.epsilon}")
@@ -374,8 +378,9 @@ class AdvantageConfig:
         if not RULES[self.estimator].divides or self.effective_scale is Scale.NONE:
             scale = " at scale none" if RULES[self.estimator].divides else ""
             raise SettingsError(
-                "--std applies where the rule divides by a std (grpo, grpo_passk, gigpo under "
-                f"--gigpo-norm mean_std); {self.estimator.value}{scale} divides by none"
+                "--std applies where the rule divides by a std (grpo, grpo_passk, grpo_loo, "
+                f"gigpo under --gigpo-norm mean_std); {self.estimator.value}{scale} divides by "
+                "none"
             )
         if self.per_turn is not None and self.per_turn.variance_epsilon is not None:
             raise SettingsError(

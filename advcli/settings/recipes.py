@@ -37,6 +37,7 @@ class Recipe(str, Enum):
     PRIME_RL = "prime-rl"
     OPEN_INSTRUCT = "open-instruct"
     TRL = "trl"
+    NEMO_RL = "nemo-rl"
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,17 @@ OUTCOME_RECIPES: dict[Recipe, OutcomeRecipe] = {
     # (r - mean) / (std + 1e-4), torch.std's Bessel std; scale_rewards "batch" and "none" are
     # --scale's.
     Recipe.TRL: OutcomeRecipe(Level.TRAJECTORY, (Estimator.GRPO,), epsilon=1e-4, batch_scale=True),
+    # nemo_rl/algorithms/advantage_estimator.py, GRPOAdvantageEstimator, over
+    # calculate_baseline_and_std_per_prompt (nemo_rl/algorithms/utils.py): the leave-one-out
+    # mean and the other samples' Bessel std, + 1e-6 only where that std is above 0
+    # (use_leave_one_out_baseline and normalize_rewards true, the defaults); a prompt of one
+    # valid sample gets 0 (its baseline is its reward). normalize_rewards false: rloo.
+    Recipe.NEMO_RL: OutcomeRecipe(
+        Level.TRAJECTORY,
+        (Estimator.GRPO_LOO, Estimator.RLOO),
+        epsilon=1e-6,
+        singleton=Singleton.ZERO,
+    ),
 }
 
 

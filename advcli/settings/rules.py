@@ -46,6 +46,9 @@ class EstimatorRule:
     # GiGPO: the rule above is the episode term's (its divisor the std under --gigpo-norm
     # mean_std, 1 under mean, never --scale), plus ω times the step term (STEP_* below).
     steps: bool = False
+    # NeMo-RL's GRPO: at the group scale a unit is divided by the std of the group's *other*
+    # units (OTHERS_STD below), not the group's.
+    others_std: bool = False
 
     @property
     def counts_tokens(self) -> bool:
@@ -69,6 +72,15 @@ RULES: dict[str, EstimatorRule] = {
     "grpo_passk": EstimatorRule(
         Baseline.SECOND_BEST, divides=True, singleton_keeps_score=False, whitens=False
     ),
+    # NeMo-RL's default GRPO: the leave-one-out mean, and at the group scale the std of the
+    # other units (OTHERS_STD).
+    "grpo_loo": EstimatorRule(
+        Baseline.LEAVE_ONE_OUT,
+        divides=True,
+        singleton_keeps_score=True,
+        whitens=False,
+        others_std=True,
+    ),
     "reinforce_pp_baseline": EstimatorRule(
         Baseline.MEAN, divides=False, singleton_keeps_score=True, whitens=True
     ),
@@ -76,6 +88,12 @@ RULES: dict[str, EstimatorRule] = {
         Baseline.MEAN, divides=True, singleton_keeps_score=True, whitens=False, steps=True
     ),
 }
+
+# grpo_loo's divisor at the group scale: for a unit of a group of n units, the std (ddof as
+# --std says: n − 2 the sample's denominator, n − 1 the population's) of the n − 1 *other*
+# units' scores, which is 0 where they all carry one score (always so for n = 2). The centred
+# score is divided by it plus ε only where it is above 0; where it is 0 the centred score is
+# the advantage, undivided (NeMo-RL: "don't sharpen the ones with no variation").
 
 # GiGPO's step term. Each row's step return R_t = r_t + γ R_{t+1} over its trajectory's rows in
 # turn order (the turn column, else row order); rows with equal anchors (within a group, or

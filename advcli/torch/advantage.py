@@ -77,8 +77,8 @@ def compute_advantage(  # noqa: PLR0913
         fit together, raise :class:`advcli.errors.SettingsError` (a ``ValueError``).
     level, scale, singleton, epsilon
         As ``--level`` (``trajectory``: each trajectory is one unit of its group; ``turn``:
-        every row is one), ``--scale`` (grpo and grpo_passk: ``group``, ``batch`` or ``none``),
-        ``--singleton`` (``raw``, ``zero``) and ``--epsilon``, with their defaults.
+        every row is one), ``--scale`` (grpo, grpo_passk, grpo_loo: ``group``, ``batch`` or
+        ``none``), ``--singleton`` (``raw``, ``zero``) and ``--epsilon``, with their defaults.
     traj_score
         The trajectory's score when its rows disagree (``first``, ``last``, ``mean``, ``max``,
         ``sum``; verl's v1 path: ``"last"``); ``None`` refuses such a trajectory (ValueError).

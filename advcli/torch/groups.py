@@ -41,10 +41,12 @@ class GroupTable:
     others), ``divisor`` (what it is divided by, ε included; None when the estimator does not
     divide), ``top`` (pass@k: the order of the group's top unit, the only one whose centred score
     counts; None for the others), ``lone_zero`` (a unit alone in its group gets 0), ``floored``
-    (the groups whose units get 0, their std at most ROLL's floor; None: no floor) and
-    ``unit_centred`` (each unit's score less its baseline, when that is the mean: kept so the
-    table applied to its own units gathers nothing again; None for the others). Slots that
-    no unit uses hold NaN or infinities; they are never read.
+    (the groups whose units get 0, their std at most ROLL's floor; None: no floor),
+    ``others`` (grpo_loo at the group scale: each score is divided by its group's other
+    units' std instead of ``divisor``) and ``unit_centred`` (each unit's score less its
+    baseline, when that is the mean: kept so the table applied to its own units gathers
+    nothing again; None for the others). Slots that no unit uses hold NaN or infinities; they
+    are never read.
     """
 
     count: torch.Tensor
@@ -56,6 +58,7 @@ class GroupTable:
     lone_zero: bool
     unit_centred: torch.Tensor | None
     floored: torch.Tensor | None = None
+    others: OthersSpread | None = None
 
     def counts(self) -> GroupCounts:
         """The groups, those of one unit and those of more whose units carry one score."""
@@ -64,6 +67,97 @@ class GroupTable:
             singleton_groups=int((self.count == 1).sum()),
             zero_std_groups=int((self.all_equal & (self.count > 1)).sum()),
         )
+
+
+@dataclass(frozen=True)
+class OthersSpread:
+    """What grpo_loo's divisor (advcli.settings.rules.OTHERS_STD) is made of, per group slot,
+    as :func:`advcli.advantages.estimators.others_std` states it: the unit ``count``,
+    ``centre`` (the mean), ``m2`` (Σ(x − mean)²), ``all_equal``, the lowest and highest scores,
+    how many units carry each, and the Σ of squared deviations of the units above the lowest
+    and below the highest; with the std's ``ddof`` and ε."""
+
+    count: torch.Tensor
+    centre: torch.Tensor
+    m2: torch.Tensor
+    all_equal: torch.Tensor
+    low: torch.Tensor
+    high: torch.Tensor
+    low_count: torch.Tensor
+    high_count: torch.Tensor
+    m2_above_low: torch.Tensor
+    m2_below_high: torch.Tensor
+    ddof: int
+    epsilon: float
+
+    def divide(self, advantage: torch.Tensor, x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        """``advantage`` (of the scores ``x`` of ``group``) divided by the std of the group's
+        other units plus ε, undivided where the others all carry one score (told by the
+        counts); a lone unit's by SINGLETON_STD + ε."""
+
+        def of(values: torch.Tensor) -> torch.Tensor:
+            return values.index_select(0, group)
+
+        n = of(self.count)
+        lowest = (x == of(self.low)) & (of(self.low_count) == 1)
+        highest = (x == of(self.high)) & (of(self.high_count) == 1)
+        tied = (
+            (n <= 2)
+            | of(self.all_equal)
+            | (lowest & (of(self.high_count) == n - 1))
+            | (highest & (of(self.low_count) == n - 1))
+        )
+        deviation = x - of(self.centre)
+        others_m2 = torch.where(
+            lowest,
+            of(self.m2_above_low),
+            torch.where(
+                highest, of(self.m2_below_high), of(self.m2) - deviation.square() * n / (n - 1)
+            ),
+        )
+        spread = (others_m2.clamp(min=0.0) / (n - 1 - self.ddof).clamp(min=1.0)).sqrt()
+        divided = advantage / spread.masked_fill(n == 1, SINGLETON_STD).add(self.epsilon)
+        return torch.where((tied & (n > 1)) | (advantage == 0), advantage, divided)
+
+
+def _others_spread(
+    x: torch.Tensor,
+    group: torch.Tensor,
+    bound: int,
+    parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    ddof: int,
+    epsilon: float,
+) -> OthersSpread:
+    """grpo_loo's :class:`OthersSpread` of the units ``x``, from their groups' ``count``,
+    ``centre``, ``m2`` and ``all_equal``."""
+    count, centre, m2, all_equal = parts
+    low = x.new_full((bound,), math.inf).scatter_reduce_(0, group, x, "amin")
+    high = x.new_full((bound,), -math.inf).scatter_reduce_(0, group, x, "amax")
+    at_low = x == low.index_select(0, group)
+    at_high = x == high.index_select(0, group)
+
+    def m2_of(kept: torch.Tensor) -> torch.Tensor:
+        """Σ(x − their mean)² of each group's units where ``kept``."""
+        weight = kept.to(x.dtype)
+        kept_count = x.new_zeros(bound).scatter_add_(0, group, weight)
+        mean = x.new_zeros(bound).scatter_add_(0, group, x * weight) / kept_count.clamp(min=1.0)
+        deviation = (x - mean.index_select(0, group)) * weight
+        return x.new_zeros(bound).scatter_add_(0, group, deviation.square())
+
+    return OthersSpread(
+        count=count,
+        centre=centre,
+        m2=m2.clone(),
+        all_equal=all_equal,
+        low=low,
+        high=high,
+        low_count=x.new_zeros(bound).scatter_add_(0, group, at_low.to(x.dtype)),
+        high_count=x.new_zeros(bound).scatter_add_(0, group, at_high.to(x.dtype)),
+        m2_above_low=m2_of(~at_low),
+        m2_below_high=m2_of(~at_high),
+        ddof=ddof,
+        epsilon=epsilon,
+    )
 
 
 def group_table(  # noqa: PLR0913
@@ -121,8 +215,10 @@ def group_table(  # noqa: PLR0913
         # s minus the mean of the other n - 1 units = n / (n - 1) * (s - mean).
         factor = (count / (count - 1)).masked_fill_(alone, 1.0)
 
-    divisor = floored = None
-    if scale is Scale.GROUP:
+    divisor = floored = others = None
+    if rule.others_std and scale is Scale.GROUP:
+        others = _others_spread(x, group, bound, (count, centre, m2, all_equal), ddof, epsilon)
+    elif scale is Scale.GROUP:
         # A lone unit is divided by the singleton std (its own is never read, so no 0 / 0 is
         # taken for it); equal units by the zero std.
         if variance_epsilon is None:
@@ -149,6 +245,7 @@ def group_table(  # noqa: PLR0913
         lone_zero=singleton is Singleton.ZERO or not rule.singleton_keeps_score,
         unit_centred=unit_centred,
         floored=floored,
+        others=others,
     )
 
 
@@ -191,7 +288,7 @@ def apply_table(
     # page faults.
     centred = table.baseline.index_select(0, group)
     torch.sub(x, centred, out=centred)
-    return _advantage_of_centred(table, centred, group, order)
+    return _advantage_of_centred(table, centred, x, group, order)
 
 
 def apply_table_to_units(
@@ -201,18 +298,25 @@ def apply_table_to_units(
     centred scores where the table kept them."""
     if table.unit_centred is None:
         return apply_table(table, x, group, order)
-    return _advantage_of_centred(table, table.unit_centred, group, order)
+    return _advantage_of_centred(table, table.unit_centred, x, group, order)
 
 
 def _advantage_of_centred(
-    table: GroupTable, centred: torch.Tensor, group: torch.Tensor, order: torch.Tensor | None
+    table: GroupTable,
+    centred: torch.Tensor,
+    x: torch.Tensor,
+    group: torch.Tensor,
+    order: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The advantage of each score, from its ``centred`` score (it less its group's baseline)."""
+    """The advantage of each score ``x``, from its ``centred`` score (it less its group's
+    baseline)."""
     if table.top is not None:
         assert order is not None
         centred = torch.where(order == table.top.index_select(0, group), centred, 0.0)
     if table.factor is not None:
-        advantage = centred * table.factor.index_select(0, group)
+        centred = centred * table.factor.index_select(0, group)
+    if table.others is not None:
+        advantage = table.others.divide(centred, x, group)
     elif table.divisor is not None:
         divisor = table.divisor.index_select(0, group)
         advantage = torch.div(centred, divisor, out=divisor)

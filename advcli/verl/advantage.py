@@ -67,6 +67,7 @@ ESTIMATORS: dict[str, Estimator | None] = {
     "reinforce_plus_plus_baseline": Estimator.REINFORCE_PP_BASELINE,
     "drgrpo": Estimator.DRGRPO,
     "reinforce_pp_baseline": Estimator.REINFORCE_PP_BASELINE,
+    "grpo_loo": Estimator.GRPO_LOO,
     # verl-agent's AdvantageEstimator.GiGPO.
     "gigpo": Estimator.GIGPO,
     "gae": None,
@@ -338,9 +339,9 @@ def _scale(
     estimator: Estimator, norm_adv_by_std_in_grpo: Any, config: Any, scale: str | None
 ) -> str | None:
     """advcli's ``scale`` for verl's ``norm_adv_by_std_in_grpo``: ``none`` where it is False
-    and the estimator divides by a std (grpo, grpo_passk), ``scale`` otherwise. ``config``'s
-    own ``norm_adv_by_std_in_grpo`` (verl's grpo reads the argument, its grpo_passk the config)
-    must agree with the argument."""
+    and the estimator divides by a std (grpo, grpo_passk, grpo_loo), ``scale`` otherwise.
+    ``config``'s own ``norm_adv_by_std_in_grpo`` (verl's grpo reads the argument, its grpo_passk
+    the config) must agree with the argument."""
     if not RULES[estimator].divides or RULES[estimator].steps:
         # gigpo's divisor is its norm's (verl-agent's gigpo does not read the flag either).
         return scale

@@ -9,7 +9,9 @@ import statistics
 import numpy as np
 import polars as pl
 import pytest
+from cases import LOO_BY_HAND, LOO_NEAR_TIES, LOO_ROWS
 from conftest import ROOT
+from reference import reference_advantages
 
 from advcli.settings.rules import RULES
 
@@ -86,6 +88,41 @@ EXPECTED = {
     ("turn", "grpo_passk"): [0.2 / (G_STD_TURN + EPS)] + [0.0] * 10,
 }
 
+# grpo_loo (NeMo-RL's): c = s - mean of the other units, divided by the sample std of the other
+# units plus eps where that std is above 0, else undivided. Trajectory level, G [a 1, b 0,
+# c .8]: a's others [0, .8], b's [1, .8], c's [1, 0]. T [1, 1, 0]: t1's and t2's others
+# [1, 0]; t3's [1, 1] tie, so t3 gets 0 - 1 undivided. Turn level, G [a 1, b 0, c .8, b 0]:
+# a's others [0, .8, 0], each b's [1, .8, 0], c's [1, 0, 0]; S's two rows tie (0).
+
+
+def _loo(score: float, others: list[float]) -> float:
+    return (score - statistics.mean(others)) / (statistics.stdev(others) + EPS)
+
+
+T_LOO = [_loo(1, [1, 0]), _loo(1, [1, 0]), -1.0]
+EXPECTED[("trajectory", "grpo_loo")] = [
+    _loo(1, [0, 0.8]),
+    _loo(0, [1, 0.8]),
+    2 / (1 + EPS),
+    _loo(0.8, [1, 0]),
+    _loo(0, [1, 0.8]),
+    0,
+    2 / (1 + EPS),
+    0,
+    *T_LOO,
+]
+EXPECTED[("turn", "grpo_loo")] = [
+    _loo(1, [0, 0.8, 0]),
+    _loo(0, [1, 0.8, 0]),
+    0,
+    _loo(0.8, [1, 0, 0]),
+    _loo(0, [1, 0.8, 0]),
+    0,
+    0,
+    0,
+    *T_LOO,
+]
+
 
 def whiten(values: list[float]) -> list[float]:
     """verl's masked whitening written out: token mean and unbiased token variance."""
@@ -124,7 +161,8 @@ def test_reinforce_pp_whitening_has_zero_token_mean_and_unit_variance(advantages
 
 
 @pytest.mark.parametrize(
-    "estimator", ["grpo", "drgrpo", "rloo", "opo", "grpo_passk", "reinforce_pp_baseline"]
+    "estimator",
+    ["grpo", "drgrpo", "rloo", "opo", "grpo_passk", "grpo_loo", "reinforce_pp_baseline"],
 )
 def test_singleton_zero(estimator, advantages):
     # At trajectory level S is a singleton: rows 2 and 6 get 0 before any whitening.
@@ -184,7 +222,7 @@ def test_scale_only_for_grpo_estimators(write_dump, run, tmp_path):
         "batch",
     )
     assert result.exit_code == 2
-    assert "--scale applies to grpo and grpo_passk, not to rloo" in result.output
+    assert "--scale applies to grpo, grpo_passk, grpo_loo, not to rloo" in result.output
 
 
 def test_summary_names_estimator_scale_singleton(write_dump, run, tmp_path):
@@ -207,7 +245,8 @@ def test_summary_names_estimator_scale_singleton(write_dump, run, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "estimator", ["grpo", "drgrpo", "rloo", "opo", "grpo_passk", "reinforce_pp_baseline"]
+    "estimator",
+    ["grpo", "drgrpo", "rloo", "opo", "grpo_passk", "grpo_loo", "reinforce_pp_baseline"],
 )
 def test_compare_reports_every_estimator(estimator, write_dump, run, tmp_path):
     result = run("compare", write_dump(ROWS), "--estimator", estimator, "--json", "-")
@@ -331,3 +370,19 @@ def test_the_docs_rule_table_is_the_code_table():
         for name, rule in RULES.items()
     }
     assert rows == expected
+
+
+def test_grpo_loo_by_hand(computed):
+    got = computed(LOO_ROWS, recipe="nemo-rl", epsilon=0.0)["advantage"].to_list()
+    np.testing.assert_allclose(got, LOO_BY_HAND, rtol=1e-6, atol=1e-6)
+    # The population std of the others: 2's [4, 6, 8] is sqrt(8 / 3).
+    got = computed(LOO_ROWS, estimator="grpo_loo", std="population", epsilon=0.0)["advantage"]
+    assert got[0] == pytest.approx(-4 / math.sqrt(8 / 3), rel=1e-6)
+    assert got[10] == pytest.approx(5.0)  # --singleton raw: s / (1 + 0)
+
+
+def test_grpo_loo_keeps_the_precision_of_nearly_tied_others(computed):
+    got = computed(LOO_NEAR_TIES, estimator="grpo_loo")["advantage"].to_list()
+    expected = reference_advantages(LOO_NEAR_TIES, level="trajectory", estimator="grpo_loo")
+    assert abs(expected[0]) > 4e5 and abs(expected[6]) > 9e5
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)

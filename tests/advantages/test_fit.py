@@ -57,6 +57,21 @@ DIVIDING = [
         ("sample", "population"),
     )
 ]
+# grpo_loo (NeMo-RL's) at its group scale: group B's unit f has other units 1e-5 apart, a
+# std small enough for each epsilon to show.
+LEAVE_ONE_OUT = [
+    {
+        "estimator": "grpo_loo",
+        "level": level,
+        "scale": "group",
+        "singleton": singleton,
+        "epsilon": epsilon,
+        "std": std,
+    }
+    for level, singleton, epsilon, std in itertools.product(
+        ("trajectory", "turn"), ("raw", "zero"), (0.0, 1e-8, 1e-6, 1e-4), ("sample", "population")
+    )
+]
 NOT_DIVIDING = [
     {
         "estimator": estimator,
@@ -75,7 +90,7 @@ NOT_DIVIDING = [
 def expected_settings(used: dict) -> dict:
     """The rule's settings as the audit names them: no epsilon or std where nothing is divided,
     grpo_passk's lone unit 0 under either singleton rule."""
-    divides = used["estimator"] in ("grpo", "grpo_passk") and used["scale"] != "none"
+    divides = used["estimator"] in ("grpo", "grpo_passk", "grpo_loo") and used["scale"] != "none"
     return {
         "level": used["level"],
         "estimator": used["estimator"],
@@ -87,7 +102,9 @@ def expected_settings(used: dict) -> dict:
 
 
 @pytest.mark.parametrize(
-    "used", DIVIDING + NOT_DIVIDING, ids=lambda used: "-".join(map(str, used.values()))
+    "used",
+    DIVIDING + LEAVE_ONE_OUT + NOT_DIVIDING,
+    ids=lambda used: "-".join(map(str, used.values())),
 )
 def test_the_rule_found_is_the_rule_used(used, tmp_path) -> None:
     found = reference_advantages(ROWS, **used)

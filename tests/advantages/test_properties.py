@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from reference import reference_advantages, reference_scores
 
 from advcli import AdvantageConfig, Estimator, Level, Scale, Singleton, TrajScore, compute
-from advcli.settings.config import OUTCOME
+from advcli.settings.config import OUTCOME, SCALED
 
 RTOL = 1e-5
 ATOL = 1e-5
@@ -505,10 +505,11 @@ def test_scale_and_singleton_match_reference(
     singleton: Singleton,
     epsilon: float,
 ) -> None:
-    """``scale`` only where it applies (grpo, grpo_passk; advcli rejects it elsewhere)."""
+    """``scale`` only where it applies (grpo, grpo_passk, grpo_loo; advcli rejects it
+    elsewhere)."""
     if _needs_tokens(dump, estimator):
         return
-    if estimator.value not in ("grpo", "grpo_passk"):
+    if estimator not in SCALED:
         scale = None
     config = AdvantageConfig(
         level=level, estimator=estimator, epsilon=epsilon, scale=scale, singleton=singleton

@@ -171,8 +171,8 @@ def test_an_error_on_a_saved_option_says_it_was_saved(run, dump, tmp_path):
     result = run("compute", dump, "-o", "out.parquet", "--estimator", "rloo")
     assert result.exit_code == 2
     assert result.stderr.splitlines()[-1] == (
-        "Error: Invalid value: --scale applies to grpo and grpo_passk, not to rloo (--scale is "
-        "'scale' in advcli.toml)"
+        "Error: Invalid value: --scale applies to grpo, grpo_passk, grpo_loo, not to rloo "
+        "(--scale is 'scale' in advcli.toml)"
     )
 
 

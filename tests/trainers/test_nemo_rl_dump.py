@@ -16,6 +16,7 @@ Expected advantages come from tests/reference.py over those groups.
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -39,11 +40,16 @@ def nemo_batch(seed: int, prompts: list[list[int]], generations: int) -> list[di
     return rows
 
 
-def write_train_data(path: Path, rows: list[dict], filtered: bool = False) -> Path:
-    """``log_batched_dict_as_jsonl`` of the batch grpo_train logs: each field a one-row slice."""
+def write_train_data(
+    path: Path, rows: list[dict], filtered: bool = False, advantages: list[float] | None = None
+) -> Path:
+    """``log_batched_dict_as_jsonl`` of the batch grpo_train logs: each field a one-row slice.
+    ``advantages``: each row's, on every token of it as NeMo-RL expands it (its prompt's and
+    padding's too); else 0.25."""
     width = max(len(row["prompt"]) + len(row["response"]) for row in rows)
     lines = []
     for index, row in enumerate(rows):
+        advantage = 0.25 if advantages is None else advantages[index]
         ids = row["prompt"] + row["response"]
         pad = [PAD] * (width - len(ids))
         mask = [0] * len(row["prompt"]) + [1] * len(row["response"]) + [0] * len(pad)
@@ -55,7 +61,7 @@ def write_train_data(path: Path, rows: list[dict], filtered: bool = False) -> Pa
             "token_ids": [ids + pad],
             "token_loss_mask": [mask],
             "sample_loss_mask": [1.0],
-            "advantages": [[0.25] * width],
+            "advantages": [[advantage] * width],
             "generation_logprobs": [[0.0] * width],
             "prev_logprobs": [[0.0] * width],
         }
@@ -191,3 +197,79 @@ def test_a_reward_beyond_float64s_integers_is_refused_at_its_line(run, tmp_path)
     line = error_line(run("compare", dump))
     said = "train_data_step1.jsonl line 2: column 'rewards' holds the integer 9007199254740993"
     assert said in line
+
+
+def nemo_grpo(rows: list[dict]) -> list[float]:
+    """NeMo-RL's default GRPO advantages (``GRPOAdvantageEstimator`` with
+    ``use_leave_one_out_baseline`` and ``normalize_rewards`` true, over
+    ``calculate_baseline_and_std_per_prompt``, nemo_rl/algorithms/utils.py), written out in plain
+    Python from its formula: per prompt of n samples, each sample's baseline is the mean of the
+    n − 1 others, its std sqrt((mean of the others' squares − baseline²) · m / (m − 1)) with
+    m = n − 1 (NaN, so 0, where m = 1); the advantage is (r − baseline) / (std + 1e-6) where
+    std > 0, else r − baseline; a prompt of one sample has its reward as baseline (0)."""
+    by_prompt: dict[tuple, list[int]] = {}
+    for number, row in enumerate(rows):
+        by_prompt.setdefault(tuple(row["prompt"]), []).append(number)
+    advantages = [0.0] * len(rows)
+    for members in by_prompt.values():
+        if len(members) == 1:
+            continue
+        m = len(members) - 1
+        for i in members:
+            others = [rows[j]["reward"] for j in members if j != i]
+            baseline = sum(others) / m
+            square = sum(r * r for r in others) / m
+            std = math.sqrt(max(square - baseline**2, 0.0) * m / (m - 1)) if m > 1 else 0.0
+            centred = rows[i]["reward"] - baseline
+            advantages[i] = centred / (std + 1e-6) if std > 0 else centred
+    return advantages
+
+
+def nemo_rule_batch(seed: int) -> list[dict]:
+    """Groups of 4 with rewards 0, 0.5 or 1, one of 4 solved once (the solver's others tie:
+    its advantage is 1 undivided), one of 2 and one of 1 sample, rewarded 1 (so that the
+    singleton rule shows)."""
+    rng = random.Random(seed)
+    rows = nemo_batch(seed, [[11, 12], [13], [14, 15, 16], [17]], 4)
+    for row in rows:
+        row["reward"] = rng.choice([0.0, 0.5, 1.0])
+    solved_once = nemo_batch(seed + 3, [[23]], 4)
+    for row, reward in zip(solved_once, [0.0, 1.0, 0.0, 0.0], strict=True):
+        row["reward"] = reward
+    alone = nemo_batch(seed + 2, [[22]], 1)
+    alone[0]["reward"] = 1.0
+    return rows + solved_once + nemo_batch(seed + 1, [[21]], 2) + alone
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_nemo_rl_recipe_computes_nemo_rls_grpo(run, tmp_path, seed):
+    rows = nemo_rule_batch(seed)
+    dump = write_train_data(tmp_path / "train_data_step1.jsonl", rows)
+    out = tmp_path / "out.parquet"
+    result = run("compute", dump, "-o", out, "-q", "--recipe", "nemo-rl")
+    assert result.exit_code == 0, result.stderr
+    written = pl.read_parquet(out)["advantage"].to_list()
+    expected = nemo_grpo(rows)
+    assert written == pytest.approx(expected, abs=1e-5)
+    # The sample solved alone in its group: 1 less its others' mean 0, undivided.
+    assert expected[17] == 1.0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_audit_names_nemo_rls_grpo_with_no_finding(run, tmp_path, seed):
+    """A clean NeMo-RL dump: its advantages, as its default GRPO computes them, are grpo_loo
+    (the singleton rule 0, epsilon 1e-6, the sample std), and nothing is found."""
+    rows = nemo_rule_batch(seed)
+    dump = write_train_data(tmp_path / "train_data_step1.jsonl", rows, advantages=nemo_grpo(rows))
+    result = run("audit", dump, "--json", "-", "--expect", "recipe=nemo-rl")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    rule = report["rule"]
+    assert rule["rows_matched"] == rule["rows"] == len(rows)
+    assert (rule["level"], rule["estimator"], rule["singleton"]) == (
+        "trajectory",
+        "grpo_loo",
+        "zero",
+    )
+    assert (rule["epsilon"], rule["std_ddof"]) == (1e-6, 1)
+    assert report["findings"] == []

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cases import CASES, Case
+from cases import CASES, LOO_BY_HAND, LOO_NEAR_TIES, LOO_ROWS, Case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import reference_own_score
+from reference import reference_advantages, reference_own_score
 
 torch = pytest.importorskip("torch")
 
@@ -895,3 +895,30 @@ def test_compute_advantage_on_cuda_matches_cpu(estimator, level):
     )
     assert gpu.device.type == "cuda"
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-5, atol=1e-5)
+
+
+def _grpo_loo(rows: list, **settings: Any) -> np.ndarray:
+    """compute_advantage's grpo_loo of the rows (one trajectory each), float64 rewards."""
+    rewards = torch.zeros(len(rows), 2, dtype=torch.float64)
+    rewards[:, 1] = torch.tensor([row[3] for row in rows], dtype=torch.float64)
+    advantages, _ = compute_advantage(
+        rewards,
+        torch.ones(len(rows), 2),
+        [row[0] for row in rows],
+        [row[1] for row in rows],
+        **settings,
+    )
+    return advantages[:, 0].numpy()
+
+
+def test_grpo_loo_by_hand():
+    """NeMo-RL's GRPO (--recipe nemo-rl) on the tensors: the values worked by hand in
+    tests/cases.py, a tie among a unit's others undivided."""
+    got = _grpo_loo(LOO_ROWS, recipe="nemo-rl", epsilon=0.0)
+    np.testing.assert_allclose(got, LOO_BY_HAND, rtol=1e-6, atol=1e-6)
+
+
+def test_grpo_loo_keeps_the_precision_of_nearly_tied_others():
+    expected = reference_advantages(LOO_NEAR_TIES, level="trajectory", estimator="grpo_loo")
+    got = _grpo_loo(LOO_NEAR_TIES, estimator="grpo_loo")
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)

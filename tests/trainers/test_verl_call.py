@@ -259,7 +259,7 @@ def test_an_empty_batch_has_nan_bias_figures():
 
 IMPLEMENTED = (
     "grpo, grpo_vectorized, rloo, rloo_vectorized, opo, grpo_passk, "
-    "reinforce_plus_plus_baseline, drgrpo, reinforce_pp_baseline, gigpo"
+    "reinforce_plus_plus_baseline, drgrpo, reinforce_pp_baseline, grpo_loo, gigpo"
 )
 
 
