@@ -77,7 +77,8 @@ def trainer_advantage_exprs(
 ) -> tuple[list[pl.Expr], list[tuple[pl.Expr, str]]]:
     """Each row's trainer advantage as TRAINER_FIRST, TRAINER_LOW and TRAINER_HIGH, and the
     (broken, message) rules of the column: null for a row with response tokens, a list of
-    another length than the mask's, a null, NaN or infinite value on a response token."""
+    another length than the mask's, a null, NaN or infinite value (or one beyond its LIMITS)
+    on a response token."""
     name = columns.trainer_advantage
     if name is None:
         raise ValueError("the roles name no column of the trainer's advantages")
@@ -93,20 +94,19 @@ def trainer_advantage_exprs(
             value.alias(TRAINER_LOW),
             value.alias(TRAINER_HIGH),
         ], rules
-    values = (pl.col(name).arr.to_list() if width is not None else pl.col(name)).cast(
-        pl.List(pl.Float64)
-    )
+    listed = pl.col(name).arr.to_list() if width is not None else pl.col(name)
+    # float32 lists (most trainers') are reduced as they are: a cast to float64 first would
+    # copy every token's value.
+    dtype = pl.Float32 if inner == pl.Float32 else pl.Float64
+    values = listed.cast(pl.List(dtype))
     if columns.mask is not None and columns.mask_kind == "mask":
         mask = columns.mask_list()
-        rules.append(
-            (
-                values.list.len() != mask.list.len(),
-                f"{what} and column '{columns.mask}' have different lengths",
-            )
-        )
-        at = mask.list.eval(pl.arg_where(pl.element().cast(pl.Boolean)))
-        values = values.list.gather(at, null_on_oob=True)
-    elif columns.mask is not None:
+        same_length = values.list.len() == mask.list.len()
+        rules.append((~same_length, f"{what} and column '{columns.mask}' have different lengths"))
+        exprs, on_response = _over_mask(values, dtype, mask, same_length, tokens, what)
+        return exprs, rules + on_response
+    values = values.cast(pl.List(pl.Float64))
+    if columns.mask is not None:
         rules.append(
             (
                 values.list.len() < tokens,
@@ -114,17 +114,52 @@ def trainer_advantage_exprs(
             )
         )
         values = values.list.head(tokens)
-    # One pass over the values for both: a null and a value that is no finite number.
-    not_finite = ~pl.element().is_finite().fill_null(False)
-    rules.append(
-        (
-            values.list.eval(not_finite).list.any(),
-            f"{what} has a null, NaN or infinite value on a response token",
-        )
-    )
+    # One pass over the values for all: a null, a value that is no finite number, one beyond.
+    limit = LIMITS[pl.Float64][0]
+    broken = ~pl.element().is_finite().fill_null(False) | (pl.element().abs() >= limit)
+    rules.append((values.list.eval(broken).list.any(), f"{what} {broken_value(limit)}"))
     exprs = [
         values.list.first().alias(TRAINER_FIRST),
         values.list.min().alias(TRAINER_LOW),
         values.list.max().alias(TRAINER_HIGH),
     ]
     return exprs, rules
+
+
+# (broken, outside) for the float type the reading runs in. A token's value beyond ``broken``
+# (or null, or NaN) is broken: each becomes it, so that list arithmetic over the mask tells the
+# response tokens' values from the others' (garbage there is no error) without gathering them;
+# no float32 advantage comes near either. ``outside`` is added to (or taken from) every token
+# outside the response, so that a row's least (greatest) value is its response tokens'.
+LIMITS = {pl.Float32: (1e38, 2e38), pl.Float64: (1e300, 1e308)}
+
+
+def broken_value(limit: float) -> str:
+    shown = f"{limit:g}".replace("e+", "e")
+    return f"has a null, NaN or infinite value (or one beyond ±{shown}) on a response token"
+
+
+def _over_mask(
+    values: pl.Expr,
+    dtype: type[pl.Float32] | type[pl.Float64],
+    mask: pl.Expr,
+    same_length: pl.Expr,
+    tokens: pl.Expr,
+    what: str,
+) -> tuple[list[pl.Expr], list[tuple[pl.Expr, str]]]:
+    """TRAINER_FIRST, TRAINER_LOW and TRAINER_HIGH over the tokens ``mask`` marks (lists of
+    ``dtype`` of the same length; null where they differ, or where no token is marked), and the
+    rule of a broken value on one: by arithmetic over the whole lists, several times cheaper at
+    a hundred tokens a row than gathering the marked tokens first."""
+    broken, outside = LIMITS[dtype]
+    bounded = pl.element().fill_nan(broken).fill_null(broken).clip(-broken, broken)
+    kept = pl.when(same_length).then(values.list.eval(bounded))
+    off = (1 - mask.cast(pl.List(dtype))) * pl.lit(outside, dtype=dtype)
+    low = pl.when(tokens > 0).then((kept + off).list.min().cast(pl.Float64))
+    high = pl.when(tokens > 0).then((kept - off).list.max().cast(pl.Float64))
+    first = pl.when(tokens > 0).then(kept.list.get(mask.list.arg_max()).cast(pl.Float64))
+    # The bound as ``dtype`` holds it (float32's 1e38 is a little less than float64's).
+    bound = pl.lit(broken, dtype=dtype).cast(pl.Float64)
+    rule = ((low <= -bound) | (high >= bound), f"{what} {broken_value(broken)}")
+    exprs = [first.alias(TRAINER_FIRST), low.alias(TRAINER_LOW), high.alias(TRAINER_HIGH)]
+    return exprs, [rule]

@@ -59,6 +59,34 @@ def test_per_token_values_are_read_over_the_response_tokens(tmp_path) -> None:
     }
 
 
+@pytest.mark.parametrize("dtype", [pl.Float32, pl.Float64])
+def test_no_value_outside_the_response_is_read(tmp_path, dtype) -> None:
+    """Null, NaN, infinities and huge values on the tokens the mask leaves out are no error and
+    change no row's value; a row's least and greatest values are its response tokens' (float32
+    lists are read as they are, others as float64)."""
+    frame = audited_frame(ROWS, FOUND).with_columns(
+        pl.Series("response_mask", [[0, 1, 1], [1, 0, 1], [1, 1, 1, 0], [0, 1, 1, 0]]),
+        pl.Series(
+            "advantages",
+            [
+                [float("-inf"), FOUND[0], FOUND[0]],
+                [FOUND[1], float("nan"), FOUND[1]],
+                [*[FOUND[2]] * 3, float("inf")],
+                [None, FOUND[3], FOUND[3] + 0.5, -1e305 if dtype == pl.Float64 else -3e38],
+            ],
+            dtype=pl.List(dtype),
+        ),
+        pl.Series(
+            "token_level_rewards",
+            [[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 3.0, 0.0], [0.0, 0.0, 1.0, 0.0]],
+        ),
+    )
+    report = audited(tmp_path, frame)
+    # Row 3's response tokens disagree (FOUND[3] and FOUND[3] + 0.5): per-token, not audited.
+    assert (report["rows"]["audited"], report["rule"]["rows_matched"]) == (3, 3)
+    assert [finding["kind"] for finding in report["findings"]] == ["per-token-advantages"]
+
+
 def test_a_per_row_column_and_one_named_by_option(tmp_path) -> None:
     scalar = dump_frame(ROWS).with_columns(pl.Series("advantage", FOUND))
     assert audited(tmp_path, scalar)["rule"]["rows_matched"] == 4
@@ -88,15 +116,30 @@ def test_a_row_without_response_tokens_is_not_audited(tmp_path) -> None:
         (
             [[0.5, 0.5], [1.0, 1.0], [0.1, float("nan"), 0.1], [0.1] * 3],
             2,
-            "has a null, NaN or infinite value on a response token",
+            "has a null, NaN or infinite value (or one beyond ±1e300) on a response token",
         ),
         (
             [[0.5, 0.5], [1.0, None], [0.1] * 3, [0.1] * 3],
             1,
-            "has a null, NaN or infinite value on a response token",
+            "has a null, NaN or infinite value (or one beyond ±1e300) on a response token",
+        ),
+        (
+            [[0.5, 0.5], [1.0, 1.0], [0.1, float("-inf"), 0.1], [0.1] * 3],
+            2,
+            "has a null, NaN or infinite value (or one beyond ±1e300) on a response token",
+        ),
+        (
+            [[0.5, 0.5], [1.0, 1.0], [0.1] * 3, [0.1, 0.1, float("inf")]],
+            3,
+            "has a null, NaN or infinite value (or one beyond ±1e300) on a response token",
+        ),
+        (
+            [[0.5, 0.5], [1.0, 1e301], [0.1] * 3, [0.1] * 3],
+            1,
+            "has a null, NaN or infinite value (or one beyond ±1e300) on a response token",
         ),
     ],
-    ids=["wrong-length", "null", "nan", "null-token"],
+    ids=["wrong-length", "null", "nan", "null-token", "minus-inf", "inf", "beyond-1e300"],
 )
 def test_a_broken_list_is_one_error_at_its_row(tmp_path, advantages, row, message) -> None:
     frame = dump_frame(ROWS).with_columns(
@@ -135,4 +178,33 @@ def test_no_row_to_audit_and_a_key_column_named_as_advantages(tmp_path) -> None:
     ids = dump_frame(ROWS).with_columns(pl.Series("advantage", FOUND))
     assert refused(tmp_path, ids, ColumnNames(advantage="rollout_id")).endswith(
         "column 'rollout_id' is the trajectory id, not the trainer's advantages"
+    )
+
+
+def test_a_response_length_reads_the_first_tokens(tmp_path) -> None:
+    """With an integer mask column (a response length), a row's first tokens are its response:
+    anything after them is not read; a list shorter than the length, or a broken value among
+    those tokens, is one error at its row."""
+    lengths = [2, 2, 3, 2]
+    values = [[FOUND[0]] * 2 + [float("nan")], [FOUND[1]] * 3, [FOUND[2]] * 3, [FOUND[3]] * 2]
+    frame = dump_frame(ROWS).with_columns(
+        pl.Series("response_length", lengths),
+        pl.Series("advantages", values, dtype=pl.List(pl.Float64)),
+    )
+    names = ColumnNames(mask="response_length")
+    report = audited(tmp_path, frame.drop("response_mask"), names)
+    assert report["rule"]["rows_matched"] == report["rows"]["audited"] == 4
+    cut = [*values[:2], [FOUND[2]] * 2, values[3]]
+    short = frame.with_columns(pl.Series("advantages", cut, dtype=pl.List(pl.Float64)))
+    short = short.drop("response_mask")
+    assert refused(tmp_path, short, names).endswith(
+        "row 2: column 'advantages' (the trainer's advantages) is shorter than the response "
+        "length in column 'response_length'"
+    )
+    nan_inside = [[FOUND[0], float("nan")], *values[1:]]
+    broken = frame.with_columns(pl.Series("advantages", nan_inside, dtype=pl.List(pl.Float64)))
+    broken = broken.drop("response_mask")
+    assert refused(tmp_path, broken, names).endswith(
+        "row 0: column 'advantages' (the trainer's advantages) has a null, NaN or infinite "
+        "value (or one beyond ±1e300) on a response token"
     )

@@ -86,7 +86,9 @@ def test_expect_and_errors():
     batch.batch["advantages"] = torch.zeros(len(batch), 6)
     batch.batch["advantages"][2, 0] = float("nan")
     with pytest.raises(
-        ValueError, match=r"the batch's row 2: .*null, NaN or infinite value on a response token"
+        ValueError,
+        match=r"the batch's row 2: .*null, NaN or infinite value \(or one beyond ±1e38\) on a "
+        "response token",
     ):
         audit_advantages(batch)
     with pytest.raises(TypeError, match="audit_advantages takes a verl DataProto or a mapping"):
