@@ -279,13 +279,14 @@ def error_line(result) -> str:
     return lines[0]
 
 
-def watched(folder: Path, count: int, write_next) -> list[str]:
-    """``advcli watch FOLDER`` in its own process until it has reported ``count`` steps (its
-    JSON lines), ``write_next()`` called once the first is in; its standard error must be
-    empty."""
+def watched(folder: Path, count: int, write_next, *options: str) -> list[str]:
+    """``advcli watch FOLDER`` (with ``options``) in its own process until it has reported
+    ``count`` steps (its JSON lines), ``write_next()`` called once the first is in; its standard
+    error must be empty."""
     jsonl = folder.parent / f"{folder.name}-steps.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    watch = [sys.executable, "-m", "advcli", "watch", folder, "--settle", "0", "--jsonl", jsonl]
+    watch = [sys.executable, "-m", "advcli", "watch", folder, *options, "--settle", "0"]
+    watch += ["--jsonl", jsonl]
     process = subprocess.Popen([*map(str, watch), "-q"], env=env, stderr=subprocess.PIPE)
     try:
         lines_within(jsonl, 1)

@@ -105,23 +105,13 @@ def audit_command(  # noqa: PLR0913
     Example: advcli audit train_data_step12.jsonl --fail-on any
     """
     with held():  # Polars panics when a Ctrl-C lands inside its import
-        from advcli.report.audit import KINDS
+        from advcli.report.audit import tripped
         from advcli.run.audit import audit
         from advcli.write.outputs import goes_to_stdout
 
         load_numpy_bridge()
-    if fail_on is not None and fail_on != "any" and fail_on not in KINDS:
-        source = ctx.get_parameter_source("fail_on")
-        saved = (
-            f" ('fail-on' in {config_path}: a [compare] table keeps compare's)"
-            if source is not None and source.name == "DEFAULT_MAP"
-            else ""
-        )
-        raise UsageError(
-            f"--fail-on takes 'any' or a finding's kind ({', '.join(KINDS)}), not "
-            f"'{fail_on}'{saved}"
-        )
-    expected = _expected(expect)
+    check_fail_on_kind(ctx, fail_on, config_path)
+    expected = expected_rule_of(expect)
     use_threads(threads)
     on_stdout = any(map(goes_to_stdout, (json_path, markdown, html)))
     if not quiet and not on_stdout:
@@ -141,13 +131,31 @@ def audit_command(  # noqa: PLR0913
         )
     if not quiet:
         _show(report, stderr if on_stdout else stdout(), config_path)
-    tripped = _tripped(report, fail_on)
-    if tripped is not None:
-        typer.echo(f"advcli audit: {tripped}", err=True)
+    reason = tripped([finding["kind"] for finding in report["findings"]], fail_on)
+    if reason is not None:
+        typer.echo(f"advcli audit: the audit has {reason}", err=True)
         raise typer.Exit(3)
 
 
-def _expected(expect: str | None) -> ExpectedRule | None:
+def check_fail_on_kind(ctx: typer.Context, fail_on: str | None, config_path: Path | None) -> None:
+    """Refuse a ``--fail-on`` that is neither 'any' nor a finding's kind."""
+    with held():  # Polars panics when a Ctrl-C lands inside its import
+        from advcli.report.audit import KINDS
+
+    if fail_on is None or fail_on == "any" or fail_on in KINDS:
+        return
+    source = ctx.get_parameter_source("fail_on")
+    saved = (
+        f" ('fail-on' in {config_path}: a [compare] table keeps compare's)"
+        if source is not None and source.name == "DEFAULT_MAP"
+        else ""
+    )
+    raise UsageError(
+        f"--fail-on takes 'any' or a finding's kind ({', '.join(KINDS)}), not '{fail_on}'{saved}"
+    )
+
+
+def expected_rule_of(expect: str | None) -> ExpectedRule | None:
     """``--expect``'s rule; its errors are usage errors (exit 2)."""
     if expect is None:
         return None
@@ -166,18 +174,3 @@ def _show(report: dict[str, Any], console: Console, config_path: Path | None) ->
     render_audit(report, console)
     if config_path is not None:
         console.print(Text(f"config: {visible(config_path)}"))
-
-
-def _tripped(report: dict[str, Any], fail_on: str | None) -> str | None:
-    """Why ``--fail-on`` trips: a finding of a bug (``any``), or one of its kind."""
-    from advcli.report.audit import INFORMATIONAL
-
-    if fail_on is None:
-        return None
-    kinds = [finding["kind"] for finding in report["findings"]]
-    bugs = [kind for kind in kinds if kind not in INFORMATIONAL]
-    if fail_on == "any" and bugs:
-        return f"the audit has findings ({', '.join(bugs)}): --fail-on any"
-    if fail_on in kinds:
-        return f"the audit has a finding of kind {fail_on}: --fail-on {fail_on}"
-    return None

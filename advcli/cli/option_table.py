@@ -82,6 +82,7 @@ OPTIONS: dict[str, OptionRow] = {
     "--fail-on": OptionRow(RUN),
     "--expect": OptionRow(RUN),
     "--follow": OptionRow(RUN, saved=False),
+    "--audit": OptionRow(RUN, saved=False),
     "--settle": OptionRow(RUN, saved=False),
     "--config": OptionRow(RUN, saved=False),
     "--threads": OptionRow(MACHINE),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -16,6 +18,12 @@ from rich.text import Text
 
 from advcli._runtime.process import threads_per_job, use_threads
 from advcli._runtime.signals import held
+from advcli.cli.audit import (
+    AdvantageColOpt,
+    ExpectOpt,
+    check_fail_on_kind,
+    expected_rule_of,
+)
 from advcli.cli.exits import reports_errors
 from advcli.cli.option_table import option
 from advcli.cli.options import (
@@ -25,7 +33,7 @@ from advcli.cli.options import (
     ConfigOpt,
     DropDuplicatesOpt,
     FailAboveOpt,
-    FailOnOpt,
+    FailOn,
     ThreadsOpt,
     check_fail_above,
     dump_settings,
@@ -37,7 +45,7 @@ from advcli.settings.config import Engine
 if TYPE_CHECKING:
     from advcli.cli.options import DumpSettings
     from advcli.report.summary import StepEntry
-    from advcli.run.follow import FollowedStep
+    from advcli.run.follow import StepReader
 
 # Long enough for a writer's pauses between its buffered writes, short against a training step.
 SETTLE_SECONDS = 2.0
@@ -114,6 +122,22 @@ def check_follow(params: dict[str, Any]) -> None:
         )
 
 
+WatchAuditOpt = Annotated[
+    bool,
+    option(
+        "--audit",
+        help="Audit each step instead (advcli audit's): the rule the trainer's advantages "
+        "follow, the rows it explains and the findings' rows by kind.",
+    ),
+]
+WatchFailOnOpt = Annotated[
+    str | None,
+    option(
+        "--fail-on",
+        help="Exit 3 at the first step whose level reaches this one (material, severe); with "
+        "--audit, whose audit finds a bug ('any') or a finding of this kind.",
+    ),
+]
 WatchForceOpt = Annotated[bool, option("--force", help="Replace an existing --jsonl file.")]
 WatchQuietOpt = Annotated[bool, option("--quiet", "-q", help="No terminal rows.")]
 
@@ -125,7 +149,10 @@ def watch_command(  # noqa: PLR0913
     folder: FolderArg,
     drop_duplicates: DropDuplicatesOpt = False,
     fail_above: FailAboveOpt = None,
-    fail_on: FailOnOpt = None,
+    fail_on: WatchFailOnOpt = None,
+    audit: WatchAuditOpt = False,
+    advantage_col: AdvantageColOpt = None,
+    expect: ExpectOpt = None,
     settle: SettleOpt = None,
     jsonl: JsonlOpt = None,
     force: WatchForceOpt = False,
@@ -136,15 +163,44 @@ def watch_command(  # noqa: PLR0913
     """Report each step file of a training run's folder as the trainer writes it, until Ctrl-C.
 
     Each step is compared alone, with the figures compare --by file gives it once the run is
-    over: a table row on the terminal, or a JSON line with --jsonl. Exit 3 at the first step
-    that trips --fail-on or --fail-above.
+    over (with --audit: audited alone, as audit --by file audits it): a table row on the
+    terminal, or a JSON line with --jsonl. Exit 3 at the first step that trips --fail-on or
+    --fail-above.
 
     Example: advcli watch rollout_dumps/run-1 --jsonl steps.jsonl --fail-on severe
     """
+    if audit:
+        _check_audit_options(ctx)
+        check_fail_on_kind(ctx, fail_on, config_path)
+    elif fail_on is not None and fail_on not in {level.value for level in FailOn}:
+        raise UsageError(
+            f"--fail-on takes {' or '.join(level.value for level in FailOn)}, not '{fail_on}' "
+            "(a finding's kind goes with --audit)"
+        )
+    else:
+        for name, given in (("--advantage-col", advantage_col), ("--expect", expect)):
+            if given is not None:
+                raise UsageError(f"{name} goes with --audit")
     settings = dump_settings(ctx)
     check_fail_above(fail_above, settings)
     use_threads(threads_per_job(1, threads))
     run_watch(folder, settings, ctx.params, "watch")
+
+
+def _check_audit_options(ctx: typer.Context) -> None:
+    """Refuse beside ``--audit`` what only a comparison reads: the settings of a rule (the
+    audit finds the rule; --expect names the one believed), --fail-above and
+    --drop-duplicates, where given on the command line (a saved one is compare's)."""
+    compare_only = [shared.name for shared in (*SETTING_OPTIONS, *STEP_COLUMN_OPTIONS)]
+    compare_only += ["fail_above", "drop_duplicates", "anchor_col"]
+    for name in compare_only:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name == "COMMANDLINE":
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(
+                f"{flag} does not go with --audit, which finds the rule the trainer's "
+                "advantages follow (--expect names the one you believe it ran)"
+            )
 
 
 def run_watch(folder: Path, settings: DumpSettings, params: dict[str, Any], command: str) -> None:
@@ -161,7 +217,8 @@ def run_watch(folder: Path, settings: DumpSettings, params: dict[str, Any], comm
     jsonl, settle = params["jsonl"], params["settle"]
     if jsonl is not None and str(jsonl) != "-":
         check_lines_path(jsonl, folder)
-    fail_on = params["fail_on"].value if params["fail_on"] is not None else None
+    # compare --follow's is a FailOn, watch's its value.
+    fail_on = getattr(params["fail_on"], "value", params["fail_on"])
     lines_on_stdout = jsonl is not None and str(jsonl) == "-"
     if lines_on_stdout or not params["quiet"]:
         require_stdout("the steps" if lines_on_stdout else "the steps' rows (pass --quiet)")
@@ -169,6 +226,11 @@ def run_watch(folder: Path, settings: DumpSettings, params: dict[str, Any], comm
     with held():  # Polars panics when a Ctrl-C lands inside its import
         from advcli.run.follow import follow_steps
 
+        view = (
+            _audit_view(params, settings)
+            if params.get("audit")
+            else _compare_view(params, settings)
+        )
         load_numpy_bridge()
     if show is not None and stderr.is_terminal:
         # Nothing else shows until the first step file is complete.
@@ -179,13 +241,7 @@ def run_watch(folder: Path, settings: DumpSettings, params: dict[str, Any], comm
             )
         )
     with JsonLines(jsonl, params["force"]) as write:
-        steps = follow_steps(
-            folder,
-            settings.config,
-            names=settings.names,
-            settle=SETTLE_SECONDS if settle is None else settle,
-            drop_duplicates=params["drop_duplicates"],
-        )
+        steps = follow_steps(folder, view.read, settle=SETTLE_SECONDS if settle is None else settle)
         reading_due = True
         for index, step in enumerate(steps):
             if write is not None:
@@ -201,24 +257,60 @@ def run_watch(folder: Path, settings: DumpSettings, params: dict[str, Any], comm
                 # The folder is every step's: a row names the file within it, or its step.
                 label = step["step"]
                 within = label if isinstance(label, int) else os.path.relpath(label, folder)
-                shown: FollowedStep = {**step, "step": within}
-                show.print(_row_table(shown, header=index == 0 or first_read))
-            reason = step_trips(step, params["fail_above"], fail_on)
+                row = view.row({**step, "step": within})
+                show.print(_row_table(view, row, header=index == 0 or first_read))
+            reason = view.trips(step, params["fail_above"], fail_on)
             if reason is not None:
                 typer.echo(f"advcli {command}: {reason}", err=True)
                 raise typer.Exit(3)
 
 
-def _row_table(step: FollowedStep, *, header: bool) -> Table:
-    """One step as a table row, of the columns ``compare --by``'s series shows (the header
-    above the first)."""
-    from advcli.report.views import STEP_HEADERS, step_row
+@dataclass(frozen=True)
+class _View:
+    """What a watch makes of each step (``read``) and shows of it: a row of ``headers`` of
+    ``widths`` (``row``), and why it ends the watch (``trips``: of the step, --fail-above and
+    --fail-on)."""
 
+    read: StepReader
+    headers: tuple[str, ...]
+    widths: tuple[int, ...]
+    row: Callable[[Any], Sequence[str]]
+    trips: Callable[[Any, float | None, str | None], str | None]
+
+
+def _compare_view(params: dict[str, Any], settings: DumpSettings) -> _View:
+    """Each step compared alone, as compare --by file's series shows it."""
+    from advcli.report.views import STEP_HEADERS, step_row
+    from advcli.run.follow import compare_step
+
+    read = compare_step(settings.config, settings.names, params["drop_duplicates"])
+    widths = (24, *[11] * (len(STEP_HEADERS) - 1))
+    return _View(read, STEP_HEADERS, widths, step_row, step_trips)
+
+
+def _audit_view(params: dict[str, Any], settings: DumpSettings) -> _View:
+    """Each step audited alone, as audit --by file's steps show it."""
+    from advcli.report.audit import STEP_AUDIT_HEADERS, step_row, tripped
+    from advcli.run.audit import audit_step
+
+    names = replace(settings.names, advantage=params["advantage_col"])
+    read = audit_step(names, expected_rule_of(params["expect"]))
+
+    def trips(step: dict[str, Any], _fail_above: float | None, on: str | None) -> str | None:
+        reason = tripped(list(step["findings"]), on)
+        return None if reason is None else f"step {step['step']}'s audit has {reason}"
+
+    # A rule's settings and the findings are words, not figures.
+    return _View(read, STEP_AUDIT_HEADERS, (24, 9, 56, 9, 40), step_row, trips)
+
+
+def _row_table(view: _View, cells: Sequence[str], *, header: bool) -> Table:
+    """One step as a table row of the view's headers (the header above the first)."""
     table = Table(show_header=header, show_edge=False, box=None, pad_edge=False)
     # Fixed widths, so that the rows printed one by one line up.
-    for name, width in zip(STEP_HEADERS, (24, *[11] * (len(STEP_HEADERS) - 1)), strict=True):
+    for name, width in zip(view.headers, view.widths, strict=True):
         table.add_column(name, justify="right", width=width, overflow="fold")
-    table.add_row(*map(Text, step_row(step)))
+    table.add_row(*map(Text, cells))
     return table
 
 

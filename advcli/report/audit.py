@@ -446,30 +446,42 @@ def step_audit(
 
 
 def step_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
-    """``--by``'s steps, a row each: step, rows, the step's rule, rows it explains, findings."""
-    rows = []
-    for entry in report["by_step"]["steps"]:
-        rule = entry["rule"]
-        named = (
-            "-"
-            if rule is None
-            else ", ".join(
-                f"{name}={example_detail(value)}"
-                for name, value in rule.items()
-                if value is not None
-            )
+    """``--by``'s steps, a row each (:func:`step_row`)."""
+    return [step_row(entry) for entry in report["by_step"]["steps"]]
+
+
+def step_row(entry: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """One step's audit (:func:`step_audit`) as a row: step, rows, the step's rule, rows it
+    explains, findings."""
+    rule = entry["rule"]
+    named = (
+        "-"
+        if rule is None
+        else ", ".join(
+            f"{name}={example_detail(value)}" for name, value in rule.items() if value is not None
         )
-        findings = ", ".join(f"{kind} {rows:,}" for kind, rows in entry["findings"].items())
-        rows.append(
-            (
-                id_text(entry["step"]),
-                f"{entry['rows']:,}",
-                named,
-                f"{entry['rows_matched']:,}",
-                findings or entry["note"] or "-",
-            )
-        )
-    return rows
+    )
+    findings = ", ".join(f"{kind} {rows:,}" for kind, rows in entry["findings"].items())
+    return (
+        id_text(entry["step"]),
+        f"{entry['rows']:,}",
+        named,
+        f"{entry['rows_matched']:,}",
+        findings or entry["note"] or "-",
+    )
+
+
+def tripped(kinds: list[str], fail_on: str | None) -> str | None:
+    """Why ``--fail-on`` trips on an audit of findings of ``kinds``: a finding of a bug
+    (``any``: a kind not INFORMATIONAL), or one of its kind; None where it does not."""
+    if fail_on is None:
+        return None
+    bugs = [kind for kind in kinds if kind not in INFORMATIONAL]
+    if fail_on == "any" and bugs:
+        return f"findings ({', '.join(bugs)}): --fail-on any"
+    if fail_on in kinds:
+        return f"a finding of kind {fail_on}: --fail-on {fail_on}"
+    return None
 
 
 STEP_AUDIT_HEADERS = ("step", "rows", "rule", "explained", "findings")

@@ -15,6 +15,8 @@ from advcli.advantages.fit import fit_rule
 from advcli.advantages.units import index_trajectories
 from advcli.errors import AdvcliError
 from advcli.keys import GROUP
+from advcli.read.alike import ReadAlike
+from advcli.read.dataset import Dataset
 from advcli.report.audit import (
     audit_findings,
     audit_report,
@@ -22,6 +24,7 @@ from advcli.report.audit import (
     render_audit_markdown,
     step_audit,
 )
+from advcli.run.follow import StepReader
 from advcli.run.loading import Inputs, LoadedDump, check_by, load_dump, opened
 from advcli.run.parts import step_order
 from advcli.settings.config import ColumnNames
@@ -130,3 +133,37 @@ def _by_step(dump: LoadedDump, by: str, expect: ExpectedRule | None) -> list[dic
             continue
         entries.append(step_audit(label, fit, audit_findings(fit, part, trajectories, expect)))
     return entries
+
+
+def audit_step(
+    names: ColumnNames = ColumnNames(), expect: ExpectedRule | None = None
+) -> StepReader:
+    """``watch --audit``'s reading of a step file: the file audited alone, read as ``audit
+    --by file`` reads it, as its entry there (its rows, rule, rows explained and findings' rows
+    by kind), with how it was read; a file without rows, or without a row to audit, keeps its
+    place with a note saying so."""
+    expected = expect.config if expect is not None else None
+
+    def read(dataset: Dataset, label: Any, reading: ReadAlike) -> dict[str, Any]:
+        if dataset.num_rows == 0:
+            return {**step_audit(label, None, [], "the file has no rows"), "reading": None}
+
+        check_by(dataset, "file")
+
+        def load(run_names: ColumnNames) -> LoadedDump:
+            return load_dump(dataset, run_names, trainer_advantage=True, by="file")
+
+        dump = reading.as_run(str(label), load(names), lambda loaded: loaded.columns, names, load)
+        if dump.columns.reward_removed is not None:
+            raise AdvcliError(f"{dataset.describe()}: {dump.columns.reward_removed}")
+        how = dump.columns.reading()
+        try:
+            fit = fit_rule(
+                dump.projection, dump.naming, dump.trajectories, dump.batch, expected=expected
+            )
+        except AdvcliError as error:
+            return {**step_audit(label, None, [], str(error)), "reading": how}
+        findings = audit_findings(fit, dump.projection, dump.trajectories, expect)
+        return {**step_audit(label, fit, findings), "reading": how}
+
+    return read

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from advcli.errors import AdvcliError
 from advcli.names import shown_path
 from advcli.read.alike import ReadAlike
 from advcli.read.containers import is_rllm_episode, is_slime_dump
+from advcli.read.dataset import Dataset
 from advcli.read.inputs import directory_files
 from advcli.read.step_files import step_in_name
 from advcli.report.by_step import empty_step
@@ -107,18 +108,38 @@ class FollowedStep(StepEntry):
     reading: dict[str, Any] | None
 
 
-def _step(
-    path: Path,
-    folder: Path,
-    config: AdvantageConfig,
-    names: ColumnNames,
-    drop: bool,
-    reading: ReadAlike,
-) -> FollowedStep:
-    """The ``compare --by file`` entry of the step file ``path``, compared alone, with how it
-    was read (``reading``: the watch's roles, which every step must be read with), named by
-    its step where its name within ``folder`` says one, as in a whole-folder run; a file
-    without rows keeps its place with no figures and no reading, as there."""
+# What a watch makes of one step file (opened, named by its step label), every step read as
+# the watch's first (the ReadAlike): its JSON line, with how it was read (``reading``, None
+# for a file without rows).
+StepReader = Callable[[Dataset, Any, ReadAlike], dict[str, Any]]
+
+
+def compare_step(
+    config: AdvantageConfig = AdvantageConfig(),
+    names: ColumnNames = ColumnNames(),
+    drop_duplicates: bool = False,
+) -> StepReader:
+    """``watch``'s reading of a step: its ``compare --by file`` entry, compared alone (a file
+    without rows keeps its place with no figures and no reading, as in a whole-folder run).
+    What a step's compare would refuse is refused here, before the first step."""
+    check_engine(Engine.LOCAL, None, config, compare=True, by="file")
+
+    def read(dataset: Dataset, label: Any, reading: ReadAlike) -> dict[str, Any]:
+        if dataset.num_rows == 0:
+            return {**empty_step(label), "reading": None}
+        check_by(dataset, "file")
+        # A step's entry lists no groups or trajectories: the top kept is one of each.
+        report = compare_parts(dataset, "file", config, names, 1, drop_duplicates, reading=reading)
+        step = steps_of(report.summary)[0]
+        return {**step, "step": label, "reading": report.summary["settings"]["reading"]}
+
+    return read
+
+
+def _step(path: Path, folder: Path, read: StepReader, reading: ReadAlike) -> dict[str, Any]:
+    """The step file ``path`` as ``read`` makes it, named by its step where its name within
+    ``folder`` says one, as in a whole-folder run; a file that cannot be opened as data is
+    :class:`_Unreadable`."""
     with contextlib.ExitStack() as stack:
         try:
             # A slime step's train file is written after its rollout file: not read here.
@@ -126,30 +147,18 @@ def _step(
         except AdvcliError as error:
             raise _Unreadable(str(error)) from None
         said = step_in_name(os.path.relpath(path, folder))
-        label = said if said is not None else dataset.label(0)
-        if dataset.num_rows == 0:
-            return {**empty_step(label), "reading": None}
-        check_by(dataset, "file")
-        # A step's entry lists no groups or trajectories: the top kept is one of each.
-        report = compare_parts(dataset, "file", config, names, 1, drop, reading=reading)
-    step = steps_of(report.summary)[0]
-    return {**step, "step": label, "reading": report.summary["settings"]["reading"]}
+        return read(dataset, said if said is not None else dataset.label(0), reading)
 
 
 def follow_steps(
-    folder: Path,
-    config: AdvantageConfig = AdvantageConfig(),
-    *,
-    settle: float,
-    names: ColumnNames = ColumnNames(),
-    drop_duplicates: bool = False,
-) -> Iterator[FollowedStep]:
+    folder: Path, read: StepReader | None = None, *, settle: float
+) -> Iterator[dict[str, Any]]:
     """Each step file of ``folder`` as it is complete (published by advcli, or unchanged for
-    ``settle`` seconds), as its ``compare --by file`` entry (the ones there already first);
-    forever, sleeping :data:`POLL_SECONDS` between listings. A file
-    that cannot be compared raises :class:`~advcli.errors.AdvcliError` naming it."""
-    # What a step's compare would refuse is refused before the first step, not at it.
-    check_engine(Engine.LOCAL, None, config, compare=True, by="file")
+    ``settle`` seconds), as ``read`` makes it (by default its ``compare --by file`` entry:
+    :func:`compare_step`; ``audit``'s: :func:`advcli.run.audit.audit_step`), the ones there
+    already first; forever, sleeping :data:`POLL_SECONDS` between listings. A file that cannot
+    be read raises :class:`~advcli.errors.AdvcliError` naming it."""
+    read = read or compare_step()
     if not folder.is_dir():
         shown = shown_path(folder)
         if not folder.exists():
@@ -168,7 +177,7 @@ def follow_steps(
                 # slime writes a step's train file after its rollout file, which is the step.
                 continue
             try:
-                step = _step(path, folder, config, names, drop_duplicates, reading)
+                step = _step(path, folder, read, reading)
             except _Unreadable as error:
                 if watch.written_since(path):
                     continue
