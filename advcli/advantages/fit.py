@@ -49,7 +49,7 @@ from advcli.settings.config import (
     Singleton,
     StdDenominator,
 )
-from advcli.settings.rules import POPULATION_DDOF, RULES, STD_DDOF
+from advcli.settings.rules import POPULATION_DDOF, RULES, STD_DDOF, WHITEN_EPSILON
 
 # A trainer's advantage matches a rule's within float32: |expected − found| ≤ 1e-5 + 1e-5·|found|.
 MATCH_ABSOLUTE = 1e-5
@@ -66,6 +66,7 @@ FIT_ESTIMATORS = (
     Estimator.OPO,
     Estimator.GRPO_PASSK,
     Estimator.GRPO_LOO,
+    Estimator.REINFORCE_PP_BASELINE,
 )
 # The settings a rule is told by, in the order they are reported.
 SETTINGS = ("level", "estimator", "scale", "singleton", "epsilon", "std_ddof")
@@ -348,7 +349,27 @@ def _candidate(config: AdvantageConfig) -> pl.Expr:
     """A candidate rule's advantage over a level's rows (:func:`_level_rows`)."""
     rule = RULES[config.estimator]
     batch_std = pl.col(f"batch_{STD_COLUMN[config.effective_std]}")
-    return unit_advantage(rule, config, baseline(rule), _unit_divisor(config), batch_std)
+    advantage = unit_advantage(rule, config, baseline(rule), _unit_divisor(config), batch_std)
+    return _whitened(advantage) if rule.whitens else advantage
+
+
+def _whitened(value: pl.Expr) -> pl.Expr:
+    """REINFORCE++'s post-step over a level's rows, as
+    :func:`~advcli.advantages.statistics.token_whitening` states it: each row's ``value``
+    whitened over every response token of its batch (each row counted its own tokens' times),
+    a row without response tokens 0. Over the rows audited: a row left out (its tokens
+    disagree) counts in no candidate's whitening."""
+    weight = pl.col(ROW_TOKENS).cast(pl.Float64)
+    total = weight.sum().over(BATCH)
+    mean = (weight * value).sum().over(BATCH) / total
+    variance = (weight * (value - mean) ** 2).sum().over(BATCH) / (total - 1)
+    whitened = (value - mean) / (variance + WHITEN_EPSILON).sqrt()
+    return pl.when(weight > 0).then(whitened).otherwise(0.0)
+
+
+# Each row's own response tokens in a level's rows (at trajectory level ``tokens`` is its
+# trajectory's).
+ROW_TOKENS = "row_tokens"
 
 
 def _unit_divisor(config: AdvantageConfig) -> pl.Expr:
@@ -429,7 +450,9 @@ def _level_rows(
     order = projection[TURN].to_numpy() if TURN in projection.columns else None
     unit = pl.Series("unit", trajectories.of_row, dtype=pl.UInt32)
     last = trajectories.last_position(order)[trajectories.of_row] == np.arange(projection.height)
-    trainer = projection.select(ROW, TRAINER_FIRST, TRAINER_LOW, TRAINER_HIGH)
+    trainer = projection.select(
+        ROW, TRAINER_FIRST, TRAINER_LOW, TRAINER_HIGH, pl.col(TOKENS).alias(ROW_TOKENS)
+    )
     rows = rows.with_columns(*trainer, unit, pl.Series("last_of_unit", last))
     # The rows whose scores are the group's units': each row at turn level, a trajectory's
     # first at trajectory level.

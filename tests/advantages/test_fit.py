@@ -82,7 +82,9 @@ NOT_DIVIDING = [
         "std": "sample",
     }
     for estimator, level, singleton in itertools.product(
-        ("drgrpo", "rloo", "opo", "grpo_passk"), ("trajectory", "turn"), ("raw", "zero")
+        ("drgrpo", "rloo", "opo", "grpo_passk", "reinforce_pp_baseline"),
+        ("trajectory", "turn"),
+        ("raw", "zero"),
     )
 ]
 

@@ -42,7 +42,13 @@ def with_verls_advantages(batch, name: str, norm: bool = True, uid=None):
 
 @pytest.mark.parametrize(
     ("name", "norm", "turns"),
-    [("grpo", True, 4), ("grpo", False, 4), ("rloo", True, 4), ("grpo_passk", True, 1)],
+    [
+        ("grpo", True, 4),
+        ("grpo", False, 4),
+        ("rloo", True, 4),
+        ("grpo_passk", True, 1),
+        ("reinforce_plus_plus_baseline", True, 4),
+    ],
 )
 def test_verls_own_advantages_follow_a_rule(name, norm, turns):
     batch = with_verls_advantages(
