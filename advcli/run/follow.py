@@ -4,9 +4,10 @@ reported as it appears, while the trainer writes them.
 A file is taken once it is complete: at once when advcli published it whole (``write_batch``, or
 any advcli output, renamed into place with a mark of its size and modification time:
 :func:`advcli.write.atomic.published_whole`), else once its size and modification time have not
-changed for ``settle`` seconds. Each step's figures are its ``compare --by file`` entry, from
-comparing the file alone (bit for bit the entry of a whole-folder run,
-:func:`advcli.report.by_step.by_step`), with how the file was read: every step is read as the
+changed for ``settle`` seconds. Each step is what a step reader makes of the file alone: its
+``compare --by file`` entry (bit for bit the entry of a whole-folder run,
+:func:`advcli.report.by_step.by_step`; :func:`compare_step`) or its ``audit --by file`` entry
+(:func:`advcli.run.audit.audit_step`), with how the file was read: every step is read as the
 first was, or the watch ends with an error naming both. Each path is reported once.
 """
 
@@ -28,7 +29,6 @@ from advcli.read.dataset import Dataset
 from advcli.read.inputs import directory_files
 from advcli.read.step_files import step_in_name
 from advcli.report.by_step import empty_step
-from advcli.report.summary import StepEntry
 from advcli.report.views import steps_of
 from advcli.run.loading import check_by, check_engine, opened
 from advcli.run.parts import compare_parts
@@ -99,13 +99,6 @@ class _Watch:
 
 class _Unreadable(AdvcliError):
     """A step file that could not be opened as data (a half-written one among them)."""
-
-
-class FollowedStep(StepEntry):
-    """A step of the run as ``watch`` reports it: its ``compare --by file`` entry and how it
-    was read (None for a file without rows)."""
-
-    reading: dict[str, Any] | None
 
 
 # What a watch makes of one step file (opened, named by its step label), every step read as
