@@ -12,7 +12,7 @@ import polars as pl
 
 from advcli import __version__
 from advcli.advantages.fit import fit_rule
-from advcli.advantages.units import index_trajectories
+from advcli.advantages.units import Trajectories, index_trajectories
 from advcli.errors import AdvcliError
 from advcli.keys import GROUP
 from advcli.read.alike import ReadAlike
@@ -73,10 +73,7 @@ def audit(  # noqa: PLR0913
         check_outputs([json_path, markdown, html], dataset, force=force)
         check_by(dataset, by)
         stage("reading keys")
-        dump = load_dump(dataset, names, trainer_advantage=True, by=by)
-        if dump.columns.reward_removed is not None:
-            # Without the scores there is no rule to hold the trainer's advantages to.
-            raise AdvcliError(f"{dataset.describe()}: {dump.columns.reward_removed}")
+        dump = _load_scored(dataset, names, by)
         stage("fitting rules")
         fit = fit_rule(
             dump.projection,
@@ -107,6 +104,15 @@ def audit(  # noqa: PLR0913
     return report
 
 
+def _load_scored(dataset: Dataset, names: ColumnNames, by: str | None) -> LoadedDump:
+    """Stage 1 with the trainer's advantages; a dump whose trainer removed the rewards is an
+    error: without the scores there is no rule to hold the advantages to."""
+    dump = load_dump(dataset, names, trainer_advantage=True, by=by)
+    if dump.columns.reward_removed is not None:
+        raise AdvcliError(f"{dataset.describe()}: {dump.columns.reward_removed}")
+    return dump
+
+
 def render_audit_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, ensure_ascii=False) + "\n"
 
@@ -119,20 +125,30 @@ def _by_step(dump: LoadedDump, by: str, expect: ExpectedRule | None) -> list[dic
     entries = []
     for value, label in zip(values, labels, strict=True):
         part = dump.projection.filter(step == value)
-        trajectories = index_trajectories(part)
-        try:
-            fit = fit_rule(
-                part,
-                dump.naming,
-                trajectories,
-                dump.batch,
-                expected=expect.config if expect is not None else None,
-            )
-        except AdvcliError as error:
-            entries.append(step_audit(label, None, [], str(error)))
-            continue
-        entries.append(step_audit(label, fit, audit_findings(fit, part, trajectories, expect)))
+        entries.append(_step_entry(label, part, index_trajectories(part), dump, expect))
     return entries
+
+
+def _step_entry(
+    label: Any,
+    projection: pl.DataFrame,
+    trajectories: Trajectories,
+    dump: LoadedDump,
+    expect: ExpectedRule | None,
+) -> dict[str, Any]:
+    """One step's rows (``projection``, of ``dump``) audited on their own, as its ``by_step``
+    entry; a step with no row to audit has a note saying so."""
+    try:
+        fit = fit_rule(
+            projection,
+            dump.naming,
+            trajectories,
+            dump.batch,
+            expected=expect.config if expect is not None else None,
+        )
+    except AdvcliError as error:
+        return step_audit(label, None, [], str(error))
+    return step_audit(label, fit, audit_findings(fit, projection, trajectories, expect))
 
 
 def audit_step(
@@ -142,7 +158,6 @@ def audit_step(
     --by file`` reads it, as its entry there (its rows, rule, rows explained and findings' rows
     by kind), with how it was read; a file without rows, or without a row to audit, keeps its
     place with a note saying so."""
-    expected = expect.config if expect is not None else None
 
     def read(dataset: Dataset, label: Any, reading: ReadAlike) -> dict[str, Any]:
         if dataset.num_rows == 0:
@@ -151,19 +166,10 @@ def audit_step(
         check_by(dataset, "file")
 
         def load(run_names: ColumnNames) -> LoadedDump:
-            return load_dump(dataset, run_names, trainer_advantage=True, by="file")
+            return _load_scored(dataset, run_names, "file")
 
         dump = reading.as_run(str(label), load(names), lambda loaded: loaded.columns, names, load)
-        if dump.columns.reward_removed is not None:
-            raise AdvcliError(f"{dataset.describe()}: {dump.columns.reward_removed}")
-        how = dump.columns.reading()
-        try:
-            fit = fit_rule(
-                dump.projection, dump.naming, dump.trajectories, dump.batch, expected=expected
-            )
-        except AdvcliError as error:
-            return {**step_audit(label, None, [], str(error)), "reading": how}
-        findings = audit_findings(fit, dump.projection, dump.trajectories, expect)
-        return {**step_audit(label, fit, findings), "reading": how}
+        entry = _step_entry(label, dump.projection, dump.trajectories, dump, expect)
+        return {**entry, "reading": dump.columns.reading()}
 
     return read
