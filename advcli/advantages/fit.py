@@ -279,7 +279,10 @@ def _with_fitted_epsilon(
     row's (s − baseline) / A − divisor (rows of more than one unit, a centred score and an
     advantage not 0), at its median to two significant digits; with the rows it explains
     within bfloat16 and within float32, where it explains more within float32 than ``best``
-    (an epsilon not among the candidates, 1e-5 say), else None."""
+    (an epsilon not among the candidates, 1e-5 say) and most of the rows ``best`` misses that it
+    comes near (within bfloat16), else None. A trainer's real epsilon explains each of those;
+    advantages rounded to bfloat16 imply a scatter of epsilons, whose median explains its own
+    row exactly and the others only within bfloat16."""
     if best.std_in_use is None:
         return None
     rule = RULES[best.estimator]
@@ -301,7 +304,12 @@ def _with_fitted_epsilon(
     fitted = replace(best, epsilon=float(f"{implied:.2g}"))
     frames = {best.level: rows}
     exact = _counts(frames, [best, fitted], matches)
-    if exact[fitted] <= exact[best]:
+    missed = ~matches(_candidate(best), found)
+    explained, near = rows.select(
+        (missed & matches(_candidate(fitted), found)).sum().alias("explained"),
+        (missed & matches_bfloat16(_candidate(fitted), found)).sum().alias("near"),
+    ).row(0)
+    if exact[fitted] <= exact[best] or 2 * explained <= near:
         return None
     return fitted, _counts(frames, [fitted], matches_bfloat16)[fitted], exact[fitted], []
 

@@ -256,15 +256,24 @@ def batch_projection(
             f"{tokens[first]:g} tokens"
         )
     row = pl.Series(ROW, np.arange(len(scores), dtype=np.uint32))
+
+    def ids(name: str, key: str) -> pl.Series:
+        column = batch_column(name, entries[name]).alias(key)
+        if column.len() != len(scores):
+            raise AdvcliError(
+                f"the batch's '{name}' has {column.len():,} rows, '{roles.reward}' {len(scores):,}"
+            )
+        return column
+
     columns = [
         row,
-        batch_column(roles.group, entries[roles.group]).alias(GROUP),
-        batch_column(roles.trajectory, entries[roles.trajectory]).alias(TRAJECTORY)
+        ids(roles.group, GROUP),
+        ids(roles.trajectory, TRAJECTORY)
         if roles.trajectory is not None
         else row.alias(TRAJECTORY),
     ]
     if roles.turn is not None:
-        columns.append(batch_column(roles.turn, entries[roles.turn]).alias(TURN))
+        columns.append(ids(roles.turn, TURN))
     columns += [pl.Series(SCORE, scores, dtype=pl.Float64), pl.Series(TOKENS, tokens, pl.Int64)]
     return pl.DataFrame(columns)
 

@@ -35,6 +35,9 @@ Semantics (``s`` is a row's score, the sum of its token-level rewards):
   ``advcli.rules.STEP_GROUPINGS``: per turn position, the same zero-padded, pooled, by anchor,
   or each position's rewards normalized and then summed) by grpo, drgrpo or rloo
   (:mod:`advcli.torch.per_turn`).
+* :func:`audit_advantages` audits the advantages a trainer computed on a batch (``advcli
+  audit``'s rule and findings, as step metrics); it reads the batch with Polars and is imported
+  on first use, so that ``import advcli.torch`` does not load Polars.
 * An empty batch (0 rows) gives float32 ``(0, response_length)`` advantages and metrics that
   count 0.
 """
@@ -56,11 +59,22 @@ from advcli.torch.drop_in import compute_grpo_outcome_advantage, compute_rloo_ou
 from advcli.torch.step_groups import StepMetrics
 from advcli.torch.tensors import RewardError
 
+
+def __getattr__(name: str) -> object:
+    # The audit's face is imported on first use (see the module's docstring).
+    if name == "audit_advantages":
+        from advcli.torch.audit import audit_advantages
+
+        return audit_advantages
+    raise AttributeError(f"module 'advcli.torch' has no attribute {name!r}")
+
+
 __all__ = [
     "AdvantageMetrics",
     "AdvantageResult",
     "RewardError",
     "StepMetrics",
+    "audit_advantages",
     "compute_advantage",
     "compute_advantage_with_metrics",
     "compute_grpo_outcome_advantage",

@@ -7,17 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-import polars as pl
-
-from advcli import __version__
-from advcli.advantages.fit import fit_rule
-from advcli.advantages.unit_scores import Naming
-from advcli.advantages.units import index_trajectories
-from advcli.errors import AdvcliError, SettingsError
-from advcli.read.batch import as_numpy, batch_entries, batch_projection, batch_trainer_advantages
-from advcli.report.audit import audit_metrics, audit_report
-from advcli.settings.resolve import expected_rule
+from advcli.errors import AdvcliError
+from advcli.read.batch import batch_entries
+from advcli.report.audit import audit_metrics
+from advcli.torch.audit import audit_batch, believed_rule
 from advcli.verl.advantage import key_roles
 
 
@@ -51,41 +44,16 @@ def audit_advantages(  # noqa: PLR0913
             "audit_advantages takes a verl DataProto or a mapping of tensors and arrays, not "
             f"{type(data).__name__}"
         )
-    try:
-        believed = expected_rule(expect) if expect is not None else None
-    except SettingsError as error:
-        raise ValueError(str(error)) from None
+    believed = believed_rule(expect)
     entries = batch_entries(data)
     roles = key_roles(
         entries, group_key, trajectory_key, turn_key, reward_key, mask_key, steps=False
     )
     try:
-        report = _audit(entries, roles, advantage_key, believed)
+        report = audit_batch(entries, roles, advantage_key, "advantage_key=", believed)
     except AdvcliError as error:
         raise ValueError(str(error)) from None
     metrics = audit_metrics(report, metrics_prefix)
     if not isinstance(data, Mapping):
         data.meta_info["metrics"] = {**(data.meta_info.get("metrics") or {}), **metrics}
     return metrics
-
-
-def _audit(entries: Mapping[str, Any], roles: Any, key: str, believed: Any) -> dict[str, Any]:
-    """The audit report of the batch's advantages (``key``)."""
-    assert roles.reward is not None
-    # Each row's score in float64, however the rewards are held (bfloat16 widened exactly).
-    scores = as_numpy(entries[roles.reward]).astype(np.float64).sum(axis=-1)
-    roles, trainer = batch_trainer_advantages(entries, roles, key, "advantage_key=")
-    projection = pl.concat([batch_projection(entries, roles, scores), trainer], how="horizontal")
-    trajectories = index_trajectories(projection)
-    naming = Naming(roles.group or "group", roles.trajectory or "row")
-    expected = believed.config if believed is not None else None
-    fit = fit_rule(projection, naming, trajectories, expected=expected)
-    return audit_report(
-        fit,
-        projection,
-        trajectories,
-        reading=roles.reading(),
-        inputs=["the batch"],
-        version=__version__,
-        expected=believed,
-    )

@@ -60,7 +60,16 @@ ROOMS = {
         "advcli.keys",
         "advcli.errors",
     },
-    "advcli.torch": {"advcli.settings", "advcli.errors"},
+    # The tensor rules import only the settings; the audit's face (advcli.torch.audit, loaded on
+    # first use) reads a batch as a dump is read, fits the rule and makes the report.
+    "advcli.torch": {
+        "advcli.report",
+        "advcli.read",
+        "advcli.advantages",
+        "advcli.settings",
+        "advcli",
+        "advcli.errors",
+    },
     "advcli.report": {
         "advcli.advantages",
         "advcli.settings",
