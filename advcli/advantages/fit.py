@@ -28,13 +28,17 @@ from advcli.advantages.estimators import (
     unit_advantage,
 )
 from advcli.advantages.statistics import BATCH, batch_key, batch_stds, group_statistics
+from advcli.advantages.step_groups import gigpo_advantages
 from advcli.advantages.unit_scores import Naming, build_units
 from advcli.advantages.units import Trajectories
 from advcli.errors import AdvcliError
 from advcli.keys import (
+    ANCHOR,
     GROUP,
     ROW,
     SCORE,
+    STEP_RETURN,
+    STEP_REWARD,
     TOKENS,
     TRAINER_FIRST,
     TRAINER_HIGH,
@@ -44,11 +48,14 @@ from advcli.keys import (
 from advcli.settings.config import (
     AdvantageConfig,
     Estimator,
+    GigpoNorm,
     Level,
     Scale,
     Singleton,
     StdDenominator,
 )
+from advcli.settings.recipes import RECIPES
+from advcli.settings.resolve import resolve_config
 from advcli.settings.rules import POPULATION_DDOF, RULES, STD_DDOF, WHITEN_EPSILON
 
 # A trainer's advantage matches a rule's within float32: |expected − found| ≤ 1e-5 + 1e-5·|found|.
@@ -68,8 +75,11 @@ FIT_ESTIMATORS = (
     Estimator.GRPO_LOO,
     Estimator.REINFORCE_PP_BASELINE,
 )
+# GiGPO's discounts tried where a dump gives step rewards, beside each recipe's own: those the
+# peers' configs and examples set. A dump's step returns are read as they are (no γ).
+GIGPO_GAMMAS = (1.0, 0.99, 0.95, 0.9)
 # The settings a rule is told by, in the order they are reported.
-SETTINGS = ("level", "estimator", "scale", "singleton", "epsilon", "std_ddof")
+SETTINGS = ("level", "estimator", "scale", "singleton", "epsilon", "std_ddof", "step")
 
 
 def matches(expected: pl.Expr, found: pl.Expr) -> pl.Expr:
@@ -124,10 +134,33 @@ def candidate_rules(levels: Sequence[Level], token_counts: bool) -> list[Advanta
     return rules
 
 
-def rule_settings(config: AdvantageConfig) -> dict[str, Any]:
+def gigpo_rules(projection: pl.DataFrame, levels: Sequence[Level]) -> list[AdvantageConfig]:
+    """GiGPO's candidates, where the key projection has the anchors and the step rewards or
+    returns: each peer's recipe (its level, episode rule, step groups' scope, singleton rule and
+    ε under ``mean``) under both norms, with each of GIGPO_GAMMAS and the recipe's γ where the
+    dump gives step rewards; Trinity-RFT's (its episode score the step rewards' sum) only
+    there."""
+    if ANCHOR not in projection.columns:
+        return []
+    rewards = STEP_REWARD in projection.columns
+    rules = []
+    for recipe, settings in RECIPES.items():
+        if settings.level not in levels or (settings.step.episode_from_steps and not rewards):
+            continue
+        gammas = dict.fromkeys((settings.step.gamma, *GIGPO_GAMMAS)) if rewards else (None,)
+        for norm, gamma in itertools.product(GigpoNorm, gammas):
+            given = {"recipe": recipe.value, "gigpo_norm": norm.value}
+            rules.append(resolve_config(given if gamma is None else {**given, "gamma": gamma}))
+    return rules
+
+
+def rule_settings(config: AdvantageConfig, gamma_read: bool = True) -> dict[str, Any]:
     """A rule's settings as the reports name them: epsilon and std_ddof None where nothing is
-    divided."""
+    divided; ``step`` GiGPO's step term (None for the other estimators): the recipe whose
+    settings it has, γ (None where the dump's step returns were read: ``gamma_read`` False),
+    ω, the norm and the anchors' scope."""
     divides = config.std_in_use is not None
+    step = config.step
     return {
         "level": config.level.value,
         "estimator": config.estimator.value,
@@ -135,7 +168,27 @@ def rule_settings(config: AdvantageConfig) -> dict[str, Any]:
         "singleton": config.singleton.value,
         "epsilon": config.epsilon if divides else None,
         "std_ddof": config.std_ddof if divides else None,
+        "step": None
+        if step is None
+        else {
+            "recipe": _recipe_of(config),
+            "gamma": step.gamma if gamma_read else None,
+            "step_weight": step.weight,
+            "gigpo_norm": step.norm.value,
+            "anchor_scope": step.scope.value,
+        },
     }
+
+
+def _recipe_of(config: AdvantageConfig) -> str | None:
+    """The GiGPO recipe whose level and step term ``config`` has (its γ, ω and norm aside)."""
+    step = config.step
+    assert step is not None
+    for recipe, settings in RECIPES.items():
+        own = replace(settings.step, gamma=step.gamma, weight=step.weight, norm=step.norm)
+        if settings.level is config.level and own == step:
+            return recipe.value
+    return None
 
 
 @dataclass(frozen=True)
@@ -166,6 +219,13 @@ class RuleFit:
     # The rule --expect names, beside the trainer's advantages: as ``checked`` (without
     # ``expected_bfloat16``), None where none is expected.
     expected: pl.DataFrame | None = None
+    # Whether GiGPO's γ was applied (the dump's step rewards discounted), not its step returns
+    # read as they are.
+    gamma_read: bool = True
+
+    def settings(self, config: AdvantageConfig) -> dict[str, Any]:
+        """:func:`rule_settings` of ``config`` as this dump was read."""
+        return rule_settings(config, self.gamma_read)
 
 
 def fit_rule(
@@ -187,11 +247,18 @@ def fit_rule(
     unfitted: dict[str, str] = {}
     for level in (Level.TRAJECTORY, Level.TURN):
         try:
-            frames[level] = _level_rows(projection, level, naming, trajectories, batch).filter(
-                audited
-            )
+            frames[level] = _level_rows(projection, level, naming, trajectories, batch)
         except AdvcliError as error:
             unfitted[level.value] = str(error)
+    columns = _gigpo_columns(
+        projection, naming, trajectories, batch, gigpo_rules(projection, list(frames))
+    )
+    frames = {
+        level: frame.with_columns(
+            column for config, column in columns.items() if config.level is level
+        ).filter(audited)
+        for level, frame in frames.items()
+    }
     beside = None
     if expected is not None:
         if expected.level not in frames:
@@ -207,7 +274,8 @@ def fit_rule(
             "(its mask all 0) or its advantage null"
         )
     token_counts = projection[TOKENS].null_count() < projection.height
-    best, coarse, exact, tied = _best(frames, candidate_rules(list(frames), token_counts))
+    rules = [*candidate_rules(list(frames), token_counts), *columns]
+    best, coarse, exact, tied = _best(frames, rules)
     if exact < audited_rows:
         fitted = _with_fitted_epsilon(best, frames[best.level])
         if fitted is not None:
@@ -225,8 +293,39 @@ def fit_rule(
         return RuleFit(None, audited_rows, 0, None, {}, checked, unfitted, beside)
     max_abs_diff = checked.select((pl.col("expected") - pl.col("found")).abs().max()).item()
     one_row_each = trajectories.count == projection.height
-    alike = _alike(best, _same_rows(best, tied, frames), rows, one_row_each)
-    return RuleFit(best, audited_rows, exact, max_abs_diff, alike, checked, unfitted, beside)
+    gamma_read = STEP_RETURN not in projection.columns
+    alike = _alike(best, _same_rows(best, tied, frames), rows, one_row_each, gamma_read)
+    return RuleFit(
+        best, audited_rows, exact, max_abs_diff, alike, checked, unfitted, beside, gamma_read
+    )
+
+
+def _gigpo_columns(
+    projection: pl.DataFrame,
+    naming: Naming,
+    trajectories: Trajectories,
+    batch: str | None,
+    rules: list[AdvantageConfig],
+) -> dict[AdvantageConfig, pl.Series]:
+    """Each GiGPO candidate's advantages, a row each in the projection's order, under
+    :func:`gigpo_column`'s name. Unlike the outcome rules, each is one computation of
+    ``compute``'s (its step groups are the anchors', which no statistic of a level holds); a
+    recipe the dump cannot run (an advantage beyond float32) is no candidate."""
+    columns = {}
+    for config in rules:
+        try:
+            advantages = gigpo_advantages(projection, config, naming, trajectories, batch)
+        except AdvcliError:
+            continue
+        assert advantages.row_advantage is not None
+        columns[config] = advantages.row_advantage.alias(gigpo_column(config))
+    return columns
+
+
+def gigpo_column(config: AdvantageConfig) -> str:
+    """The name of a GiGPO candidate's advantages in a level's rows."""
+    settings = (config.level, config.epsilon, config.singleton, config.traj_score, config.step)
+    return f"gigpo {settings}"
 
 
 def _beside(rows: pl.DataFrame, config: AdvantageConfig) -> pl.DataFrame:
@@ -283,7 +382,7 @@ def _with_fitted_epsilon(
     comes near (within bfloat16), else None. A trainer's real epsilon explains each of those;
     advantages rounded to bfloat16 imply a scatter of epsilons, whose median explains its own
     row exactly and the others only within bfloat16."""
-    if best.std_in_use is None:
+    if best.std_in_use is None or best.step is not None:
         return None
     rule = RULES[best.estimator]
     centred = centred_score(rule, baseline(rule))
@@ -354,7 +453,10 @@ STD_COLUMN = {StdDenominator.SAMPLE: "std_sample", StdDenominator.POPULATION: "s
 
 
 def _candidate(config: AdvantageConfig) -> pl.Expr:
-    """A candidate rule's advantage over a level's rows (:func:`_level_rows`)."""
+    """A candidate rule's advantage over a level's rows (:func:`_level_rows`); a GiGPO
+    candidate's, its column there (:func:`_gigpo_columns`)."""
+    if config.step is not None:
+        return pl.col(gigpo_column(config))
     rule = RULES[config.estimator]
     batch_std = pl.col(f"batch_{STD_COLUMN[config.effective_std]}")
     advantage = unit_advantage(rule, config, baseline(rule), _unit_divisor(config), batch_std)
@@ -495,13 +597,14 @@ def _alike(
     fitting: list[AdvantageConfig],
     rows: pl.DataFrame,
     one_row_each: bool,
+    gamma_read: bool,
 ) -> dict[str, tuple[list[Any], str]]:
     """For each setting the candidates in ``fitting`` (each explaining the rows ``best``
     explains) give otherwise, its values, ``best``'s first, and why they fit alike. ``rows``:
     ``best``'s level's audited rows; ``one_row_each``: every trajectory is one row."""
     values: dict[str, list[Any]] = {name: [] for name in SETTINGS}
     for config in [best, *fitting]:
-        for name, value in rule_settings(config).items():
+        for name, value in rule_settings(config, gamma_read).items():
             if value not in values[name]:
                 values[name].append(value)
     singletons = rows.filter(pl.col("units") == 1).height

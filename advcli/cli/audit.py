@@ -79,11 +79,7 @@ ForceOpt = Annotated[bool, option("--force", help="Replace an existing report fi
 QuietOpt = Annotated[bool, option("--quiet", "-q", help="No terminal report.")]
 
 
-# The column options but GiGPO's anchor, which audit does not read.
-AUDIT_COLUMN_OPTIONS = tuple(shared for shared in COLUMN_OPTIONS if shared.name != "anchor_col")
-
-
-@with_options(*AUDIT_COLUMN_OPTIONS)
+@with_options(*COLUMN_OPTIONS)
 @reports_errors
 def audit_command(  # noqa: PLR0913
     ctx: typer.Context,

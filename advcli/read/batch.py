@@ -18,7 +18,17 @@ import numpy as np
 import polars as pl
 
 from advcli.errors import AdvcliError, first_line
-from advcli.keys import GROUP, ROW, SCORE, TOKENS, TRAJECTORY, TURN
+from advcli.keys import (
+    ANCHOR,
+    GROUP,
+    ROW,
+    SCORE,
+    STEP_RETURN,
+    STEP_REWARD,
+    TOKENS,
+    TRAJECTORY,
+    TURN,
+)
 from advcli.read.columns import ColumnRoles
 from advcli.read.dialects import ADVCLI, DIALECTS, STEP_NAMES, Role, dialect_named
 from advcli.read.dtypes import is_anchor_type
@@ -212,6 +222,19 @@ def anchor_column(name: str, value: Any) -> pl.Series:
             "need not)"
         )
     return series
+
+
+def step_columns(entries: Mapping[str, Any], roles: ColumnRoles) -> list[pl.Series]:
+    """GiGPO's columns of the batch's key projection, where its roles have them: the anchors
+    hashed as stage 1 hashes a dump's, and the step rewards or returns (one finite number a
+    row)."""
+    if roles.anchor is None:
+        return []
+    columns = [pl.Series(ANCHOR, anchor_codes(roles.anchor, entries[roles.anchor]))]
+    for key, name in ((STEP_REWARD, roles.step_reward), (STEP_RETURN, roles.step_return)):
+        if name is not None:
+            columns.append(pl.Series(key, turn_rewards(name, entries[name])))
+    return columns
 
 
 def anchor_codes(name: str, value: Any) -> np.ndarray:

@@ -177,7 +177,8 @@ def resolve_columns(
     ("… needs one"). ``not_turns``: columns known not to be the turn (the ``--by`` step column).
     ``options``: how the errors name the options (the command line's flags by default).
     ``steps``: GiGPO's roles are read too (the anchor, and the step reward or step return);
-    ``"if_anchored"``: only when the dump has an anchor; ``"anchor"``: the anchor alone, if any.
+    ``"if_anchored"``: only when the dump has an anchor; ``"anchor"``: the anchor alone, if any;
+    ``"if_complete"``: only when the dump has an anchor and a step reward or return.
     ``turn_rewards``: each row's reward is its own turn's (:func:`_reward_column`).
 
     The readings that assume something (each row a trajectory, groups as blocks of rows) are
@@ -281,7 +282,7 @@ def _step_columns(
 ) -> tuple[str | None, str | None, str | None]:
     """GiGPO's columns: the anchor, and the step return if one is named or found, else the step
     reward (one of the two is needed), as ``steps`` asks for them."""
-    optional = steps in ("if_anchored", "anchor")
+    optional = steps in ("if_anchored", "anchor", "if_complete")
     needed = None if optional else "gigpo's step groups need one"
     anchor = pick("anchor", names.anchor, required=needed, by_name=False)
     if steps == "anchor" or (optional and anchor is None):
@@ -290,14 +291,21 @@ def _step_columns(
     if names.step_reward is None:
         step_return = pick("step_return", names.step_return, required=None, by_name=False)
     step_reward = None
+    # An anchor found by its trainer's name, with no step reward beside it, is left unread
+    # where only a complete set is looked for; one named by its option is not.
+    incomplete_ok = steps == "if_complete" and names.anchor is None
     if step_return is None:
         step_reward = pick(
             "step_reward",
             names.step_reward,
-            required="gigpo's step returns need one, or an already discounted return named "
+            required=None
+            if incomplete_ok
+            else "gigpo's step returns need one, or an already discounted return named "
             "with --step-return-col",
             by_name=False,
         )
+    if step_reward is None and step_return is None:
+        return None, None, None
     return anchor, step_reward, step_return
 
 

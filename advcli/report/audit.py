@@ -150,7 +150,7 @@ def _unexpected(fit: RuleFit, expected: ExpectedRule) -> Finding | None:
         raise ValueError("the fit was made without the expected rule")
     stated = [STATED_AS.get(name, name) for name in expected.stated]
     believed = {name: rule_settings(expected.config)[name] for name in stated}
-    found = rule_settings(fit.config) if fit.config is not None else {}
+    found = fit.settings(fit.config) if fit.config is not None else {}
     differ = [
         name
         for name in stated
@@ -438,7 +438,7 @@ def step_audit(
     return {
         "step": label,
         "rows": fit.rows,
-        "rule": rule_settings(fit.config) if fit.config is not None else None,
+        "rule": fit.settings(fit.config) if fit.config is not None else None,
         "rows_matched": fit.rows_matched,
         "findings": {finding["kind"]: finding["rows"] for finding in findings},
         "note": why_none,
@@ -510,7 +510,7 @@ def rule_document(fit: RuleFit) -> dict[str, Any] | None:
     if fit.config is None:
         return None
     return {
-        **rule_settings(fit.config),
+        **fit.settings(fit.config),
         "max_abs_diff": fit.max_abs_diff,
         "rows_matched": fit.rows_matched,
         "rows": fit.rows,
@@ -545,6 +545,8 @@ def rule_rows(rule: dict[str, Any]) -> list[tuple[str, str]]:
         "epsilon": "-" if rule["epsilon"] is None else f"{rule['epsilon']:g}",
         "std_ddof": "-" if std is None else f"{std} ({'sample' if std == 1 else 'population'})",
     }
+    if rule["step"] is not None:
+        values["step"] = step_text(rule["step"])
     rows = []
     for name, value in values.items():
         alike = rule["alike"].get(name)
@@ -562,7 +564,18 @@ def rule_rows(rule: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def step_text(step: dict[str, Any]) -> str:
+    """GiGPO's step term as the options that set it: ``recipe verl-agent, gamma 1, ...``."""
+    gamma = "the dump's step returns" if step["gamma"] is None else f"{step['gamma']:g}"
+    return (
+        f"recipe {step['recipe'] or '-'}, gamma {gamma}, step weight {step['step_weight']:g}, "
+        f"norm {step['gigpo_norm']}, anchors within each {step['anchor_scope']}"
+    )
+
+
 def _settingmarkdown_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return step_text(value)
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 

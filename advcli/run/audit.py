@@ -105,9 +105,11 @@ def audit(  # noqa: PLR0913
 
 
 def _load_scored(dataset: Dataset, names: ColumnNames, by: str | None) -> LoadedDump:
-    """Stage 1 with the trainer's advantages; a dump whose trainer removed the rewards is an
-    error: without the scores there is no rule to hold the advantages to."""
-    dump = load_dump(dataset, names, trainer_advantage=True, by=by)
+    """Stage 1 with the trainer's advantages, and GiGPO's anchors and step rewards or returns
+    where the dump has both (GiGPO's rules are then candidates too); a dump whose trainer
+    removed the rewards is an error: without the scores there is no rule to hold the
+    advantages to."""
+    dump = load_dump(dataset, names, trainer_advantage=True, by=by, step_roles="if_complete")
     if dump.columns.reward_removed is not None:
         raise AdvcliError(f"{dataset.describe()}: {dump.columns.reward_removed}")
     return dump

@@ -25,8 +25,10 @@ from advcli.settings.rules import (
 
 # Which of GiGPO's roles a reading looks for: none (False); the anchor and a step reward or
 # return, each required (True); the same only when the dump has an anchor ("if_anchored",
-# compare's); the anchor alone, when the dump has one ("anchor", inspect's).
-StepRoles = bool | Literal["if_anchored", "anchor"]
+# compare's); the anchor alone, when the dump has one ("anchor", inspect's); the anchor and a
+# step reward or return where the dump has both ("if_complete", audit's: its GiGPO rules need
+# both, and its outcome rules neither).
+StepRoles = bool | Literal["if_anchored", "anchor", "if_complete"]
 
 
 class Level(str, Enum):

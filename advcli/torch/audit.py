@@ -25,6 +25,7 @@ from advcli.read.batch import (
     batch_projection,
     batch_roles,
     batch_trainer_advantages,
+    step_columns,
 )
 from advcli.read.columns import ColumnRoles
 from advcli.read.picker import Options
@@ -115,7 +116,9 @@ def audit_batch(
     # Each row's score in float64, however the rewards are held (bfloat16 widened exactly).
     scores = as_numpy(entries[roles.reward]).astype(np.float64).sum(axis=-1)
     roles, trainer = batch_trainer_advantages(entries, roles, key, option)
-    projection = pl.concat([batch_projection(entries, roles, scores), trainer], how="horizontal")
+    projection = pl.concat(
+        [batch_projection(entries, roles, scores), trainer], how="horizontal"
+    ).with_columns(step_columns(entries, roles))
     trajectories = index_trajectories(projection)
     naming = Naming(roles.group or "group", roles.trajectory or "row")
     fit = fit_rule(

@@ -275,7 +275,7 @@ def _check_unused(**arguments: Any) -> None:
 
 
 def key_roles(
-    entries: Mapping[str, Any], *keys: str | None, steps: bool, **step_keys: str | None
+    entries: Mapping[str, Any], *keys: str | None, steps: bool | None, **step_keys: str | None
 ) -> ColumnRoles:
     """The roles of the batch's keys (``keys``: the group, trajectory, turn, reward and mask
     keys given; ``steps``: gigpo's too, ``step_keys`` naming them), with token rewards, a 0/1

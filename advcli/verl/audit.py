@@ -47,7 +47,7 @@ def audit_advantages(  # noqa: PLR0913
     believed = believed_rule(expect)
     entries = batch_entries(data)
     roles = key_roles(
-        entries, group_key, trajectory_key, turn_key, reward_key, mask_key, steps=False
+        entries, group_key, trajectory_key, turn_key, reward_key, mask_key, steps=None
     )
     try:
         report = audit_batch(entries, roles, advantage_key, "advantage_key=", believed)

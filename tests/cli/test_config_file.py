@@ -498,7 +498,7 @@ def test_saved_keys_of_each_command():
         | gigpo
         | {"top", "by", "jobs", "fail-above", "fail-on", "drop-duplicates"},
         "inspect": shared | {"anchor-col", "anchor-scope", "by"},
-        "audit": shared | {"advantage-col", "fail-on", "expect", "by"},
+        "audit": shared | {"anchor-col", "advantage-col", "fail-on", "expect", "by"},
     }
     config_help = next(p.help for p in commands["compute"].params if p.name == "config_path")
     listed = config_help.split("dashes: ", 1)[1].split(";", 1)[0].split(", ")

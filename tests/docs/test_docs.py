@@ -127,6 +127,13 @@ def test_the_command_line_reference_is_current():
     )
 
 
+def test_the_command_line_reference_has_every_command():
+    from advcli.cli.app import app
+
+    registered = {command.name for command in app.registered_commands}
+    assert set(docs_script("make_cli_reference").COMMANDS) == registered
+
+
 @pytest.mark.process
 def test_the_docs_pictures_are_of_the_report_compare_makes_now(tmp_path):
     """The landing page's screenshot and the README's figure were made from the page whose digest

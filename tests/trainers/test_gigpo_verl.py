@@ -266,3 +266,35 @@ def test_the_bias_metrics_are_compares_on_the_written_dump(recipe, run, tmp_path
         assert metrics[f"advcli/groups/{key}"] == pytest.approx(report["groups"][key], abs=1e-6)
     diff = report["trajectories"]["advantage_diff_mean"]
     assert metrics["advcli/trajectories/advantage_diff_mean"] == pytest.approx(diff, abs=1e-6)
+
+
+@pytest.mark.parametrize(("returns_of", "gamma"), [(None, 0.95), (0.9, 0.9)])
+def test_verl_agents_gigpo_is_audited_clean(returns_of, gamma, run, tmp_path: Path):
+    """verl-agent's batch after its GiGPO (the reference's numbers, ``mean_std_norm``) set as
+    its ``advantages``: in the training step (advcli.verl.audit_advantages) and from the dump
+    ``write_batch`` writes of it (``advcli audit``), the rule is verl-agent's GiGPO on every
+    row, with no finding but its turn-level counting. With verl-agent's ``step_rewards`` (the
+    returns, discounted with γ 0.9) no γ is named."""
+    import json
+
+    from advcli.verl import audit_advantages
+
+    rows = agent_rows(11)
+    found = gigpo_recipe(rows, "verl-agent upstream", norm="mean_std", gamma=gamma)
+    batch = agent_batch(rows, returns_of=returns_of)
+    batch.batch["advantages"] = torch.tensor(found)[:, None] * batch.batch["response_mask"]
+    metrics = audit_advantages(batch)
+    assert (metrics["advcli/audit/rule_matched"], metrics["advcli/audit/rows_off"]) == (1.0, 0.0)
+    write_batch(batch, tmp_path / "dump", keys=["advantages"])
+    result = run("audit", tmp_path / "dump", "--json", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["rule"]["step"] == {
+        "recipe": "verl-agent",
+        "gamma": None if returns_of is not None else gamma,
+        "step_weight": 1.0,
+        "gigpo_norm": "mean_std",
+        "anchor_scope": "group",
+    }
+    assert report["rule"]["rows_matched"] == len(rows)
+    assert [finding["kind"] for finding in report["findings"]] == ["turn-level-counting"]
