@@ -513,7 +513,13 @@ def render_audit(report: dict[str, Any], console: Console) -> None:
         ),
         Text(
             f"Rows: {rows['audited']:,} audited of {rows['total']:,} "
-            f"({rows['without_advantage']:,} without an advantage)"
+            f"({rows['without_advantage']:,} without an advantage"
+            + (
+                f"; {rows['left_out']:,} left out: {visible(rows['left_out_what'])}"
+                if rows["left_out"]
+                else ""
+            )
+            + ")"
         ),
         *(Text(f"note: {visible(note)}") for note in reading["notes"]),
         *(

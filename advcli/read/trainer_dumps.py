@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -261,13 +262,22 @@ class _TrlCompletions(TrainerDump):
     """TRL's ``completions_{step}.parquet``: each row one completion, a reward column per reward
     function (NaN where it gave none), no group id."""
 
+    def stored(self, name: str) -> str:
+        # Both made columns are read from every reward column.
+        return ", ".join(self.made_from) if name in self.made else name
+
     def columns(self) -> list[pl.Expr]:
-        # TRL sums the reward functions' values with nansum (its reward_weights default to 1).
+        # TRL sums the reward functions' values with nansum (its reward_weights default to 1);
+        # a completion none of them scored has no score, and TRL leaves it out (left_out).
         known = [
             pl.when(pl.col(name).is_nan()).then(None).otherwise(pl.col(name))
             for name in self.made_from
         ]
-        return [pl.sum_horizontal(known).alias(self.made[0])]
+        unscored = pl.all_horizontal(value.is_null() for value in known)
+        return [
+            pl.when(unscored).then(None).otherwise(pl.sum_horizontal(known)).alias(self.made[0]),
+            unscored.alias(self.made[1]),
+        ]
 
     def block_values(self) -> list[pl.Expr]:
         return [*super().block_values(), pl.col(self.made[0]).alias("reward"), pl.col("advantage")]
@@ -292,18 +302,6 @@ class _TrlCompletions(TrainerDump):
                 "scale_rewards or multi_objective_aggregation is not one advcli knows)"
             )
         return longest, why
-
-    def row_rules(self) -> list[tuple[pl.Expr, str]]:
-        unscored = pl.all_horizontal(
-            pl.col(name).is_null() | pl.col(name).is_nan() for name in self.made_from
-        )
-        return [
-            (
-                unscored,
-                "every reward column is NaN or null: TRL leaves such a completion out of its "
-                "group's mean and std and gives it advantage 0, which advcli does not",
-            )
-        ]
 
 
 @dataclass(frozen=True)
@@ -455,14 +453,20 @@ class _SkyrlTrainingInput(TrainerDump):
 def _trl_fits(rewards: np.ndarray, trainers: np.ndarray, size: int) -> bool:
     """Whether TRL's advantages over blocks of ``size`` rows (sum_then_normalize: the
     group's mean; divided by its Bessel std + 1e-4, the batch's, or nothing) are ``trainers``,
-    to the float32 TRL computes in."""
+    to the float32 TRL computes in. An unscored completion (NaN) is left out of each statistic
+    and gets 0, as TRL's nanmean, nanstd and nan_to_num do (a group of one scored completion
+    has no std: 0 too)."""
     blocks = rewards.reshape(-1, size)
-    centred = (blocks - blocks.mean(axis=1, keepdims=True)).ravel()
-    group_std = np.repeat(blocks.std(axis=1, ddof=1), size)
-    batch_std = rewards.std(ddof=1) if len(rewards) > 1 else 0.0
+    with warnings.catch_warnings():
+        # A block (or batch) of no or one scored completion: NaN, which TRL makes 0.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        centred = (blocks - np.nanmean(blocks, axis=1, keepdims=True)).ravel()
+        group_std = np.repeat(np.nanstd(blocks, axis=1, ddof=1), size)
+        batch_std = np.nanstd(rewards, ddof=1)
+        candidates = (centred / (group_std + 1e-4), centred / (batch_std + 1e-4), centred)
     return any(
-        np.allclose(advantages, trainers, rtol=1e-4, atol=1e-5)
-        for advantages in (centred / (group_std + 1e-4), centred / (batch_std + 1e-4), centred)
+        np.allclose(np.nan_to_num(advantages, nan=0.0), trainers, rtol=1e-4, atol=1e-5)
+        for advantages in candidates
     )
 
 
@@ -662,9 +666,12 @@ def _trl_completions(schema: pl.Schema, label: str) -> TrainerDump | None:
         "TRL",
         layout,
         roles,
-        ("rewards:sum",),
+        ("rewards:sum", "rewards:unscored"),
         rewards,
         rows_are_trajectories=True,
+        left_out="rewards:unscored",
+        left_out_label="completions no reward function scored (every reward column NaN or "
+        "null), which TRL leaves out of its groups' mean and std with advantage 0",
         blocks_of="prompt",
         advantage="advantage",
         advantage_why="'advantage', the advantage TRL computed for the row",

@@ -398,20 +398,25 @@ def audit_report(
     inputs: list[str],
     version: str,
     expected: ExpectedRule | None = None,
+    left_out: tuple[int, str] = (0, ""),
 ) -> dict[str, Any]:
     """The audit as one JSON-ready document: the rule found (:func:`rule_document`), the
     findings (:func:`audit_findings`), the rows audited, how the dump was read (``reading``,
-    its columns' roles) and the verdict."""
+    its columns' roles) and the verdict. ``left_out``: the rows the trainer leaves out of its
+    groups (the dump's padding rows, not audited) and what they are."""
     rule = rule_document(fit)
     findings = audit_findings(fit, projection, trajectories, expected)
+    left_out_rows, left_out_what = left_out
     return {
         "advcli_version": version,
         "inputs": inputs,
         "reading": reading,
         "rows": {
-            "total": projection.height,
+            "total": projection.height + left_out_rows,
             "audited": fit.rows,
             "without_advantage": projection[TRAINER_FIRST].null_count(),
+            "left_out": left_out_rows,
+            "left_out_what": left_out_what if left_out_rows else None,
         },
         "rule": rule,
         "not_fitted": fit.unfitted,
@@ -671,12 +676,17 @@ def render_audit_html(report: dict[str, Any]) -> str:
 
 
 def _reading_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """How the dump was read, a row each: each role's column and why, the notes, the levels
-    not fitted."""
-    reading = report["reading"]
+    """How the dump was read, a row each: each role's column and why, the notes, the rows
+    left out, the levels not fitted."""
+    reading, rows = report["reading"], report["rows"]
     return [
         *((role, entry["column"] or "-", entry["why"]) for role, entry in reading["roles"].items()),
         *(("note", "", note) for note in reading["notes"]),
+        *(
+            [("left out", "", f"{rows['left_out']:,} rows: {rows['left_out_what']}")]
+            if rows["left_out"]
+            else []
+        ),
         *((f"not fitted: {level}", "", why) for level, why in report["not_fitted"].items()),
     ]
 

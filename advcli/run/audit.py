@@ -91,6 +91,7 @@ def audit(  # noqa: PLR0913
             inputs=[dataset.label(i) for i in range(len(dataset.files))],
             version=__version__,
             expected=expect,
+            left_out=(dump.padding.height, dump.columns.padding_label),
         )
         if by is not None:
             report["by_step"] = {"by": by, "steps": _by_step(dump, by, expect)}

@@ -193,10 +193,18 @@ OUTCOME_RECIPES: dict[Recipe, OutcomeRecipe] = {
         epsilon=1e-8,
         singleton=Singleton.ZERO,
     ),
-    # trl/trainer/grpo_trainer.py (f2cd577, l.2676-2707): each block of num_generations rows,
-    # (r - mean) / (std + 1e-4), torch.std's Bessel std; scale_rewards "batch" and "none" are
-    # --scale's.
-    Recipe.TRL: OutcomeRecipe(Level.TRAJECTORY, (Estimator.GRPO,), epsilon=1e-4, batch_scale=True),
+    # trl/trainer/grpo_trainer.py (f2cd577, l.2676-2730): each block of num_generations rows,
+    # (r - mean) / (std + 1e-4), its nanstd's Bessel std; scale_rewards "batch" and "none" are
+    # --scale's. A completion no reward function scored is left out of its block's nanmean
+    # and nanstd (a dump's left-out rows), and a block of one scored completion has no std
+    # (NaN, which nan_to_num makes 0; under "none" r - r): a singleton gets 0.
+    Recipe.TRL: OutcomeRecipe(
+        Level.TRAJECTORY,
+        (Estimator.GRPO,),
+        epsilon=1e-4,
+        batch_scale=True,
+        singleton=Singleton.ZERO,
+    ),
     # nemo_rl/algorithms/advantage_estimator.py, GRPOAdvantageEstimator, over
     # calculate_baseline_and_std_per_prompt (nemo_rl/algorithms/utils.py): the leave-one-out
     # mean and the other samples' Bessel std, + 1e-6 only where that std is above 0

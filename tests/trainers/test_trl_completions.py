@@ -46,20 +46,29 @@ def trl_rows(seed: int, prompts: list[str], generations: int) -> list[dict]:
 
 
 def trl_advantages(rewards: list[float], generations: int) -> list[float]:
-    """TRL's sum_then_normalize with scale_rewards="group", in plain Python."""
+    """TRL's sum_then_normalize with scale_rewards="group", in plain Python: an unscored
+    completion (NaN) is left out of its group's mean and Bessel std (nanmean, nanstd) and gets
+    0, as does every completion of a group with one scored completion, whose std is NaN
+    (nan_to_num)."""
     advantages = []
     for start in range(0, len(rewards), generations):
         group = rewards[start : start + generations]
-        mean = sum(group) / len(group)
-        std = math.sqrt(sum((r - mean) ** 2 for r in group) / (len(group) - 1))
-        advantages += [(r - mean) / (std + 1e-4) for r in group]
+        scored = [r for r in group if not math.isnan(r)]
+        if len(scored) < 2:
+            advantages += [0.0] * len(group)
+            continue
+        mean = sum(scored) / len(scored)
+        std = math.sqrt(sum((r - mean) ** 2 for r in scored) / (len(scored) - 1))
+        advantages += [0.0 if math.isnan(r) else (r - mean) / (std + 1e-4) for r in group]
     return advantages
 
 
 def summed(row: dict) -> float:
-    return sum(
+    """The row's reward as TRL sums it (nansum); NaN where no reward function scored it."""
+    known = [
         row[name] for name in ("accuracy_reward", "format_reward") if not math.isnan(row[name])
-    )
+    ]
+    return sum(known) if known else math.nan
 
 
 def write_completions(
@@ -134,13 +143,54 @@ def test_group_size_given_stands(run, tmp_path):
     assert report["settings"]["reading"]["roles"]["group"]["why"].startswith("--group-size 2")
 
 
-def test_an_unscored_completion_is_refused_at_its_row(run, tmp_path):
-    rows = trl_rows(1, ["a", "b"], generations=3)
-    rows[4]["accuracy_reward"] = rows[4]["format_reward"] = math.nan
-    # TRL leaves the row out of its group's statistics; the test's formula is not for that.
-    dump = write_completions(tmp_path, rows, generations=None)
-    line = error_line(run("compare", dump))
-    assert "completions_00040.parquet row 4: every reward column is NaN or null" in line
+def unscored_rows() -> list[dict]:
+    """Three prompts of four completions: row 4 of the second and two rows of the third no
+    reward function scored; the third's scored completions are one."""
+    rows = trl_rows(1, ["a", "b", "c"], generations=4)
+    for row in (4, 8, 9, 11):
+        rows[row]["accuracy_reward"] = rows[row]["format_reward"] = math.nan
+    rows[10]["format_reward"] = 0.5
+    return rows
+
+
+def test_an_unscored_completion_is_left_out_with_advantage_0(run, tmp_path):
+    """TRL's nanmean and nanstd leave a completion no reward function scored out of its group,
+    and nan_to_num gives it 0, as it gives every completion of a group with one scored
+    completion (group c: its std is NaN)."""
+    rows = unscored_rows()
+    dump = write_completions(tmp_path / "completions", rows, generations=4)
+    trls = pl.read_parquet(dump)["advantage"].to_list()
+    assert [trls[row] for row in (4, 8, 9, 10, 11)] == [0.0] * 5
+    assert trls[5] != 0.0
+    out = tmp_path / "out.parquet"
+    result = run("compute", dump, "-o", out, "--no-tokens", "--recipe", "trl", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert pl.read_parquet(out)["advantage"].to_list() == pytest.approx(trls, abs=1e-5)
+    report = json.loads(run("compare", dump, "--recipe", "trl", "--json", "-", "-q").stdout)
+    assert (report["counts"]["groups"], report["counts"]["trajectories"]) == (3, 8)
+    assert report["settings"]["padding_rows"] == 4
+    assert report["settings"]["padding_label"].startswith("completions no reward function scored")
+
+
+def test_an_unscored_completion_is_audited_clean(run, tmp_path):
+    """TRL's own advantages on a step with unscored completions: its rule (ε 1e-4, a lone
+    scored completion 0), no finding."""
+    dump = write_completions(tmp_path / "completions", unscored_rows(), generations=4)
+    result = run("audit", dump, "--json", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    rule = report["rule"]
+    assert (rule["estimator"], rule["epsilon"], rule["singleton"]) == ("grpo", 1e-4, "zero")
+    assert rule["rows_matched"] == rule["rows"] == 8
+    assert report["findings"] == []
+    assert report["rows"]["total"] == 12
+    assert report["rows"]["left_out"] == 4
+    assert report["rows"]["left_out_what"].startswith("completions no reward function scored")
+    text = " ".join(run("audit", dump).stdout.split())
+    assert "Rows: 8 audited of 12 (0 without an advantage; 4 left out: completions no" in text
+    markdown = tmp_path / "audit.md"
+    assert run("audit", dump, "--markdown", markdown, "-q").exit_code == 0
+    assert "| left out |  | 4 rows: completions no reward function scored" in markdown.read_text()
 
 
 def test_runs_with_no_common_length_are_refused(run, tmp_path):
