@@ -250,9 +250,10 @@ def fit_rule(
             frames[level] = _level_rows(projection, level, naming, trajectories, batch)
         except AdvcliError as error:
             unfitted[level.value] = str(error)
-    columns = _gigpo_columns(
-        projection, naming, trajectories, batch, gigpo_rules(projection, list(frames))
-    )
+    steps = gigpo_rules(projection, list(frames))
+    columns = _gigpo_columns(projection, naming, trajectories, batch, steps)
+    if expected is not None and expected.step is not None and expected not in columns:
+        columns[expected] = _expected_gigpo(projection, naming, trajectories, batch, expected)
     frames = {
         level: frame.with_columns(
             column for config, column in columns.items() if config.level is level
@@ -274,7 +275,7 @@ def fit_rule(
             "(its mask all 0) or its advantage null"
         )
     token_counts = projection[TOKENS].null_count() < projection.height
-    rules = [*candidate_rules(list(frames), token_counts), *columns]
+    rules = [*candidate_rules(list(frames), token_counts), *(c for c in steps if c in columns)]
     best, coarse, exact, tied = _best(frames, rules)
     if exact < audited_rows:
         fitted = _with_fitted_epsilon(best, frames[best.level])
@@ -320,6 +321,26 @@ def _gigpo_columns(
         assert advantages.row_advantage is not None
         columns[config] = advantages.row_advantage.alias(gigpo_column(config))
     return columns
+
+
+def _expected_gigpo(
+    projection: pl.DataFrame,
+    naming: Naming,
+    trajectories: Trajectories,
+    batch: str | None,
+    expected: AdvantageConfig,
+) -> pl.Series:
+    """The advantages of the GiGPO rule ``--expect`` names, where it is no candidate (a γ or ω
+    of its own); an error where the dump cannot run it."""
+    if ANCHOR not in projection.columns:
+        raise AdvcliError(
+            "the rule --expect names is GiGPO's, whose step groups need the dump's anchors and "
+            "step rewards or returns (--anchor-col, --step-reward-col, --step-return-col); "
+            "this dump was read without them"
+        )
+    advantages = gigpo_advantages(projection, expected, naming, trajectories, batch)
+    assert advantages.row_advantage is not None
+    return advantages.row_advantage.alias(gigpo_column(expected))
 
 
 def gigpo_column(config: AdvantageConfig) -> str:

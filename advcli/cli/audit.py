@@ -63,8 +63,9 @@ ExpectOpt = Annotated[
     option(
         "--expect",
         help="The rule you believe the trainer ran, as key=value pairs (level, estimator, "
-        "scale, singleton, epsilon, std, recipe; e.g. estimator=grpo,level=trajectory): a "
-        "mismatch is a finding (unexpected-rule).",
+        "scale, singleton, epsilon, std, gigpo's gamma, step-weight, gigpo-norm, "
+        "anchor-scope, and recipe; e.g. estimator=grpo,level=trajectory or "
+        "recipe=verl-agent,gamma=0.95): a mismatch is a finding (unexpected-rule).",
     ),
 ]
 AuditByOpt = Annotated[

@@ -19,7 +19,6 @@ from advcli.advantages.fit import (
     RuleFit,
     matches,
     matches_bfloat16,
-    rule_settings,
 )
 from advcli.advantages.units import Trajectories
 from advcli.keys import GROUP, ROW, SCORE, TRAINER_FIRST, TRAINER_HIGH, TRAINER_LOW
@@ -148,8 +147,8 @@ def _unexpected(fit: RuleFit, expected: ExpectedRule) -> Finding | None:
     scale none is drgrpo) do not differ, and rows neither explains are another finding's."""
     if fit.expected is None:
         raise ValueError("the fit was made without the expected rule")
-    stated = [STATED_AS.get(name, name) for name in expected.stated]
-    believed = {name: rule_settings(expected.config)[name] for name in stated}
+    stated = list(dict.fromkeys(STATED_AS.get(name, name) for name in expected.stated))
+    believed = {name: fit.settings(expected.config)[name] for name in stated}
     found = fit.settings(fit.config) if fit.config is not None else {}
     differ = [
         name
@@ -174,8 +173,15 @@ def _unexpected(fit: RuleFit, expected: ExpectedRule) -> Finding | None:
     return _finding("unexpected-rule", missed[GROUP].n_unique(), missed.height, example)
 
 
-# The rule's names of the settings --expect states by their keyword names.
-STATED_AS = {"std": "std_ddof"}
+# The rule's names of the settings --expect states by their keyword names: GiGPO's step
+# term's are held together, as the rule's ``step``.
+STATED_AS = {
+    "std": "std_ddof",
+    "gamma": "step",
+    "step_weight": "step",
+    "gigpo_norm": "step",
+    "anchor_scope": "step",
+}
 
 
 def _per_token_rows(projection: pl.DataFrame) -> pl.DataFrame:

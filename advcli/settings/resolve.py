@@ -306,8 +306,23 @@ class ExpectedRule:
     stated: tuple[str, ...]
 
 
-# The settings --expect takes: an outcome rule's, and a recipe that sets them.
-EXPECTABLE = ("level", "estimator", "scale", "singleton", "epsilon", "std", "recipe")
+# The settings --expect takes: a rule's (GiGPO's step term's among them), and a recipe that
+# sets them.
+EXPECTABLE = (
+    "level",
+    "estimator",
+    "scale",
+    "singleton",
+    "epsilon",
+    "std",
+    "gamma",
+    "step_weight",
+    "gigpo_norm",
+    "anchor_scope",
+    "recipe",
+)
+# The --expect keys that take a number.
+_NUMBERS = ("epsilon", "gamma", "step_weight")
 
 
 def expected_rule(text: str) -> ExpectedRule:
@@ -333,14 +348,13 @@ def expected_rule(text: str) -> ExpectedRule:
             )
         if key in given:
             raise SettingsError(f"--expect gives '{key}' twice")
-        if key == "epsilon" and not _is_number(value):
-            raise SettingsError(f"--expect epsilon={value.strip()}: not a number")
-        given[key] = float(value) if key == "epsilon" else value.strip()
+        if key in _NUMBERS and not _is_number(value):
+            raise SettingsError(f"--expect {key}={value.strip()}: not a number")
+        given[key] = float(value) if key in _NUMBERS else value.strip()
     config = resolve_config(given, OPTION_WORDS)
-    rule = RULES[config.estimator]
-    if rule.whitens or config.step is not None or config.per_turn is not None:
+    if config.per_turn is not None:
         raise SettingsError(
-            f"--expect: audit's rules are the outcome estimators' without a post-step, not "
+            f"--expect: audit's rules are the outcome estimators' and GiGPO's, not "
             f"{config.describe()}"
         )
     recipe = given.get("recipe")

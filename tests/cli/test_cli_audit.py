@@ -17,7 +17,7 @@ from PIL import Image
 from reference import reference_advantages
 
 from advcli.run.commands import compute
-from advcli.settings.config import AdvantageConfig, Level
+from advcli.settings.config import AdvantageConfig, Estimator, Level
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +98,27 @@ def test_expect(run, turn_level) -> None:
     assert "unexpected-rule" in result.stderr
     usage = run("audit", turn_level, "--expect", "epsilon=x")
     assert usage.exit_code == 2 and "--expect epsilon=x: not a number" in usage.stderr
+    usage = run("audit", turn_level, "--expect", "recipe=verl-agent,gamma=high")
+    assert usage.exit_code == 2 and "--expect gamma=high: not a number" in usage.stderr
+    usage = run("audit", turn_level, "--expect", "recipe=lightrft")
+    assert usage.exit_code == 2
+    assert "--expect: audit's rules are the outcome estimators' and GiGPO's, not" in usage.stderr
+
+
+def test_expecting_reinforce_plus_plus(run, tmp_path) -> None:
+    """REINFORCE++'s baseline is a candidate: expected, and run, it is no finding."""
+    trained = tmp_path / "reinforce.parquet"
+    compute(
+        [ROOT / "sample_data" / "rollouts.parquet"],
+        trained,
+        AdvantageConfig(level=Level.TURN, estimator=Estimator.REINFORCE_PP_BASELINE),
+    )
+    expect = "estimator=reinforce_pp_baseline,level=turn"
+    result = run("audit", trained, "--expect", expect, "--json", "-", "-q")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["rule"]["estimator"] == "reinforce_pp_baseline"
+    assert [finding["kind"] for finding in report["findings"]] == ["turn-level-counting"]
 
 
 def test_markdown(run, tmp_path, turn_level) -> None:

@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from conftest import error_line
 from gigpo_reference import GigpoRow, gigpo_recipe, step_returns
 
 from advcli.run.audit import audit
+from advcli.settings.resolve import expected_rule
 
 
 def agent_rows(seed: int, groups: int = 3, n: int = 4) -> list[GigpoRow]:
@@ -145,4 +147,51 @@ def test_the_terminal_report_names_the_step_term(tmp_path, run) -> None:
     text = " ".join(result.stdout.split())
     assert (
         "recipe roll, gamma 0.95, step weight 1, norm mean_std, anchors within each batch" in text
+    )
+
+
+def test_expecting_the_recipe_run_is_no_finding(tmp_path) -> None:
+    rows = agent_rows(6)
+    found = gigpo_recipe(rows, "verl-agent upstream", norm="mean", gamma=1.0)
+    path = write_dump(tmp_path / "gigpo.parquet", rows, found)
+    report = audit([path], expect=expected_rule("recipe=verl-agent"))
+    assert [finding["kind"] for finding in report["findings"]] == ["turn-level-counting"]
+
+
+def test_expecting_another_norm_and_gamma_is_a_finding(tmp_path) -> None:
+    """The trainer ran verl-agent's mean_std_norm with γ 0.95; the user believes its yaml's
+    defaults (mean_norm, γ 1): the rows the two rules give otherwise are the finding, the
+    step term among the settings that differ."""
+    rows = agent_rows(6)
+    found = gigpo_recipe(rows, "verl-agent upstream", norm="mean_std", gamma=0.95)
+    path = write_dump(tmp_path / "gigpo.parquet", rows, found)
+    report = audit([path], expect=expected_rule("recipe=verl-agent"))
+    (unexpected,) = [f for f in report["findings"] if f["kind"] == "unexpected-rule"]
+    assert "step" in unexpected["example"]["differs"]
+    assert unexpected["example"]["expected_rule"]["step"]["gamma"] == 1.0
+    assert unexpected["example"]["found_rule"]["step"]["gamma"] == 0.95
+    believed = gigpo_recipe(rows, "verl-agent upstream", norm="mean", gamma=1.0)
+    differ = sum(abs(a - b) > 1e-5 + 1e-5 * abs(a) for a, b in zip(found, believed, strict=True))
+    assert unexpected["rows"] == differ
+
+
+def test_expecting_a_gamma_no_candidate_has(tmp_path) -> None:
+    """γ 0.8 is no candidate: the rule --expect names is computed for the dump all the same,
+    and where it is the trainer's, its rows are no unexpected-rule finding."""
+    rows = agent_rows(7)
+    found = gigpo_recipe(rows, "ROLL", norm="mean_std", gamma=0.8)
+    path = write_dump(tmp_path / "gigpo.parquet", rows, found)
+    report = audit([path], expect=expected_rule("recipe=roll,gamma=0.8"))
+    assert "unexpected-rule" not in [finding["kind"] for finding in report["findings"]]
+
+
+def test_expecting_gigpo_of_a_dump_without_anchors_is_an_error(tmp_path, run) -> None:
+    rows = agent_rows(5)
+    path = write_dump(tmp_path / "gigpo.parquet", rows, [0.0] * len(rows))
+    pl.read_parquet(path).drop("anchor").write_parquet(path)
+    line = error_line(run("audit", path, "--expect", "recipe=roll"))
+    assert line == (
+        "Error: the rule --expect names is GiGPO's, whose step groups need the dump's anchors "
+        "and step rewards or returns (--anchor-col, --step-reward-col, --step-return-col); "
+        "this dump was read without them"
     )
