@@ -8,6 +8,12 @@ interleaved ``--runs`` times; the figures are medians, with the peak RSS of each
 
     python bench/bench_audit.py                     # 1M turn rows x ~128 tokens, 3 runs
     python bench/bench_audit.py --rows 200000 --runs 5
+    python bench/bench_audit.py --rows 200000 --gigpo   # GiGPO's dump and candidates
+
+``--gigpo`` adds GiGPO's columns to the dump (each row's anchor, one of four states, and its
+step reward, 0, 0.5 or 1, drawn with a fixed seed), verl-agent's GiGPO stands in for the
+trainer (``compute --recipe verl-agent``), and ``compare --recipe verl-agent`` is the
+yardstick: the audit then fits GiGPO's candidates beside the outcome rules.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np
+import polars as pl
 from bench_compute import DEFAULT_MAX_TURNS, advcli, make_dump, run
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -29,15 +37,23 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--gigpo", action="store_true", help="GiGPO's dump and candidates")
     arguments = parser.parse_args()
     DATA.mkdir(exist_ok=True)
     dump = DATA / f"audit-{arguments.rows}-{arguments.tokens}.parquet"
-    trained = DATA / f"audit-{arguments.rows}-{arguments.tokens}-turn-level.parquet"
     rows, _ = make_dump(dump, arguments.rows, arguments.tokens, DEFAULT_MAX_TURNS)
+    # The trainer's rule, and what compare is told of it (it computes both levels itself).
+    rule, compared = ("--level", "turn"), ()
+    if arguments.gigpo:
+        dump = with_steps(dump)
+        rule = compared = ("--recipe", "verl-agent")
+    trained = dump.with_name(
+        f"{dump.stem}-{'verl-agent' if arguments.gigpo else 'turn-level'}.parquet"
+    )
     if not trained.exists():
-        run(advcli("compute", str(dump), "--level", "turn", "-o", str(trained), "-q"))
+        run(advcli("compute", str(dump), *rule, "-o", str(trained), "-q"))
     commands = {
-        "compare": advcli("compare", str(trained), "-q"),
+        "compare": advcli("compare", str(trained), *compared, "-q"),
         "audit": advcli("audit", str(trained), "-q"),
     }
     times: dict[str, list[float]] = {name: [] for name in commands}
@@ -56,6 +72,20 @@ def main() -> None:
     ratio = statistics.median(times["audit"]) / statistics.median(times["compare"])
     memory = statistics.median(peaks["audit"]) / statistics.median(peaks["compare"])
     print(f"  audit / compare: {ratio:.2f}x the time, {memory:.2f}x the peak")
+
+
+def with_steps(dump: Path) -> Path:
+    """``dump`` with GiGPO's columns, written beside it once: each row's ``anchor`` (one of
+    four states) and ``step_reward`` (0, 0.5 or 1), drawn with a fixed seed."""
+    path = dump.with_name(f"{dump.stem}-gigpo.parquet")
+    if not path.exists():
+        frame = pl.read_parquet(dump)
+        rng = np.random.default_rng(1)
+        frame.with_columns(
+            pl.Series("anchor", rng.integers(0, 4, frame.height)),
+            pl.Series("step_reward", rng.choice([0.0, 0.5, 1.0], frame.height)),
+        ).write_parquet(path)
+    return path
 
 
 if __name__ == "__main__":

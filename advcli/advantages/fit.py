@@ -28,7 +28,7 @@ from advcli.advantages.estimators import (
     unit_advantage,
 )
 from advcli.advantages.statistics import BATCH, batch_key, batch_stds, group_statistics
-from advcli.advantages.step_groups import gigpo_advantages
+from advcli.advantages.step_groups import SharedParts, gigpo_advantages
 from advcli.advantages.unit_scores import Naming, build_units
 from advcli.advantages.units import Trajectories
 from advcli.errors import AdvcliError
@@ -309,13 +309,16 @@ def _gigpo_columns(
     rules: list[AdvantageConfig],
 ) -> dict[AdvantageConfig, pl.Series]:
     """Each GiGPO candidate's advantages, a row each in the projection's order, under
-    :func:`gigpo_column`'s name. Unlike the outcome rules, each is one computation of
-    ``compute``'s (its step groups are the anchors', which no statistic of a level holds); a
-    recipe the dump cannot run (an advantage beyond float32) is no candidate."""
+    :func:`gigpo_column`'s name: ``compute``'s computation, its parts made once for every
+    candidate that shares them (:class:`~advcli.advantages.step_groups.SharedParts`: an
+    episode term a recipe and norm, the returns a γ, the step groups' figures a γ and scope),
+    each candidate then one expression over them. A recipe the dump cannot run (an advantage
+    beyond float32) is no candidate."""
     columns = {}
+    shared = SharedParts()
     for config in rules:
         try:
-            advantages = gigpo_advantages(projection, config, naming, trajectories, batch)
+            advantages = gigpo_advantages(projection, config, naming, trajectories, batch, shared)
         except AdvcliError:
             continue
         assert advantages.row_advantage is not None

@@ -3,13 +3,14 @@ groups (:func:`gigpo_advantages`).
 
 Each row's step return comes from its trajectory's step rewards in turn order
 (:func:`step_returns`); rows whose anchors are equal (within a task group, or batch-wide) form a
-step group, and each return is normalized within it (:func:`step_advantages`). The rules are
+step group (:func:`step_groups`), and each return is normalized within it
+(:func:`step_advantage`). The rules are
 those of :mod:`advcli.settings.rules` (``STEP_*``, ``GAMMA_RANGE``).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import polars as pl
@@ -31,12 +32,25 @@ from advcli.settings.config import (
 from advcli.settings.rules import FLOAT32_MAX, SINGLETON_STD, STD_DDOF, STEP_SINGLETON
 
 
+@dataclass
+class SharedParts:
+    """What several GiGPO rules on one projection share, made once for all of them (the
+    audit's candidates): each episode term, by the settings it depends on (not γ, ω or the
+    anchors' scope), each γ's step returns, and each step grouping's figures, by γ, scope and
+    std denominator."""
+
+    episodes: dict[AdvantageConfig, tuple[Advantages, pl.Series]] = field(default_factory=dict)
+    returns: dict[float, pl.Series] = field(default_factory=dict)
+    groups: dict[tuple[float, AnchorScope, int], pl.DataFrame] = field(default_factory=dict)
+
+
 def gigpo_advantages(
     projection: pl.DataFrame,
     config: AdvantageConfig,
     naming: Naming,
     trajectories: Trajectories,
     batch: str | None = None,
+    shared: SharedParts | None = None,
 ) -> Advantages:
     """GiGPO on the key projection (with ``anchor`` and ``step_reward`` or ``step_return``):
     ``A = A_episode + ω · A_step`` for every row.
@@ -45,19 +59,34 @@ def gigpo_advantages(
     ``--traj-score own``, each row centred on its own score); the result's units and groups
     are the episode term's, its ``row_advantage`` the sum, its ``steps`` each row's
     ``step_return``, ``step_group_rows``, ``step_advantage`` and ``episode_advantage`` (the
-    episode term, for the report)."""
+    episode term, for the report). ``shared``: the parts other rules on this projection made,
+    taken where this one's are the same, and this one's kept there."""
     step = config.step
     if step is None:
         raise ValueError("gigpo needs its step settings")
-    episode = episode_advantages(projection, config, naming, trajectories, batch)
-    episode_term = episode.rows(projection)["advantage"]
-    returns = (
-        projection[STEP_RETURN].to_numpy()
-        if STEP_RETURN in projection.columns
-        else _returns_with_copies(projection, trajectories, step.gamma)
-    )
-    steps = step_advantages(
-        projection, pl.Series(STEP_RETURN, returns), step, config.epsilon, batch, config.std_ddof
+    shared = shared or SharedParts()
+    # The episode term depends on neither γ, ω nor the anchors' scope.
+    own = replace(config, step=replace(step, gamma=1.0, weight=1.0, scope=AnchorScope.GROUP))
+    if own not in shared.episodes:
+        episode = episode_advantages(projection, config, naming, trajectories, batch)
+        shared.episodes[own] = (episode, episode.rows(projection)["advantage"])
+    episode, episode_term = shared.episodes[own]
+    # Given returns are read as they are: no γ applies (keyed as γ = 1).
+    gamma = 1.0 if STEP_RETURN in projection.columns else step.gamma
+    if gamma not in shared.returns:
+        shared.returns[gamma] = pl.Series(
+            STEP_RETURN,
+            projection[STEP_RETURN].to_numpy()
+            if STEP_RETURN in projection.columns
+            else _returns_with_copies(projection, trajectories, gamma),
+        )
+    grouping = (gamma, step.scope, config.std_ddof)
+    if grouping not in shared.groups:
+        shared.groups[grouping] = step_groups(
+            projection, shared.returns[gamma], step.scope, batch, config.std_ddof
+        )
+    steps = shared.groups[grouping].select(
+        STEP_RETURN, "step_group_rows", step_advantage(step, config.epsilon)
     )
     total = episode_term + step.weight * steps["step_advantage"]
     _check_finite(projection, total, naming)
@@ -177,22 +206,22 @@ def _sums_to_the_end(value: np.ndarray, last: np.ndarray) -> np.ndarray:
     return sums
 
 
-def step_advantages(
+def step_groups(
     projection: pl.DataFrame,
     returns: pl.Series,
-    step: StepTerm,
-    epsilon: float,
+    scope: AnchorScope,
     batch: str | None = None,
     ddof: int = STD_DDOF,
 ) -> pl.DataFrame:
-    """Each row's ``step_return``, the size of its step group (``step_group_rows``) and its
-    ``step_advantage``, in the projection's order (the std's ``ddof``: ``--std``'s).
+    """Each row's ``step_return`` and its step group's figures (``step_group_rows``, the
+    returns' mean, std and whether they are all equal), in the projection's order (the std's
+    ``ddof``: ``--std``'s): :func:`step_advantage` makes the step term of them.
 
     A step group is the rows of one anchor within a group (``--anchor-scope group``) or within
     the batch (``batch``: each ``--by`` step, else the input). Its returns are summed sorted, so
     its figures do not depend on the row order."""
     rows = projection.select(
-        anchor_scope(step.scope, batch).alias("__scope"), ANCHOR, returns.alias(STEP_RETURN)
+        anchor_scope(scope, batch).alias("__scope"), ANCHOR, returns.alias(STEP_RETURN)
     ).with_row_index("__position")
     names = ["__scope", ANCHOR]
     value = pl.col(STEP_RETURN)
@@ -206,14 +235,20 @@ def step_advantages(
             (value.max() == value.min()).alias("__equal"),
         )
     )
-    joined = rows.join(stats, on=names, how="left", maintain_order="left").sort("__position")
-    centred = value - pl.col("__mean")
+    return rows.join(stats, on=names, how="left", maintain_order="left").sort("__position")
+
+
+def step_advantage(step: StepTerm, epsilon: float) -> pl.Expr:
+    """The step term over :func:`step_groups`' figures: ``(R − mean) / (F + ε)``, F the step
+    group's std under ``mean_std`` and 1 under ``mean``; 0 for a step group of one row, of equal
+    returns, or (ROLL's) of a std at most its floor."""
+    centred = pl.col(STEP_RETURN) - pl.col("__mean")
     divisor = pl.col("__std") if step.norm is GigpoNorm.MEAN_STD else pl.lit(SINGLETON_STD)
     dead = (pl.col("step_group_rows") == 1) | pl.col("__equal")
     if step.std_floor is not None:
         dead = dead | (pl.col("__std") <= step.std_floor)
     advantage = pl.when(dead).then(STEP_SINGLETON).otherwise(centred / (divisor + epsilon))
-    return joined.select(STEP_RETURN, "step_group_rows", advantage.alias("step_advantage"))
+    return advantage.alias("step_advantage")
 
 
 def anchor_scope(scope: AnchorScope, batch: str | None) -> pl.Expr:

@@ -195,3 +195,34 @@ def test_expecting_gigpo_of_a_dump_without_anchors_is_an_error(tmp_path, run) ->
         "and step rewards or returns (--anchor-col, --step-reward-col, --step-return-col); "
         "this dump was read without them"
     )
+
+
+@pytest.mark.parametrize("returns", [False, True])
+def test_the_candidates_shared_parts_give_each_rules_own_numbers(tmp_path, returns) -> None:
+    """The audit makes each GiGPO candidate's episode term, returns and step groups once for
+    all the candidates that share them: every candidate's advantages are the ones its rule
+    alone gives, to the bit."""
+    from advcli.advantages.fit import gigpo_rules
+    from advcli.advantages.step_groups import SharedParts, gigpo_advantages
+    from advcli.run.audit import _load_scored
+    from advcli.run.loading import opened
+    from advcli.settings.config import ColumnNames, Level
+
+    rows = agent_rows(8)
+    path = write_dump(
+        tmp_path / "gigpo.parquet",
+        rows,
+        [0.0] * len(rows),
+        step_returns(rows, 0.9) if returns else None,
+    )
+    with opened([path]) as dataset:
+        dump = _load_scored(dataset, ColumnNames(), None)
+    projection, naming, trajectories = dump.projection, dump.naming, dump.trajectories
+    rules = gigpo_rules(projection, [Level.TRAJECTORY, Level.TURN])
+    assert len(rules) == (6 if returns else 32)
+    shared = SharedParts()
+    for config in rules:
+        alone = gigpo_advantages(projection, config, naming, trajectories)
+        together = gigpo_advantages(projection, config, naming, trajectories, None, shared)
+        assert together.row_advantage.equals(alone.row_advantage), config
+        assert together.steps.equals(alone.steps), config
