@@ -251,9 +251,7 @@ def fit_rule(
         except AdvcliError as error:
             unfitted[level.value] = str(error)
     steps = gigpo_rules(projection, list(frames))
-    columns = _gigpo_columns(projection, naming, trajectories, batch, steps)
-    if expected is not None and expected.step is not None and expected not in columns:
-        columns[expected] = _expected_gigpo(projection, naming, trajectories, batch, expected)
+    columns = _gigpo_columns(projection, naming, trajectories, batch, steps, expected)
     frames = {
         level: frame.with_columns(
             column for config, column in columns.items() if config.level is level
@@ -307,43 +305,38 @@ def _gigpo_columns(
     trajectories: Trajectories,
     batch: str | None,
     rules: list[AdvantageConfig],
+    expected: AdvantageConfig | None,
 ) -> dict[AdvantageConfig, pl.Series]:
     """Each GiGPO candidate's advantages, a row each in the projection's order, under
     :func:`gigpo_column`'s name: ``compute``'s computation, its parts made once for every
     candidate that shares them (:class:`~advcli.advantages.step_groups.SharedParts`: an
     episode term a recipe and norm, the returns a γ, the step groups' figures a γ and scope),
     each candidate then one expression over them. A recipe the dump cannot run (an advantage
-    beyond float32) is no candidate."""
-    columns = {}
+    beyond float32) is no candidate. The GiGPO rule ``--expect`` names (``expected``) is made
+    too where it is no candidate (a γ or ω of its own): an error where the dump cannot run
+    it."""
     shared = SharedParts()
+
+    def column(config: AdvantageConfig) -> pl.Series:
+        advantages = gigpo_advantages(projection, config, naming, trajectories, batch, shared)
+        assert advantages.row_advantage is not None
+        return advantages.row_advantage.alias(gigpo_column(config))
+
+    columns = {}
     for config in rules:
         try:
-            advantages = gigpo_advantages(projection, config, naming, trajectories, batch, shared)
+            columns[config] = column(config)
         except AdvcliError:
             continue
-        assert advantages.row_advantage is not None
-        columns[config] = advantages.row_advantage.alias(gigpo_column(config))
+    if expected is not None and expected.step is not None and expected not in columns:
+        if ANCHOR not in projection.columns:
+            raise AdvcliError(
+                "the rule --expect names is GiGPO's, whose step groups need the dump's anchors "
+                "and step rewards or returns (--anchor-col, --step-reward-col, "
+                "--step-return-col); this dump was read without them"
+            )
+        columns[expected] = column(expected)
     return columns
-
-
-def _expected_gigpo(
-    projection: pl.DataFrame,
-    naming: Naming,
-    trajectories: Trajectories,
-    batch: str | None,
-    expected: AdvantageConfig,
-) -> pl.Series:
-    """The advantages of the GiGPO rule ``--expect`` names, where it is no candidate (a γ or ω
-    of its own); an error where the dump cannot run it."""
-    if ANCHOR not in projection.columns:
-        raise AdvcliError(
-            "the rule --expect names is GiGPO's, whose step groups need the dump's anchors and "
-            "step rewards or returns (--anchor-col, --step-reward-col, --step-return-col); "
-            "this dump was read without them"
-        )
-    advantages = gigpo_advantages(projection, expected, naming, trajectories, batch)
-    assert advantages.row_advantage is not None
-    return advantages.row_advantage.alias(gigpo_column(expected))
 
 
 def gigpo_column(config: AdvantageConfig) -> str:

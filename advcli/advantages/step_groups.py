@@ -72,14 +72,15 @@ def gigpo_advantages(
         shared.episodes[own] = (episode, episode.rows(projection)["advantage"])
     episode, episode_term = shared.episodes[own]
     # Given returns are read as they are: no γ applies (keyed as γ = 1).
-    gamma = 1.0 if STEP_RETURN in projection.columns else step.gamma
+    given = STEP_RETURN in projection.columns
+    gamma = 1.0 if given else step.gamma
     if gamma not in shared.returns:
-        shared.returns[gamma] = pl.Series(
-            STEP_RETURN,
+        returns = (
             projection[STEP_RETURN].to_numpy()
-            if STEP_RETURN in projection.columns
-            else _returns_with_copies(projection, trajectories, gamma),
+            if given
+            else _returns_with_copies(projection, trajectories, gamma)
         )
+        shared.returns[gamma] = pl.Series(STEP_RETURN, returns)
     grouping = (gamma, step.scope, config.std_ddof)
     if grouping not in shared.groups:
         shared.groups[grouping] = step_groups(

@@ -228,13 +228,19 @@ def step_columns(entries: Mapping[str, Any], roles: ColumnRoles) -> list[pl.Seri
     """GiGPO's columns of the batch's key projection, where its roles have them: the anchors
     hashed as stage 1 hashes a dump's, and the step rewards or returns (one finite number a
     row)."""
-    if roles.anchor is None:
+    anchor, mask = roles.anchor, roles.mask
+    if anchor is None:
         return []
-    columns = [pl.Series(ANCHOR, anchor_codes(roles.anchor, entries[roles.anchor]))]
+    assert mask is not None
+    named = [(anchor, pl.Series(ANCHOR, anchor_codes(anchor, entries[anchor])))]
     for key, name in ((STEP_REWARD, roles.step_reward), (STEP_RETURN, roles.step_return)):
         if name is not None:
-            columns.append(pl.Series(key, turn_rewards(name, entries[name])))
-    return columns
+            named.append((name, pl.Series(key, turn_rewards(name, entries[name]))))
+    rows = len(as_numpy(entries[mask]))
+    for name, column in named:
+        if column.len() != rows:
+            raise AdvcliError(f"the batch's '{name}' has {column.len():,} rows, '{mask}' {rows:,}")
+    return [column for _, column in named]
 
 
 def anchor_codes(name: str, value: Any) -> np.ndarray:

@@ -301,7 +301,7 @@ def _step_columns(
             required=None
             if incomplete_ok
             else "gigpo's step returns need one, or an already discounted return named "
-            "with --step-return-col",
+            f"with {pick.options.named('step_return')}",
             by_name=False,
         )
     if step_reward is None and step_return is None:

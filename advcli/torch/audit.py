@@ -42,6 +42,9 @@ _OPTIONS = Options(
         "turn": "turn_index",
         "reward": "token_level_rewards",
         "mask": "response_mask",
+        "anchor": "anchor_index",
+        "step_reward": "step_rewards",
+        "step_return": "step_returns",
     },
     keywords=True,
     by=None,
@@ -50,7 +53,7 @@ _OPTIONS = Options(
 )
 
 
-def audit_advantages(
+def audit_advantages(  # noqa: PLR0913
     advantages: torch.Tensor,
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -58,6 +61,9 @@ def audit_advantages(
     traj_index: Ids | None = None,
     *,
     turn_index: Ids | None = None,
+    anchor_index: Ids | None = None,
+    step_rewards: Any = None,
+    step_returns: Any = None,
     expect: str | None = None,
     metrics_prefix: str = "advcli/audit/",
 ) -> dict[str, float]:
@@ -68,8 +74,10 @@ def audit_advantages(
     (the advantages are read over each row's response tokens: a row whose tokens disagree is a
     per-token estimator's, left out of the fit); ``index``, ``traj_index`` and ``turn_index``
     are ``bs`` ids as :func:`advcli.torch.compute_advantage` takes them (``traj_index`` None:
-    each row is a trajectory). ``expect``: the rule believed run, as ``advcli audit --expect``
-    takes it (``"estimator=grpo,level=trajectory"``), a mismatch being a finding.
+    each row is a trajectory). ``anchor_index`` with ``step_rewards`` or ``step_returns``
+    (``bs`` each, as :func:`advcli.torch.compute_advantage` takes them): GiGPO's recipes are
+    candidates too. ``expect``: the rule believed run, as ``advcli audit --expect`` takes it
+    (``"estimator=grpo,level=trajectory"``), a mismatch being a finding.
 
     Returns the step's metrics (:func:`advcli.report.audit.audit_metrics`, each under
     ``metrics_prefix``): ``rule_matched`` (1 where a rule explains every row), ``rows``,
@@ -83,19 +91,32 @@ def audit_advantages(
         "response_mask": response_mask,
         "index": index,
     }
-    for name, ids in (("traj_index", traj_index), ("turn_index", turn_index)):
-        if ids is not None:
-            entries[name] = ids
+    optional = {
+        "traj_index": traj_index,
+        "turn_index": turn_index,
+        "anchor_index": anchor_index,
+        "step_rewards": step_rewards,
+        "step_returns": step_returns,
+    }
+    entries.update((name, value) for name, value in optional.items() if value is not None)
+
+    def key(name: str) -> str | None:
+        return name if name in entries else None
+
     try:
         roles = batch_roles(
             entries,
             group="index",
-            trajectory="traj_index" if traj_index is not None else None,
-            turn="turn_index" if turn_index is not None else None,
+            trajectory=key("traj_index"),
+            turn=key("turn_index"),
             reward="token_level_rewards",
             mask="response_mask",
             mask_needed_for="the advantages are read over the response tokens",
             options=_OPTIONS,
+            steps=anchor_index is not None,
+            anchor=key("anchor_index"),
+            step_reward=key("step_rewards"),
+            step_return=key("step_returns"),
         )
         report = audit_batch(entries, roles, "advantages", "advantages", believed)
     except AdvcliError as error:

@@ -7,29 +7,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import pytest
 from conftest import error_line
 from gigpo_reference import GigpoRow, gigpo_recipe, step_returns
+from gigpo_rows import agent_rows
 
-from advcli.run.audit import audit
+from advcli.advantages.fit import gigpo_rules
+from advcli.advantages.step_groups import SharedParts, gigpo_advantages
+from advcli.run.audit import _load_scored, audit
+from advcli.run.loading import opened
+from advcli.settings.config import ColumnNames, Level
 from advcli.settings.resolve import expected_rule
-
-
-def agent_rows(seed: int, groups: int = 3, n: int = 4) -> list[GigpoRow]:
-    """An agent's rows in collection order: each trajectory's steps in turn order, its episode
-    score on every row, anchors drawn from four states, per-step rewards."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for group in range(groups):
-        for rollout in range(n):
-            score = float(rng.choice([0.0, 1.0]))
-            for turn in range(int(rng.integers(1, 5))):
-                anchor = int(rng.integers(0, 4))
-                step = float(rng.choice([0.0, 0.5, 1.0]))
-                rows.append(GigpoRow(group, group * n + rollout, turn, score, anchor, step))
-    return rows
 
 
 def write_dump(
@@ -79,7 +68,7 @@ RUNS = [
 def test_each_peers_gigpo_is_found_with_no_bug(
     tmp_path, seed, reference, norm, gamma, recipe, level, named
 ) -> None:
-    rows = agent_rows(seed)
+    rows = agent_rows(seed, n=4)
     found = gigpo_recipe(rows, reference, norm=norm, gamma=gamma)
     report = audit([write_dump(tmp_path / "gigpo.parquet", rows, found)])
     rule = report["rule"]
@@ -102,7 +91,7 @@ def test_each_peers_gigpo_is_found_with_no_bug(
 def test_step_returns_are_read_as_they_are(tmp_path) -> None:
     """verl-agent's batch holds the discounted returns (``step_rewards``, written as
     ``step_return``): no γ is applied, and none is named."""
-    rows = agent_rows(3)
+    rows = agent_rows(3, n=4)
     returns = step_returns(rows, 0.8)
     found = gigpo_recipe(rows, "verl-agent upstream", norm="mean_std", gamma=0.8)
     report = audit([write_dump(tmp_path / "gigpo.parquet", rows, found, returns)])
@@ -112,7 +101,7 @@ def test_step_returns_are_read_as_they_are(tmp_path) -> None:
 
 
 def test_a_trainer_that_drops_the_step_term_of_a_group_is_a_finding(tmp_path) -> None:
-    rows = agent_rows(4)
+    rows = agent_rows(4, n=4)
     found = gigpo_recipe(rows, "verl-agent upstream", norm="mean", gamma=1.0)
     # Group 1's rows get the episode term alone (ω = 0 there).
     episode = gigpo_recipe(rows, "verl-agent upstream", norm="mean", gamma=1.0, omega=0.0)
@@ -131,7 +120,7 @@ def test_a_trainer_that_drops_the_step_term_of_a_group_is_a_finding(tmp_path) ->
 def test_anchors_without_step_rewards_leave_gigpo_out(tmp_path) -> None:
     """A dump with an anchor and no step reward is audited with the outcome rules: GiGPO needs
     both, and its reading says neither was read."""
-    rows = agent_rows(5)
+    rows = agent_rows(5, n=4)
     path = write_dump(tmp_path / "gigpo.parquet", rows, [0.0] * len(rows))
     pl.read_parquet(path).drop("step_reward").write_parquet(path)
     report = audit([path])
@@ -140,7 +129,7 @@ def test_anchors_without_step_rewards_leave_gigpo_out(tmp_path) -> None:
 
 
 def test_the_terminal_report_names_the_step_term(tmp_path, run) -> None:
-    rows = agent_rows(1)
+    rows = agent_rows(1, n=4)
     found = gigpo_recipe(rows, "ROLL", norm="mean_std", gamma=0.95)
     result = run("audit", write_dump(tmp_path / "gigpo.parquet", rows, found))
     assert result.exit_code == 0, result.stderr
@@ -151,7 +140,7 @@ def test_the_terminal_report_names_the_step_term(tmp_path, run) -> None:
 
 
 def test_expecting_the_recipe_run_is_no_finding(tmp_path) -> None:
-    rows = agent_rows(6)
+    rows = agent_rows(6, n=4)
     found = gigpo_recipe(rows, "verl-agent upstream", norm="mean", gamma=1.0)
     path = write_dump(tmp_path / "gigpo.parquet", rows, found)
     report = audit([path], expect=expected_rule("recipe=verl-agent"))
@@ -162,7 +151,7 @@ def test_expecting_another_norm_and_gamma_is_a_finding(tmp_path) -> None:
     """The trainer ran verl-agent's mean_std_norm with γ 0.95; the user believes its yaml's
     defaults (mean_norm, γ 1): the rows the two rules give otherwise are the finding, the
     step term among the settings that differ."""
-    rows = agent_rows(6)
+    rows = agent_rows(6, n=4)
     found = gigpo_recipe(rows, "verl-agent upstream", norm="mean_std", gamma=0.95)
     path = write_dump(tmp_path / "gigpo.parquet", rows, found)
     report = audit([path], expect=expected_rule("recipe=verl-agent"))
@@ -178,7 +167,7 @@ def test_expecting_another_norm_and_gamma_is_a_finding(tmp_path) -> None:
 def test_expecting_a_gamma_no_candidate_has(tmp_path) -> None:
     """γ 0.8 is no candidate: the rule --expect names is computed for the dump all the same,
     and where it is the trainer's, its rows are no unexpected-rule finding."""
-    rows = agent_rows(7)
+    rows = agent_rows(7, n=4)
     found = gigpo_recipe(rows, "ROLL", norm="mean_std", gamma=0.8)
     path = write_dump(tmp_path / "gigpo.parquet", rows, found)
     report = audit([path], expect=expected_rule("recipe=roll,gamma=0.8"))
@@ -186,7 +175,7 @@ def test_expecting_a_gamma_no_candidate_has(tmp_path) -> None:
 
 
 def test_expecting_gigpo_of_a_dump_without_anchors_is_an_error(tmp_path, run) -> None:
-    rows = agent_rows(5)
+    rows = agent_rows(5, n=4)
     path = write_dump(tmp_path / "gigpo.parquet", rows, [0.0] * len(rows))
     pl.read_parquet(path).drop("anchor").write_parquet(path)
     line = error_line(run("audit", path, "--expect", "recipe=roll"))
@@ -202,13 +191,7 @@ def test_the_candidates_shared_parts_give_each_rules_own_numbers(tmp_path, retur
     """The audit makes each GiGPO candidate's episode term, returns and step groups once for
     all the candidates that share them: every candidate's advantages are the ones its rule
     alone gives, to the bit."""
-    from advcli.advantages.fit import gigpo_rules
-    from advcli.advantages.step_groups import SharedParts, gigpo_advantages
-    from advcli.run.audit import _load_scored
-    from advcli.run.loading import opened
-    from advcli.settings.config import ColumnNames, Level
-
-    rows = agent_rows(8)
+    rows = agent_rows(8, n=4)
     path = write_dump(
         tmp_path / "gigpo.parquet",
         rows,

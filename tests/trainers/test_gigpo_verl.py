@@ -13,6 +13,7 @@ import numpy as np
 import polars as pl
 import pytest
 from gigpo_reference import GigpoRow, gigpo_recipe, step_returns
+from gigpo_rows import agent_rows
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
@@ -46,22 +47,6 @@ STATES = {
     "dict": dict_state,
     "tuple": lambda code: (code, code + 1),
 }
-
-
-def agent_rows(seed: int, groups: int = 3, n: int = 3) -> list[GigpoRow]:
-    """verl-agent's rows in collection order: each trajectory's steps in turn order, its
-    episode score on every row, anchors drawn from four states (colliding across
-    trajectories), per-step rewards."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for group in range(groups):
-        for rollout in range(n):
-            score = float(rng.choice([0.0, 1.0]))
-            for turn in range(int(rng.integers(1, 5))):
-                anchor = int(rng.integers(0, 4))
-                step = float(rng.choice([0.0, 0.5, 1.0]))
-                rows.append(GigpoRow(group, group * n + rollout, turn, score, anchor, step))
-    return rows
 
 
 def agent_batch(rows: list[GigpoRow], states: str = "text", *, returns_of: float | None = None):

@@ -11,6 +11,8 @@ import sys
 
 import numpy as np
 import pytest
+from gigpo_reference import gigpo_recipe, step_returns
+from gigpo_rows import agent_rows
 from reference import reference_advantages
 
 torch = pytest.importorskip("torch")
@@ -183,3 +185,29 @@ def test_import_advcli_torch_does_not_load_polars() -> None:
         "assert 'polars' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("returns", [False, True])
+def test_gigpo_with_anchors_and_step_rewards(returns) -> None:
+    """verl-agent's GiGPO (the plain-Python reference's, mean_std_norm, γ 0.95) on tensors:
+    with the anchors and the step rewards (or the returns, discounted already) its rule
+    explains every row."""
+    rows = agent_rows(3, n=4)
+    found = gigpo_recipe(rows, "verl-agent upstream", norm="mean_std", gamma=0.95)
+    tensors = batch([(r.group, r.trajectory, r.turn, r.score, 2) for r in rows], found)
+    steps = (
+        {"step_returns": torch.tensor(step_returns(rows, 0.95))}
+        if returns
+        else {"step_rewards": np.array([r.step_reward for r in rows])}
+    )
+    metrics = advcli.torch.audit_advantages(
+        **tensors, anchor_index=np.array([r.anchor for r in rows]), **steps
+    )
+    assert (metrics[f"{PREFIX}rule_matched"], metrics[f"{PREFIX}rows_off"]) == (1.0, 0.0)
+    # Without the anchors no GiGPO rule is tried: the step term's rows are unexplained.
+    assert advcli.torch.audit_advantages(**tensors)[f"{PREFIX}rows_off"] > 0
+    anchors = np.array([r.anchor for r in rows])
+    with pytest.raises(ValueError, match=r"no step reward column .* named with step_returns="):
+        advcli.torch.audit_advantages(**tensors, anchor_index=anchors)
+    with pytest.raises(ValueError, match=f"'anchor_index' has {len(rows) - 1} rows"):
+        advcli.torch.audit_advantages(**tensors, anchor_index=anchors[1:], **steps)
