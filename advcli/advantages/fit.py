@@ -222,6 +222,10 @@ class RuleFit:
     # Whether GiGPO's γ was applied (the dump's step rewards discounted), not its step returns
     # read as they are.
     gamma_read: bool = True
+    # For each group with rows the rule misses, the first other candidate that explains every
+    # one of them, the groups no candidate explains left out: a rule that changed within the
+    # dump (between steps read as one).
+    explained_by: ExplainedBy | None = None
 
     def settings(self, config: AdvantageConfig) -> dict[str, Any]:
         """:func:`rule_settings` of ``config`` as this dump was read."""
@@ -295,8 +299,78 @@ def fit_rule(
     gamma_read = STEP_RETURN not in projection.columns
     alike = _alike(best, _same_rows(best, tied, frames), rows, one_row_each, gamma_read)
     return RuleFit(
-        best, audited_rows, exact, max_abs_diff, alike, checked, unfitted, beside, gamma_read
+        best,
+        audited_rows,
+        exact,
+        max_abs_diff,
+        alike,
+        checked,
+        unfitted,
+        beside,
+        gamma_read,
+        _explained_by(best, rules, frames, checked, gamma_read),
     )
+
+
+def _explained_by(
+    best: AdvantageConfig,
+    rules: list[AdvantageConfig],
+    frames: dict[Level, pl.DataFrame],
+    checked: pl.DataFrame,
+    gamma_read: bool,
+) -> ExplainedBy | None:
+    """For each group with rows ``best`` misses within float32, the first other candidate (in
+    ``rules``' order) that explains every one of those rows within float32; None where
+    ``best`` misses no row. Each candidate is evaluated
+    over its level's whole frame (REINFORCE++'s whitening is over the batch), then read at the
+    missed rows alone."""
+    missed = checked.filter(~matches(pl.col("expected"), pl.col("found"))).select(ROW)
+    if missed.is_empty():
+        return None
+    others = [config for config in rules if config != best]
+    tables = []
+    for level, frame in frames.items():
+        of_level = [(index, config) for index, config in enumerate(others) if config.level is level]
+        flags = frame.select(
+            ROW,
+            GROUP,
+            *(
+                matches(_candidate(config), pl.col(TRAINER_FIRST)).alias(str(index))
+                for index, config in of_level
+            ),
+        )
+        tables.append(
+            flags.join(missed, on=ROW, how="semi")
+            .drop(ROW)
+            .group_by(GROUP, maintain_order=True)
+            .agg(pl.all().all())
+        )
+    table = tables[0]
+    for other in tables[1:]:
+        table = table.join(other, on=GROUP, how="left", maintain_order="left")
+    columns = [str(index) for index in range(len(others)) if str(index) in table.columns]
+    groups = table.select(
+        GROUP,
+        pl.concat_list(pl.col(name) for name in columns).list.arg_max().alias("other"),
+        pl.any_horizontal(pl.col(name) for name in columns).alias("any"),
+    ).filter(pl.col("any"))
+    return ExplainedBy(
+        groups.drop("any"), [rule_settings(others[int(name)], gamma_read) for name in columns]
+    )
+
+
+@dataclass(frozen=True)
+class ExplainedBy:
+    """The groups with rows the rule misses that another candidate explains whole: ``groups``
+    (``group``, ``other``: the index of that candidate's settings in ``rules``)."""
+
+    groups: pl.DataFrame
+    rules: list[dict[str, Any]]
+
+    def of(self, group: Any) -> dict[str, Any] | None:
+        """The settings of the candidate that explains ``group``'s missed rows, if any."""
+        found = self.groups.filter(pl.col(GROUP) == group)["other"]
+        return self.rules[found[0]] if found.len() else None
 
 
 def _gigpo_columns(

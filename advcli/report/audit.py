@@ -122,7 +122,17 @@ def audit_findings(
         first = of_kind.row(0, named=True)
         example = _example(checked.filter(pl.col(GROUP) == first[GROUP]), named)
         example.update(first["extra"] or {})
-        findings.append(_finding(kind, of_kind.height, rows, example))
+        # Another rule of the table that gives this group's missed rows whole: the trainer's
+        # rule may have changed within the dump (audit --by shows each step's).
+        other = fit.explained_by.of(first[GROUP]) if fit.explained_by is not None else None
+        if other is not None:
+            example["explained_by"] = {
+                name: value for name, value in other.items() if value is not None
+            }
+        finding = _finding(kind, of_kind.height, rows, example)
+        if other is not None:
+            finding["report"] += f"; {EXPLAINED_BY}"
+        findings.append(finding)
     if not per_token.is_empty():
         first_group = per_token[GROUP][0]
         example = {
@@ -171,6 +181,13 @@ def _unexpected(fit: RuleFit, expected: ExpectedRule) -> Finding | None:
         }
     )
     return _finding("unexpected-rule", missed[GROUP].n_unique(), missed.height, example)
+
+
+# What a finding adds where another rule of the table gives its example group's missed rows.
+EXPLAINED_BY = (
+    "another rule of the table gives this group's advantages (explained_by): the trainer's "
+    "rule may have changed within the dump, which audit --by shows step by step"
+)
 
 
 # The rule's names of the settings --expect states by their keyword names: GiGPO's step

@@ -337,3 +337,44 @@ def test_rules_that_explain_as_many_other_rows_do_not_fit_alike(tmp_path) -> Non
     rule = audit_rows(tmp_path, rows, found)["rule"]
     assert rule["std_ddof"] == 1 and "std_ddof" not in rule["alike"]
     assert rule["rows_matched"] == 12
+
+
+def test_a_rule_changed_between_steps_read_as_one(tmp_path) -> None:
+    """Two step files audited as one, the first grpo at trajectory level, the second at turn
+    level (trajectories of one or two turns in both): the rule named is the first's, and the
+    finding on the second's rows says that turn-level grpo gives them whole."""
+
+    def step(name: str, groups: int) -> list[tuple]:
+        return [
+            (f"{name}{g}", f"{name}{g}-{t}", turn, float((g + t) % 3), 2)
+            for g in range(groups)
+            for t in range(4)
+            for turn in range(1 + t % 2)
+        ]
+
+    first, second = step("a", 4), step("b", 2)
+    found_second = reference_advantages(second, level="turn", estimator="grpo")
+    audited_frame(first, grpo(first)).write_parquet(tmp_path / "step1.parquet")
+    audited_frame(second, found_second).write_parquet(tmp_path / "step2.parquet")
+    report = audit([tmp_path])
+    assert (report["rule"]["level"], report["rule"]["rows_matched"]) == ("trajectory", 24)
+    (finding,) = report["findings"]
+    assert (finding["groups"], finding["rows"]) == (2, 12)
+    assert finding["example"]["explained_by"] == {
+        "level": "turn",
+        "estimator": "grpo",
+        "scale": "group",
+        "singleton": "raw",
+        "epsilon": 1e-6,
+        "std_ddof": 1,
+    }
+    assert finding["report"].endswith("which audit --by shows step by step")
+
+
+def test_no_other_rule_is_named_for_a_bug(tmp_path) -> None:
+    """A group whose signs the trainer flipped: no rule of the table gives it, so none is
+    named beside the finding."""
+    flipped = one_group("f", [0.0, 1.0, 3.0])
+    report = audit_rows(tmp_path, SOUND + flipped, [*grpo(SOUND), *(-a for a in grpo(flipped))])
+    assert kinds(report) == ["sign-flip"]
+    assert "explained_by" not in report["findings"][0]["example"]
